@@ -1,0 +1,43 @@
+"""hf_layerfusion: layer-fusion encoder-decoder models for NMT, as Hugging Face Transformers models.
+
+`import hf_layerfusion` registers every family with AutoConfig, AutoModel and AutoModelForSeq2SeqLM.
+"""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_backbone import LayerFusionConfig
+from .conversion import from_marian
+from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
+from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
+from .models.plain_transformer import (
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+    PlainTransformerModel,
+)
+
+FAMILIES = {
+    "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
+    "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+}
+
+for _model_type, (_config, _model, _lm) in FAMILIES.items():
+    AutoConfig.register(_model_type, _config, exist_ok=True)
+    AutoModel.register(_config, _model, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FAMILIES",
+    "GTransConfig",
+    "GTransForConditionalGeneration",
+    "GTransModel",
+    "LayerFusionConfig",
+    "LayerFusionForConditionalGeneration",
+    "LayerFusionModel",
+    "LayerFusionPreTrainedModel",
+    "PlainTransformerConfig",
+    "PlainTransformerForConditionalGeneration",
+    "PlainTransformerModel",
+    "from_marian",
+]

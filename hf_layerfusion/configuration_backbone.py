@@ -1,0 +1,137 @@
+"""Configuration shared by every hf_layerfusion family.
+
+`LayerFusionConfig` holds the knobs of the shared encoder-decoder backbone (the Transformer of Vaswani et al.
+as implemented by Marian/fairseq). Every family's config subclasses it and adds only its fusion knobs. Key names
+follow `MarianConfig` so that a Marian checkpoint's config maps onto it one to one.
+"""
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+from .presets import BACKBONE_PRESETS
+
+ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+
+
+@strict
+class LayerFusionConfig(PreTrainedConfig):
+    r"""
+    Backbone configuration (no fusion). Every family config inherits these keys.
+
+    Args:
+        vocab_size: size of the joint source/target vocabulary (the embeddings are shared by encoder, decoder
+            and, with `tie_word_embeddings`, the output projection).
+        d_model, encoder_layers, decoder_layers, encoder_attention_heads, decoder_attention_heads,
+        encoder_ffn_dim, decoder_ffn_dim: Transformer dimensions, as in `MarianConfig`.
+        max_position_embeddings: length of the position table; longer inputs are rejected with a `ValueError`.
+        position_embedding_type: `"sinusoidal"` (Marian/fairseq: fixed table, positions start at 0) or
+            `"learned"` (RoBERTa/XLM-R: learned table, positions start at `pad_token_id + 1` and pads keep the
+            padding position; the table then has `max_position_embeddings + pad_token_id + 1` rows).
+        layernorm_embedding: LayerNorm on the embedding sum (XLM-R has one, Marian does not).
+        normalize_before: pre-norm layers (LayerNorm before each sub-layer, plus a final LayerNorm on each stack).
+            The papers use post-norm, the default.
+        activation_function: activation of the feed-forward sub-layers.
+        scale_embedding: multiply token embeddings by sqrt(d_model) (Marian: True, XLM-R: False).
+        dropout, attention_dropout, activation_dropout: dropout probabilities.
+        layer_norm_eps: epsilon of every LayerNorm (1e-5 as Marian; XLM-R uses 1e-5 too).
+        label_smoothing: label smoothing of the training loss, applied by the model itself (per decoder group
+            where a family predicts from several groups). Set it here rather than through
+            `Seq2SeqTrainingArguments.label_smoothing_factor` (see `hf_layerfusion.LayerFusionSeq2SeqTrainer`).
+        init_std: standard deviation of the normal initialisation of linear and embedding weights.
+    """
+
+    model_type = "layerfusion_backbone"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 32000
+    max_position_embeddings: int = 512
+    position_embedding_type: str = "sinusoidal"
+    layernorm_embedding: bool = False
+    encoder_layers: int = 6
+    encoder_ffn_dim: int = 2048
+    encoder_attention_heads: int = 8
+    decoder_layers: int = 6
+    decoder_ffn_dim: int = 2048
+    decoder_attention_heads: int = 8
+    d_model: int = 512
+    activation_function: str = "relu"
+    normalize_before: bool = False
+    scale_embedding: bool = True
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    layer_norm_eps: float = 1e-5
+    label_smoothing: float | int = 0.0
+    init_std: float = 0.02
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 2
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self.check_consistency()
+
+    def check_consistency(self) -> None:
+        """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
+        for name in (
+            "vocab_size",
+            "max_position_embeddings",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "d_model",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {getattr(self, name)}.")
+        for heads_name in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, heads_name)
+            if self.d_model % heads:
+                raise ValueError(f"`d_model` ({self.d_model}) must be divisible by `{heads_name}` ({heads}).")
+        if self.activation_function not in ACTIVATIONS:
+            raise ValueError(
+                f"Unknown `activation_function` {self.activation_function!r}; choose one of {ACTIVATIONS}."
+            )
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"Unknown `position_embedding_type` {self.position_embedding_type!r}; "
+                f"choose one of {POSITION_EMBEDDING_TYPES}."
+            )
+        if self.position_embedding_type == "learned" and self.pad_token_id is None:
+            raise ValueError("`position_embedding_type='learned'` needs `pad_token_id` (RoBERTa-style offset).")
+        for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"`{name}` must lie in [0, 1), got {getattr(self, name)}.")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"`pad_token_id` ({self.pad_token_id}) must lie in [0, vocab_size={self.vocab_size}).")
+        if not self.tie_word_embeddings:
+            raise ValueError(
+                "`tie_word_embeddings=False` is not supported: hf_layerfusion shares one embedding matrix between "
+                "encoder, decoder and output projection (the joint-vocabulary setting of the papers and of Marian)."
+            )
+        if self.decoder_start_token_id is None:
+            raise ValueError("`decoder_start_token_id` must be set: the decoder input is the labels shifted right.")
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides):
+        """A config of this family with a named backbone size (`BACKBONE_PRESETS`), e.g. `"opus100"`."""
+        if name not in BACKBONE_PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
+        return cls(**{**BACKBONE_PRESETS[name], **overrides})
+
+    @property
+    def position_offset(self) -> int:
+        """First position index (0 for sinusoidal tables, `pad_token_id + 1` for RoBERTa-style learned ones)."""
+        return self.pad_token_id + 1 if self.position_embedding_type == "learned" else 0

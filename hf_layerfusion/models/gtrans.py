@@ -1,0 +1,202 @@
+"""GTrans, the Group-Transformer (Yang et al., "GTrans: Grouping and Fusing Transformer Layers for Neural
+Machine Translation"; equations numbered as in `shared/papers/gtrans.txt`).
+
+Encoder layers form groups of `encoder_group_size` T_e; the last state of each group is fused into the memory
+every cross-attention reads (Eq. 1-2). Decoder layers form groups of `decoder_group_size` T_d; each group's
+states are fused (Eq. 3-4) and predict their own softmax; the output distribution is the psi-weighted mixture of
+the group softmaxes (Eq. 5-6), trained with the psi-weighted sum of the group cross entropies (Eq. 7).
+
+Choices where the paper is silent (tested in tests/test_gtrans.py):
+- every fusion weight `w` starts at 0: sigma(w) = 1/2 for each fused state and psi uniform over groups;
+- mixing a subset of groups (Table VI, `decoder_groups`) renormalises psi over that subset (Eq. 6 restricted);
+- label smoothing, when set, is applied to every group's cross entropy inside Eq. 7;
+- in training, when labels are given and gradients are on, `logits` (the mixture) is not computed: the loss is
+  computed group by group and each group's vocabulary projection is recomputed in the backward pass, so memory
+  stays at one group's `batch x length x vocab` instead of N of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from transformers import initialization as init
+
+from ..configuration_backbone import LayerFusionConfig
+from ..modeling_backbone import (
+    LayerFusionForConditionalGeneration,
+    LayerFusionModel,
+    TopLayerDecoderReadout,
+    TopLayerEncoderReadout,
+    check_groups,
+    token_cross_entropy,
+)
+
+
+@strict
+class GTransConfig(LayerFusionConfig):
+    r"""
+    GTrans configuration: the backbone keys of `LayerFusionConfig` plus
+
+    Args:
+        encoder_group_size: T_e, encoder layers per group; M = ceil(encoder_layers / T_e) groups (Eq. 2).
+        decoder_group_size: T_d, decoder layers per group; N = ceil(decoder_layers / T_d) groups (Eq. 3-4).
+        encoder_fusion: fuse encoder groups (Eq. 2); False feeds cross-attention the top layer (Table VIII).
+        decoder_fusion: group fusion and probability mixture (Eq. 4-7); False predicts from the top layer.
+        probability_temperature: tau of Eq. 6; `None` means sqrt(d_model), the paper's value.
+        allow_external_loss: let a training-mode forward without `labels` return the mixture logits for a loss
+            computed outside the model. Off by default because that is what `Seq2SeqTrainer` does when
+            `label_smoothing_factor > 0`, which would silently train on the mixture instead of Eq. 7.
+
+    `GTransConfig.from_preset("opus100")` gives the OPUS-100 setting (12/6 layers, d 768, FFN 3072, 12 heads,
+    T_e = 3, T_d = 2), `"iwslt"` and `"multi30k"` the small ones.
+    """
+
+    model_type = "gtrans"
+
+    encoder_group_size: int = 3
+    decoder_group_size: int = 2
+    encoder_fusion: bool = True
+    decoder_fusion: bool = True
+    probability_temperature: float | None = None
+    allow_external_loss: bool = False
+
+    def check_consistency(self) -> None:
+        super().check_consistency()
+        for size_name, layers_name in (
+            ("encoder_group_size", "encoder_layers"),
+            ("decoder_group_size", "decoder_layers"),
+        ):
+            size, layers = getattr(self, size_name), getattr(self, layers_name)
+            if not 1 <= size <= layers:
+                raise ValueError(f"`{size_name}` must lie in [1, {layers_name}={layers}], got {size}.")
+        if self.probability_temperature is not None and self.probability_temperature <= 0:
+            raise ValueError(f"`probability_temperature` must be positive, got {self.probability_temperature}.")
+
+    @property
+    def num_encoder_groups(self) -> int:
+        return math.ceil(self.encoder_layers / self.encoder_group_size)
+
+    @property
+    def num_decoder_groups(self) -> int:
+        return math.ceil(self.decoder_layers / self.decoder_group_size) if self.decoder_fusion else 1
+
+
+class GTransEncoderFusion(nn.Module):
+    """Eq. 1-2: `h^{ef} = LN(1/M * sum_{i=1..M} sigma(w_i^e) h_{alpha_i})`, alpha_i = min(i T_e, L_e)."""
+
+    def __init__(self, config: GTransConfig):
+        super().__init__()
+        num_groups = config.num_encoder_groups
+        # alpha_i as 0-based indices into the list of layer outputs
+        self.group_last_layers = [min(i * config.encoder_group_size, config.encoder_layers) - 1 for i in range(1, num_groups + 1)]
+        self.weight = nn.Parameter(torch.zeros(num_groups))
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def init_fusion_weights(self):
+        init.zeros_(self.weight)
+
+    def forward(self, layer_states: Sequence[torch.Tensor]) -> torch.Tensor:
+        gates = torch.sigmoid(self.weight).to(layer_states[0].dtype)
+        fused = sum(gate * layer_states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
+        return self.layer_norm(fused / len(self.group_last_layers))
+
+
+class GTransDecoderFusion(nn.Module):
+    """Eq. 3-4: group k fuses its layers `h_k^{df} = sum_{i in group k} sigma(w_i^{dr}) h_i`; also holds the
+    probability-fusion weights `w^{dp}` of Eq. 5-6."""
+
+    def __init__(self, config: GTransConfig):
+        super().__init__()
+        self.group_size = config.decoder_group_size
+        self.num_layers = config.decoder_layers
+        self.num_groups = config.num_decoder_groups
+        self.temperature = config.probability_temperature or math.sqrt(config.d_model)
+        self.layer_weight = nn.Parameter(torch.zeros(config.decoder_layers))  # w^{dr}
+        self.group_weight = nn.Parameter(torch.zeros(self.num_groups))  # w^{dp}
+
+    def init_fusion_weights(self):
+        init.zeros_(self.layer_weight)
+        init.zeros_(self.group_weight)
+
+    def group_layers(self, group: int) -> range:
+        """0-based layer indices of 1-based group k: layers (k-1)T_d+1 .. min(k T_d, L_d) of the paper."""
+        return range((group - 1) * self.group_size, min(group * self.group_size, self.num_layers))
+
+    def num_layers_needed(self, groups: Sequence[int]) -> int:
+        return self.group_layers(max(groups)).stop
+
+    def forward(self, layer_states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        gates = torch.sigmoid(self.layer_weight).to(layer_states[0].dtype)
+        return tuple(sum(gates[i] * layer_states[i] for i in self.group_layers(k)) for k in groups)  # Eq. 4
+
+    def log_mixture_weights(self, groups: Sequence[int]) -> torch.Tensor:
+        """Eq. 6, log psi over the mixed groups: log_softmax(w^{dp} / tau) restricted to `groups`."""
+        index = torch.tensor([k - 1 for k in groups], device=self.group_weight.device)
+        return F.log_softmax(self.group_weight.index_select(0, index).float() / self.temperature, dim=0)
+
+
+class GTransModel(LayerFusionModel):
+    config_class = GTransConfig
+
+    @classmethod
+    def build_encoder_readout(cls, config: GTransConfig) -> nn.Module:
+        return GTransEncoderFusion(config) if config.encoder_fusion else TopLayerEncoderReadout()
+
+    @classmethod
+    def build_decoder_readout(cls, config: GTransConfig) -> nn.Module:
+        return GTransDecoderFusion(config) if config.decoder_fusion else TopLayerDecoderReadout()
+
+
+class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
+    """GTrans with the probability-fusion output (Eq. 5-7). `logits` are `log P(y|x)` of the mixture, so greedy,
+    beam search and sampling score hypotheses by the true mixture distribution."""
+
+    config_class = GTransConfig
+    model_class = GTransModel
+
+    def _group_loss(self, features: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+        return token_cross_entropy(self.project(features), labels, self.config.label_smoothing, num_items_in_batch)
+
+    def output_head(self, group_features, groups, labels, num_items_in_batch, return_group_log_probs):
+        if len(group_features) == 1:  # decoder fusion off, or one group mixed: a single softmax
+            return super().output_head(group_features, groups, labels, num_items_in_batch, return_group_log_probs)
+        if self.training and labels is None and torch.is_grad_enabled() and not self.config.allow_external_loss:
+            raise ValueError(
+                "GTrans was called in training mode without `labels`: its multi-level loss (Eq. 7) needs them. "
+                "Seq2SeqTrainer strips labels when `label_smoothing_factor > 0` and would train on the mixture "
+                "instead: use `hf_layerfusion.LayerFusionSeq2SeqTrainer` (or set `model.config.label_smoothing` "
+                "and leave `label_smoothing_factor=0`). To compute your own loss on the mixture logits, set "
+                "`model.config.allow_external_loss = True`."
+            )
+        log_psi = self.model.decoder.readout.log_mixture_weights(check_groups(groups, self.config.num_decoder_groups))
+        logits = group_log_probs = group_ce = None
+        if self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs:
+            # memory-aware Eq. 7: one group's batch x length x vocab tensors at a time, recomputed in backward
+            group_ce = torch.stack(
+                [checkpoint(self._group_loss, f, labels, num_items_in_batch, use_reentrant=False) for f in group_features]
+            )
+        else:
+            group_log_probs = F.log_softmax(self.project(torch.stack(group_features)).float(), dim=-1)  # Eq. 5: log P_i
+            logits = torch.logsumexp(group_log_probs + log_psi[:, None, None, None], dim=0)  # Eq. 5: log sum psi_i P_i
+            if labels is not None:
+                group_ce = torch.stack(
+                    [token_cross_entropy(lp, labels, self.config.label_smoothing, num_items_in_batch) for lp in group_log_probs]
+                )
+        loss = (log_psi.exp() * group_ce).sum() if group_ce is not None else None  # Eq. 7
+        if not return_group_log_probs:
+            group_log_probs = None
+        return loss, logits, group_log_probs, (log_psi.exp() if return_group_log_probs else None)
+
+    def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
+        """`generate()` that may mix a subset of decoder groups (paper Table VI: mixing groups 3..6 of 6 is close
+        to mixing all). `decoder_groups` are 1-based; psi is renormalised over them, and decoder layers above the
+        highest kept group are not computed."""
+        if decoder_groups is not None:
+            kwargs["decoder_groups"] = check_groups(decoder_groups, self.config.num_decoder_groups)
+        return super().generate(inputs, generation_config, **kwargs)

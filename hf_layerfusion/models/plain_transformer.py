@@ -1,0 +1,26 @@
+"""The plain Transformer (Vaswani et al. 2017): the backbone with no fusion, top layer in, top layer out.
+
+It is the baseline every paper compares against and is weight-for-weight equal to `MarianMTModel`
+(see `hf_layerfusion.from_marian`).
+"""
+
+from huggingface_hub.dataclasses import strict
+
+from ..configuration_backbone import LayerFusionConfig
+from ..modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel
+
+
+@strict
+class PlainTransformerConfig(LayerFusionConfig):
+    """Backbone configuration with no fusion knob; see `LayerFusionConfig`."""
+
+    model_type = "plain_transformer"
+
+
+class PlainTransformerModel(LayerFusionModel):
+    config_class = PlainTransformerConfig
+
+
+class PlainTransformerForConditionalGeneration(LayerFusionForConditionalGeneration):
+    config_class = PlainTransformerConfig
+    model_class = PlainTransformerModel
