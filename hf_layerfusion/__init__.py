@@ -7,6 +7,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_backbone import LayerFusionConfig
 from .conversion import from_marian
+from .model_card import write_model_card
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
 from .models.plain_transformer import (
@@ -40,4 +41,5 @@ __all__ = [
     "PlainTransformerForConditionalGeneration",
     "PlainTransformerModel",
     "from_marian",
+    "write_model_card",
 ]

@@ -591,6 +591,12 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> LayerFusionSeq2SeqModelOutput:
+        if output_attentions and self.config._attn_implementation not in ("eager", None):
+            raise ValueError(
+                f"output_attentions=True needs attn_implementation='eager' (this model uses "
+                f"{self.config._attn_implementation!r}, which returns no weights): call "
+                "`model.set_attn_implementation('eager')` or load with attn_implementation='eager'."
+            )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -685,6 +691,15 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
 
     def get_decoder(self):
         return self.model.decoder
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        # Marian's final_logits_bias follows the vocabulary: keep old entries, zeros for new tokens
+        old_bias, new_size = self.final_logits_bias, embeddings.weight.shape[0]
+        new_bias = old_bias.new_zeros((1, new_size))
+        new_bias[:, : min(new_size, old_bias.shape[1])] = old_bias[:, :new_size]
+        self.final_logits_bias = nn.Buffer(new_bias)
+        return embeddings
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
