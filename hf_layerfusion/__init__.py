@@ -7,7 +7,16 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from .configuration_backbone import LayerFusionConfig
 from .conversion import from_marian
+from .data import (
+    builtin_number_corpus,
+    load_json_lines_translation,
+    load_parallel_text,
+    load_translation_dataset,
+    preprocess_translation,
+)
+from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
 from .model_card import write_model_card
+from .tokenization import train_joint_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
 from .models.plain_transformer import (
@@ -40,6 +49,15 @@ __all__ = [
     "PlainTransformerConfig",
     "PlainTransformerForConditionalGeneration",
     "PlainTransformerModel",
+    "builtin_number_corpus",
+    "compute_translation_metrics",
+    "corpus_bleu",
     "from_marian",
+    "load_bleu_metric",
+    "load_json_lines_translation",
+    "load_parallel_text",
+    "load_translation_dataset",
+    "preprocess_translation",
+    "train_joint_tokenizer",
     "write_model_card",
 ]

@@ -1,0 +1,95 @@
+"""Joint source/target subword tokenizers trained with the `tokenizers` library.
+
+The models of this package share one vocabulary between encoder and decoder (Marian/fairseq style), with the
+special-token ids of their default configs: `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3.
+"""
+
+import os
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+# Order fixes the ids: bos 0, pad 1, eos 2 (the configs' defaults) and unk 3.
+BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "<pad>", "</s>", "<unk>"
+SPECIAL_TOKENS = (BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
+SUBWORD_MODELS = ("unigram", "bpe")
+
+
+def train_joint_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int,
+    model: str = "unigram",
+    save_dir: str | os.PathLike | None = None,
+    model_max_length: int = 512,
+    extra_special_tokens: Iterable[str] = (),
+) -> PreTrainedTokenizerFast:
+    """Train a SentencePiece-style subword tokenizer on source and target text together.
+
+    Text is not normalised and spaces become "▁" (Metaspace), so decoding with `skip_special_tokens=True`
+    reproduces the input exactly as long as every character was seen in training (unseen characters become
+    `<unk>`). Like Marian, every encoded sequence, source or target (`text_target=`), ends with `</s>` and has no
+    `<s>`; the decoder starts from `decoder_start_token_id` (= `</s>` in this package's configs).
+
+    Args:
+        texts: training sentences of both languages (any iterable, read once).
+        vocab_size: size of the vocabulary, special tokens included.
+        model: "unigram" (SentencePiece's default) or "bpe".
+        save_dir: if given, `save_pretrained` there; `AutoTokenizer.from_pretrained(save_dir)` loads it back.
+        model_max_length: longest sequence the model accepts (truncation limit when `max_length` is not given).
+        extra_special_tokens: further never-split tokens placed right after `<unk>` (ids 4, 5, ...), e.g.
+            target-language tags "<2de>" for multilingual training; `skip_special_tokens=True` drops them.
+
+    Returns:
+        A `PreTrainedTokenizerFast` (`TokenizersBackend` in Transformers 5).
+    """
+    if model not in SUBWORD_MODELS:
+        raise ValueError(f"`model` must be one of {SUBWORD_MODELS}, got {model!r}.")
+    extra_special_tokens = list(extra_special_tokens)
+    special_tokens = [*SPECIAL_TOKENS, *extra_special_tokens]
+    duplicates = sorted({token for token in special_tokens if special_tokens.count(token) > 1})
+    if duplicates:
+        raise ValueError(f"Special tokens must be distinct; repeated: {duplicates}.")
+    if not isinstance(vocab_size, int) or vocab_size <= len(special_tokens):
+        raise ValueError(
+            f"`vocab_size` must be an integer larger than the {len(special_tokens)} special tokens, got {vocab_size!r}."
+        )
+    if not isinstance(model_max_length, int) or model_max_length < 1:
+        raise ValueError(f"`model_max_length` must be a positive integer, got {model_max_length!r}.")
+
+    if model == "unigram":
+        backend = Tokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=special_tokens, unk_token=UNK_TOKEN, show_progress=False
+        )
+    else:
+        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    backend.train_from_iterator(texts, trainer=trainer)
+    # The trainers give special tokens the first ids in list order; the configs rely on it.
+    token_ids = {token: backend.token_to_id(token) for token in special_tokens}
+    if token_ids != {token: index for index, token in enumerate(special_tokens)}:
+        raise RuntimeError(f"Unexpected special-token ids after training: {token_ids}.")
+    # Marian convention: `tokens </s>` for one sequence, `tokens_a tokens_b </s>` for a pair.
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS_TOKEN}",
+        pair=f"$A $B {EOS_TOKEN}",
+        special_tokens=[(EOS_TOKEN, token_ids[EOS_TOKEN])],
+    )
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        extra_special_tokens=extra_special_tokens,
+        model_max_length=model_max_length,
+        # The default clean-up deletes the space before punctuation ("a ." -> "a."), which breaks exact decoding.
+        clean_up_tokenization_spaces=False,
+    )
+    if save_dir is not None:
+        tokenizer.save_pretrained(save_dir)
+    return tokenizer

@@ -1,0 +1,131 @@
+"""Joint tokenizers on real Multi30k text: exact round trip, Marian's `</s>` convention, ids, save/load."""
+
+import pytest
+from conftest import MULTI30K_DIR
+from transformers import AutoTokenizer
+
+from hf_layerfusion.tokenization import train_joint_tokenizer
+
+TRAIN_LINES_PER_LANGUAGE = 3000
+CHECK_LINES_PER_LANGUAGE = 200
+LANGUAGE_TAGS = ["<2de>", "<2en>"]
+
+
+def read_lines(path, count: int) -> list[str]:
+    with open(path, encoding="utf-8") as file:
+        return [next(file).rstrip("\n") for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def multi30k_text() -> dict[str, list[str]]:
+    """Training text (train.en + train.de) and held-out check sentences (val.en + val.de)."""
+    if not (MULTI30K_DIR / "train.en").is_file():
+        pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
+    return {
+        split: [line for lang in ("en", "de") for line in read_lines(MULTI30K_DIR / f"{stem}.{lang}", count)]
+        for split, stem, count in (
+            ("train", "train", TRAIN_LINES_PER_LANGUAGE),
+            ("check", "val", CHECK_LINES_PER_LANGUAGE),
+        )
+    }
+
+
+@pytest.fixture(scope="module", params=["unigram", "bpe"])
+def trained(request, multi30k_text, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp(request.param)
+    tokenizer = train_joint_tokenizer(
+        iter(multi30k_text["train"]),  # a one-pass iterator is enough
+        vocab_size=1000,
+        model=request.param,
+        save_dir=save_dir,
+        model_max_length=64,
+        extra_special_tokens=LANGUAGE_TAGS,
+    )
+    return tokenizer, save_dir
+
+
+def test_special_token_ids_match_the_config_defaults(trained):
+    tokenizer, _ = trained
+    assert (tokenizer.bos_token, tokenizer.pad_token, tokenizer.eos_token, tokenizer.unk_token) == (
+        "<s>",
+        "<pad>",
+        "</s>",
+        "<unk>",
+    )
+    assert (tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
+        0,
+        1,
+        2,
+        3,
+    )
+    assert tokenizer.convert_tokens_to_ids(LANGUAGE_TAGS) == [4, 5]
+    assert len(tokenizer) == 1000
+    assert tokenizer.model_max_length == 64
+
+
+def test_decoding_reproduces_held_out_sentences_exactly(trained, multi30k_text):
+    tokenizer, _ = trained
+    seen_characters = set("".join(multi30k_text["train"]))
+    covered = [line for line in multi30k_text["check"] if set(line) <= seen_characters]
+    assert len(covered) > 0.95 * len(multi30k_text["check"])  # the check is not vacuous
+    encoded = tokenizer(covered)["input_ids"]
+    assert tokenizer.unk_token_id not in {token for ids in encoded for token in ids}
+    assert tokenizer.batch_decode(encoded, skip_special_tokens=True) == covered
+    # Sentences with spacing the clean-up heuristics would alter ("a ." -> "a.", "do n't" -> "don't").
+    for text in ["A dog , running .", "They do n't stop !", "Zwei  Männer ( rechts ) ."]:
+        assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_pieces_are_sentencepiece_style_and_every_sequence_ends_with_eos(trained, multi30k_text):
+    tokenizer, _ = trained
+    sentence, other = multi30k_text["check"][0], multi30k_text["check"][1]
+    plain = tokenizer(sentence, add_special_tokens=False)["input_ids"]
+    # Metaspace: the pieces are the text with spaces written "▁" and one "▁" prepended.
+    assert "".join(tokenizer.convert_ids_to_tokens(plain)) == "▁" + sentence.replace(" ", "▁")
+    # Marian: no <s>; </s> appended to sources, targets and pairs alike.
+    assert tokenizer(sentence)["input_ids"] == plain + [2]
+    assert tokenizer(text_target=sentence)["input_ids"] == plain + [2]
+    other_plain = tokenizer(other, add_special_tokens=False)["input_ids"]
+    assert tokenizer(sentence, other)["input_ids"] == plain + other_plain + [2]
+    # Truncation keeps the final </s> and respects model_max_length.
+    long_ids = tokenizer(" ".join(multi30k_text["check"][:20]), truncation=True)["input_ids"]
+    assert len(long_ids) == 64 and long_ids[-1] == 2
+    assert long_ids[:-1] == tokenizer(" ".join(multi30k_text["check"][:20]), add_special_tokens=False)["input_ids"][:63]
+
+
+def test_language_tags_are_never_split_and_are_skipped_when_decoding(trained):
+    tokenizer, _ = trained
+    ids = tokenizer("<2de> A man sleeps.")["input_ids"]
+    assert ids[0] == 4 and ids[-1] == 2
+    assert ids[1:] == tokenizer("A man sleeps.")["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "A man sleeps."
+    assert tokenizer.extra_special_tokens == LANGUAGE_TAGS
+
+
+def test_saved_tokenizer_loads_with_auto_tokenizer(trained, multi30k_text):
+    tokenizer, save_dir = trained
+    loaded = AutoTokenizer.from_pretrained(save_dir)
+    sample = multi30k_text["check"][:50] + ["<2en> Ein Hund , der rennt ."]
+    assert loaded(sample)["input_ids"] == tokenizer(sample)["input_ids"]
+    assert loaded(text_target=sample)["input_ids"] == tokenizer(text_target=sample)["input_ids"]
+    assert (loaded.bos_token_id, loaded.pad_token_id, loaded.eos_token_id, loaded.unk_token_id) == (0, 1, 2, 3)
+    assert loaded.model_max_length == 64 and loaded.extra_special_tokens == LANGUAGE_TAGS
+    assert (
+        loaded.decode(loaded("Ein Hund , der rennt .")["input_ids"], skip_special_tokens=True)
+        == "Ein Hund , der rennt ."
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(model="wordpiece"), "'wordpiece'"),
+        (dict(vocab_size=4), "vocab_size"),
+        (dict(extra_special_tokens=["<2de>", "<2de>"]), "<2de>"),
+        (dict(extra_special_tokens=["</s>"]), "</s>"),
+        (dict(model_max_length=0), "model_max_length"),
+    ],
+)
+def test_bad_arguments_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        train_joint_tokenizer(["a b c"], **{"vocab_size": 50, **kwargs})
