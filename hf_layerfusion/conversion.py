@@ -41,6 +41,13 @@ def _rename_marian_key(key: str) -> str | None:
     return key
 
 
+def _is_computed_table(model, key: str) -> bool:
+    from .modeling_backbone import SinusoidalPositionalEmbedding
+
+    module_name = key.rsplit(".", 1)[0]
+    return isinstance(model.get_submodule(module_name), SinusoidalPositionalEmbedding)
+
+
 def _load_report(model, state_dict: dict, source: str) -> dict:
     """Load `state_dict` into `model`; refuse unexpected keys or shape mismatches, log what stayed fresh."""
     own = model.state_dict()
@@ -58,7 +65,9 @@ def _load_report(model, state_dict: dict, source: str) -> dict:
     with torch.no_grad():
         for key, value in state_dict.items():
             own[key].copy_(value)
-    fresh = sorted(k for k in own if k not in state_dict)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    # tied copies are loaded through their source; sinusoidal tables are computed, not learned
+    fresh = sorted(k for k in own if k not in state_dict and k not in tied and not _is_computed_table(model, k))
     report = {"loaded": sorted(state_dict), "freshly_initialised": fresh}
     logger.info("Loaded %d tensors from %s; freshly initialised: %s", len(state_dict), source, fresh)
     return report
@@ -113,6 +122,7 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
         layernorm_embedding=False,
         normalize_before=False,
         tie_word_embeddings=True,
+        attn_implementation=mc._attn_implementation,
     )
     config = AutoConfig.for_model(model_type, **{**backbone, **config_overrides})
     model = AutoModelForSeq2SeqLM.from_config(config)

@@ -68,12 +68,13 @@ class GTransConfig(LayerFusionConfig):
 
     def check_consistency(self) -> None:
         super().check_consistency()
-        for size_name, layers_name in (
-            ("encoder_group_size", "encoder_layers"),
-            ("decoder_group_size", "decoder_layers"),
+        for size_name, layers_name, fused in (
+            ("encoder_group_size", "encoder_layers", self.encoder_fusion),
+            ("decoder_group_size", "decoder_layers", self.decoder_fusion),
         ):
             size, layers = getattr(self, size_name), getattr(self, layers_name)
-            if not 1 <= size <= layers:
+            # a stack without fusion forms no groups, so its group size is free (e.g. a 2-layer Marian model)
+            if size < 1 or (fused and size > layers):
                 raise ValueError(f"`{size_name}` must lie in [1, {layers_name}={layers}], got {size}.")
         if self.probability_temperature is not None and self.probability_temperature <= 0:
             raise ValueError(f"`probability_temperature` must be positive, got {self.probability_temperature}.")
@@ -154,8 +155,10 @@ class GTransModel(LayerFusionModel):
 
 
 class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
-    """GTrans with the probability-fusion output (Eq. 5-7). `logits` are `log P(y|x)` of the mixture, so greedy,
-    beam search and sampling score hypotheses by the true mixture distribution."""
+    """GTrans with the probability-fusion output (Eq. 5-7). With several output groups, `logits` are `log P(y|x)`
+    of the mixture, so greedy, beam search and sampling score hypotheses by the true mixture distribution. With a
+    single group (decoder fusion off, or one entry in `decoder_groups`) they are that group's raw vocabulary scores,
+    as in any HF model; generation normalises both the same way."""
 
     config_class = GTransConfig
     model_class = GTransModel

@@ -1,0 +1,74 @@
+"""Shared tiny fixtures. Every test builds its models from these sizes so that the suite runs in seconds on CPU."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_layerfusion  # noqa: F401  (registers the families with the Auto classes)
+
+# Special ids of every hf_layerfusion config (fairseq convention); ordinary tokens start at FIRST_TOKEN_ID.
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+FIRST_TOKEN_ID = 4
+
+TINY_BACKBONE = dict(
+    vocab_size=24,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=32,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+
+MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # tiny models run fastest single-threaded, and the CPU is shared with other test runs
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_backbone() -> dict:
+    """Backbone keys of a tiny config (d_model 16, 2+2 layers, no dropout); tests override what they need."""
+    return dict(TINY_BACKBONE)
+
+
+@pytest.fixture
+def padded_batch():
+    """A right-padded source batch of 3 sentences (lengths 7, 5, 3) and labels of lengths 5, 4, 2 padded with -100,
+    every real sequence ending in EOS. Token ids lie in [FIRST_TOKEN_ID, TINY_BACKBONE['vocab_size'])."""
+    generator = torch.Generator().manual_seed(1234)
+    vocab = TINY_BACKBONE["vocab_size"]
+    input_ids = torch.randint(FIRST_TOKEN_ID, vocab, (3, 7), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    labels = torch.randint(FIRST_TOKEN_ID, vocab, (3, 5), generator=generator)
+    for row, (src_len, tgt_len) in enumerate([(7, 5), (5, 4), (3, 2)]):
+        input_ids[row, src_len - 1] = EOS
+        input_ids[row, src_len:] = PAD
+        attention_mask[row, src_len:] = 0
+        labels[row, tgt_len - 1] = EOS
+        labels[row, tgt_len:] = -100
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+@pytest.fixture
+def multi30k_dir() -> Path:
+    if not (MULTI30K_DIR / "train.en").is_file():
+        pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
+    return MULTI30K_DIR

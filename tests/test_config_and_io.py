@@ -1,0 +1,213 @@
+"""Configs, Auto-class registration, save/load, weight tying, initialisation and input validation."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from hf_layerfusion import (
+    GTransConfig,
+    GTransForConditionalGeneration,
+    GTransModel,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+    PlainTransformerModel,
+)
+
+FAMILY_CLASSES = {
+    "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+    "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
+}
+GTRANS_SIZES = dict(encoder_layers=3, decoder_layers=3, encoder_group_size=2, decoder_group_size=1)
+
+
+def family_config(model_type, tiny_backbone, **overrides):
+    sizes = GTRANS_SIZES if model_type == "gtrans" else {}
+    return AutoConfig.for_model(model_type, **{**tiny_backbone, **sizes, **overrides})
+
+
+def randomize_non_embedding_state(model):
+    """Random fusion weights and logits bias, so that a load that dropped them would change the outputs."""
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "readout" in name:
+                param.copy_(torch.randn(param.shape, generator=generator))
+        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator))
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_CLASSES))
+def test_auto_classes_resolve_family(model_type, tiny_backbone, tmp_path):
+    config_class, base_class, lm_class = FAMILY_CLASSES[model_type]
+    config = family_config(model_type, tiny_backbone)
+    assert type(config) is config_class and config.model_type == model_type
+    assert type(AutoModel.from_config(config)) is base_class
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    assert type(model) is lm_class
+    model.save_pretrained(tmp_path)
+    assert type(AutoConfig.from_pretrained(tmp_path)) is config_class
+    assert type(AutoModel.from_pretrained(tmp_path)) is base_class
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_CLASSES))
+def test_save_load_round_trip(model_type, tiny_backbone, padded_batch, tmp_path):
+    model = AutoModelForSeq2SeqLM.from_config(family_config(model_type, tiny_backbone)).eval()
+    randomize_non_embedding_state(model)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    generation_config = json.loads((tmp_path / "generation_config.json").read_text())
+    assert generation_config["decoder_start_token_id"] == model.config.decoder_start_token_id
+    assert generation_config["eos_token_id"] == model.config.eos_token_id
+    assert generation_config["pad_token_id"] == model.config.pad_token_id
+
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is type(model)
+    saved_keys = {key: value for key, value in model.config.to_dict().items() if key != "_name_or_path"}
+    assert {key: loaded.config.to_dict()[key] for key in saved_keys} == saved_keys
+    # one shared matrix: encoder and decoder embeddings and the output projection
+    shared = loaded.model.shared.weight
+    for tied in (
+        loaded.model.encoder.embed_tokens.weight,
+        loaded.model.decoder.embed_tokens.weight,
+        loaded.lm_head.weight,
+    ):
+        assert tied is shared
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+    with torch.no_grad():
+        expected, actual = model(**padded_batch), loaded(**padded_batch)
+    assert torch.equal(actual.logits, expected.logits)
+    assert torch.equal(actual.loss, expected.loss)
+    generate_kwargs = dict(
+        input_ids=padded_batch["input_ids"],
+        attention_mask=padded_batch["attention_mask"],
+        num_beams=3,
+        max_new_tokens=6,
+    )
+    assert torch.equal(loaded.generate(**generate_kwargs), model.generate(**generate_kwargs))
+
+
+def test_tied_weights_keys_cover_shared_embeddings():
+    for lm_class in (GTransForConditionalGeneration, PlainTransformerForConditionalGeneration):
+        tied = lm_class._tied_weights_keys
+        assert set(tied) == {
+            "lm_head.weight",
+            "model.encoder.embed_tokens.weight",
+            "model.decoder.embed_tokens.weight",
+        }
+        assert set(tied.values()) == {"model.shared.weight"}
+
+
+def assert_paper_fusion_init(model):
+    encoder_fusion, decoder_fusion = model.model.encoder.readout, model.model.decoder.readout
+    for weight in (encoder_fusion.weight, decoder_fusion.layer_weight, decoder_fusion.group_weight):
+        assert torch.equal(
+            torch.sigmoid(weight), torch.full_like(weight, 0.5)
+        )  # every gate starts at 1/2, psi uniform
+    assert torch.equal(encoder_fusion.layer_norm.weight, torch.ones(model.config.d_model))
+    assert torch.equal(encoder_fusion.layer_norm.bias, torch.zeros(model.config.d_model))
+    assert torch.equal(model.final_logits_bias, torch.zeros_like(model.final_logits_bias))
+
+
+def assert_all_finite(model):
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        assert torch.isfinite(tensor).all(), name
+
+
+def test_init_weights(tiny_backbone, padded_batch):
+    config = family_config("gtrans", tiny_backbone)
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    assert_all_finite(model)
+    assert_paper_fusion_init(model)
+    with torch.no_grad():
+        assert torch.allclose(
+            model(**padded_batch, return_group_log_probs=True).group_weights, torch.full((3,), 1 / 3)
+        )
+
+    # the big-model path: parameters allocated empty, then initialised by `init_weights` (`_init_weights`)
+    with torch.device("meta"):
+        model = GTransForConditionalGeneration(config)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            tensor.fill_(float("nan"))
+    model.init_weights()
+    assert_all_finite(model)
+    assert_paper_fusion_init(model)
+    assert model.lm_head.weight is model.model.shared.weight
+    std = model.model.shared.weight.std()
+    assert 0.5 * config.init_std < std < 2 * config.init_std
+
+
+def test_fusion_weights_initialised_when_loading_plain_checkpoint(tiny_backbone, tmp_path):
+    plain = AutoModelForSeq2SeqLM.from_config(
+        family_config("plain_transformer", tiny_backbone, encoder_layers=3, decoder_layers=3)
+    )
+    plain.save_pretrained(tmp_path)
+    gtrans = GTransForConditionalGeneration.from_pretrained(tmp_path, **GTRANS_SIZES)
+    assert_all_finite(gtrans)
+    assert_paper_fusion_init(gtrans)
+    assert torch.equal(gtrans.model.encoder.layers[2].ffn.fc2.weight, plain.model.encoder.layers[2].ffn.fc2.weight)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(encoder_group_size=0), "encoder_group_size.*got 0"),
+        (dict(encoder_group_size=4), "encoder_group_size.*got 4"),
+        (dict(decoder_group_size=0), "decoder_group_size.*got 0"),
+        (dict(decoder_group_size=4), "decoder_group_size.*got 4"),
+        (dict(d_model=17), r"d_model.*17.*encoder_attention_heads"),
+        (dict(decoder_attention_heads=3), r"d_model.*decoder_attention_heads.*3"),
+        (dict(activation_function="swiglu"), "activation_function.*swiglu"),
+        (dict(position_embedding_type="rotary"), "position_embedding_type.*rotary"),
+        (dict(tie_word_embeddings=False), "tie_word_embeddings"),
+        (dict(probability_temperature=0.0), "probability_temperature.*0.0"),
+        (dict(dropout=1.0), "dropout.*1.0"),
+        (dict(pad_token_id=24), "pad_token_id.*24"),
+    ],
+)
+def test_bad_config_raises(overrides, message, tiny_backbone):
+    with pytest.raises(ValueError, match=message):
+        GTransConfig(**{**tiny_backbone, **GTRANS_SIZES, **overrides})
+
+
+def test_from_preset():
+    config = GTransConfig.from_preset("opus100")
+    assert type(config) is GTransConfig
+    assert (config.encoder_layers, config.decoder_layers) == (12, 6)
+    assert config.d_model == 768
+    assert config.encoder_ffn_dim == config.decoder_ffn_dim == 3072
+    assert config.encoder_attention_heads == config.decoder_attention_heads == 12
+    assert (config.encoder_group_size, config.decoder_group_size) == (3, 2)
+    assert (config.num_encoder_groups, config.num_decoder_groups) == (4, 3)
+    assert GTransConfig.from_preset("opus100", decoder_group_size=3).num_decoder_groups == 2
+    with pytest.raises(ValueError, match="'wmt99'"):
+        GTransConfig.from_preset("wmt99")
+
+
+@pytest.mark.parametrize("groups", [[0], [4], [1, 4], []])
+def test_decoder_groups_out_of_range(groups, tiny_backbone, padded_batch):
+    model = GTransForConditionalGeneration(family_config("gtrans", tiny_backbone)).eval()
+    assert model.config.num_decoder_groups == 3
+    with pytest.raises(ValueError, match="decoder_groups"):
+        model(**padded_batch, decoder_groups=groups)
+    with pytest.raises(ValueError, match="decoder_groups"):
+        model.generate(padded_batch["input_ids"], decoder_groups=groups, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("position_embedding_type", ["sinusoidal", "learned"])
+def test_too_long_inputs_raise(position_embedding_type, tiny_backbone):
+    config = family_config("plain_transformer", tiny_backbone, position_embedding_type=position_embedding_type)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    limit = config.max_position_embeddings
+    fits = torch.full((1, limit), 5)
+    too_long = torch.full((1, limit + 1), 5)
+    with torch.no_grad():
+        model(input_ids=fits, decoder_input_ids=fits)
+        with pytest.raises(ValueError, match=f"{limit + 1}.*max_position_embeddings={limit}"):
+            model(input_ids=too_long, decoder_input_ids=fits)
+        with pytest.raises(ValueError, match=f"{limit + 1}.*max_position_embeddings={limit}"):
+            model(input_ids=fits, decoder_input_ids=too_long)
