@@ -17,6 +17,7 @@ from .data import (
 from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
 from .model_card import write_model_card
 from .tokenization import train_joint_tokenizer
+from .xlmr import from_xlmr, load_xlmr_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
 from .models.plain_transformer import (
@@ -53,9 +54,11 @@ __all__ = [
     "compute_translation_metrics",
     "corpus_bleu",
     "from_marian",
+    "from_xlmr",
     "load_bleu_metric",
     "load_json_lines_translation",
     "load_parallel_text",
+    "load_xlmr_tokenizer",
     "load_translation_dataset",
     "preprocess_translation",
     "train_joint_tokenizer",

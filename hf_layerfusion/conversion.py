@@ -44,7 +44,7 @@ def _rename_marian_key(key: str) -> str | None:
 def _is_computed_table(model, key: str) -> bool:
     from .modeling_backbone import SinusoidalPositionalEmbedding
 
-    module_name = key.rsplit(".", 1)[0]
+    module_name = key.rpartition(".")[0]
     return isinstance(model.get_submodule(module_name), SinusoidalPositionalEmbedding)
 
 
