@@ -73,6 +73,18 @@ def _load_report(model, state_dict: dict, source: str) -> dict:
     return report
 
 
+def build_with_weights(model_type: str, config_kwargs: dict, state_dict: dict, source: str):
+    """A fresh `model_type` model with `config_kwargs`, loaded with `state_dict` (backbone names) via
+    `_load_report`; `model.conversion_report` says what was loaded and what stays freshly initialised."""
+    import hf_layerfusion  # noqa: F401  (registers the families with AutoConfig)
+
+    config = AutoConfig.for_model(model_type, **config_kwargs)
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    model.conversion_report = _load_report(model, state_dict, source)
+    model.tie_weights()
+    return model
+
+
 def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overrides):
     """Build a `model_type` model from a `MarianMTModel` (instance, local directory or Hub id).
 
@@ -81,8 +93,6 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
     The Marian generation config (beam size, bad words, max length) is carried over. Fusion parameters start from
     their paper initialisation; `model.conversion_report` lists loaded and freshly initialised tensors.
     """
-    import hf_layerfusion  # noqa: F401  (registers the families with AutoConfig)
-
     if isinstance(marian_model_or_path, (str, os.PathLike)):
         marian = MarianMTModel.from_pretrained(marian_model_or_path)
     elif isinstance(marian_model_or_path, MarianMTModel):
@@ -124,14 +134,12 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
         tie_word_embeddings=True,
         attn_implementation=mc._attn_implementation,
     )
-    config = AutoConfig.for_model(model_type, **{**backbone, **config_overrides})
-    model = AutoModelForSeq2SeqLM.from_config(config)
     state_dict = {}
     for key, value in marian.state_dict().items():
         new_key = _rename_marian_key(key)
         if new_key is not None and not new_key.startswith("lm_head"):
             state_dict[new_key] = value
-    model.conversion_report = _load_report(model, state_dict, f"Marian checkpoint {mc.name_or_path or '(in memory)'}")
-    model.tie_weights()
+    source = f"Marian checkpoint {mc.name_or_path or '(in memory)'}"
+    model = build_with_weights(model_type, {**backbone, **config_overrides}, state_dict, source)
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model

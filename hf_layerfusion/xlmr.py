@@ -43,7 +43,6 @@ import os
 import torch
 from transformers import (
     AutoConfig,
-    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     PreTrainedModel,
     XLMRobertaConfig,
@@ -51,7 +50,7 @@ from transformers import (
 )
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaPreTrainedModel
 
-from .conversion import _load_report
+from .conversion import build_with_weights
 
 # XLM-R sub-module name -> backbone name inside one encoder/decoder layer (the self-attention and FFN sub-layers)
 _XLMR_LAYER_RENAMES = {
@@ -224,18 +223,13 @@ def from_xlmr(xlmr_model_or_path, model_type: str = "gtrans", init_decoder: bool
     With every fusion switched off, the encoder computes exactly what the XLM-R model computes (every layer's
     hidden state). `model.conversion_report` = `{"loaded": [...], "freshly_initialised": [...]}` (state-dict keys).
     """
-    import hf_layerfusion  # noqa: F401  (registers the families with AutoConfig)
-
     xlmr = _as_xlmr_model(xlmr_model_or_path)
     backbone = backbone_config_from_xlmr(xlmr.config)
     _check_overrides(backbone, config_overrides, init_decoder)
-    config = AutoConfig.for_model(model_type, **{**backbone, **config_overrides})
-    model = AutoModelForSeq2SeqLM.from_config(config)
-    state_dict = _xlmr_state_dict(xlmr, config.decoder_layers if init_decoder else 0)
+    config_kwargs = {**backbone, **config_overrides}
+    state_dict = _xlmr_state_dict(xlmr, config_kwargs["decoder_layers"] if init_decoder else 0)
     source = f"XLM-R checkpoint {xlmr.config.name_or_path or '(in memory)'}"
-    model.conversion_report = _load_report(model, state_dict, source)
-    model.tie_weights()
-    return model
+    return build_with_weights(model_type, config_kwargs, state_dict, source)
 
 
 def load_xlmr_tokenizer(name_or_path, config=None, **kwargs):
