@@ -8,12 +8,13 @@ A. `MarianMTModel` vs the plain backbone (`from_marian(marian, model_type="plain
 B. GTrans (T_e = 3, T_d = 2 -> 3 decoder groups; T_e = 3, T_d = 1 -> 6 decoder groups) vs the plain backbone:
    the same metrics plus the peak memory of a training step.
 
-Timed measurements alternate between the models (the order flips every repeat) and report medians, so the
-ratios hold up under other load on shared cores. Peak memory is measured in a fresh subprocess per model: see
-`measure_peak_memory`.
+Timed measurements alternate between the models (the order flips every repeat); the table gives medians and the
+ratios are medians of per-repeat ratios, so they hold up under other load on shared cores. OpenMP threads wait
+passively (`OMP_WAIT_POLICY=PASSIVE` unless set): spin-waiting threads on oversubscribed cores are ~30x slower.
+Peak memory is measured in a fresh subprocess per model: see `memory_worker`.
 
-    python benchmarks/bench_backbone.py            # full run (< ~10 min on 2 cores)
-    python benchmarks/bench_backbone.py --quick    # ~1 min smoke run
+    python benchmarks/bench_backbone.py            # full run (~4.5 min on 2 cores shared with other jobs)
+    python benchmarks/bench_backbone.py --quick    # ~70 s smoke run
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+# Set before torch loads OpenMP. With libgomp's default spin-waiting, 2 threads on 2 cores shared with other
+# processes run ~30x slower (measured: greedy batch 10.6 s vs 0.38 s passive); passive waiting keeps the numbers
+# meaningful on a shared machine. Override from the environment, e.g. OMP_WAIT_POLICY=ACTIVE.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
@@ -42,10 +48,9 @@ from transformers import MarianConfig, MarianMTModel  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
+from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0..3: the package's bos, pad, eos, unk defaults
-BOS_ID, PAD_ID, EOS_ID = 0, 1, 2
 MODEL_NAMES = ("marian", "plain", "gtrans_td2", "gtrans_td1")
 MODEL_TITLES = {
     "marian": "MarianMTModel",
@@ -67,33 +72,15 @@ def read_lines(path: Path) -> list[str]:
 
 
 def train_tokenizer(data_dir: Path, vocab_size: int):
-    """Joint en+de BPE tokenizer trained on the train split; every encoding ends with `</s>`."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
-    corpus = read_lines(data_dir / "train.en") + read_lines(data_dir / "train.de")
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    if [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] != [BOS_ID, PAD_ID, EOS_ID, 3]:
-        raise RuntimeError("special tokens did not get ids 0..3")
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS_ID)])
-    return tokenizer
-
-
-def pad_batch(sequences: list[list[int]], pad_value: int) -> torch.Tensor:
-    width = max(len(s) for s in sequences)
-    return torch.tensor([s + [pad_value] * (width - len(s)) for s in sequences])
+    """Joint en+de BPE tokenizer trained on the train split (the package's `train_joint_tokenizer`)."""
+    texts = read_lines(data_dir / "train.en") + read_lines(data_dir / "train.de")
+    return train_joint_tokenizer(texts, vocab_size, model="bpe")
 
 
 def encode_batch(tokenizer, sources: list[str], targets: list[str] | None = None) -> dict[str, torch.Tensor]:
-    source_ids = [e.ids for e in tokenizer.encode_batch(sources)]
-    batch = {"input_ids": pad_batch(source_ids, PAD_ID)}
-    batch["attention_mask"] = batch["input_ids"].ne(PAD_ID).long()
+    batch = dict(tokenizer(sources, text_target=targets, padding=True, return_tensors="pt"))
     if targets is not None:
-        batch["labels"] = pad_batch([e.ids for e in tokenizer.encode_batch(targets)], -100)
+        batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
     return batch
 
 
@@ -135,9 +122,9 @@ def build_marian(vocab_size: int, seed: int) -> MarianMTModel:
         attention_dropout=preset.attention_dropout,
         activation_dropout=preset.activation_dropout,
         init_std=preset.init_std,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
+        pad_token_id=preset.pad_token_id,
+        bos_token_id=preset.bos_token_id,
+        eos_token_id=preset.eos_token_id,
         decoder_start_token_id=preset.decoder_start_token_id,
         forced_eos_token_id=None,
     )
@@ -173,6 +160,18 @@ def generate(model, batch, num_beams: int, max_new_tokens: int) -> torch.Tensor:
     )
 
 
+def assert_same_outputs(models, batches, num_beams: int, max_new_tokens: int) -> str:
+    """A: Marian and the plain backbone share their weights, so they must generate the same tokens."""
+    for batch in batches:
+        backbone = generate(models["plain"], batch, num_beams, max_new_tokens)
+        marian = generate(models["marian"], batch, num_beams, max_new_tokens)
+        if not torch.equal(backbone, marian):
+            different = (backbone != marian).any(dim=-1).sum() if backbone.shape == marian.shape else "all"
+            raise AssertionError(f"num_beams={num_beams}: plain backbone and Marian outputs differ ({different} rows)")
+    sentences = sum(len(b["input_ids"]) for b in batches)
+    return f"yes ({sentences}/{sentences} sentences)"
+
+
 def train_step(model, optimizer, batch) -> None:
     loss = model(**batch).loss
     loss.backward()
@@ -196,13 +195,13 @@ def time_training(model, optimizer, batches) -> float:
     return sum(int(b["labels"].ne(-100).sum()) for b in batches) / (time.perf_counter() - start)
 
 
-def interleaved_medians(names, repeats: int, measure) -> dict[str, float]:
-    """`measure(name)` for every model, alternating models and flipping the order every repeat; medians."""
+def interleaved_samples(names, repeats: int, measure) -> dict[str, list[float]]:
+    """`measure(name)` for every model, alternating models and flipping the order every repeat."""
     samples = {name: [] for name in names}
     for repeat in range(repeats):
         for name in names if repeat % 2 == 0 else reversed(names):
             samples[name].append(measure(name))
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def rss_kib(field: str) -> int:
@@ -236,25 +235,56 @@ def memory_worker(args) -> None:
         before = rss_kib("VmRSS")
         train_step(model, optimizer, batch)
         increases.append(rss_kib("VmHWM") - before)
-    print(json.dumps({"peak_increase_kib": increases, "rss_before_kib": before}))
+    print(json.dumps({"peak_increase_kib": increases}))
 
 
-def measure_peak_memory(args, names, marian, training_batches) -> dict[str, float]:
-    """Median peak-RSS increase (MiB) of a training step, each model in its own fresh subprocess."""
+def measure_peak_memory(args, names, marian, training_batches) -> dict[str, list[float]]:
+    """Peak-RSS increase (MiB) of each measured training step, each model in its own fresh subprocess.
+
+    The subprocesses run side by side (after the timings): a process's own peak RSS does not depend on others.
+    """
     peaks = {}
     with tempfile.TemporaryDirectory() as work:
         marian.save_pretrained(Path(work) / "marian")
         torch.save(training_batches, Path(work) / "train_batches.pt")
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        workers = {}
         for name in names:
             command = [sys.executable, __file__, "--threads", str(args.threads), "--memory-worker", work]
-            command += ["--worker-model", name]
-            result = subprocess.run(command, env=env, capture_output=True, text=True)
-            if result.returncode:
-                raise RuntimeError(f"memory worker for {name} failed:\n{result.stderr[-3000:]}")
-            report = json.loads(result.stdout.strip().splitlines()[-1])
-            peaks[name] = statistics.median(report["peak_increase_kib"]) / 1024
+            workers[name] = subprocess.Popen(
+                [*command, "--worker-model", name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        for name, worker in workers.items():
+            stdout, stderr = worker.communicate()
+            if worker.returncode:
+                raise RuntimeError(f"memory worker for {name} failed:\n{stderr[-3000:]}")
+            report = json.loads(stdout.strip().splitlines()[-1])
+            peaks[name] = [kib / 1024 for kib in report["peak_increase_kib"]]
     return peaks
+
+
+def time_models(args, eval_models, generation_batches, training_batches) -> dict[str, dict[str, list[float]]]:
+    """Greedy, beam and training throughput samples of every model, interleaved."""
+    # training changes the weights: train copies, so the generation models keep identical weights
+    train_models = {name: copy.deepcopy(model).train() for name, model in eval_models.items()}
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4) for name, model in train_models.items()}
+    for name in eval_models:  # warm-up: first calls, AdamW state allocation
+        generate(eval_models[name], generation_batches[0], 1, 2)
+        train_step(train_models[name], optimizers[name], training_batches[0])
+    names = list(eval_models)
+    return {
+        "greedy": interleaved_samples(
+            names, args.repeats, lambda n: time_generation(eval_models[n], generation_batches, 1, args.max_new_tokens)
+        ),
+        "beam": interleaved_samples(
+            names,
+            args.repeats,
+            lambda n: time_generation(eval_models[n], generation_batches, args.num_beams, args.max_new_tokens),
+        ),
+        "train": interleaved_samples(
+            names, args.repeats, lambda n: time_training(train_models[n], optimizers[n], training_batches)
+        ),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -265,77 +295,105 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.3f}x"
+def loadavg() -> str:
+    return "(" + ", ".join(f"{value:.2f}" for value in os.getloadavg()) + ")"
+
+
+def git_revision() -> str:
+    def git(*arguments):
+        result = subprocess.run(["git", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+        return result.stdout.strip()
+
+    revision = git("rev-parse", "--short", "HEAD") or "unknown"
+    return revision + ("+uncommitted changes" if git("status", "--porcelain") else "")
+
+
+def paired_ratios(samples: dict[str, list[float]], numerator: str, denominator: str) -> list[float]:
+    """Ratios of samples taken side by side (same repeat, or same batch for memory)."""
+    return [a / b for a, b in zip(samples[numerator], samples[denominator])]
 
 
 def print_report(args, command, setup, results, outputs_equal):
     names = list(results["greedy"])
     print("## hf_layerfusion backbone benchmark (CPU)\n")
-    print(f"- command: `{command}`")
+    print(f"- command (from the repository root): `{command}`")
     print(
         f"- torch {torch.__version__}, transformers {transformers.__version__}, hf_layerfusion "
-        f"{hf_layerfusion.__version__}, Python {platform.python_version()}"
+        f"{hf_layerfusion.__version__} (git {setup['git']}), Python {platform.python_version()}"
     )
-    print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), torch threads: {torch.get_num_threads()}")
-    print(f"- load average at start: {setup['loadavg_start']}, at end: {os.getloadavg()}")
+    print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), torch threads: {torch.get_num_threads()}, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    print(f"- load average (1, 5, 15 min) at start: {setup['loadavg_start']}, at end: {loadavg()}")
+    if max(setup["loadavg_start_1min"], os.getloadavg()[0]) > os.cpu_count():
+        print(
+            "- WARNING: load average above the CPU count: other processes compete for the cores, absolute numbers "
+            "are depressed and noisy; the side-by-side ratios are the more trustworthy figures"
+        )
     print(
         f"- model: Multi30k preset (d_model {setup['d_model']}, {setup['layers']} layers, {setup['heads']} heads, "
-        f"FFN {setup['ffn']}), vocab {setup['vocab']} (joint BPE trained on train.en+train.de in "
-        f"{setup['tokenizer_s']:.1f}s), {setup['params']:,} Marian parameters, attention: {setup['attn']}"
+        f"FFN {setup['ffn']}), vocab {setup['vocab']} (joint BPE, `train_joint_tokenizer` on train.en+train.de, "
+        f"{setup['tokenizer_s']:.1f}s), {setup['params']:,} Marian parameters, random init (seed {args.seed}), "
+        f"attention: {setup['attn']}"
     )
     print(
         f"- generation: {args.gen_batches} batch(es) of {args.gen_batch_size} test_2016_flickr.en sentences, "
-        f"exactly {args.max_new_tokens} new tokens (min_new_tokens = max_new_tokens), eval mode"
+        f"exactly {args.max_new_tokens} new tokens (min_new_tokens = max_new_tokens), eval mode, inference_mode"
     )
     print(
-        f"- training: {args.train_steps} batches of {args.train_batch_size} train sentences (en->de, "
-        f"{setup['train_tokens']} non-pad target tokens in all) per measurement, forward+backward+AdamW, "
-        "dropout 0.1, after one warm-up step"
-    )
-    print(f"- timings: median of {args.repeats} repeats, models alternated (order flipped every repeat)")
-    print(
-        "- peak memory: fresh subprocess per model; median over the measured steps of (peak RSS during the step "
-        "- RSS before it), peak RSS reset with /proc/self/clear_refs, MALLOC_MMAP_THRESHOLD_=65536; "
-        "excludes weights and AdamW state, includes activations, logits, gradients"
+        f"- training: {args.train_steps} batch(es) of {args.train_batch_size} shuffled train sentences (en->de, "
+        f"{setup['train_tokens']} non-pad target tokens; {setup['train_pad']:.0%} of label positions are padding) "
+        "per measurement, forward+backward+AdamW, dropout 0.1, after a warm-up step"
     )
     print(
-        f"- Marian vs plain backbone outputs identical: greedy {outputs_equal['greedy']}, "
+        f"- timings: {args.repeats} repeats, models alternated (order flipped every repeat); table = medians, "
+        "ratios = median of the per-repeat ratios [min-max]"
+    )
+    print(
+        "- peak memory: each model in a fresh subprocess; after a warm-up step (allocates the AdamW state), for each "
+        f"of {args.memory_steps} training step(s): peak RSS during the step (VmHWM, reset by writing 5 to "
+        "/proc/self/clear_refs) minus RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave "
+        "RSS. Counts activations, logits, gradients and temporaries, not weights or optimizer state; median over "
+        "the steps, ratios paired by batch"
+    )
+    print(
+        f"- Marian vs plain backbone outputs token-for-token identical: greedy {outputs_equal['greedy']}, "
         f"beam-{args.num_beams} {outputs_equal['beam']} (asserted)\n"
     )
 
-    header = ["metric"] + [MODEL_TITLES[n] for n in names]
-    ratio_columns = [("plain", "marian"), ("gtrans_td2", "plain"), ("gtrans_td1", "plain")]
-    ratio_columns = [(a, b) for a, b in ratio_columns if a in names and b in names]
-    header += [f"{a}/{b}" for a, b in ratio_columns]
+    ratio_columns = [
+        (a, b) for a, b in (("plain", "marian"), ("gtrans_td2", "plain"), ("gtrans_td1", "plain"))
+        if a in names and b in names
+    ]
+    header = ["metric"] + [MODEL_TITLES[n] for n in names] + [f"{a} / {b}" for a, b in ratio_columns]
     rows = [
         ("greedy sentences/s", "greedy", "{:.1f}"),
         (f"beam-{args.num_beams} sentences/s", "beam", "{:.1f}"),
-        ("training tokens/s", "train", "{:.0f}"),
+        ("training target tokens/s", "train", "{:.0f}"),
         ("training step peak memory (MiB)", "memory", "{:.1f}"),
     ]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
+    ratios = {}
     for title, key, fmt in rows:
-        values = results[key]
-        cells = [title] + [fmt.format(values[n]) for n in names]
-        cells += [ratio(values[a], values[b]) for a, b in ratio_columns]
+        cells = [title] + [fmt.format(statistics.median(results[key][n])) for n in names]
+        for a, b in ratio_columns:
+            values = paired_ratios(results[key], a, b)
+            ratios[key, a, b] = statistics.median(values)
+            cells.append(f"{ratios[key, a, b]:.3f}x [{min(values):.2f}-{max(values):.2f}]")
         print("| " + " | ".join(cells) + " |")
 
-    print("\nTargets:")
+    print("\nTargets (median ratios):")
     checks = [
-        ("plain/Marian greedy >= 1.0", results["greedy"]["plain"] / results["greedy"]["marian"] >= 1.0),
-        ("plain/Marian beam >= 1.0", results["beam"]["plain"] / results["beam"]["marian"] >= 1.0),
-        ("plain/Marian training >= 1.0", results["train"]["plain"] / results["train"]["marian"] >= 1.0),
+        (f"plain backbone / Marian, {key} >= 1.0", ratios[key, "plain", "marian"] >= 1.0)
+        for key in ("greedy", "beam", "train")
     ]
-    for name in ("gtrans_td2", "gtrans_td1"):
-        for key, label in (("greedy", "greedy"), ("beam", "beam")):
-            checks.append(
-                (f"{name}/plain {label} >= 0.99", results[key][name] / results[key]["plain"] >= 0.99)
-            )
+    checks += [
+        (f"{name} / plain, {key} >= 0.99", ratios[key, name, "plain"] >= 0.99)
+        for name in ("gtrans_td2", "gtrans_td1")
+        for key in ("greedy", "beam")
+    ]
     checks.append(
-        ("gtrans_td1/plain training peak memory <= 1.25",
-         results["memory"]["gtrans_td1"] / results["memory"]["plain"] <= 1.25)
+        ("gtrans_td1 (6 groups) / plain, training peak memory <= 1.25", ratios["memory", "gtrans_td1", "plain"] <= 1.25)
     )
     for label, met in checks:
         print(f"- {label}: {'met' if met else 'NOT met'}")
@@ -353,7 +411,7 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--num-beams", type=int, default=4)
     parser.add_argument("--train-batch-size", type=int, default=64)
-    parser.add_argument("--train-steps", type=int, default=3, help="training batches per timing measurement")
+    parser.add_argument("--train-steps", type=int, default=2, help="training batches per timing measurement")
     parser.add_argument("--memory-steps", type=int, default=3, help="measured training steps per memory worker")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="~1 minute smoke run (fewer repeats and tokens)")
@@ -373,7 +431,8 @@ def main(argv=None):
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    loadavg_start = os.getloadavg()
+    transformers.logging.disable_progress_bar()
+    loadavg_start, loadavg_start_1min = loadavg(), os.getloadavg()[0]
 
     start = time.perf_counter()
     tokenizer = train_tokenizer(args.data, args.vocab_size)
@@ -384,57 +443,36 @@ def main(argv=None):
     training_batches = all_training_batches[: args.train_steps]
     memory_batches = all_training_batches[: args.memory_steps + 1]  # + the warm-up step
 
-    marian = build_marian(tokenizer.get_vocab_size(), args.seed)
+    marian = build_marian(len(tokenizer), args.seed)
+    if tokenizer.pad_token_id != marian.config.pad_token_id:
+        raise ValueError(f"tokenizer pad id {tokenizer.pad_token_id} != model pad id {marian.config.pad_token_id}")
     eval_models = build_models(marian, MODEL_NAMES)
     for model in eval_models.values():
         model.eval()
-    # training mutates weights: train copies so the generation models keep identical weights
-    train_models = {name: copy.deepcopy(model).train() for name, model in eval_models.items()}
-    optimizers = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in train_models.items()}
-
-    # A. same weights -> same outputs; checked on every generation batch before anything is timed
-    outputs_equal = {}
-    for key, beams in (("greedy", 1), ("beam", args.num_beams)):
-        for batch in generation_batches:
-            ours = generate(eval_models["plain"], batch, beams, args.max_new_tokens)
-            reference = generate(eval_models["marian"], batch, beams, args.max_new_tokens)
-            assert torch.equal(ours, reference), f"{key}: plain backbone and Marian outputs differ"
-        outputs_equal[key] = f"yes ({sum(len(b['input_ids']) for b in generation_batches)}/"
-        outputs_equal[key] += f"{sum(len(b['input_ids']) for b in generation_batches)} sentences)"
-    for name in MODEL_NAMES:  # warm-up: first calls, AdamW state allocation
-        generate(eval_models[name], generation_batches[0], 1, 2)
-        train_step(train_models[name], optimizers[name], training_batches[0])
-
-    results = {
-        "greedy": interleaved_medians(
-            MODEL_NAMES, args.repeats,
-            lambda n: time_generation(eval_models[n], generation_batches, 1, args.max_new_tokens),
-        ),
-        "beam": interleaved_medians(
-            MODEL_NAMES, args.repeats,
-            lambda n: time_generation(eval_models[n], generation_batches, args.num_beams, args.max_new_tokens),
-        ),
-        "train": interleaved_medians(
-            MODEL_NAMES, args.repeats, lambda n: time_training(train_models[n], optimizers[n], training_batches)
-        ),
+    outputs_equal = {
+        key: assert_same_outputs(eval_models, generation_batches, beams, args.max_new_tokens)
+        for key, beams in (("greedy", 1), ("beam", args.num_beams))
     }
-    del train_models, optimizers
-    gc.collect()
+    results = time_models(args, eval_models, generation_batches, training_batches)
     results["memory"] = measure_peak_memory(args, MODEL_NAMES, marian, memory_batches)
 
     preset = marian.config
     setup = dict(
         loadavg_start=loadavg_start,
+        loadavg_start_1min=loadavg_start_1min,
+        git=git_revision(),
         d_model=preset.d_model,
         layers=f"{preset.encoder_layers}+{preset.decoder_layers}",
         heads=preset.encoder_attention_heads,
         ffn=preset.encoder_ffn_dim,
-        vocab=tokenizer.get_vocab_size(),
+        vocab=len(tokenizer),
         tokenizer_s=tokenizer_s,
         params=sum(p.numel() for p in marian.parameters()),
         attn=f"Marian {marian.config._attn_implementation}, backbone "
         f"{eval_models['plain'].config._attn_implementation}",
         train_tokens=sum(int(b["labels"].ne(-100).sum()) for b in training_batches),
+        train_pad=sum(int(b["labels"].eq(-100).sum()) for b in training_batches)
+        / sum(b["labels"].numel() for b in training_batches),
     )
     print_report(args, command, setup, results, outputs_equal)
     print(f"\n(total wall time {time.perf_counter() - start:.0f}s)")

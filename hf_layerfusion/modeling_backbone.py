@@ -158,22 +158,12 @@ class MultiHeadAttention(nn.Module):
         input_shape = hidden_states.shape[:-1]
         query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
 
-        cache = None
-        if past_key_values is not None:
-            if isinstance(past_key_values, EncoderDecoderCache):
-                cache = (
-                    past_key_values.cross_attention_cache
-                    if is_cross_attention
-                    else past_key_values.self_attention_cache
-                )
-            else:
-                cache = past_key_values
-        cross_is_cached = (
-            is_cross_attention
-            and isinstance(past_key_values, EncoderDecoderCache)
-            and past_key_values.is_updated.get(self.layer_idx, False)
-        )
-        if cross_is_cached:
+        is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
+        cache = past_key_values
+        if is_encoder_decoder_cache:
+            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
+        if is_cross_attention and is_encoder_decoder_cache and past_key_values.is_updated.get(self.layer_idx, False):
+            # cross-attention keys/values depend on the encoder memory only: computed at the first step, reused
             key_states = cache.layers[self.layer_idx].keys
             value_states = cache.layers[self.layer_idx].values
         else:
@@ -183,7 +173,7 @@ class MultiHeadAttention(nn.Module):
             value_states = self.v_proj(source).view(kv_shape).transpose(1, 2)
             if cache is not None:
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
-                if is_cross_attention and isinstance(past_key_values, EncoderDecoderCache):
+                if is_cross_attention and is_encoder_decoder_cache:
                     past_key_values.is_updated[self.layer_idx] = True
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -205,7 +195,9 @@ class MultiHeadAttention(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- layers
 class ResidualSublayer(nn.Module):
-    """`x + dropout(f(x))` with the LayerNorm after (post-norm, the papers' default) or before (pre-norm)."""
+    """Holds the LayerNorm of one residual sub-layer `x + dropout(f(x))`, placed after the sum (post-norm, the
+    papers' default) or before `f` (pre-norm). `enter`/`exit` are plain methods, not module calls: they run on
+    every decoding step, where module-call overhead shows."""
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__()
@@ -213,11 +205,13 @@ class ResidualSublayer(nn.Module):
         self.normalize_before = config.normalize_before
         self.dropout = config.dropout
 
-    def forward(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        residual = hidden_states
-        if self.normalize_before:
-            hidden_states = self.layer_norm(hidden_states)
-        hidden_states = residual + F.dropout(sublayer(hidden_states), p=self.dropout, training=self.training)
+    def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The input of `f`."""
+        return self.layer_norm(hidden_states) if self.normalize_before else hidden_states
+
+    def exit(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        """The sub-layer's output from its input `residual` and `f`'s output."""
+        hidden_states = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
         return hidden_states if self.normalize_before else self.layer_norm(hidden_states)
 
 
@@ -236,7 +230,8 @@ class FeedForward(nn.Module):
 
 
 class EncoderLayer(GradientCheckpointingLayer):
-    """Self-attention then feed-forward, each wrapped in a residual sub-layer."""
+    """Self-attention then feed-forward, each a residual sub-layer. Returns `(hidden_states, self_attn_weights)`
+    (weights only with eager attention)."""
 
     def __init__(self, config: LayerFusionConfig, layer_idx: int):
         super().__init__()
@@ -244,19 +239,19 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.self_attn_block = ResidualSublayer(config)
         self.ffn = FeedForward(config, config.encoder_ffn_dim)
         self.ffn_block = ResidualSublayer(config)
-        self.attentions: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        def self_attention(x):
-            out, self.attentions = self.self_attn(x, attention_mask=attention_mask, **kwargs)
-            return out
-
-        hidden_states = self.self_attn_block(hidden_states, self_attention)
-        return self.ffn_block(hidden_states, self.ffn)
+        attn_output, self_attn_weights = self.self_attn(
+            self.self_attn_block.enter(hidden_states), attention_mask=attention_mask, **kwargs
+        )
+        hidden_states = self.self_attn_block.exit(hidden_states, attn_output)
+        hidden_states = self.ffn_block.exit(hidden_states, self.ffn(self.ffn_block.enter(hidden_states)))
+        return hidden_states, self_attn_weights
 
 
 class DecoderLayer(GradientCheckpointingLayer):
-    """Causal self-attention, cross-attention over the encoder memory, feed-forward."""
+    """Causal self-attention, cross-attention over the encoder memory, feed-forward. Returns
+    `(hidden_states, self_attn_weights, cross_attn_weights)` (weights only with eager attention)."""
 
     def __init__(self, config: LayerFusionConfig, layer_idx: int):
         super().__init__()
@@ -266,8 +261,6 @@ class DecoderLayer(GradientCheckpointingLayer):
         self.encoder_attn_block = ResidualSublayer(config)
         self.ffn = FeedForward(config, config.decoder_ffn_dim)
         self.ffn_block = ResidualSublayer(config)
-        self.attentions: torch.Tensor | None = None
-        self.cross_attentions: torch.Tensor | None = None
 
     def forward(
         self,
@@ -277,26 +270,24 @@ class DecoderLayer(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
-    ) -> torch.Tensor:
-        def self_attention(x):
-            out, self.attentions = self.self_attn(
-                x, past_key_values=past_key_values, attention_mask=attention_mask, **kwargs
-            )
-            return out
-
-        def cross_attention(x):
-            out, self.cross_attentions = self.encoder_attn(
-                x,
-                key_value_states=encoder_hidden_states,
-                past_key_values=past_key_values,
-                attention_mask=encoder_attention_mask,
-                **kwargs,
-            )
-            return out
-
-        hidden_states = self.self_attn_block(hidden_states, self_attention)
-        hidden_states = self.encoder_attn_block(hidden_states, cross_attention)
-        return self.ffn_block(hidden_states, self.ffn)
+    ):
+        attn_output, self_attn_weights = self.self_attn(
+            self.self_attn_block.enter(hidden_states),
+            past_key_values=past_key_values,
+            attention_mask=attention_mask,
+            **kwargs,
+        )
+        hidden_states = self.self_attn_block.exit(hidden_states, attn_output)
+        attn_output, cross_attn_weights = self.encoder_attn(
+            self.encoder_attn_block.enter(hidden_states),
+            key_value_states=encoder_hidden_states,
+            past_key_values=past_key_values,
+            attention_mask=encoder_attention_mask,
+            **kwargs,
+        )
+        hidden_states = self.encoder_attn_block.exit(hidden_states, attn_output)
+        hidden_states = self.ffn_block.exit(hidden_states, self.ffn(self.ffn_block.enter(hidden_states)))
+        return hidden_states, self_attn_weights, cross_attn_weights
 
 
 # --------------------------------------------------------------------------------------------------- readouts
@@ -424,12 +415,12 @@ class LayerFusionEncoder(nn.Module):
         all_attentions = [] if output_attentions else None
         layer_states = []
         for layer in self.layers:
-            hidden_states = layer(hidden_states, mask, **kwargs)
+            hidden_states, self_attn_weights = layer(hidden_states, mask, **kwargs)
             layer_states.append(hidden_states)
             if output_hidden_states:
                 all_hidden_states.append(hidden_states)
             if output_attentions:
-                all_attentions.append(layer.attentions)
+                all_attentions.append(self_attn_weights)
         if self.layer_norm is not None:
             # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
             layer_states = [self.layer_norm(state) for state in layer_states]
@@ -507,7 +498,7 @@ class LayerFusionDecoder(nn.Module):
         all_cross_attentions = [] if output_attentions else None
         layer_states = []
         for layer in self.layers[:num_layers]:
-            hidden_states = layer(
+            hidden_states, self_attn_weights, cross_attn_weights = layer(
                 hidden_states,
                 causal_mask,
                 encoder_hidden_states,  # positional for gradient checkpointing
@@ -519,8 +510,8 @@ class LayerFusionDecoder(nn.Module):
             if output_hidden_states:
                 all_hidden_states.append(hidden_states)
             if output_attentions:
-                all_attentions.append(layer.attentions)
-                all_cross_attentions.append(layer.cross_attentions)
+                all_attentions.append(self_attn_weights)
+                all_cross_attentions.append(cross_attn_weights)
         if self.layer_norm is not None:
             layer_states = [self.layer_norm(state) for state in layer_states]
         return LayerFusionDecoderOutput(
@@ -706,7 +697,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """`h W_o + b`: the vocabulary logits of one feature tensor."""
-        return self.lm_head(features) + self.final_logits_bias.to(features.dtype)
+        return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
 
     def output_head(
         self,

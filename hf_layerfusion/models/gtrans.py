@@ -11,8 +11,8 @@ Choices where the paper is silent (tested in tests/test_gtrans.py):
 - mixing a subset of groups (Table VI, `decoder_groups`) renormalises psi over that subset (Eq. 6 restricted);
 - label smoothing, when set, is applied to every group's cross entropy inside Eq. 7;
 - in training, when labels are given and gradients are on, `logits` (the mixture) is not computed: the loss is
-  computed group by group and each group's vocabulary projection is recomputed in the backward pass, so memory
-  stays at one group's `batch x length x vocab` instead of N of them.
+  computed group by group on the non-pad positions only, and each group's vocabulary projection is recomputed in
+  the backward pass, so memory stays at one group's `tokens x vocab` instead of N copies of `batch x length x vocab`.
 """
 
 from __future__ import annotations
@@ -178,22 +178,31 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
                 "`model.config.allow_external_loss = True`."
             )
         log_psi = self.model.decoder.readout.log_mixture_weights(check_groups(groups, self.config.num_decoder_groups))
-        logits = group_log_probs = group_ce = None
+        logits = group_log_probs = None
         if self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs:
-            # memory-aware Eq. 7: one group's batch x length x vocab tensors at a time, recomputed in backward
+            # memory-aware Eq. 7: only non-pad positions are projected (the loss ignores the others), one group's
+            # tokens x vocab tensors at a time, recomputed in the backward pass instead of kept
+            keep = labels.ne(-100)
             group_ce = torch.stack(
-                [checkpoint(self._group_loss, f, labels, num_items_in_batch, use_reentrant=False) for f in group_features]
+                [
+                    checkpoint(self._group_loss, f[keep], labels[keep], num_items_in_batch, use_reentrant=False)
+                    for f in group_features
+                ]
             )
         else:
-            group_log_probs = F.log_softmax(self.project(torch.stack(group_features)).float(), dim=-1)  # Eq. 5: log P_i
-            logits = torch.logsumexp(group_log_probs + log_psi[:, None, None, None], dim=0)  # Eq. 5: log sum psi_i P_i
+            group_logits = self.project(torch.stack(group_features)).float()  # h_i^{df} W_o for every group
+            # Eq. 5 in probability space (one softmax per group, one weighted sum); the clamp keeps log finite for
+            # tokens whose probability underflows in every group
+            mixture = torch.tensordot(log_psi.exp(), F.softmax(group_logits, dim=-1), dims=1)
+            logits = mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
+            if return_group_log_probs:
+                group_log_probs = F.log_softmax(group_logits, dim=-1)
+            group_ce = None
             if labels is not None:
                 group_ce = torch.stack(
-                    [token_cross_entropy(lp, labels, self.config.label_smoothing, num_items_in_batch) for lp in group_log_probs]
+                    [token_cross_entropy(g, labels, self.config.label_smoothing, num_items_in_batch) for g in group_logits]
                 )
         loss = (log_psi.exp() * group_ce).sum() if group_ce is not None else None  # Eq. 7
-        if not return_group_log_probs:
-            group_log_probs = None
         return loss, logits, group_log_probs, (log_psi.exp() if return_group_log_probs else None)
 
     def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
