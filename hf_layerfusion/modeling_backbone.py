@@ -381,18 +381,63 @@ class LayerFusionPreTrainedModel(PreTrainedModel):
             module.init_fusion_weights()
 
 
-class LayerFusionEncoder(nn.Module):
-    """Embeddings, `encoder_layers` layers, and the readout that builds the cross-attention memory."""
+class LayerStack(nn.Module):
+    """What the encoder and decoder stacks share: token + position embeddings, the layers, the final LayerNorm of
+    pre-norm models, the readout, and the loop that collects every layer's output for the readout."""
 
-    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module):
+    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module, layers: list):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens
         self.embeddings = TokenAndPositionEmbedding(config)
-        self.layers = nn.ModuleList([EncoderLayer(config, i) for i in range(config.encoder_layers)])
+        self.layers = nn.ModuleList(layers)
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.readout = readout
         self.gradient_checkpointing = False
+
+    def input_embeddings(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` or `inputs_embeds`.")
+        return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+
+    def run_layers(
+        self,
+        hidden_states: torch.Tensor,
+        layers,
+        layer_args: tuple,
+        layer_kwargs: dict,
+        output_hidden_states: bool | None,
+        output_attentions: bool | None,
+    ) -> tuple[list[torch.Tensor], tuple | None, list[tuple] | None]:
+        """Run `layers`; return every layer's output (for the readout), the hidden-states tuple (embedding output
+        first) and, per attention kind of the layer, the tuple of attention weights."""
+        all_hidden_states = [hidden_states] if output_hidden_states else None
+        all_attentions = None
+        layer_states = []
+        for layer in layers:
+            hidden_states, *attention_weights = layer(hidden_states, *layer_args, **layer_kwargs)
+            layer_states.append(hidden_states)
+            if output_hidden_states:
+                all_hidden_states.append(hidden_states)
+            if output_attentions:
+                all_attentions = all_attentions or [[] for _ in attention_weights]
+                for collected, weights in zip(all_attentions, attention_weights):
+                    collected.append(weights)
+        if self.layer_norm is not None:
+            # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
+            layer_states = [self.layer_norm(state) for state in layer_states]
+        return (
+            layer_states,
+            tuple(all_hidden_states) if output_hidden_states else None,
+            [tuple(weights) for weights in all_attentions] if all_attentions else None,
+        )
+
+
+class LayerFusionEncoder(LayerStack):
+    """Embeddings, `encoder_layers` layers, and the readout that builds the cross-attention memory."""
+
+    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module):
+        super().__init__(config, embed_tokens, readout, [EncoderLayer(config, i) for i in range(config.encoder_layers)])
 
     def forward(
         self,
@@ -404,49 +449,27 @@ class LayerFusionEncoder(nn.Module):
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         hidden_states = self.embeddings(input_ids, inputs_embeds)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-
-        all_hidden_states = [hidden_states] if output_hidden_states else None
-        all_attentions = [] if output_attentions else None
-        layer_states = []
-        for layer in self.layers:
-            hidden_states, self_attn_weights = layer(hidden_states, mask, **kwargs)
-            layer_states.append(hidden_states)
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            if output_attentions:
-                all_attentions.append(self_attn_weights)
-        if self.layer_norm is not None:
-            # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
-            layer_states = [self.layer_norm(state) for state in layer_states]
-        memory = self.readout(layer_states)
+        layer_states, all_hidden_states, all_attentions = self.run_layers(
+            hidden_states, self.layers, (mask,), kwargs, output_hidden_states, output_attentions
+        )
         return BaseModelOutput(
-            last_hidden_state=memory,
-            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
+            last_hidden_state=self.readout(layer_states),
+            hidden_states=all_hidden_states,
+            attentions=all_attentions[0] if all_attentions else None,
         )
 
 
-class LayerFusionDecoder(nn.Module):
+class LayerFusionDecoder(LayerStack):
     """Embeddings, `decoder_layers` layers with KV cache, and the readout that builds the output-group features.
 
     Layers above the highest one the requested output groups need are not computed (GTrans pruning).
     """
 
     def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module):
-        super().__init__()
-        self.config = config
-        self.embed_tokens = embed_tokens
-        self.embeddings = TokenAndPositionEmbedding(config)
-        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.decoder_layers)])
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
-        self.readout = readout
-        self.gradient_checkpointing = False
+        super().__init__(config, embed_tokens, readout, [DecoderLayer(config, i) for i in range(config.decoder_layers)])
 
     def forward(
         self,
@@ -463,10 +486,7 @@ class LayerFusionDecoder(nn.Module):
         return_dict: bool | None = None,
         **kwargs,
     ) -> LayerFusionDecoderOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds`.")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -493,34 +513,21 @@ class LayerFusionDecoder(nn.Module):
 
         groups = check_groups(groups, self.readout.num_groups)
         num_layers = self.readout.num_layers_needed(groups) or len(self.layers)
-        all_hidden_states = [hidden_states] if output_hidden_states else None
-        all_attentions = [] if output_attentions else None
-        all_cross_attentions = [] if output_attentions else None
-        layer_states = []
-        for layer in self.layers[:num_layers]:
-            hidden_states, self_attn_weights, cross_attn_weights = layer(
-                hidden_states,
-                causal_mask,
-                encoder_hidden_states,  # positional for gradient checkpointing
-                encoder_attention_mask=cross_mask,
-                past_key_values=past_key_values,
-                **kwargs,
-            )
-            layer_states.append(hidden_states)
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            if output_attentions:
-                all_attentions.append(self_attn_weights)
-                all_cross_attentions.append(cross_attn_weights)
-        if self.layer_norm is not None:
-            layer_states = [self.layer_norm(state) for state in layer_states]
+        layer_states, all_hidden_states, all_attentions = self.run_layers(
+            hidden_states,
+            self.layers[:num_layers],
+            (causal_mask, encoder_hidden_states),  # positional for gradient checkpointing
+            {"encoder_attention_mask": cross_mask, "past_key_values": past_key_values, **kwargs},
+            output_hidden_states,
+            output_attentions,
+        )
         return LayerFusionDecoderOutput(
             last_hidden_state=layer_states[-1],
             group_features=self.readout(layer_states, groups),
             past_key_values=past_key_values,
-            hidden_states=tuple(all_hidden_states) if output_hidden_states else None,
-            attentions=tuple(all_attentions) if output_attentions else None,
-            cross_attentions=tuple(all_cross_attentions) if output_attentions else None,
+            hidden_states=all_hidden_states,
+            attentions=all_attentions[0] if all_attentions else None,
+            cross_attentions=all_attentions[1] if all_attentions else None,
         )
 
 

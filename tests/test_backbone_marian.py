@@ -147,3 +147,30 @@ def test_pre_norm_forward_backward(config_class, tiny_backbone, padded_batch):
             assert param.grad is not None, f"no gradient reached {name}"
             assert torch.isfinite(param.grad).all(), f"non-finite gradient in {name}"
             assert param.grad.abs().sum() > 0, f"zero gradient in {name}"
+
+
+def test_attentions_and_hidden_states_match_marian():
+    """With eager attention, every returned attention map and hidden state equals Marian's."""
+    marian = tiny_marian("eager")
+    model = hf_layerfusion.from_marian(marian, model_type="plain_transformer").eval()
+    batch = padded_source()
+    with torch.no_grad():
+        expected = marian(**batch, output_attentions=True, output_hidden_states=True)
+        outputs = model(**batch, output_attentions=True, output_hidden_states=True)
+    for name in (
+        "encoder_attentions",
+        "decoder_attentions",
+        "cross_attentions",
+        "encoder_hidden_states",
+        "decoder_hidden_states",
+    ):
+        ours, theirs = getattr(outputs, name), getattr(expected, name)
+        assert len(ours) == len(theirs), name
+        for layer, (a, b) in enumerate(zip(ours, theirs)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=f"{name}[{layer}]")
+
+
+def test_output_attentions_needs_eager():
+    model = hf_layerfusion.from_marian(tiny_marian("sdpa"), model_type="plain_transformer").eval()
+    with pytest.raises(ValueError, match="attn_implementation='eager'"):
+        model(**padded_source(), output_attentions=True)
