@@ -5,6 +5,8 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from .callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from .checkpoint_averaging import average_checkpoints, average_last_checkpoints
 from .configuration_backbone import LayerFusionConfig
 from .conversion import from_marian
 from .data import (
@@ -17,6 +19,7 @@ from .data import (
 from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
 from .model_card import write_model_card
 from .tokenization import train_joint_tokenizer
+from .trainer import LayerFusionSeq2SeqTrainer
 from .xlmr import from_xlmr, load_xlmr_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
@@ -39,6 +42,12 @@ for _model_type, (_config, _model, _lm) in FAMILIES.items():
 __version__ = "0.1.0"
 
 __all__ = [
+    "FusionWeightsCallback",
+    "LayerFusionSeq2SeqTrainer",
+    "LayerGradientNormCallback",
+    "TimeBudgetCallback",
+    "average_checkpoints",
+    "average_last_checkpoints",
     "FAMILIES",
     "GTransConfig",
     "GTransForConditionalGeneration",

@@ -41,11 +41,18 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 # --------------------------------------------------------------------------------------------------- positions
-class SinusoidalPositionalEmbedding(nn.Embedding):
-    """Fixed sin/cos table as Marian builds it: sin features in the first half, cos in the second, from 0."""
+class SinusoidalPositionalEmbedding(nn.Module):
+    """Fixed sin/cos table as Marian builds it: sin features in the first half, cos in the second, from 0.
+
+    The table is a buffer, not a frozen parameter: a parameter would come back trainable from `from_pretrained`
+    and show up as unused in DDP. It is saved with the model and filled by `_init_weights`."""
 
     def __init__(self, num_positions: int, embedding_dim: int):
-        super().__init__(num_positions, embedding_dim, _freeze=True)
+        super().__init__()
+        self.weight = nn.Buffer(torch.empty(num_positions, embedding_dim))
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(position_ids, self.weight)
 
     def create_weight(self) -> torch.Tensor:
         n_pos, dim = self.weight.shape
@@ -292,7 +299,13 @@ class DecoderLayer(GradientCheckpointingLayer):
 
 # --------------------------------------------------------------------------------------------------- readouts
 class TopLayerEncoderReadout(nn.Module):
-    """Plain Transformer: cross-attention reads the top encoder layer."""
+    """Plain Transformer: cross-attention reads the top encoder layer.
+
+    Every readout also reports its learned fusion weights, as the paper plots them, via `fusion_weights()`
+    (`{name: 1-D tensor}`; logged by `hf_layerfusion.callbacks.FusionWeightsCallback`)."""
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        return {}
 
     def forward(self, layer_states: Sequence[torch.Tensor]) -> torch.Tensor:
         return layer_states[-1]
@@ -302,6 +315,9 @@ class TopLayerDecoderReadout(nn.Module):
     """Plain Transformer: one output group, the top decoder layer."""
 
     num_groups = 1
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        return {}
 
     def num_layers_needed(self, groups: Sequence[int]) -> int | None:
         return None  # all layers

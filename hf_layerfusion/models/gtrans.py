@@ -102,6 +102,10 @@ class GTransEncoderFusion(nn.Module):
     def init_fusion_weights(self):
         init.zeros_(self.weight)
 
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        """sigma(w_i^e) of each encoder group (Eq. 2; GTrans Fig. 8 plots these)."""
+        return {"encoder_group_gate": torch.sigmoid(self.weight)}
+
     def forward(self, layer_states: Sequence[torch.Tensor]) -> torch.Tensor:
         gates = torch.sigmoid(self.weight).to(layer_states[0].dtype)
         fused = sum(gate * layer_states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
@@ -124,6 +128,13 @@ class GTransDecoderFusion(nn.Module):
     def init_fusion_weights(self):
         init.zeros_(self.layer_weight)
         init.zeros_(self.group_weight)
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        """sigma(w^{dr}) per decoder layer (Eq. 4, Fig. 8) and psi per decoder group (Eq. 6, Fig. 9)."""
+        return {
+            "decoder_layer_gate": torch.sigmoid(self.layer_weight),
+            "decoder_group_psi": self.log_mixture_weights(range(1, self.num_groups + 1)).exp(),
+        }
 
     def group_layers(self, group: int) -> range:
         """0-based layer indices of 1-based group k: layers (k-1)T_d+1 .. min(k T_d, L_d) of the paper."""

@@ -1,0 +1,412 @@
+#!/usr/bin/env python
+"""Train and evaluate any hf_layerfusion family on a translation corpus (in the spirit of transformers'
+`examples/pytorch/translation/run_translation.py`).
+
+Model: a family and size (`--model_type gtrans --preset multi30k --config_overrides "encoder_group_size=3"`), or an
+existing checkpoint (`--model_name_or_path`). Data: a Hub dataset (`--dataset_name wmt14 --dataset_config_name
+de-en`), a local directory of parallel text (`--dataset_name /data/multi30k`, Multi30k layout), JSON lines
+(`--train_file train.jsonl ...`), or the package's built-in number corpus (`--builtin_corpus`). Tokenizer: loaded
+(`--tokenizer_name`) or a joint source/target subword vocabulary trained on the training data and saved in
+`--output_dir`. Training: `LayerFusionSeq2SeqTrainer` (label smoothing applied by the model's own loss, e.g. per
+GTrans decoder group) with every `Seq2SeqTrainingArguments` option, a wall-clock budget (`--max_train_minutes`),
+fusion-weight and per-layer gradient-norm logging and plots, and resumption after a crash
+(`--resume_from_checkpoint last`). Evaluation: sacreBLEU of beam search on the validation (`--do_eval`) and test
+(`--do_predict`) splits, printed with the sacreBLEU signature.
+
+    python examples/run_translation.py --dataset_name ../shared/data/multi30k --source_lang en --target_lang de \\
+        --model_type gtrans --preset multi30k --config_overrides "encoder_group_size=3,decoder_group_size=2" \\
+        --tokenizer_vocab_size 8000 --do_train --do_eval --do_predict --output_dir runs/multi30k-gtrans \\
+        --learning_rate 1e-3 --lr_scheduler_type inverse_sqrt --warmup_steps 1000 --label_smoothing_factor 0.1 \\
+        --per_device_train_batch_size 64 --train_sampling_strategy group_by_length --max_train_minutes 35 \\
+        --max_steps 1000000 --save_steps 500 --num_beams 4 --resume_from_checkpoint last
+
+Several GPUs (DDP): `accelerate launch --config_file examples/accelerate_multigpu.yaml examples/run_translation.py
+...` with the same arguments (the batch size is per process).
+
+The output dir then holds the model, tokenizer and generation config (`AutoModelForSeq2SeqLM.from_pretrained(dir)`
+after `import hf_layerfusion`; `examples/translate.py` translates files with it), `bleu_results.json`,
+`generated_predictions_<split>.txt`, and the plots `fusion_weights.png` / `layer_gradient_norms.png`.
+
+Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (use
+`--train_sampling_strategy group_by_length`), no `warmup_ratio` (`--warmup_steps 0.1` is a ratio), no
+`evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import transformers
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    PreTrainedModel,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import sort_checkpoints
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
+from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback  # noqa: E402
+from hf_layerfusion.data import builtin_number_corpus, load_translation_dataset, preprocess_translation  # noqa: E402
+from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
+from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+RESUME_LAST = "last"
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Existing checkpoint to fine-tune (instead of --model_type)."}
+    )
+    model_type: str | None = field(
+        default=None,
+        metadata={"help": f"Family of a model trained from scratch: one of {sorted(hf_layerfusion.FAMILIES)}."},
+    )
+    preset: str | None = field(
+        default=None, metadata={"help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt'."}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Comma-separated config keys, e.g. 'encoder_group_size=3,dropout=0.3,d_model=256'."},
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Tokenizer to load; default: the checkpoint's, else one trained here."}
+    )
+    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of a trained tokenizer."})
+    tokenizer_model: str = field(default="unigram", metadata={"help": "Trained tokenizer: 'unigram' or 'bpe'."})
+
+
+@dataclass
+class DataArguments:
+    source_lang: str = field(default="en", metadata={"help": "Source language code."})
+    target_lang: str = field(default="de", metadata={"help": "Target language code."})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "Hub dataset name, or a local directory of parallel text / JSON lines files."},
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Hub dataset config, e.g. 'de-en'."})
+    train_file: str | None = field(default=None, metadata={"help": "JSON lines file or parallel-text prefix."})
+    validation_file: str | None = field(default=None, metadata={"help": "JSON lines file or parallel-text prefix."})
+    test_file: str | None = field(default=None, metadata={"help": "JSON lines file or parallel-text prefix."})
+    builtin_corpus: bool = field(
+        default=False, metadata={"help": "Use the built-in number corpus (hf_layerfusion.data.builtin_number_corpus)."}
+    )
+    builtin_num_train: int = field(default=10000, metadata={"help": "Training pairs of the built-in corpus."})
+    builtin_num_valid: int = field(default=500, metadata={"help": "Validation pairs of the built-in corpus."})
+    builtin_num_test: int = field(default=500, metadata={"help": "Test pairs of the built-in corpus."})
+    max_source_length: int = field(default=128, metadata={"help": "Source truncation length (tokens, </s> included)."})
+    max_target_length: int = field(default=128, metadata={"help": "Target truncation length (tokens, </s> included)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test pairs."})
+    num_beams: int = field(default=4, metadata={"help": "Beam size of the BLEU evaluations (saved in the model)."})
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Longest generated translation; default --max_target_length (never the generic 20)."},
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+
+
+@dataclass
+class RunArguments:
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "Stop training after this many minutes (kept across resumptions)."}
+    )
+    log_fusion_weights: bool = field(
+        default=True, metadata={"help": "Log and plot fusion weights and per-layer gradient norms."}
+    )
+
+
+def parse_args(argv: list[str] | None = None):
+    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments))
+    # BLEU needs generated translations
+    parser.set_defaults(predict_with_generate=True)
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def parse_config_overrides(overrides: str | None, config_class: type) -> dict:
+    """`"a=1,b=true,c=gelu"` -> `{"a": 1, "b": True, "c": "gelu"}`; keys must be fields of `config_class`."""
+    if not overrides:
+        return {}
+    known = {f.name for f in dataclasses.fields(config_class)}
+    parsed = {}
+    for item in overrides.split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise ValueError(f"Config override {item!r} is not of the form key=value.")
+        if key not in known:
+            raise ValueError(f"Unknown config key {key!r} in --config_overrides for {config_class.__name__}.")
+        literal = {"true": "True", "false": "False", "null": "None", "none": "None"}.get(raw.lower(), raw)
+        try:
+            parsed[key] = ast.literal_eval(literal)
+        except (ValueError, SyntaxError):
+            parsed[key] = raw  # a string such as an activation name
+    return parsed
+
+
+def load_raw_datasets(data_args: DataArguments) -> datasets.DatasetDict:
+    """The corpus as a `DatasetDict` with a `translation` column (train / validation / test splits)."""
+    src, tgt = data_args.source_lang, data_args.target_lang
+    sources = [data_args.builtin_corpus, data_args.dataset_name is not None, data_args.train_file is not None]
+    if sum(sources) != 1:
+        raise ValueError("Give exactly one data source: --builtin_corpus, --dataset_name, or --train_file.")
+    if data_args.builtin_corpus:
+        return builtin_number_corpus(
+            src, tgt, data_args.builtin_num_train, data_args.builtin_num_valid, data_args.builtin_num_test
+        )
+    if data_args.dataset_name is not None:
+        return load_translation_dataset(
+            data_args.dataset_name, data_args.dataset_config_name, src_lang=src, tgt_lang=tgt
+        )
+    files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+    return load_translation_dataset({split: f for split, f in files.items() if f}, src_lang=src, tgt_lang=tgt)
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest `checkpoint-<step>` of `output_dir` that was completely written. The Trainer writes
+    `trainer_state.json` last, so a process killed while saving leaves a newer dir without (a readable) one."""
+    for checkpoint in reversed(sort_checkpoints(output_dir)):
+        try:
+            json.loads(Path(checkpoint, TRAINER_STATE_NAME).read_text())
+            return checkpoint
+        except (OSError, ValueError):
+            logger.warning("Skipping incomplete checkpoint %s", checkpoint)
+    return None
+
+
+def resolve_checkpoint(training_args: Seq2SeqTrainingArguments) -> str | None:
+    """The checkpoint to resume from: `--resume_from_checkpoint last` is the newest complete `checkpoint-*` of the
+    output dir (none: start fresh); a path must exist. Refuse to start over in a dir that already has checkpoints."""
+    output_dir = training_args.output_dir
+    existing = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
+    requested = training_args.resume_from_checkpoint
+    if requested is None:
+        if existing and training_args.do_train:
+            raise ValueError(
+                f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
+                f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
+            )
+        return None
+    if requested == RESUME_LAST:
+        return last_complete_checkpoint(output_dir) if existing else None
+    if not os.path.isdir(requested):
+        raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
+    return requested
+
+
+def load_or_train_tokenizer(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    train_dataset,
+    output_dir: str,
+    checkpoint: str | None,
+    is_main_process: bool = True,
+):
+    """`--tokenizer_name`, else the tokenizer saved with the checkpoint being fine-tuned or resumed, else a joint
+    subword tokenizer trained on both sides of the training data by the main process and saved in `output_dir`
+    (where the other processes load it from: call this under `main_process_first`)."""
+    name = model_args.tokenizer_name or model_args.model_name_or_path or checkpoint
+    if name is None and not is_main_process:
+        name = output_dir
+    if name is not None:
+        return AutoTokenizer.from_pretrained(name)
+    if train_dataset is None:
+        raise ValueError("No tokenizer to load and no training data to train one: pass --tokenizer_name.")
+    pairs = train_dataset["translation"]
+    texts = [pair[lang] for pair in pairs for lang in (data_args.source_lang, data_args.target_lang)]
+    logger.info(
+        "Training a %s tokenizer of %d tokens on %d sentences",
+        model_args.tokenizer_model,
+        model_args.tokenizer_vocab_size,
+        len(texts),
+    )
+    return train_joint_tokenizer(
+        texts, model_args.tokenizer_vocab_size, model=model_args.tokenizer_model, save_dir=output_dir
+    )
+
+
+def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
+    """A checkpoint (`--model_name_or_path`, config overrides applied) or a new model of `--model_type` whose
+    vocabulary and special ids are the tokenizer's (`decoder_start_token_id` = `</s>`, fairseq/Marian style)."""
+    if (model_args.model_name_or_path is None) == (model_args.model_type is None):
+        raise ValueError("Give exactly one of --model_name_or_path and --model_type.")
+    if model_args.model_name_or_path is not None:
+        if model_args.preset is not None:
+            raise ValueError("--preset only applies to a new model (--model_type), not to --model_name_or_path.")
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        overrides = parse_config_overrides(model_args.config_overrides, type(config))
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path, **overrides)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=config)
+    else:
+        if model_args.model_type not in hf_layerfusion.FAMILIES:
+            raise ValueError(
+                f"Unknown --model_type {model_args.model_type!r}; choose one of {sorted(hf_layerfusion.FAMILIES)}."
+            )
+        config_class = CONFIG_MAPPING[model_args.model_type]
+        keys = dict(
+            vocab_size=len(tokenizer),
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.eos_token_id,
+        )
+        keys.update(parse_config_overrides(model_args.config_overrides, config_class))
+        config = config_class.from_preset(model_args.preset, **keys) if model_args.preset else config_class(**keys)
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {model.config.vocab_size}."
+        )
+    return model
+
+
+def translation_bleu(trainer, raw_split, tokenized_split, tgt_lang: str, split_name: str, **gen_kwargs) -> dict:
+    """Translate a split with `trainer.predict` (generation settings: the model's generation config updated with
+    `gen_kwargs`, e.g. `num_beams=1` or GTrans' `decoder_groups=[2, 3]`) and score the detokenised output against
+    the raw references with sacreBLEU. Returns `{"bleu", "signature", "loss", "hypotheses"}`."""
+    prediction = trainer.predict(tokenized_split, metric_key_prefix=split_name, **gen_kwargs)
+    tokenizer = trainer.processing_class
+    # distributed: Seq2SeqTrainer gathers predictions with `gather`, not `gather_for_metrics`, so copies of the first
+    # examples that fill the last round of batches follow the real predictions
+    token_ids = prediction.predictions[: len(raw_split)]
+    token_ids[token_ids == -100] = tokenizer.pad_token_id  # cross-batch padding of the gathered predictions
+    hypotheses = [text.strip() for text in tokenizer.batch_decode(token_ids, skip_special_tokens=True)]
+    references = [pair[tgt_lang] for pair in raw_split["translation"]]
+    score, signature = corpus_bleu(hypotheses, references)
+    return {
+        "bleu": score,
+        "signature": signature,
+        "loss": prediction.metrics.get(f"{split_name}_loss"),
+        "hypotheses": hypotheses,
+    }
+
+
+def select_splits(raw: datasets.DatasetDict, data_args: DataArguments, training_args: Seq2SeqTrainingArguments) -> dict:
+    """The raw splits this run uses, cut to `--max_*_samples`."""
+    wanted = {
+        "train": (training_args.do_train, data_args.max_train_samples),
+        "validation": (training_args.do_eval or training_args.eval_strategy != "no", data_args.max_eval_samples),
+        "test": (training_args.do_predict, data_args.max_predict_samples),
+    }
+    splits = {}
+    for name, (needed, max_samples) in wanted.items():
+        if not needed:
+            continue
+        if name not in raw:
+            raise ValueError(f"This run needs a {name!r} split, but the corpus only has {list(raw)}.")
+        splits[name] = raw[name].select(range(min(max_samples, len(raw[name])))) if max_samples else raw[name]
+    return splits
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the script with `argv` (default: the command line). Returns `{"train": metrics, "<split>": BLEU
+    results}` and writes them to `<output_dir>/bleu_results.json`."""
+    model_args, data_args, run_args, training_args = parse_args(argv)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    datasets.utils.logging.set_verbosity(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    set_seed(training_args.seed)
+
+    checkpoint = resolve_checkpoint(training_args)
+    src, tgt = data_args.source_lang, data_args.target_lang
+    splits = select_splits(load_raw_datasets(data_args), data_args, training_args)
+    with training_args.main_process_first(desc="tokenizer", local=False):
+        tokenizer = load_or_train_tokenizer(
+            model_args,
+            data_args,
+            splits.get("train"),
+            training_args.output_dir,
+            checkpoint,
+            is_main_process=training_args.process_index == 0,
+        )
+    model = build_model(model_args, tokenizer)
+    # saved with the model, so that `generate()` after `from_pretrained` translates the same way. The length
+    # limit is set as `max_length` (decoder start token + new tokens) rather than `max_new_tokens`: Seq2SeqTrainer
+    # fills an unset `max_length` with the generic default 20, which would then coexist with it
+    model.generation_config.num_beams = data_args.num_beams
+    model.generation_config.max_length = (data_args.max_new_tokens or data_args.max_target_length) + 1
+    model.generation_config.max_new_tokens = None
+    with training_args.main_process_first(desc="tokenisation"):
+        tokenized = {
+            name: preprocess_translation(
+                split,
+                tokenizer,
+                src,
+                tgt,
+                max_source_length=data_args.max_source_length,
+                max_target_length=data_args.max_target_length,
+                num_proc=data_args.preprocessing_num_workers,
+            )
+            for name, split in splits.items()
+        }
+
+    callbacks = [TimeBudgetCallback(run_args.max_train_minutes)]
+    if run_args.log_fusion_weights:
+        callbacks += [FusionWeightsCallback(), LayerGradientNormCallback()]
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized.get("train"),
+        eval_dataset=tokenized.get("validation") if training_args.eval_strategy != "no" else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=compute_translation_metrics(tokenizer) if training_args.eval_strategy != "no" else None,
+        callbacks=callbacks,
+    )
+
+    results = {}
+    if training_args.do_train:
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # model, tokenizer and generation config
+        metrics = {**train_result.metrics, "global_step": trainer.state.global_step}
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        results["train"] = metrics
+
+    for split_name, wanted in (("validation", training_args.do_eval), ("test", training_args.do_predict)):
+        if not wanted:
+            continue
+        bleu = translation_bleu(trainer, splits[split_name], tokenized[split_name], tgt, split_name)
+        results[split_name] = {key: value for key, value in bleu.items() if key != "hypotheses"}
+        if trainer.is_world_process_zero():
+            Path(training_args.output_dir, f"generated_predictions_{split_name}.txt").write_text(
+                "".join(f"{line}\n" for line in bleu["hypotheses"]), encoding="utf-8"
+            )
+            print(
+                f"{split_name} BLEU = {bleu['bleu']:.2f} (beam {model.generation_config.num_beams}; {bleu['signature']})"
+            )
+    if trainer.is_world_process_zero():
+        os.makedirs(training_args.output_dir, exist_ok=True)
+        Path(training_args.output_dir, "bleu_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Trainer callbacks: training time budget, fusion-weight logging and per-layer gradient norms (with plots).
+
+- `TimeBudgetCallback`: stops training after a wall-clock budget; the time spent is saved in every checkpoint
+  (`trainer_state.json`), so a resumed run continues the same budget instead of starting a new one.
+- `FusionWeightsCallback`: at every training log, adds each family's fusion weights to the logs (GTrans: sigma(w^e)
+  per encoder group, sigma(w^{dr}) per decoder layer, psi per decoder group) and plots them over the steps at the
+  end of training (`fusion_weights.png`).
+- `LayerGradientNormCallback`: per-layer gradient norms of the encoder and decoder (GTrans Fig. 11), averaged over
+  the optimisation steps between two logs, logged and plotted (`layer_gradient_norms.png`).
+
+The logged values go into the Trainer's `state.log_history` (hence `trainer_state.json` of every checkpoint, so the
+plots of a resumed run cover the whole run) and to the reporting integrations (TensorBoard, W&B, ...). Integrations
+are callbacks that run in list order and `Trainer(callbacks=...)` appends user callbacks after them, so these two
+put their values in the logs on `on_log` *and* ask to run first: `LayerFusionSeq2SeqTrainer` moves them to the front
+of its callback list (`LOG_ENRICHING_CALLBACKS`); with a plain `Trainer`, integrations other than the console and
+`log_history` do not see them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import SaveStrategy
+
+
+FUSION_PREFIX = "fusion/"
+GRAD_NORM_PREFIX = "layer_grad_norm/"
+
+
+class TimeBudgetCallback(TrainerCallback, ExportableState):
+    """Stop training once `max_minutes` of training wall-clock time have passed (`None`: no budget, only measure).
+
+    The time counts from `on_train_begin` (evaluations during training included). It is stored in the checkpoints'
+    `trainer_state.json` under `stateful_callbacks`, and `on_train_begin` of a resumed run reads it back from there,
+    so killing and resuming a run does not extend its budget. The budget itself is always the current run's
+    argument (a resumed run may be given more time). When the budget stops training, a checkpoint is saved (unless
+    `save_strategy="no"`).
+    """
+
+    def __init__(self, max_minutes: float | None = None):
+        if max_minutes is not None and not max_minutes > 0:
+            raise ValueError(f"`max_minutes` must be positive, got {max_minutes}.")
+        self.max_minutes = max_minutes
+        self.elapsed_seconds = 0.0
+        self._previous_seconds = 0.0
+        self._session_start: float | None = None
+
+    def state(self) -> dict:
+        return {"args": {"max_minutes": self.max_minutes}, "attributes": {"elapsed_seconds": self.elapsed_seconds}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        stored = state.stateful_callbacks.get(type(self).__name__)
+        # on resume `state` was loaded from the checkpoint: continue from the time it recorded
+        self._previous_seconds = stored["attributes"]["elapsed_seconds"] if stored else self.elapsed_seconds
+        self.elapsed_seconds = self._previous_seconds
+        self._session_start = time.monotonic()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.elapsed_seconds = self._previous_seconds + time.monotonic() - self._session_start
+        if self.max_minutes is None:
+            return control
+        out_of_time = self.elapsed_seconds >= 60 * self.max_minutes
+        if args.world_size > 1:
+            # the processes' clocks differ: all must stop at the same step (else the others wait forever in the
+            # next gradient all-reduce), so process 0 decides
+            decision = torch.tensor(int(out_of_time), device=args.device)
+            torch.distributed.broadcast(decision, src=0)
+            out_of_time = bool(decision.item())
+        if out_of_time:
+            control.should_training_stop = True
+            # a checkpoint where the budget ran out: resumable, and it records the time spent
+            control.should_save = args.save_strategy != SaveStrategy.NO
+        return control
+
+
+@torch.no_grad()
+def fusion_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`{name: 1-D tensor}` of the fusion weights of the model's encoder and decoder readouts (empty for the plain
+    Transformer): every readout reports its own, with the transforms of its paper, through `fusion_weights()`."""
+    weights = {}
+    for stack in (model.get_encoder(), model.get_decoder()):
+        weights.update(stack.readout.fusion_weights())
+    return {name: value.detach().float().cpu() for name, value in weights.items()}
+
+
+def flatten_indexed(prefix: str, values: dict[str, torch.Tensor | Iterable[float]]) -> dict[str, float]:
+    """`{"gate": [a, b]}` -> `{"<prefix>gate_1": a, "<prefix>gate_2": b}` (1-based, as groups and layers in the papers)."""
+    return {f"{prefix}{name}_{i}": float(v) for name, vector in values.items() for i, v in enumerate(vector, start=1)}
+
+
+def is_training_log(logs: dict) -> bool:
+    """The periodic training log (`loss`, `learning_rate`, ...), not an evaluation or the end-of-training summary."""
+    return "loss" in logs and "train_runtime" not in logs
+
+
+def add_to_logs(values: dict[str, float], state, logs: dict) -> None:
+    """Add values to the logs the integrations receive and to the `log_history` entry `Trainer.log` just wrote."""
+    logs.update(values)
+    if state.log_history:
+        state.log_history[-1].update(values)
+
+
+def plot_logged_series(log_history: list[dict], prefix: str, path: str, title: str) -> str | None:
+    """One subplot per series family (`<prefix><name>_<index>`), one line per index, against the global step.
+    Returns the PNG path, or `None` when nothing with that prefix was logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    series: dict[str, dict[int, tuple[list[int], list[float]]]] = defaultdict(lambda: defaultdict(lambda: ([], [])))
+    for entry in log_history:
+        for key, value in entry.items():
+            if key.startswith(prefix):
+                name, index = key[len(prefix) :].rsplit("_", 1)
+                steps, values = series[name][int(index)]
+                steps.append(entry["step"])
+                values.append(value)
+    if not series:
+        return None
+    fig, axes = plt.subplots(len(series), 1, figsize=(7, 2.8 * len(series)), squeeze=False)
+    for ax, (name, lines) in zip(axes[:, 0], sorted(series.items())):
+        for index, (steps, values) in sorted(lines.items()):
+            ax.plot(steps, values, label=str(index))
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.legend(fontsize="small", ncol=min(len(lines), 6), title="layer / group", title_fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+class FusionWeightsCallback(TrainerCallback):
+    """Log the model's fusion weights (keys `fusion/<name>_<i>`) at every training log; plot them at train end
+    into `<plot_dir or output_dir>/fusion_weights.png`."""
+
+    def __init__(self, plot_dir: str | None = None):
+        self.plot_dir = plot_dir
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        if logs is not None and is_training_log(logs):
+            add_to_logs(flatten_indexed(FUSION_PREFIX, fusion_weights(model)), state, logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            plot_dir = self.plot_dir or args.output_dir
+            os.makedirs(plot_dir, exist_ok=True)
+            plot_logged_series(
+                state.log_history, FUSION_PREFIX, os.path.join(plot_dir, "fusion_weights.png"), "Fusion weights"
+            )
+
+
+@torch.no_grad()
+def layer_gradient_norms(model: torch.nn.Module) -> dict[str, list[float]]:
+    """L2 norm of the gradient of every encoder and decoder layer's parameters (0 for a layer without gradient,
+    e.g. a decoder layer above the groups being trained)."""
+    norms = {}
+    for name, stack in (("encoder", model.get_encoder()), ("decoder", model.get_decoder())):
+        per_layer = []
+        for layer in stack.layers:
+            grads = [p.grad.float() for p in layer.parameters() if p.grad is not None]
+            per_layer.append(
+                torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+                if grads
+                else torch.zeros(())
+            )
+        norms[name] = torch.stack([norm.cpu() for norm in per_layer]).tolist()
+    return norms
+
+
+class LayerGradientNormCallback(TrainerCallback):
+    """Per-layer gradient norms (GTrans Fig. 11), keys `layer_grad_norm/<encoder|decoder>_<layer>`: the mean over
+    the optimisation steps since the previous log, measured before each optimizer step (after clipping, which
+    scales every layer alike). Plotted at train end into `<plot_dir or output_dir>/layer_gradient_norms.png`."""
+
+    def __init__(self, plot_dir: str | None = None):
+        self.plot_dir = plot_dir
+        self._sums: dict[str, list[float]] = {}
+        self._steps = 0
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        norms = layer_gradient_norms(model)
+        if not self._sums:
+            self._sums = {name: [0.0] * len(values) for name, values in norms.items()}
+        for name, values in norms.items():
+            self._sums[name] = [total + value for total, value in zip(self._sums[name], values)]
+        self._steps += 1
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is not None and is_training_log(logs) and self._steps:
+            means = {name: [total / self._steps for total in totals] for name, totals in self._sums.items()}
+            add_to_logs(flatten_indexed(GRAD_NORM_PREFIX, means), state, logs)
+            self._sums, self._steps = {}, 0
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            plot_dir = self.plot_dir or args.output_dir
+            os.makedirs(plot_dir, exist_ok=True)
+            plot_logged_series(
+                state.log_history,
+                GRAD_NORM_PREFIX,
+                os.path.join(plot_dir, "layer_gradient_norms.png"),
+                "Gradient norm per layer",
+            )
+
+
+# callbacks whose `on_log` adds values to the logs: they must run before the reporting integrations
+LOG_ENRICHING_CALLBACKS = (FusionWeightsCallback, LayerGradientNormCallback)

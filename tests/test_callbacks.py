@@ -1,0 +1,154 @@
+"""Callbacks: logged fusion weights are the paper's transforms of the parameters, per-layer gradient norms are those
+of autograd, plots are written, the time budget stops (and survives a resume)."""
+
+import copy
+import math
+
+import pytest
+import torch
+from conftest import EOS, FIRST_TOKEN_ID, PAD
+from datasets import Dataset
+from torch.nn.utils.rnn import pad_sequence
+from transformers import Seq2SeqTrainingArguments, TrainerControl, TrainerState
+
+from hf_layerfusion import (
+    GTransConfig,
+    GTransForConditionalGeneration,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+)
+from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+
+def toy_dataset(vocab_size: int, num_examples: int = 8) -> Dataset:
+    """Copy task with varying lengths, every sequence ending in EOS."""
+    generator = torch.Generator().manual_seed(7)
+    rows = []
+    for i in range(num_examples):
+        tokens = torch.randint(FIRST_TOKEN_ID, vocab_size, (3 + i % 4,), generator=generator).tolist() + [EOS]
+        rows.append({"input_ids": tokens, "labels": tokens})
+    return Dataset.from_list(rows)
+
+
+def collate(features):
+    """Right-pad sources with PAD (and mask them) and labels with -100."""
+    input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=PAD)
+    labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "labels": labels}
+
+
+def training_args(output_dir, **overrides) -> Seq2SeqTrainingArguments:
+    defaults = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        max_steps=3,
+        logging_steps=1,
+        learning_rate=0.05,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+    )
+    return Seq2SeqTrainingArguments(**{**defaults, **overrides})
+
+
+def test_fusion_weights_logged_and_plotted(tmp_path, tiny_backbone):
+    config = GTransConfig(**tiny_backbone, encoder_group_size=1, decoder_group_size=1)  # M = N = 2
+    model = GTransForConditionalGeneration(config)
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model,
+        args=training_args(tmp_path),
+        data_collator=collate,
+        train_dataset=toy_dataset(config.vocab_size),
+        callbacks=[FusionWeightsCallback(), LayerGradientNormCallback()],
+    )
+    # the log-enriching callbacks run before the reporting integrations
+    assert [type(cb) for cb in trainer.callback_handler.callbacks[:2]] == [
+        FusionWeightsCallback,
+        LayerGradientNormCallback,
+    ]
+    trainer.train()
+
+    training_logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["step"] for entry in training_logs] == [1, 2, 3]
+    last = training_logs[-1]  # logged after the last step: the final parameters
+    readouts = model.model.encoder.readout, model.model.decoder.readout
+    tau = math.sqrt(config.d_model)
+    group_scores = [math.exp(w / tau) for w in readouts[1].group_weight.tolist()]
+    expected = {
+        **{
+            f"fusion/encoder_group_gate_{i}": (1 / (1 + math.exp(-w)))
+            for i, w in enumerate(readouts[0].weight.tolist(), 1)
+        },
+        **{
+            f"fusion/decoder_layer_gate_{i}": (1 / (1 + math.exp(-w)))
+            for i, w in enumerate(readouts[1].layer_weight.tolist(), 1)
+        },
+        **{f"fusion/decoder_group_psi_{i}": s / sum(group_scores) for i, s in enumerate(group_scores, 1)},
+    }
+    assert {key: last[key] for key in expected} == pytest.approx(expected, abs=1e-6)
+    assert not any(key.startswith("fusion/") for key in set(last) - set(expected))
+    # training moved the gates away from their initial sigma(0) = 1/2
+    assert max(abs(last[key] - 0.5) for key in expected if "gate" in key) > 1e-3
+    assert all(f"layer_grad_norm/decoder_{i}" in entry for entry in training_logs for i in (1, 2))
+
+    for name in ("fusion_weights.png", "layer_gradient_norms.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_layer_gradient_norms_equal_autograd(tmp_path, tiny_backbone):
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    reference = copy.deepcopy(model)
+    dataset = toy_dataset(model.config.vocab_size)
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=1, max_grad_norm=0.0, optim="sgd"),
+        data_collator=collate,
+        train_dataset=dataset,
+        callbacks=[LayerGradientNormCallback(plot_dir=str(tmp_path / "plots"))],
+    )
+    trainer.train()
+    logged = next(entry for entry in trainer.state.log_history if "loss" in entry)
+
+    # reference: one backward pass over the whole (single) batch, norms summed by hand
+    reference(**collate(list(dataset))).loss.backward()
+    for stack_name, stack in (("encoder", reference.model.encoder), ("decoder", reference.model.decoder)):
+        for i, layer in enumerate(stack.layers, 1):
+            expected = math.sqrt(sum((p.grad.double() ** 2).sum().item() for p in layer.parameters()))
+            assert logged[f"layer_grad_norm/{stack_name}_{i}"] == pytest.approx(expected, rel=1e-5)
+    assert (tmp_path / "plots" / "layer_gradient_norms.png").is_file()
+    assert not (tmp_path / "plots" / "fusion_weights.png").exists()
+
+
+def test_time_budget_stops_training(tmp_path, tiny_backbone):
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model,
+        args=training_args(tmp_path, max_steps=50),
+        data_collator=collate,
+        train_dataset=toy_dataset(model.config.vocab_size),
+        callbacks=[TimeBudgetCallback(max_minutes=1e-7)],  # 6 microseconds: over after the first step
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_time_budget_continues_after_resume():
+    """A resumed run starts from the time its checkpoint recorded, and uses its own (possibly new) budget."""
+    state = TrainerState(stateful_callbacks=[TimeBudgetCallback(max_minutes=1.0)])
+    state.stateful_callbacks["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] = 90.0  # as saved in a checkpoint
+    args = Seq2SeqTrainingArguments(output_dir="unused", report_to="none")
+
+    still_has_time = TimeBudgetCallback(max_minutes=2.0)
+    still_has_time.on_train_begin(args, state, TrainerControl())
+    assert not still_has_time.on_step_end(args, state, TrainerControl()).should_training_stop
+    assert still_has_time.state()["attributes"]["elapsed_seconds"] >= 90.0
+
+    out_of_time = TimeBudgetCallback(max_minutes=1.0)
+    out_of_time.on_train_begin(args, state, TrainerControl())
+    assert out_of_time.on_step_end(args, state, TrainerControl()).should_training_stop
+
+    with pytest.raises(ValueError, match="positive, got 0"):
+        TimeBudgetCallback(max_minutes=0)

@@ -1,0 +1,70 @@
+"""Checkpoint averaging: the averaged model is the element-wise mean of the newest N checkpoints."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import WhitespaceSplit
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
+from hf_layerfusion.checkpoint_averaging import last_checkpoints, main
+
+
+def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    words = ["<s>", "<pad>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab_size - 4)]
+    tokenizer = Tokenizer(WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+@pytest.fixture
+def trainer_output_dir(tmp_path, tiny_backbone):
+    """checkpoint-9, checkpoint-10 and checkpoint-100 (numeric, not lexicographic order matters) of one GTrans
+    whose weights differ per checkpoint; the newest also holds a tokenizer and a custom generation config."""
+    model = GTransForConditionalGeneration(GTransConfig(**tiny_backbone, encoder_group_size=1, decoder_group_size=1))
+    for step in (9, 10, 100):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        model.generation_config.num_beams = 3
+        model.save_pretrained(tmp_path / f"checkpoint-{step}")
+    tiny_tokenizer(tiny_backbone["vocab_size"]).save_pretrained(tmp_path / "checkpoint-100")
+    (tmp_path / "checkpoint-final").mkdir()  # not a checkpoint-<step> dir: ignored
+    return tmp_path
+
+
+def test_last_checkpoints_sorted_by_step(trainer_output_dir):
+    assert [p.name for p in last_checkpoints(trainer_output_dir, 2)] == ["checkpoint-10", "checkpoint-100"]
+    with pytest.raises(ValueError, match="holds 3"):
+        last_checkpoints(trainer_output_dir, 4)
+    with pytest.raises(ValueError, match="at least 1, got 0"):
+        last_checkpoints(trainer_output_dir, 0)
+
+
+def test_average_is_elementwise_mean(trainer_output_dir, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("averaged")
+    main(["--checkpoint_dir", str(trainer_output_dir), "--num_checkpoints", "2", "--output_dir", str(output_dir)])
+
+    # reference: the raw safetensors files of the two newest checkpoints, averaged here
+    newest = [load_file(trainer_output_dir / f"checkpoint-{step}" / "model.safetensors") for step in (10, 100)]
+    averaged_file = load_file(output_dir / "model.safetensors")
+    assert set(averaged_file) == set(newest[0])
+    for name, tensor in averaged_file.items():
+        torch.testing.assert_close(tensor, (newest[0][name] + newest[1][name]) / 2, rtol=0, atol=1e-6)
+    oldest = load_file(trainer_output_dir / "checkpoint-9" / "model.safetensors")
+    assert not torch.allclose(
+        averaged_file["model.shared.weight"], (oldest["model.shared.weight"] + newest[1]["model.shared.weight"]) / 2
+    )
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    assert isinstance(model, GTransForConditionalGeneration)
+    # tied weights stay one tensor: output projection = shared embedding = encoder/decoder embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr()
+    torch.testing.assert_close(model.lm_head.weight, averaged_file["model.shared.weight"])
+    assert model.generation_config.num_beams == 3
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert tokenizer.pad_token_id == 1 and len(tokenizer) == model.config.vocab_size

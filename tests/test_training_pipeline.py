@@ -1,0 +1,275 @@
+"""Training pipeline: the trainer's loss and schedule against reference formulas, and examples/run_translation.py end
+to end on real Multi30k sentences (train, BLEU, save, reload, translate; killed mid-training and resumed)."""
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.trainer_pt_utils import LabelSmoother
+
+from hf_layerfusion import (
+    GTransConfig,
+    GTransForConditionalGeneration,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+)
+from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
+sys.path.insert(0, str(REPO_ROOT / "examples"))
+from translate import translate  # noqa: E402
+
+EPSILON = 0.1
+
+
+def trainer_for(model, output_dir, trainer_class=LayerFusionSeq2SeqTrainer, **overrides):
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), label_smoothing_factor=EPSILON, report_to="none", use_cpu=True, **overrides
+    )
+    return trainer_class(model=model, args=args)
+
+
+def smoothed_cross_entropy(log_probs: torch.Tensor, labels: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """Mean over non-pad tokens of (1 - eps) * NLL(y) + eps * mean_v(-log p_v), written out."""
+    mask = labels.ne(-100)
+    nll = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    uniform = -log_probs.mean(-1)
+    return (((1 - epsilon) * nll + epsilon * uniform) * mask).sum() / mask.sum()
+
+
+def test_gtrans_label_smoothing_is_applied_per_group(tmp_path, tiny_backbone, padded_batch):
+    model = GTransForConditionalGeneration(GTransConfig(**tiny_backbone, encoder_group_size=1, decoder_group_size=1))
+    with torch.no_grad():  # non-uniform psi, so that a wrong weighting shows
+        model.model.decoder.readout.group_weight.copy_(torch.tensor([-2.0, 3.0]))
+
+    labels = padded_batch["labels"]
+    # as DataCollatorForSeq2Seq builds it
+    batch = {**padded_batch, "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+
+    # the stock trainer would smooth the mixture: GTrans refuses
+    stock = trainer_for(model, tmp_path, trainer_class=Seq2SeqTrainer)
+    with pytest.raises(ValueError, match="without `labels`"):
+        stock.compute_loss(model.train(), dict(batch))
+
+    trainer = trainer_for(model, tmp_path)
+    assert trainer.label_smoother is None and model.config.label_smoothing == EPSILON
+    loss = trainer.compute_loss(model.train(), dict(batch))
+
+    # reference: Eq. 7 with every group's cross entropy smoothed, from the groups' log-probabilities
+    with torch.no_grad():
+        outputs = model.eval()(**{k: v for k, v in batch.items() if k != "labels"}, return_group_log_probs=True)
+    expected = sum(
+        psi * smoothed_cross_entropy(log_probs, labels, EPSILON)
+        for psi, log_probs in zip(outputs.group_weights, outputs.group_log_probs)
+    )
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_plain_loss_equals_hf_label_smoother(tmp_path, tiny_backbone, padded_batch):
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone)).eval()
+    labels = padded_batch["labels"]
+    batch = {**padded_batch, "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+    loss = trainer_for(model, tmp_path).compute_loss(model, dict(batch))
+    with torch.no_grad():
+        outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
+    expected = LabelSmoother(epsilon=EPSILON)(outputs, labels)
+    torch.testing.assert_close(loss.detach(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_contradicting_label_smoothing_is_an_error(tmp_path, tiny_backbone):
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone, label_smoothing=0.2))
+    with pytest.raises(ValueError, match="label_smoothing_factor=0.1.*label_smoothing=0.2"):
+        trainer_for(model, tmp_path)
+
+
+def test_inverse_sqrt_schedule_is_fairseqs(tmp_path, tiny_backbone):
+    peak, warmup = 1e-3, 8
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    trainer = trainer_for(model, tmp_path, learning_rate=peak, lr_scheduler_type="inverse_sqrt", warmup_steps=warmup)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100)
+    for num_updates in range(40):
+        # fairseq inverse_sqrt (warmup_init_lr 0): lr * num_updates / warmup, then lr * sqrt(warmup / num_updates)
+        expected = peak * num_updates / warmup if num_updates < warmup else peak * math.sqrt(warmup / num_updates)
+        assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected, rel=1e-12, abs=1e-15)
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+
+
+def test_length_grouped_batches_come_in_random_order_and_evaluation_in_dataset_order(tmp_path, tiny_backbone):
+    from datasets import Dataset
+    from torch.nn.utils.rnn import pad_sequence
+
+    lengths = [1 + (7 * i) % 13 for i in range(800)]
+    dataset = Dataset.from_list([{"input_ids": [4] * n, "labels": [4, 2], "row": i} for i, n in enumerate(lengths)])
+
+    def collate(features):
+        input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=1)
+        return {
+            "input_ids": input_ids,
+            "labels": torch.tensor([f["labels"] for f in features]),
+            "row": torch.tensor([f["row"] for f in features]),
+        }
+
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model,
+        args=Seq2SeqTrainingArguments(
+            output_dir=str(tmp_path),
+            per_device_train_batch_size=8,
+            per_device_eval_batch_size=8,
+            train_sampling_strategy="group_by_length",
+            remove_unused_columns=False,
+            report_to="none",
+            use_cpu=True,
+        ),
+        data_collator=collate,
+        train_dataset=dataset,
+    )
+    batches = [batch["row"].tolist() for batch in trainer.get_train_dataloader()]
+    assert sorted(row for batch in batches for row in batch) == list(range(800))
+    batch_lengths = [[lengths[row] for row in batch] for batch in batches]
+    assert batch_lengths[0][0] == max(lengths)  # the longest example still comes first
+    assert sum(max(b) - min(b) for b in batch_lengths) <= len(batches)  # grouped: (nearly) one length per batch
+    # transformers serves the first 50 batches (one sorted mega-batch) by decreasing length; here they are shuffled
+    longest = [max(b) for b in batch_lengths[:50]]
+    assert sum(later > earlier for earlier, later in itertools.pairwise(longest)) > 10
+
+    for loader in (trainer.get_eval_dataloader(dataset), trainer.get_test_dataloader(dataset)):
+        assert [row for batch in loader for row in batch["row"].tolist()] == list(range(800))
+
+
+# --------------------------------------------------------------------------------------------- the script
+def script_args(data_dir: Path, output_dir: Path, max_steps: int, *extra: str) -> list[str]:
+    return [
+        f"--dataset_name={data_dir}",
+        "--source_lang=en",
+        "--target_lang=de",
+        "--max_train_samples=300",
+        "--max_eval_samples=12",
+        "--max_predict_samples=12",
+        "--model_type=gtrans",
+        (
+            "--config_overrides=d_model=32,encoder_layers=2,decoder_layers=2,encoder_ffn_dim=64,decoder_ffn_dim=64,"
+            "encoder_attention_heads=2,decoder_attention_heads=2,encoder_group_size=1,decoder_group_size=1,"
+            "max_position_embeddings=64"
+        ),
+        "--tokenizer_vocab_size=300",
+        "--max_source_length=32",
+        "--max_target_length=32",
+        f"--output_dir={output_dir}",
+        "--do_train",
+        f"--max_steps={max_steps}",
+        "--per_device_train_batch_size=16",
+        "--per_device_eval_batch_size=12",
+        "--learning_rate=3e-3",
+        "--lr_scheduler_type=inverse_sqrt",
+        "--warmup_steps=2",
+        "--label_smoothing_factor=0.1",
+        "--train_sampling_strategy=group_by_length",
+        "--logging_steps=1",
+        "--num_beams=2",
+        "--disable_tqdm=True",
+        "--dataloader_pin_memory=False",
+        "--use_cpu=True",
+        *extra,
+    ]
+
+
+def run_script(args: list[str], **popen_kwargs) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, str(RUN_TRANSLATION), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen_kwargs,
+    )
+
+
+def finish(process: subprocess.Popen) -> str:
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output[-4000:]
+    return output
+
+
+def test_run_translation_end_to_end(tmp_path, multi30k_dir):
+    output_dir = tmp_path / "run"
+    output = finish(
+        run_script(script_args(multi30k_dir, output_dir, 6, "--do_eval", "--do_predict", "--save_strategy=no"))
+    )
+
+    results = json.loads((output_dir / "bleu_results.json").read_text())
+    assert results["train"]["global_step"] == 6
+    references = (multi30k_dir / "test_2016_flickr.de").read_text(encoding="utf-8").split("\n")[:12]
+    for split_name in ("validation", "test"):
+        hypotheses = (
+            (output_dir / f"generated_predictions_{split_name}.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        )
+        assert len(hypotheses) == 12
+        signature = results[split_name]["signature"]
+        assert f"{split_name} BLEU = {results[split_name]['bleu']:.2f} (beam 2; {signature})" in output
+    # the reported test BLEU is sacreBLEU of the written translations against the raw references
+    assert results["test"]["bleu"] == pytest.approx(BLEU().corpus_score(hypotheses, [references]).score)
+    assert (output_dir / "fusion_weights.png").is_file() and (output_dir / "layer_gradient_norms.png").is_file()
+
+    # the saved dir is a complete model: Auto class + tokenizer + generation config, and translates
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    assert isinstance(model, GTransForConditionalGeneration) and model.config.label_smoothing == 0.1
+    assert model.generation_config.num_beams == 2
+    assert (model.generation_config.max_length, model.generation_config.max_new_tokens) == (33, None)
+    assert len(translate(model, tokenizer, ["A man is riding a bike.", "Two dogs."], num_beams=2)) == 2
+    # the generation limit is the saved one (32 new tokens), not transformers' generic max_length=20
+    with torch.no_grad():
+        model.final_logits_bias[0, tokenizer.eos_token_id] = -1e4  # never stop early
+    generated = model.generate(**tokenizer(["A man."], return_tensors="pt"), num_beams=1)
+    assert generated.shape[-1] == 33
+
+
+def test_killed_run_resumes(tmp_path, multi30k_dir):
+    output_dir = tmp_path / "run"
+    args = script_args(multi30k_dir, output_dir, 40, "--save_steps=4", "--max_train_minutes=30")
+    process = run_script(args)
+    first_state = output_dir / "checkpoint-4" / "trainer_state.json"
+    deadline = time.monotonic() + 240
+    while not first_state.is_file():
+        assert process.poll() is None, process.communicate()[0][-4000:]
+        assert time.monotonic() < deadline, "no checkpoint written"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    assert process.returncode == -signal.SIGKILL
+    steps_done = [int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*")]
+    assert max(steps_done) < 40 and not (output_dir / "bleu_results.json").exists()
+
+    # starting over in the same dir is refused with a clear message
+    refused = run_script(args)
+    output, _ = refused.communicate(timeout=300)
+    assert refused.returncode != 0 and "--resume_from_checkpoint last" in output
+
+    finish(run_script(args + ["--resume_from_checkpoint=last"]))
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 40
+    # one training log per step: the steps before the kill come from the checkpoint, the rest from the resumed run
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == list(range(1, 41))
+    # the time budget continued from the checkpoint's clock
+    checkpoint_state = json.loads(first_state.read_text())
+    budgets = [
+        s["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"]
+        for s in (state, checkpoint_state)
+    ]
+    assert budgets[0] > budgets[1] > 0
