@@ -32,6 +32,7 @@ from run_translation import main as run_translation  # noqa: E402  (also puts th
 from translate import translate  # noqa: E402
 
 from hf_layerfusion.data import builtin_number_corpus  # noqa: E402
+from hf_layerfusion.model_card import write_model_card  # noqa: E402
 
 SOURCE_LANG, TARGET_LANG = "de", "en"
 CORPUS = dict(builtin_num_train=20000, builtin_num_valid=200, builtin_num_test=300)
@@ -129,9 +130,20 @@ def main() -> None:
             print(f"{model_type + ':':<18} {hypotheses[model_type][i]}")
         print()
 
-    # the saved GTrans, as a user would load it
+    # the saved GTrans, as a user would load it, with the model card a Hub upload would carry
     gtrans_dir = args.output_dir / "gtrans"
     model = AutoModelForSeq2SeqLM.from_pretrained(gtrans_dir)
+    card = write_model_card(
+        gtrans_dir,
+        model,
+        SOURCE_LANG,
+        TARGET_LANG,
+        "hf_layerfusion built-in number corpus (num2words)",
+        bleu_scores={"test": results["gtrans"]["test"]["bleu"]},
+        bleu_signature=results["gtrans"]["test"]["signature"],
+        training_command="python examples/quickstart.py",
+    )
+    print(f"\nModel card: {card}")
     tokenizer = AutoTokenizer.from_pretrained(gtrans_dir)
     numbers = [(42, "cardinal"), (1987, "year"), (250_000, "cardinal"), (3, "ordinal"), (7_654_321, "cardinal")]
     sources = [num2words(n, lang=SOURCE_LANG, to=kind) for n, kind in numbers]
