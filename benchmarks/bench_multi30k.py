@@ -31,7 +31,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
-from translate import translate  # noqa: E402
+from hf_layerfusion.translation import translate  # noqa: E402
 
 from hf_layerfusion.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402

@@ -29,7 +29,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
-from translate import translate  # noqa: E402
+from hf_layerfusion.translation import translate  # noqa: E402
 
 from hf_layerfusion.data import builtin_number_corpus  # noqa: E402
 from hf_layerfusion.model_card import write_model_card  # noqa: E402

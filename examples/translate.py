@@ -16,61 +16,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
-
-
-@torch.no_grad()
-def translate(
-    model,
-    tokenizer,
-    sentences: Sequence[str],
-    batch_size: int = 32,
-    num_beams: int | None = None,
-    max_new_tokens: int | None = None,
-    decoder_groups: Sequence[int] | None = None,
-    max_source_length: int | None = None,
-    progress: bool = False,
-) -> list[str]:
-    """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
-    config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
-    `max_source_length` tokens are truncated (default: the model's position table)."""
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be positive, got {batch_size}.")
-    model.eval()
-    generate_kwargs = {}
-    if num_beams is not None:
-        generate_kwargs["num_beams"] = num_beams
-    if max_new_tokens is not None:
-        # replaces the saved `max_length` limit rather than competing with it
-        generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
-    if decoder_groups is not None:
-        generate_kwargs["decoder_groups"] = list(decoder_groups)
-    max_source_length = max_source_length or model.config.max_position_embeddings
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
-    translations: list[str] = [""] * len(sentences)
-    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
-        inputs = tokenizer(
-            [sentences[i] for i in batch],
-            padding=True,
-            truncation=True,
-            max_length=max_source_length,
-            return_tensors="pt",
-        ).to(model.device)
-        outputs = model.generate(**inputs, **generate_kwargs)
-        # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
-        for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
-            translations[i] = text.strip()
-    return translations
+from hf_layerfusion.translation import translate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

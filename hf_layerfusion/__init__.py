@@ -20,6 +20,7 @@ from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metr
 from .model_card import write_model_card
 from .tokenization import train_joint_tokenizer
 from .trainer import LayerFusionSeq2SeqTrainer
+from .translation import translate
 from .xlmr import from_xlmr, load_xlmr_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
@@ -71,5 +72,6 @@ __all__ = [
     "load_translation_dataset",
     "preprocess_translation",
     "train_joint_tokenizer",
+    "translate",
     "write_model_card",
 ]

@@ -89,12 +89,12 @@ trained with `hf_layerfusion` on {dataset_name}.
 
 ```python
 import hf_layerfusion  # registers the `{model_type}` architecture with the Auto classes
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 model = AutoModelForSeq2SeqLM.from_pretrained("PATH_OR_REPO_ID")
 tokenizer = AutoTokenizer.from_pretrained("PATH_OR_REPO_ID")
-translate = pipeline("translation", model=model, tokenizer=tokenizer)
-print(translate("...", num_beams=4, max_new_tokens=128))
+batch = tokenizer(["..."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch, num_beams=4, max_new_tokens=128), skip_special_tokens=True))
 ```
 
 ## Architecture

@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from statistics import mean
 
-import torch
 from datasets import Dataset, DatasetDict, interleave_datasets
 
 from .data import load_translation_dataset
+from .translation import translate
 
 PIVOT_LANGUAGE = "en"
 OPUS100_HUB_ID = "Helsinki-NLP/opus-100"
@@ -199,31 +199,13 @@ def interleave_directions(
 
 
 # ------------------------------------------------------------------------------------------------- evaluation
-@torch.no_grad()
-def translate(
-    model,
-    tokenizer,
-    sources: Sequence[str],
-    target_lang: str,
-    batch_size: int = 32,
-    max_source_length: int = 256,
-    **generate_kwargs,
+def translate_to(
+    model, tokenizer, sources: Sequence[str], target_lang: str, **translate_kwargs
 ) -> list[str]:
-    """Translate `sources` into `target_lang` (tag prepended to each source); `generate_kwargs` go to `generate()`."""
+    """Translate `sources` into `target_lang` (its tag prepended to each source) with
+    `hf_layerfusion.translation.translate`; keyword arguments go to it (batch size, beams, generate options)."""
     check_language_tag(tokenizer, target_lang)
-    model.eval()
-    hypotheses = []
-    for start in range(0, len(sources), batch_size):
-        batch = tokenizer(
-            [tag_source(text, target_lang) for text in sources[start : start + batch_size]],
-            max_length=max_source_length,
-            truncation=True,
-            padding=True,
-            return_tensors="pt",
-        ).to(model.device)
-        output_ids = model.generate(**batch, **generate_kwargs)
-        hypotheses.extend(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
-    return hypotheses
+    return translate(model, tokenizer, [tag_source(text, target_lang) for text in sources], **translate_kwargs)
 
 
 def evaluate_directions(
@@ -237,7 +219,7 @@ def evaluate_directions(
     scores = {}
     for name, (sources, references) in test_sets.items():
         _, target_lang = split_direction(name)
-        hypotheses = translate(model, tokenizer, list(sources), target_lang, **translate_kwargs)
+        hypotheses = translate_to(model, tokenizer, list(sources), target_lang, **translate_kwargs)
         scores[name] = score(hypotheses, list(references))
     return scores
 

@@ -2,6 +2,7 @@
 
 import json
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -233,6 +234,7 @@ class _EchoModel:
     """Stands in for a model: `generate` returns its input ids, so the 'translation' shows what the model read."""
 
     device = torch.device("cpu")
+    config = SimpleNamespace(max_position_embeddings=64)
 
     def __init__(self):
         self.inputs = []

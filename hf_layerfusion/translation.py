@@ -1,0 +1,55 @@
+"""Batched translation of raw sentences with any hf_layerfusion model (used by the examples, the benchmarks and the
+multilingual evaluation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+
+@torch.no_grad()
+def translate(
+    model,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    decoder_groups: Sequence[int] | None = None,
+    max_source_length: int | None = None,
+    progress: bool = False,
+    **generate_kwargs,
+) -> list[str]:
+    """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
+    config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
+    `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
+    `generate()`. Sentences are sorted by length into batches (less padding) and returned in input order."""
+    if batch_size < 1:
+        raise ValueError(f"`batch_size` must be positive, got {batch_size}.")
+    model.eval()
+    if num_beams is not None:
+        generate_kwargs["num_beams"] = num_beams
+    if max_new_tokens is not None:
+        # replaces the saved `max_length` limit rather than competing with it
+        generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
+    if decoder_groups is not None:
+        generate_kwargs["decoder_groups"] = list(decoder_groups)
+    max_source_length = max_source_length or model.config.max_position_embeddings
+    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
+    translations: list[str] = [""] * len(sentences)
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
+        inputs = tokenizer(
+            [sentences[i] for i in batch],
+            padding=True,
+            truncation=True,
+            max_length=max_source_length,
+            return_tensors="pt",
+        ).to(model.device)
+        outputs = model.generate(**inputs, **generate_kwargs)
+        # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
+        for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
+            translations[i] = text.strip()
+    return translations
