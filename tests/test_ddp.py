@@ -33,6 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # the worker runs outside pytest
 
 import hf_layerfusion  # noqa: E402,F401
+from conftest import TINY_BACKBONE  # noqa: E402
 from hf_layerfusion import (  # noqa: E402
     GTransConfig,
     GTransForConditionalGeneration,
@@ -42,20 +43,7 @@ from hf_layerfusion import (  # noqa: E402
 
 PER_PROCESS_BATCH = 3
 PAD, EOS, FIRST_TOKEN_ID, VOCAB = 1, 2, 4, 24
-TINY = dict(
-    vocab_size=VOCAB,
-    d_model=16,
-    encoder_layers=2,
-    decoder_layers=2,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=32,
-    decoder_ffn_dim=32,
-    max_position_embeddings=32,
-    dropout=0.0,
-    attention_dropout=0.0,
-    activation_dropout=0.0,
-)
+TINY = TINY_BACKBONE  # the suite's tiny sizes (conftest.py sits beside this worker script)
 # name -> (model, decoder groups trained on)
 CASES = {
     "plain": (lambda: PlainTransformerForConditionalGeneration(PlainTransformerConfig(**TINY)), None),
