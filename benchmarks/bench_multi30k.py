@@ -17,12 +17,16 @@ same command after an interruption continues where it stopped (finished models a
     python benchmarks/bench_multi30k.py                                  # hours on a laptop CPU
     python benchmarks/bench_multi30k.py --minutes_per_model 1 --warmup_steps 50 \\
         --max_eval_samples 40 --max_predict_samples 40 --output_dir /tmp/bench_smoke   # end-to-end smoke run
+    # the plain model stopped at GTrans' step count (same trajectory, same tokenizer): a steps-matched row
+    python benchmarks/bench_multi30k.py --models plain_transformer --max_steps_per_model 2903 --minutes_per_model 60 \
+        --tokenizer_dir runs/bench_multi30k/tokenizer --output_dir runs/bench_multi30k_2903_steps
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -63,7 +67,7 @@ def train_and_evaluate(model_type: str, args, tokenizer_dir: Path) -> dict:
         "--do_predict",
         "--resume_from_checkpoint=last",
         f"--max_train_minutes={args.minutes_per_model}",
-        "--max_steps=1000000",  # the time budget ends training
+        f"--max_steps={args.max_steps_per_model or 1_000_000}",  # by default the time budget ends training
         "--per_device_train_batch_size=64",
         "--per_device_eval_batch_size=64",
         "--optim=adamw_torch",
@@ -112,13 +116,20 @@ def decoder_group_table(args, test_pairs: list[dict]) -> list[dict]:
     num_groups = model.config.num_decoder_groups
     sources = [pair[SOURCE_LANG] for pair in test_pairs]
     references = [pair[TARGET_LANG] for pair in test_pairs]
-    for k in range(1, num_groups + 1):
-        for name, groups in ((f"{k}", [k]), (f"{k}..{num_groups}", list(range(k, num_groups + 1)))):
-            if name not in table:
-                hypotheses = translate(model, tokenizer, sources, batch_size=64, decoder_groups=groups, progress=True)
-                table[name] = corpus_bleu(hypotheses, references)[0]
-                table_file.write_text(json.dumps(table, indent=2) + "\n")  # resumable, one entry at a time
-    return [{"k": k, "alone": table[f"{k}"], "mixed": table[f"{k}..{num_groups}"]} for k in range(1, num_groups + 1)]
+    # "k" is group k alone, "k..N" the mixture of groups k..N; the last group alone is also "N..N", decoded once
+    runs = {f"{k}": [k] for k in range(1, num_groups + 1)}
+    runs.update({f"{k}..{num_groups}": list(range(k, num_groups + 1)) for k in range(1, num_groups)})
+    for name, groups in runs.items():
+        if name not in table:
+            hypotheses = translate(model, tokenizer, sources, batch_size=64, decoder_groups=groups, progress=True)
+            table[name] = corpus_bleu(hypotheses, references)[0]
+            table_file.write_text(json.dumps(table, indent=2) + "\n")  # resumable, one entry at a time
+    table[f"{num_groups}..{num_groups}"] = table[f"{num_groups}"]
+    psi = model.model.decoder.readout.fusion_weights()["decoder_group_psi"].tolist()  # Table VI's "Weight" row
+    return [
+        {"k": k, "alone": table[f"{k}"], "mixed": table[f"{k}..{num_groups}"], "psi": psi[k - 1]}
+        for k in range(1, num_groups + 1)
+    ]
 
 
 def main() -> None:
@@ -126,6 +137,15 @@ def main() -> None:
     parser.add_argument("--data_dir", type=Path, default=DEFAULT_DATA, help="Multi30k directory (default: %(default)s)")
     parser.add_argument("--output_dir", type=Path, default=Path("runs/bench_multi30k"))
     parser.add_argument("--minutes_per_model", type=float, default=35.0, help="Training wall-clock budget per model.")
+    parser.add_argument(
+        "--max_steps_per_model", type=int, default=None,
+        help="Also stop at this many optimisation steps (a steps-matched comparison; the schedule does not depend on it).",
+    )
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="Models to run.")
+    parser.add_argument(
+        "--tokenizer_dir", type=Path, default=None,
+        help="Reuse this tokenizer (default: <output_dir>/tokenizer, trained on the first run).",
+    )
     parser.add_argument("--warmup_steps", type=int, default=1000)
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--max_eval_samples", type=int, default=None, help="Validation sentences (default: all).")
@@ -133,20 +153,25 @@ def main() -> None:
     args = parser.parse_args()
 
     corpus = load_parallel_text(args.data_dir, SOURCE_LANG, TARGET_LANG)
-    tokenizer_dir = args.output_dir / "tokenizer"
+    tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
         texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in (SOURCE_LANG, TARGET_LANG)]
         train_joint_tokenizer(texts, args.vocab_size, model="unigram", save_dir=tokenizer_dir)
 
-    results = {model_type: train_and_evaluate(model_type, args, tokenizer_dir) for model_type in MODELS}
-    test = corpus["test"]
-    test_pairs = test.select(range(min(args.max_predict_samples or len(test), len(test))))["translation"]
-    table_vi = decoder_group_table(args, test_pairs)
+    results = {model_type: train_and_evaluate(model_type, args, tokenizer_dir) for model_type in args.models}
+    table_vi = None
+    if "gtrans" in results:
+        test = corpus["test"]
+        test_pairs = test.select(range(min(args.max_predict_samples or len(test), len(test))))["translation"]
+        table_vi = decoder_group_table(args, test_pairs)
     (args.output_dir / "results.json").write_text(
         json.dumps({**results, "gtrans_decoder_groups": table_vi}, indent=2) + "\n"
     )
 
-    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {args.minutes_per_model:g} min of training per model, beam 4")
+    budget = f"{args.minutes_per_model:g} min"
+    if args.max_steps_per_model:
+        budget += f" or {args.max_steps_per_model} steps (whichever comes first)"
+    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {budget} of training per model, beam 4")
     print(f"{'model':<18} {'steps':>7} {'minutes':>8} {'src tok/s':>10} {'val BLEU':>9} {'test BLEU':>10}")
     for model_type, result in results.items():
         train = result["train"]
@@ -154,11 +179,13 @@ def main() -> None:
             f"{model_type:<18} {train['global_step']:>7} {train['train_minutes']:>8.1f} "
             f"{train['source_tokens_per_second']:>10.0f} {result['validation']['bleu']:>9.2f} {result['test']['bleu']:>10.2f}"
         )
-    print(f"sacreBLEU signature: {results['gtrans']['test']['signature']}")
-    print("\nGTrans decoder groups (paper Table VI), test BLEU:")
-    print(f"{'k':>3} {'group k alone':>14} {'groups k..N mixed':>18}")
-    for row in table_vi:
-        print(f"{row['k']:>3} {row['alone']:>14.2f} {row['mixed']:>18.2f}")
+    print(f"sacreBLEU signature: {next(iter(results.values()))['test']['signature']}")
+    if table_vi:
+        print("\nGTrans decoder groups (paper Table VI), test BLEU:")
+        print(f"{'k':>3} {'group k alone':>14} {'groups k..N mixed':>18} {'psi_k (Eq. 6)':>14}")
+        for row in table_vi:
+            print(f"{row['k']:>3} {row['alone']:>14.2f} {row['mixed']:>18.2f} {row['psi']:>14.3f}")
+    print(f"\nReproduce: python benchmarks/bench_multi30k.py {shlex.join(sys.argv[1:])}".rstrip())
 
 
 if __name__ == "__main__":

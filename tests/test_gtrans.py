@@ -148,7 +148,7 @@ def test_decoder_fusion_mixture_and_loss_eq4_to_eq7(tiny_backbone, padded_batch,
     torch.testing.assert_close(requested.group_weights.double(), psi, atol=1e-6, rtol=0)
     torch.testing.assert_close(requested.loss.double(), loss, atol=1e-5, rtol=0)
 
-    # training mode takes the memory-aware path (group losses recomputed in backward): same Eq. 7 value
+    # training mode takes the fused memory-aware path: same Eq. 7 value
     model.train()
     trained = model(**padded_batch)
     assert trained.logits is None
@@ -248,6 +248,28 @@ def test_decoder_fusion_off_single_softmax_from_top_layer(tiny_backbone, padded_
     )
     with pytest.raises(ValueError, match=r"decoder_groups.*\[2\]"):
         model(**padded_batch, decoder_groups=[2])
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_gtrans_training_gradients_equal_unfused_path(tiny_backbone, padded_batch, label_smoothing):
+    """Every parameter's gradient from the fused training path equals the one from the unfused Eq. 5-7 path
+    (taken in the same training-mode forward when group log-probabilities are requested)."""
+    model = build_gtrans(tiny_backbone, label_smoothing=label_smoothing).train()
+
+    def gradients(**kwargs):
+        model.zero_grad(set_to_none=True)
+        output = model(**padded_batch, num_items_in_batch=torch.tensor(20), **kwargs)
+        output.loss.backward()
+        return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    fused_output, fused = gradients()
+    assert fused_output.logits is None  # the fused path ran
+    unfused_output, unfused = gradients(return_group_log_probs=True)
+    assert unfused_output.logits is not None
+    torch.testing.assert_close(fused_output.loss, unfused_output.loss, atol=1e-5, rtol=1e-5)
+    assert fused.keys() == unfused.keys()
+    for name in unfused:
+        torch.testing.assert_close(fused[name], unfused[name], atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
 
 
 def test_gradients_reach_every_parameter(tiny_backbone, padded_batch):

@@ -10,9 +10,10 @@ Choices where the paper is silent (tested in tests/test_gtrans.py):
 - every fusion weight `w` starts at 0: sigma(w) = 1/2 for each fused state and psi uniform over groups;
 - mixing a subset of groups (Table VI, `decoder_groups`) renormalises psi over that subset (Eq. 6 restricted);
 - label smoothing, when set, is applied to every group's cross entropy inside Eq. 7;
-- in training, when labels are given and gradients are on, `logits` (the mixture) is not computed: the loss is
-  computed group by group on the non-pad positions only, and each group's vocabulary projection is recomputed in
-  the backward pass, so memory stays at one group's `tokens x vocab` instead of N copies of `batch x length x vocab`.
+- in training, when labels are given and gradients are on, `logits` (the mixture) is not computed: Eq. 7 is
+  computed on the non-pad positions only by `weighted_group_cross_entropy`, which projects one chunk of tokens
+  of one group at a time and computes its gradients in the same pass, so memory stays at one chunk's
+  `tokens x vocab` instead of N copies of `batch x length x vocab`, at the matmul cost of plain autograd.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 from transformers import initialization as init
 
 from ..configuration_backbone import LayerFusionConfig
+from ..fused_cross_entropy import weighted_group_cross_entropy
 from ..modeling_backbone import (
     LayerFusionForConditionalGeneration,
     LayerFusionModel,
@@ -174,9 +175,6 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
     config_class = GTransConfig
     model_class = GTransModel
 
-    def _group_loss(self, features: torch.Tensor, labels: torch.Tensor, num_items_in_batch) -> torch.Tensor:
-        return token_cross_entropy(self.project(features), labels, self.config.label_smoothing, num_items_in_batch)
-
     def output_head(self, group_features, groups, labels, num_items_in_batch, return_group_log_probs):
         if len(group_features) == 1:  # decoder fusion off, or one group mixed: a single softmax
             return super().output_head(group_features, groups, labels, num_items_in_batch, return_group_log_probs)
@@ -189,32 +187,36 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
                 "`model.config.allow_external_loss = True`."
             )
         log_psi = self.model.decoder.readout.log_mixture_weights(check_groups(groups, self.config.num_decoder_groups))
+        psi = log_psi.exp()
         logits = group_log_probs = None
         if self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs:
-            # memory-aware Eq. 7: only non-pad positions are projected (the loss ignores the others), one group's
-            # tokens x vocab tensors at a time, recomputed in the backward pass instead of kept
+            # memory-aware Eq. 7: only non-pad positions are projected (the loss ignores the others), chunk by
+            # chunk, with the gradients computed in the same pass so that no group's logits are kept
             keep = labels.ne(-100)
-            group_ce = torch.stack(
-                [
-                    checkpoint(self._group_loss, f[keep], labels[keep], num_items_in_batch, use_reentrant=False)
-                    for f in group_features
-                ]
-            )
+            loss = weighted_group_cross_entropy(
+                torch.stack([f[keep] for f in group_features]),
+                self.lm_head.weight,
+                self.final_logits_bias[0].to(group_features[0].dtype),
+                psi,
+                labels[keep],
+                self.config.label_smoothing,
+                num_items_in_batch,
+            )  # Eq. 7
         else:
             group_logits = self.project(torch.stack(group_features)).float()  # h_i^{df} W_o for every group
             # Eq. 5 in probability space (one softmax per group, one weighted sum); the clamp keeps log finite for
             # tokens whose probability underflows in every group
-            mixture = torch.tensordot(log_psi.exp(), F.softmax(group_logits, dim=-1), dims=1)
+            mixture = torch.tensordot(psi, F.softmax(group_logits, dim=-1), dims=1)
             logits = mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
             if return_group_log_probs:
                 group_log_probs = F.log_softmax(group_logits, dim=-1)
-            group_ce = None
+            loss = None
             if labels is not None:
                 group_ce = torch.stack(
                     [token_cross_entropy(g, labels, self.config.label_smoothing, num_items_in_batch) for g in group_logits]
                 )
-        loss = (log_psi.exp() * group_ce).sum() if group_ce is not None else None  # Eq. 7
-        return loss, logits, group_log_probs, (log_psi.exp() if return_group_log_probs else None)
+                loss = (psi * group_ce).sum()  # Eq. 7
+        return loss, logits, group_log_probs, (psi if return_group_log_probs else None)
 
     def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
         """`generate()` that may mix a subset of decoder groups (paper Table VI: mixing groups 3..6 of 6 is close

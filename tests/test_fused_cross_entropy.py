@@ -1,0 +1,61 @@
+"""The fused multi-group loss (GTrans Eq. 7 in training) against plain autograd on the unfused computation;
+tests/test_gtrans.py checks it inside the model."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_layerfusion.fused_cross_entropy import weighted_group_cross_entropy
+
+
+def reference_loss(features, weight, bias, psi, labels, label_smoothing, num_items_in_batch):
+    """sum_k psi_k * sum_t CE_t / normaliser, each group's logits kept by autograd."""
+    normaliser = len(labels) if num_items_in_batch is None else num_items_in_batch
+    group_ce = torch.stack(
+        [
+            F.cross_entropy(F.linear(f, weight, bias), labels, label_smoothing=label_smoothing, reduction="sum")
+            for f in features
+        ]
+    )
+    return (psi * group_ce).sum() / normaliser
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("num_items_in_batch", [None, torch.tensor(91)])
+@pytest.mark.parametrize("chunk_tokens", [None, 5])  # one chunk, and chunks that do not divide the 37 tokens
+def test_loss_and_gradients_equal_autograd(label_smoothing, num_items_in_batch, chunk_tokens):
+    generator = torch.Generator().manual_seed(0)
+    groups, tokens, d_model, vocab = 3, 37, 16, 50
+    features = torch.randn(groups, tokens, d_model, generator=generator, requires_grad=True)
+    weight = torch.randn(vocab, d_model, generator=generator, requires_grad=True)
+    bias = torch.randn(vocab, generator=generator)
+    group_logits = torch.randn(groups, generator=generator, requires_grad=True)
+    labels = torch.randint(vocab, (tokens,), generator=generator)
+
+    def run(loss_fn, **kwargs):
+        for tensor in (features, weight, group_logits):
+            tensor.grad = None
+        loss = loss_fn(features, weight, bias, group_logits.softmax(0), labels, label_smoothing, num_items_in_batch, **kwargs)
+        (2.5 * loss).backward()  # a non-unit upstream gradient, as under gradient accumulation or loss scaling
+        return loss.detach(), features.grad.clone(), weight.grad.clone(), group_logits.grad.clone()
+
+    expected = run(reference_loss)
+    fused = run(weighted_group_cross_entropy, chunk_tokens=chunk_tokens)
+    for name, ours, reference in zip(("loss", "features", "weight", "group weights"), fused, expected):
+        torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5, msg=lambda m: f"{name}: {m}")
+    assert expected[3].abs().min() > 0  # psi really gets a gradient
+
+
+def test_frozen_output_matrix_gets_no_gradient():
+    features = torch.randn(2, 4, 8, requires_grad=True)
+    weight = torch.randn(10, 8)  # frozen
+    loss = weighted_group_cross_entropy(features, weight, None, torch.tensor([0.5, 0.5]), torch.tensor([1, 2, 3, 4]))
+    loss.backward()
+    assert features.grad is not None and weight.grad is None
+
+
+def test_trainable_bias_is_refused():
+    with pytest.raises(ValueError, match="bias"):
+        weighted_group_cross_entropy(
+            torch.randn(1, 2, 4), torch.randn(5, 4), torch.zeros(5, requires_grad=True), torch.ones(1), torch.tensor([0, 1])
+        )
