@@ -86,6 +86,17 @@ def weighted_group_cross_entropy(
         num_items_in_batch: the Trainer's token count; the sums are divided by it (default: `tokens`).
         chunk_tokens: tokens projected at once (default: as many as fit `MAX_CHUNK_LOGITS` logits).
     """
+    if features.dim() != 3 or labels.dim() != 1 or features.shape[1] != labels.shape[0]:
+        raise ValueError(
+            f"`features` must be (groups, tokens, d) and `labels` (tokens,), got {tuple(features.shape)} and "
+            f"{tuple(labels.shape)}."
+        )
+    if group_weights.shape != (features.shape[0],):
+        raise ValueError(f"`group_weights` must have one entry per group ({features.shape[0]}), got {tuple(group_weights.shape)}.")
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"`label_smoothing` must lie in [0, 1), got {label_smoothing}.")
+    if chunk_tokens is not None and chunk_tokens < 1:
+        raise ValueError(f"`chunk_tokens` must be positive, got {chunk_tokens}.")
     if labels.numel() == 0:  # nothing to predict: a zero that still connects the graph
         return features.sum() * 0.0 + weight.sum() * 0.0 + group_weights.sum() * 0.0
     if bias is not None and bias.requires_grad:

@@ -59,3 +59,19 @@ def test_trainable_bias_is_refused():
         weighted_group_cross_entropy(
             torch.randn(1, 2, 4), torch.randn(5, 4), torch.zeros(5, requires_grad=True), torch.ones(1), torch.tensor([0, 1])
         )
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(labels=torch.tensor([0, 1, 2])), r"\(1, 2, 4\) and \(3,\)"),
+        (dict(group_weights=torch.ones(2)), r"one entry per group \(1\), got \(2,\)"),
+        (dict(label_smoothing=1.5), "1.5"),
+        (dict(chunk_tokens=0), "got 0"),
+    ],
+)
+def test_bad_inputs_are_named(kwargs, message):
+    inputs = dict(features=torch.randn(1, 2, 4), weight=torch.randn(5, 4), bias=None, group_weights=torch.ones(1),
+                  labels=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=message):
+        weighted_group_cross_entropy(**{**inputs, **kwargs})
