@@ -5,12 +5,44 @@ as implemented by Marian/fairseq). Every family's config subclasses it and adds 
 follow `MarianConfig` so that a Marian checkpoint's config maps onto it one to one.
 """
 
+import dataclasses
+import difflib
+
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 from .presets import BACKBONE_PRESETS
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
+# Keys that are not fields of the config but that transformers itself passes to a config's constructor (read by
+# `PreTrainedConfig.__post_init__`, written into config.json by `to_dict`, or kept on configs for other libraries).
+# Any other unknown keyword is a misspelling and refused by name.
+TRANSFORMERS_CONFIG_KEYS = frozenset(
+    {
+        "model_type",
+        "name_or_path",
+        "_name_or_path",
+        "_commit_hash",
+        "torch_dtype",
+        "num_labels",
+        "output_attentions",
+        "attn_implementation",
+        "experts_implementation",
+        "_attn_implementation_internal",
+        "_experts_implementation_internal",
+        "per_layer_config",
+        "auto_map",
+        "custom_pipelines",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "finetuning_task",
+        "sep_token_id",
+        "quantization_config",
+        "transformers_version",
+        "architectures",
+    }
+)
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 
 
@@ -78,8 +110,46 @@ class LayerFusionConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 2
 
     def __post_init__(self, **kwargs):
+        self.check_keywords(kwargs)
         super().__post_init__(**kwargs)
         self.check_consistency()
+
+    # Set by `hf_layerfusion.hub`: writes the self-contained Hub code and `auto_map` next to config.json. Left unset
+    # in that Hub code, whose classes re-save their own file through transformers' `_auto_class` machinery.
+    hub_code_writer = None
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        if self.hub_code_writer is not None:
+            self.hub_code_writer(save_directory)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    @classmethod
+    def check_keywords(cls, kwargs: dict) -> None:
+        """Refuse a keyword that is neither a field of this config, an alias of `attribute_map`, a generation
+        parameter of old configs, nor a key transformers passes itself: `encoder_grup_size=2` must not be stored as
+        an unused attribute while the model silently uses the default. A config.json of another family loads only
+        if every key of it is a key of this family (a plain Transformer checkpoint as GTrans, whose fusion weights
+        then start fresh), not the other way round (GTrans' group keys would be dropped)."""
+        from transformers import GenerationConfig
+
+        allowed = TRANSFORMERS_CONFIG_KEYS | set(cls.attribute_map) | set(GenerationConfig._get_default_generation_params())
+        unknown = sorted(key for key in kwargs if key not in allowed)
+        if not unknown:
+            return
+        saved_model_type = kwargs.get("model_type")
+        if saved_model_type is not None and saved_model_type != cls.model_type:
+            raise ValueError(
+                f"This is a {saved_model_type!r} config with keys {unknown} that {cls.__name__} (model_type "
+                f"{cls.model_type!r}) does not have. Load it with its own family (AutoConfig / AutoModelForSeq2SeqLM "
+                "after `import hf_layerfusion`)."
+            )
+        fields = sorted(field.name for field in dataclasses.fields(cls))
+        hints = "".join(
+            f"; {key!r}: did you mean {match[0]!r}?"
+            for key in unknown
+            if (match := difflib.get_close_matches(key, fields, n=1))
+        )
+        raise TypeError(f"{cls.__name__} got unknown keyword(s) {unknown}{hints}. Its keys: {fields}.")
 
     def check_consistency(self) -> None:
         """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
@@ -130,6 +200,31 @@ class LayerFusionConfig(PreTrainedConfig):
         if name not in BACKBONE_PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
         return cls(**{**BACKBONE_PRESETS[name], **overrides})
+
+    @property
+    def encoder_layer_layouts(self) -> list[str]:
+        """Sub-layers of each encoder layer (`s` self-attention, `f` feed-forward); families may change them."""
+        return ["sf"] * self.encoder_layers
+
+    @property
+    def decoder_layer_layouts(self) -> list[str]:
+        """Sub-layers of each decoder layer (`s` self-attention, `c` cross-attention, `f` feed-forward)."""
+        return ["scf"] * self.decoder_layers
+
+    @property
+    def decoder_cache_layers(self) -> int:
+        """KV-cache slots the decoder uses (one per attention sub-layer of a kind; families whose attention keeps
+        more keys/values per sub-layer override this). Generation allocates this many cache layers."""
+        layouts = self.decoder_layer_layouts
+        return max(sum(layout.count("s") for layout in layouts), sum(layout.count("c") for layout in layouts))
+
+    def get_text_config(self, decoder=None, encoder=None):
+        text_config = super().get_text_config(decoder=decoder, encoder=encoder)
+        if decoder and not encoder:
+            # caches (dynamic and static) are sized from the decoder text config's `num_hidden_layers`; families
+            # whose decoder layers keep more than one self-attention slot need more than `decoder_layers`
+            text_config.num_hidden_layers = self.decoder_cache_layers
+        return text_config
 
     @property
     def position_offset(self) -> int:

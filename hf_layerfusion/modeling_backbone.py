@@ -1,14 +1,21 @@
 """The one shared encoder-decoder backbone of hf_layerfusion.
 
-Attention, layers, embeddings, positions, cache handling and the LM head live here once. A family adds its
-fusion by giving the stacks a *readout*: the module that turns the list of layer outputs into what the rest of
-the model consumes.
+Attention, layers, embeddings, positions, cache handling and the LM head live here once. A family changes the
+Transformer only through these extension points (`LayerFusionModel` builds the stacks through them):
 
-- encoder readout: `[h_1 .. h_L] -> memory` fed to every cross-attention (plain Transformer: `h_L`);
-- decoder readout: `[h_1 .. h_L] -> (f_1 .. f_N)`, one feature per output group (plain Transformer: `(h_L,)`);
-- output head (`LayerFusionForConditionalGeneration.output_head`): `(f_1 .. f_N) -> logits, loss`.
+- **layer layout** (`config.encoder_layer_layouts` / `config.decoder_layer_layouts`): the sub-layers of each layer,
+  `s` self-attention, `c` cross-attention, `f` feed-forward (plain: encoder `sf`, decoder `scf`);
+- **sub-layer modules** (`LayerFusionModel.build_sublayer`): what each `s` / `c` / `f` is; an attention sub-layer
+  reads what it needs from the `LayerContext` (its input, the stack's lower states, the encoder memory, masks,
+  cache), which is how a family changes *what attention reads*;
+- **connection** (`LayerFusionModel.build_connection`): the state of layer l, i.e. what layer l+1 receives, from
+  layer l's output and the states below it (plain: the output itself);
+- **readouts**: the encoder readout turns the states `[s_0 .. s_L]` (s_0 = embeddings) into the memory
+  cross-attention reads (plain: `s_L`), optionally one memory per decoder layer (`layer_memories`); the decoder
+  readout turns them into one feature per output group (plain: `(s_L,)`);
+- **output head** (`LayerFusionForConditionalGeneration.output_head`): `(f_1 .. f_N) -> logits, loss`.
 
-With the plain readouts the backbone computes exactly what `MarianMTModel` computes (tested weight for weight).
+With the plain choices the backbone computes exactly what `MarianMTModel` computes (tested weight for weight).
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, ModelOutput, Seq2SeqLMOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.import_utils import is_torchdynamo_compiling
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_backbone import LayerFusionConfig
 
@@ -45,17 +56,18 @@ class SinusoidalPositionalEmbedding(nn.Module):
     """Fixed sin/cos table as Marian builds it: sin features in the first half, cos in the second, from 0.
 
     The table is a buffer, not a frozen parameter: a parameter would come back trainable from `from_pretrained`
-    and show up as unused in DDP. It is saved with the model and filled by `_init_weights`."""
+    and show up as unused in DDP. It is saved with the model, filled at construction and again by `_init_weights`
+    (models built on the meta device get it there)."""
 
     def __init__(self, num_positions: int, embedding_dim: int):
         super().__init__()
-        self.weight = nn.Buffer(torch.empty(num_positions, embedding_dim))
+        self.weight = nn.Buffer(self.create_weight(num_positions, embedding_dim))
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(position_ids, self.weight)
 
-    def create_weight(self) -> torch.Tensor:
-        n_pos, dim = self.weight.shape
+    @staticmethod
+    def create_weight(n_pos: int, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         position = torch.arange(n_pos, dtype=torch.float64)[:, None]
         # column j uses exponent 2*(j//2)/dim; even columns feed sin, odd columns feed cos (Marian's layout)
         exponent = 2 * (torch.arange(dim, dtype=torch.float64) // 2) / dim
@@ -64,7 +76,7 @@ class SinusoidalPositionalEmbedding(nn.Module):
         table = torch.empty(n_pos, dim, dtype=torch.float64)
         table[:, :sentinel] = torch.sin(angle[:, 0::2])
         table[:, sentinel:] = torch.cos(angle[:, 1::2])
-        return table.to(self.weight.dtype)
+        return table.to(dtype)
 
 
 class TokenAndPositionEmbedding(nn.Module):
@@ -90,7 +102,9 @@ class TokenAndPositionEmbedding(nn.Module):
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor, past_length: int
     ) -> torch.Tensor:
         seq_length = inputs_embeds.shape[1]
-        if past_length + seq_length > self.config.max_position_embeddings:
+        # a data-dependent check cannot be traced by torch.compile(fullgraph=True); compiled generation sizes its
+        # static cache (and so the longest position) before the first step, where this check has already run
+        if not is_torchdynamo_compiling() and past_length + seq_length > self.config.max_position_embeddings:
             raise ValueError(
                 f"Sequence of length {past_length + seq_length} exceeds the position table "
                 f"(max_position_embeddings={self.config.max_position_embeddings}); truncate the input or "
@@ -133,11 +147,33 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
+@dataclass
+class LayerContext:
+    """What a layer's sub-layers may read besides their input, for one layer of one stack forward.
+
+    - `attention_mask`: the stack's self-attention mask (bidirectional in the encoder, causal in the decoder);
+    - `memory`, `memory_mask`: the encoder memory this decoder layer reads (None in the encoder, and in a decoder
+      called without encoder states), with its mask;
+    - `past_key_values`: the decoder's cache (None in the encoder);
+    - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
+      input), for attention that reads lower layers (multi-layer attention);
+    - `attention_kwargs`: passed through to the attention interface.
+    """
+
+    attention_mask: torch.Tensor | None
+    memory: torch.Tensor | None
+    memory_mask: torch.Tensor | None
+    past_key_values: Cache | None
+    lower_states: Sequence[torch.Tensor]
+    attention_kwargs: dict
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention through transformers' attention interface (eager, sdpa, flash, flex).
 
-    Self-attention keys/values append to `past_key_values.self_attention_cache`; cross-attention keys/values are
-    computed once from the encoder memory and reused from `cross_attention_cache` afterwards.
+    `attend(queries_from, keys_from)` is the primitive: keys/values of `keys_from` append to slot `layer_idx` of
+    `cache` (a `Cache`), or, with `static_keys=True` (keys that depend on the encoder only), are computed at the first
+    step and reused from that slot afterwards. `forward` is the `s` sub-layer: attention over its own input.
     """
 
     def __init__(self, config: LayerFusionConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
@@ -153,36 +189,36 @@ class MultiHeadAttention(nn.Module):
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
-    def forward(
+    def project_keys_values(
+        self, keys_from: torch.Tensor, past_key_values: Cache | None, static_keys: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `keys_from`, through this module's cache slot (see the class docstring)."""
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            if static_keys and past_key_values.is_updated.get(self.layer_idx, False):
+                layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+                return layer.keys, layer.values
+            cache = past_key_values.cross_attention_cache if static_keys else past_key_values.self_attention_cache
+        kv_shape = (*keys_from.shape[:-1], -1, self.head_dim)
+        key_states = self.k_proj(keys_from).view(kv_shape).transpose(1, 2)
+        value_states = self.v_proj(keys_from).view(kv_shape).transpose(1, 2)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            if static_keys and isinstance(past_key_values, EncoderDecoderCache):
+                past_key_values.is_updated[self.layer_idx] = True
+        return key_states, value_states
+
+    def attend_to(
         self,
-        hidden_states: torch.Tensor,
-        key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
-        attention_mask: torch.Tensor | None = None,
+        queries_from: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        is_cross_attention = key_value_states is not None
-        input_shape = hidden_states.shape[:-1]
-        query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
-
-        is_encoder_decoder_cache = isinstance(past_key_values, EncoderDecoderCache)
-        cache = past_key_values
-        if is_encoder_decoder_cache:
-            cache = past_key_values.cross_attention_cache if is_cross_attention else past_key_values.self_attention_cache
-        if is_cross_attention and is_encoder_decoder_cache and past_key_values.is_updated.get(self.layer_idx, False):
-            # cross-attention keys/values depend on the encoder memory only: computed at the first step, reused
-            key_states = cache.layers[self.layer_idx].keys
-            value_states = cache.layers[self.layer_idx].values
-        else:
-            source = key_value_states if is_cross_attention else hidden_states
-            kv_shape = (*source.shape[:-1], -1, self.head_dim)
-            key_states = self.k_proj(source).view(kv_shape).transpose(1, 2)
-            value_states = self.v_proj(source).view(kv_shape).transpose(1, 2)
-            if cache is not None:
-                key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
-                if is_cross_attention and is_encoder_decoder_cache:
-                    past_key_values.is_updated[self.layer_idx] = True
-
+        """Attention of `queries_from` over given keys/values, output projection included."""
+        input_shape = queries_from.shape[:-1]
+        query_states = self.q_proj(queries_from).view(*input_shape, -1, self.head_dim).transpose(1, 2)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -198,6 +234,41 @@ class MultiHeadAttention(nn.Module):
         )
         attn_output = self.out_proj(attn_output.reshape(*input_shape, -1).contiguous())
         return attn_output, attn_weights
+
+    def attend(
+        self,
+        queries_from: torch.Tensor,
+        keys_from: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None = None,
+        static_keys: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        key_states, value_states = self.project_keys_values(keys_from, past_key_values, static_keys)
+        return self.attend_to(queries_from, key_states, value_states, attention_mask, **kwargs)
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.attend(
+            hidden_states,
+            hidden_states,
+            context.attention_mask,
+            context.past_key_values,
+            **context.attention_kwargs,
+        )
+
+
+class CrossAttention(MultiHeadAttention):
+    """The `c` sub-layer: attention over the encoder memory, whose keys/values are computed once per input."""
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.attend(
+            hidden_states,
+            context.memory,
+            context.memory_mask,
+            context.past_key_values,
+            static_keys=True,
+            **context.attention_kwargs,
+        )
 
 
 # --------------------------------------------------------------------------------------------------- layers
@@ -236,79 +307,101 @@ class FeedForward(nn.Module):
         return self.fc2(hidden_states)
 
 
-class EncoderLayer(GradientCheckpointingLayer):
-    """Self-attention then feed-forward, each a residual sub-layer. Returns `(hidden_states, self_attn_weights)`
-    (weights only with eager attention)."""
+SUBLAYER_KINDS = {"s": "self_attn", "c": "encoder_attn", "f": "ffn"}
 
-    def __init__(self, config: LayerFusionConfig, layer_idx: int):
+
+def sublayer_names(layout: str) -> list[tuple[str, str]]:
+    """`(kind, module name)` of each sub-layer of a layout such as `"scf"`. The first sub-layer of a kind has the
+    Marian/BART name (`self_attn`, `encoder_attn`, `ffn`, each with its `<name>_block` LayerNorm holder), so that
+    Marian checkpoints map one to one; a repeated kind is numbered from 2 (`ffn_2`)."""
+    names, seen = [], {}
+    for kind in layout:
+        if kind not in SUBLAYER_KINDS:
+            raise ValueError(f"Unknown sub-layer {kind!r} in layout {layout!r}; choose from {sorted(SUBLAYER_KINDS)}.")
+        seen[kind] = seen.get(kind, 0) + 1
+        base = SUBLAYER_KINDS[kind]
+        names.append((kind, base if seen[kind] == 1 else f"{base}_{seen[kind]}"))
+    return names
+
+
+class TransformerLayer(GradientCheckpointingLayer):
+    """One layer: a sequence of residual sub-layers given by `layout` (`s` self-attention, `c` cross-attention,
+    `f` feed-forward; `"sf"` is the encoder layer of Vaswani et al., `"scf"` the decoder layer).
+
+    Returns `(hidden_states, self_attn_weights, cross_attn_weights)` (weights only with eager attention; of the first
+    attention sub-layer of each kind). `c` sub-layers are skipped when there is no memory (a decoder run on its own,
+    as Marian does). The lower states come in positionally so that gradient checkpointing with `use_reentrant=True`
+    still propagates their gradients.
+    """
+
+    def __init__(self, config: LayerFusionConfig, layout: str, build_sublayer: Callable[[str], nn.Module]):
         super().__init__()
-        self.self_attn = MultiHeadAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
-        self.self_attn_block = ResidualSublayer(config)
-        self.ffn = FeedForward(config, config.encoder_ffn_dim)
-        self.ffn_block = ResidualSublayer(config)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        attn_output, self_attn_weights = self.self_attn(
-            self.self_attn_block.enter(hidden_states), attention_mask=attention_mask, **kwargs
-        )
-        hidden_states = self.self_attn_block.exit(hidden_states, attn_output)
-        hidden_states = self.ffn_block.exit(hidden_states, self.ffn(self.ffn_block.enter(hidden_states)))
-        return hidden_states, self_attn_weights
-
-
-class DecoderLayer(GradientCheckpointingLayer):
-    """Causal self-attention, cross-attention over the encoder memory, feed-forward. Returns
-    `(hidden_states, self_attn_weights, cross_attn_weights)` (weights only with eager attention)."""
-
-    def __init__(self, config: LayerFusionConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = MultiHeadAttention(config, config.decoder_attention_heads, is_causal=True, layer_idx=layer_idx)
-        self.self_attn_block = ResidualSublayer(config)
-        self.encoder_attn = MultiHeadAttention(config, config.decoder_attention_heads, layer_idx=layer_idx)
-        self.encoder_attn_block = ResidualSublayer(config)
-        self.ffn = FeedForward(config, config.decoder_ffn_dim)
-        self.ffn_block = ResidualSublayer(config)
+        self.layout = layout
+        self.sublayers = sublayer_names(layout)
+        for kind, name in self.sublayers:
+            self.add_module(name, build_sublayer(kind))
+            self.add_module(f"{name}_block", ResidualSublayer(config))
 
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        encoder_hidden_states: torch.Tensor | None = None,
-        encoder_attention_mask: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        *lower_states: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
     ):
-        attn_output, self_attn_weights = self.self_attn(
-            self.self_attn_block.enter(hidden_states),
-            past_key_values=past_key_values,
-            attention_mask=attention_mask,
-            **kwargs,
-        )
-        hidden_states = self.self_attn_block.exit(hidden_states, attn_output)
-        attn_output, cross_attn_weights = self.encoder_attn(
-            self.encoder_attn_block.enter(hidden_states),
-            key_value_states=encoder_hidden_states,
-            past_key_values=past_key_values,
-            attention_mask=encoder_attention_mask,
-            **kwargs,
-        )
-        hidden_states = self.encoder_attn_block.exit(hidden_states, attn_output)
-        hidden_states = self.ffn_block.exit(hidden_states, self.ffn(self.ffn_block.enter(hidden_states)))
-        return hidden_states, self_attn_weights, cross_attn_weights
+        context = LayerContext(attention_mask, memory, memory_mask, past_key_values, lower_states, kwargs)
+        weights = {"s": None, "c": None}
+        for kind, name in self.sublayers:
+            if kind == "c" and memory is None:
+                continue
+            block: ResidualSublayer = self._modules[f"{name}_block"]
+            sublayer = self._modules[name]
+            if kind == "f":
+                output = sublayer(block.enter(hidden_states))
+            else:
+                output, attn_weights = sublayer(block.enter(hidden_states), context)
+                if weights[kind] is None:
+                    weights[kind] = attn_weights
+            hidden_states = block.exit(hidden_states, output)
+        return hidden_states, weights["s"], weights["c"]
+
+
+class CacheSlots:
+    """Hands out decoder cache slots while a stack is built: every attention sub-layer that keeps keys/values gets
+    its own slot of the self-attention cache (and of the cross-attention cache for `c` sub-layers). The config
+    says how many slots generation must allocate (`decoder_cache_layers`); the decoder checks the two agree."""
+
+    def __init__(self):
+        self.self_attention = 0
+        self.cross_attention = 0
+
+    def next_self(self) -> int:
+        self.self_attention += 1
+        return self.self_attention - 1
+
+    def next_cross(self) -> int:
+        self.cross_attention += 1
+        return self.cross_attention - 1
 
 
 # --------------------------------------------------------------------------------------------------- readouts
 class TopLayerEncoderReadout(nn.Module):
     """Plain Transformer: cross-attention reads the top encoder layer.
 
-    Every readout also reports its learned fusion weights, as the paper plots them, via `fusion_weights()`
-    (`{name: 1-D tensor}`; logged by `hf_layerfusion.callbacks.FusionWeightsCallback`)."""
+    Readouts receive the states `[s_0 .. s_L]` (s_0 = embeddings; in pre-norm models s_1..s_L pass through the
+    stack's final LayerNorm). Every readout also reports its learned fusion weights, as the papers plot them, via
+    `fusion_weights()` (`{name: 1-D tensor}`; logged by `hf_layerfusion.callbacks.FusionWeightsCallback`). An
+    encoder readout may define `layer_memories(states) -> (batch, decoder_layers, source, d_model)` to give each
+    decoder layer its own memory."""
 
     def fusion_weights(self) -> dict[str, torch.Tensor]:
         return {}
 
-    def forward(self, layer_states: Sequence[torch.Tensor]) -> torch.Tensor:
-        return layer_states[-1]
+    def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        return states[-1]
 
 
 class TopLayerDecoderReadout(nn.Module):
@@ -322,8 +415,8 @@ class TopLayerDecoderReadout(nn.Module):
     def num_layers_needed(self, groups: Sequence[int]) -> int | None:
         return None  # all layers
 
-    def forward(self, layer_states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        return (layer_states[-1],)
+    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        return (states[-1],)
 
 
 def check_groups(groups: Sequence[int] | None, num_groups: int) -> list[int]:
@@ -337,6 +430,15 @@ def check_groups(groups: Sequence[int] | None, num_groups: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------------- outputs
+@dataclass
+class LayerFusionEncoderOutput(BaseModelOutput):
+    """Encoder output. `last_hidden_state` is the memory every cross-attention reads (the readout's output);
+    `layer_memories`, for families that give each decoder layer its own memory, is
+    `(batch, decoder_layers, source, d_model)` (batch first, so that beam search expands it like the memory)."""
+
+    layer_memories: torch.Tensor | None = None
+
+
 @dataclass
 class LayerFusionDecoderOutput(ModelOutput):
     """Decoder stack output. `group_features[k]` is the readout of output group `decoder_groups[k]`."""
@@ -378,10 +480,11 @@ class LayerFusionPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _no_split_modules = ["TransformerLayer"]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = True
+    _can_compile_fullgraph = True
     # the training loss is normalised by `num_items_in_batch` when the Trainer passes it
     accepts_loss_kwargs = True
 
@@ -389,104 +492,104 @@ class LayerFusionPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         if isinstance(module, SinusoidalPositionalEmbedding):
-            init.copy_(module.weight, module.create_weight())
+            init.copy_(module.weight, module.create_weight(*module.weight.shape, dtype=module.weight.dtype))
         elif isinstance(module, LayerFusionForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
         if hasattr(module, "init_fusion_weights"):
-            # family readouts own their fusion parameters and say how the paper initialises them
+            # family modules own their fusion parameters and say how the paper initialises them
             module.init_fusion_weights()
 
 
-class LayerStack(nn.Module):
-    """What the encoder and decoder stacks share: token + position embeddings, the layers, the final LayerNorm of
-    pre-norm models, the readout, and the loop that collects every layer's output for the readout."""
+class LayerStack(LayerFusionPreTrainedModel):
+    """What the encoder and decoder stacks share: token + position embeddings, the layers, the connection between
+    them, the final LayerNorm of pre-norm models, the readout, and the loop that collects every state."""
 
-    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module, layers: list):
-        super().__init__()
-        self.config = config
+    def __init__(
+        self,
+        config: LayerFusionConfig,
+        embed_tokens: nn.Embedding,
+        readout: nn.Module,
+        layers: list[TransformerLayer],
+        connection: nn.Module | None,
+    ):
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embeddings = TokenAndPositionEmbedding(config)
         self.layers = nn.ModuleList(layers)
+        self.connection = connection
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.readout = readout
         self.gradient_checkpointing = False
+        self.post_init()
 
     def input_embeddings(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError(f"{type(self).__name__}: pass exactly one of `input_ids` or `inputs_embeds`.")
         return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
+    def connect(self, layer_idx: int, output: torch.Tensor, states: list[torch.Tensor]) -> torch.Tensor:
+        """The state `s_l` from layer l's output (l = 0: the embeddings) and the states below it."""
+        return output if self.connection is None else self.connection(layer_idx, output, states)
+
     def run_layers(
-        self,
-        hidden_states: torch.Tensor,
-        layers,
-        layer_args: tuple,
-        layer_kwargs: dict,
-        output_hidden_states: bool | None,
-        output_attentions: bool | None,
-    ) -> tuple[list[torch.Tensor], tuple | None, list[tuple] | None]:
-        """Run `layers`; return every layer's output (for the readout), the hidden-states tuple (embedding output
-        first) and, per attention kind of the layer, the tuple of attention weights."""
-        all_hidden_states = [hidden_states] if output_hidden_states else None
-        all_attentions = None
-        layer_states = []
-        for layer in layers:
-            hidden_states, *attention_weights = layer(hidden_states, *layer_args, **layer_kwargs)
-            layer_states.append(hidden_states)
-            if output_hidden_states:
-                all_hidden_states.append(hidden_states)
-            if output_attentions:
-                all_attentions = all_attentions or [[] for _ in attention_weights]
-                for collected, weights in zip(all_attentions, attention_weights):
-                    collected.append(weights)
+        self, embeddings: torch.Tensor, layers, memory_for_layer: Callable[[int], torch.Tensor | None], layer_kwargs: dict
+    ) -> list[torch.Tensor]:
+        """Run `layers`; return the states `[s_0 .. s_L]` for the readout (pre-norm: s_1..s_L normalised)."""
+        states = [self.connect(0, embeddings, [])]
+        for layer_idx, layer in enumerate(layers):
+            output = layer(states[-1], layer_kwargs["attention_mask"], memory_for_layer(layer_idx), *states, **{
+                k: v for k, v in layer_kwargs.items() if k != "attention_mask"
+            })[0]
+            states.append(self.connect(layer_idx + 1, output, states))
         if self.layer_norm is not None:
             # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
-            layer_states = [self.layer_norm(state) for state in layer_states]
-        return (
-            layer_states,
-            tuple(all_hidden_states) if output_hidden_states else None,
-            [tuple(weights) for weights in all_attentions] if all_attentions else None,
-        )
+            states = states[:1] + [self.layer_norm(state) for state in states[1:]]
+        return states
+
+
+def attentions_recorder(layer_name: str) -> OutputRecorder:
+    return OutputRecorder(MultiHeadAttention, index=1, layer_name=layer_name)
 
 
 class LayerFusionEncoder(LayerStack):
-    """Embeddings, `encoder_layers` layers, and the readout that builds the cross-attention memory."""
+    """Embeddings, the encoder layers, and the readout that builds the cross-attention memory."""
 
-    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module):
-        super().__init__(config, embed_tokens, readout, [EncoderLayer(config, i) for i in range(config.encoder_layers)])
+    _can_record_outputs = {"hidden_states": TransformerLayer, "attentions": attentions_recorder("self_attn")}
 
+    @merge_with_config_defaults
+    @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> LayerFusionEncoderOutput:
         inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
-        hidden_states = self.embeddings(input_ids, inputs_embeds)
+        embeddings = self.embeddings(input_ids, inputs_embeds)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-        layer_states, all_hidden_states, all_attentions = self.run_layers(
-            hidden_states, self.layers, (mask,), kwargs, output_hidden_states, output_attentions
-        )
-        return BaseModelOutput(
-            last_hidden_state=self.readout(layer_states),
-            hidden_states=all_hidden_states,
-            attentions=all_attentions[0] if all_attentions else None,
+        states = self.run_layers(embeddings, self.layers, lambda layer_idx: None, {"attention_mask": mask, **kwargs})
+        layer_memories = getattr(self.readout, "layer_memories", None)
+        return LayerFusionEncoderOutput(
+            last_hidden_state=self.readout(states),
+            layer_memories=layer_memories(states) if layer_memories is not None else None,
         )
 
 
 class LayerFusionDecoder(LayerStack):
-    """Embeddings, `decoder_layers` layers with KV cache, and the readout that builds the output-group features.
+    """Embeddings, the decoder layers with KV cache, and the readout that builds the output-group features.
 
     Layers above the highest one the requested output groups need are not computed (GTrans pruning).
     """
 
-    def __init__(self, config: LayerFusionConfig, embed_tokens: nn.Embedding, readout: nn.Module):
-        super().__init__(config, embed_tokens, readout, [DecoderLayer(config, i) for i in range(config.decoder_layers)])
+    _can_record_outputs = {
+        "hidden_states": TransformerLayer,
+        "attentions": attentions_recorder("self_attn"),
+        "cross_attentions": attentions_recorder("encoder_attn"),
+    }
 
+    @merge_with_config_defaults
+    @capture_outputs(tie_last_hidden_states=False)
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -497,16 +600,18 @@ class LayerFusionDecoder(LayerStack):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         groups: Sequence[int] | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        encoder_layer_memories: torch.Tensor | None = None,
         **kwargs,
     ) -> LayerFusionDecoderOutput:
+        r"""
+        encoder_layer_memories: `(batch, decoder_layers, source, d_model)`, one memory per decoder layer, for
+            families whose encoder readout defines `layer_memories`; else every layer reads `encoder_hidden_states`.
+        """
         inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        hidden_states = self.embeddings(input_ids, inputs_embeds, past_length)
+        embeddings = self.embeddings(input_ids, inputs_embeds, past_length)
 
         batch_size, seq_length = inputs_embeds.shape[:2]
         if attention_mask is None:
@@ -520,35 +625,37 @@ class LayerFusionDecoder(LayerStack):
             attention_mask=attention_mask,
             past_key_values=self_attn_cache,
         )
-        cross_mask = create_bidirectional_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
-        )
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = create_bidirectional_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=encoder_attention_mask,
+                encoder_hidden_states=encoder_hidden_states,
+            )
+
+        def memory_for_layer(layer_idx: int) -> torch.Tensor | None:
+            if encoder_layer_memories is not None:
+                return encoder_layer_memories[:, layer_idx]
+            return encoder_hidden_states
 
         groups = check_groups(groups, self.readout.num_groups)
         num_layers = self.readout.num_layers_needed(groups) or len(self.layers)
-        layer_states, all_hidden_states, all_attentions = self.run_layers(
-            hidden_states,
+        states = self.run_layers(
+            embeddings,
             self.layers[:num_layers],
-            (causal_mask, encoder_hidden_states),  # positional for gradient checkpointing
-            {"encoder_attention_mask": cross_mask, "past_key_values": past_key_values, **kwargs},
-            output_hidden_states,
-            output_attentions,
+            memory_for_layer,
+            {"attention_mask": causal_mask, "memory_mask": cross_mask, "past_key_values": past_key_values, **kwargs},
         )
         return LayerFusionDecoderOutput(
-            last_hidden_state=layer_states[-1],
-            group_features=self.readout(layer_states, groups),
+            last_hidden_state=states[-1],
+            group_features=self.readout(states, groups),
             past_key_values=past_key_values,
-            hidden_states=all_hidden_states,
-            attentions=all_attentions[0] if all_attentions else None,
-            cross_attentions=all_attentions[1] if all_attentions else None,
         )
 
 
 class LayerFusionModel(LayerFusionPreTrainedModel):
-    """Bare encoder-decoder (no LM head). Families override `build_encoder_readout` / `build_decoder_readout`."""
+    """Bare encoder-decoder (no LM head). A family overrides the builders below (see the module docstring)."""
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -557,15 +664,25 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__(config)
+        config.check_consistency()  # attributes may have been changed after the config was built
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         self.encoder = LayerFusionEncoder(
-            config, nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id), self.build_encoder_readout(config)
+            config,
+            nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
+            self.build_encoder_readout(config),
+            self.build_layers(config, is_decoder=False),
+            self.build_connection(config, is_decoder=False),
         )
         self.decoder = LayerFusionDecoder(
-            config, nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id), self.build_decoder_readout(config)
+            config,
+            nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
+            self.build_decoder_readout(config),
+            self.build_layers(config, is_decoder=True),
+            self.build_connection(config, is_decoder=True),
         )
         self.post_init()
 
+    # ---- family extension points
     @classmethod
     def build_encoder_readout(cls, config: LayerFusionConfig) -> nn.Module:
         return TopLayerEncoderReadout()
@@ -574,6 +691,46 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
     def build_decoder_readout(cls, config: LayerFusionConfig) -> nn.Module:
         return TopLayerDecoderReadout()
 
+    def build_connection(self, config: LayerFusionConfig, is_decoder: bool) -> nn.Module | None:
+        """`connection(l, output, states) -> s_l`, or None for the plain stack (s_l = layer l's output)."""
+        return None
+
+    def build_sublayer(
+        self, config: LayerFusionConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
+    ) -> nn.Module:
+        """The module of one `s` / `c` / `f` sub-layer of layer `layer_idx` (0-based). Attention modules are called
+        as `module(normalised_input, context: LayerContext) -> (output, weights)`; decoder modules that keep
+        keys/values take their slot from `cache_slots`."""
+        heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
+        if kind == "s":
+            slot = cache_slots.next_self() if is_decoder else layer_idx
+            return MultiHeadAttention(config, heads, is_causal=is_decoder, layer_idx=slot)
+        if kind == "c":
+            if not is_decoder:
+                raise ValueError("A cross-attention sub-layer ('c') can only be part of a decoder layer layout.")
+            return CrossAttention(config, heads, layer_idx=cache_slots.next_cross())
+        return FeedForward(config, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim)
+
+    def build_layers(self, config: LayerFusionConfig, is_decoder: bool) -> list[TransformerLayer]:
+        layouts = config.decoder_layer_layouts if is_decoder else config.encoder_layer_layouts
+        cache_slots = CacheSlots()
+        layers = [
+            TransformerLayer(
+                config,
+                layout,
+                lambda kind, layer_idx=layer_idx: self.build_sublayer(config, is_decoder, kind, layer_idx, cache_slots),
+            )
+            for layer_idx, layout in enumerate(layouts)
+        ]
+        used = max(cache_slots.self_attention, cache_slots.cross_attention)
+        if is_decoder and used != config.decoder_cache_layers:
+            raise ValueError(
+                f"{type(config).__name__}.decoder_cache_layers is {config.decoder_cache_layers} but the decoder's "
+                f"attention sub-layers use {used} cache slots; the family config must report what it builds."
+            )
+        return layers
+
+    # ----
     def get_input_embeddings(self):
         return self.shared
 
@@ -588,6 +745,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
     def get_decoder(self):
         return self.decoder
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -600,11 +758,9 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         decoder_groups: Sequence[int] | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
     ) -> LayerFusionSeq2SeqModelOutput:
+        output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
         if output_attentions and self.config._attn_implementation not in ("eager", None):
             raise ValueError(
                 f"output_attentions=True needs attn_implementation='eager' (this model uses "
@@ -613,15 +769,10 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
             )
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                **kwargs,
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(
+            encoder_outputs = LayerFusionEncoderOutput(
                 last_hidden_state=encoder_outputs[0],
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
@@ -631,12 +782,11 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
+            encoder_layer_memories=getattr(encoder_outputs, "layer_memories", None),
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             groups=decoder_groups,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             **kwargs,
         )
         return LayerFusionSeq2SeqModelOutput(
@@ -739,6 +889,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         group_weights = logits.new_ones(1) if return_group_log_probs else None
         return loss, logits, group_log_probs, group_weights
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -754,9 +905,6 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         decoder_groups: Sequence[int] | None = None,
         return_group_log_probs: bool = False,
         logits_to_keep: int = 0,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> LayerFusionSeq2SeqLMOutput:
@@ -784,8 +932,6 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             decoder_groups=decoder_groups,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
             **kwargs,
         )
         group_features = outputs.group_features

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import initialization as init
+from transformers.generation import GenerationMixin
 
 from ..configuration_backbone import LayerFusionConfig
 from ..fused_cross_entropy import weighted_group_cross_entropy
@@ -95,8 +96,8 @@ class GTransEncoderFusion(nn.Module):
     def __init__(self, config: GTransConfig):
         super().__init__()
         num_groups = config.num_encoder_groups
-        # alpha_i as 0-based indices into the list of layer outputs
-        self.group_last_layers = [min(i * config.encoder_group_size, config.encoder_layers) - 1 for i in range(1, num_groups + 1)]
+        # alpha_i: indices into the states [s_0 (embeddings), s_1, .., s_L]
+        self.group_last_layers = [min(i * config.encoder_group_size, config.encoder_layers) for i in range(1, num_groups + 1)]
         self.weight = nn.Parameter(torch.zeros(num_groups))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
@@ -107,9 +108,9 @@ class GTransEncoderFusion(nn.Module):
         """sigma(w_i^e) of each encoder group (Eq. 2; GTrans Fig. 8 plots these)."""
         return {"encoder_group_gate": torch.sigmoid(self.weight)}
 
-    def forward(self, layer_states: Sequence[torch.Tensor]) -> torch.Tensor:
-        gates = torch.sigmoid(self.weight).to(layer_states[0].dtype)
-        fused = sum(gate * layer_states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
+    def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        gates = torch.sigmoid(self.weight).to(states[0].dtype)
+        fused = sum(gate * states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
         return self.layer_norm(fused / len(self.group_last_layers))
 
 
@@ -144,9 +145,10 @@ class GTransDecoderFusion(nn.Module):
     def num_layers_needed(self, groups: Sequence[int]) -> int:
         return self.group_layers(max(groups)).stop
 
-    def forward(self, layer_states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        gates = torch.sigmoid(self.layer_weight).to(layer_states[0].dtype)
-        return tuple(sum(gates[i] * layer_states[i] for i in self.group_layers(k)) for k in groups)  # Eq. 4
+    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        gates = torch.sigmoid(self.layer_weight).to(states[0].dtype)
+        # states[i + 1] is the output of 0-based layer i (states[0] is the embedding output)
+        return tuple(sum(gates[i] * states[i + 1] for i in self.group_layers(k)) for k in groups)  # Eq. 4
 
     def log_mixture_weights(self, groups: Sequence[int]) -> torch.Tensor:
         """Eq. 6, log psi over the mixed groups: log_softmax(w^{dp} / tau) restricted to `groups`."""
@@ -166,7 +168,7 @@ class GTransModel(LayerFusionModel):
         return GTransDecoderFusion(config) if config.decoder_fusion else TopLayerDecoderReadout()
 
 
-class GTransForConditionalGeneration(LayerFusionForConditionalGeneration):
+class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """GTrans with the probability-fusion output (Eq. 5-7). With several output groups, `logits` are `log P(y|x)`
     of the mixture, so greedy, beam search and sampling score hypotheses by the true mixture distribution. With a
     single group (decoder fusion off, or one entry in `decoder_groups`) they are that group's raw vocabulary scores,

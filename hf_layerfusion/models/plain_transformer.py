@@ -5,6 +5,7 @@ It is the baseline every paper compares against and is weight-for-weight equal t
 """
 
 from huggingface_hub.dataclasses import strict
+from transformers.generation import GenerationMixin
 
 from ..configuration_backbone import LayerFusionConfig
 from ..modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel
@@ -21,6 +22,6 @@ class PlainTransformerModel(LayerFusionModel):
     config_class = PlainTransformerConfig
 
 
-class PlainTransformerForConditionalGeneration(LayerFusionForConditionalGeneration):
+class PlainTransformerForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     config_class = PlainTransformerConfig
     model_class = PlainTransformerModel
