@@ -22,12 +22,15 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
 from transformers.trainer_utils import sort_checkpoints
 
 import hf_layerfusion  # noqa: F401  (registers the families with the Auto classes)
+from hf_layerfusion.validation import check_output_dir
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) -> list[Path]:
     """The `num_checkpoints` `checkpoint-<step>` dirs of `checkpoint_dir` with the highest steps, oldest first."""
-    if num_checkpoints < 1:
-        raise ValueError(f"`num_checkpoints` must be at least 1, got {num_checkpoints}.")
+    if isinstance(num_checkpoints, bool) or not isinstance(num_checkpoints, int) or num_checkpoints < 1:
+        raise ValueError(f"`num_checkpoints` must be an integer at least 1, got {num_checkpoints!r}.")
+    if not Path(checkpoint_dir).is_dir():
+        raise FileNotFoundError(f"`checkpoint_dir` {os.fspath(checkpoint_dir)!r} is not a directory.")
     checkpoints = [Path(path) for path in sort_checkpoints(str(checkpoint_dir))]
     if len(checkpoints) < num_checkpoints:
         raise ValueError(
@@ -56,11 +59,13 @@ def average_checkpoints(checkpoints: list[str | os.PathLike]) -> PreTrainedModel
 
 
 def average_last_checkpoints(
-    checkpoint_dir: str | os.PathLike, num_checkpoints: int, output_dir: str | os.PathLike
+    checkpoint_dir: str | os.PathLike, num_checkpoints: int, output_dir: str | os.PathLike, overwrite: bool = False
 ) -> list[Path]:
     """Average the last `num_checkpoints` checkpoints of `checkpoint_dir` into `output_dir`; returns the averaged
-    checkpoint dirs."""
+    checkpoint dirs. `output_dir` may be neither one of the averaged checkpoints (nor inside one) nor a directory
+    holding them (`checkpoint_dir`), and must be empty or missing unless `overwrite`; all checked before any loading."""
     checkpoints = last_checkpoints(checkpoint_dir, num_checkpoints)
+    check_output_dir(output_dir, checkpoints, overwrite=overwrite)
     average_checkpoints(checkpoints).save_pretrained(output_dir)
     if (checkpoints[-1] / "tokenizer_config.json").is_file():
         AutoTokenizer.from_pretrained(checkpoints[-1]).save_pretrained(output_dir)
@@ -72,8 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint_dir", required=True, help="Trainer output dir with checkpoint-<step> dirs.")
     parser.add_argument("--num_checkpoints", type=int, default=5, help="How many of the newest checkpoints to average.")
     parser.add_argument("--output_dir", required=True, help="Where to save the averaged model and tokenizer.")
+    parser.add_argument(
+        "--overwrite_output_dir", action="store_true", help="Allow writing into a non-empty --output_dir."
+    )
     args = parser.parse_args(argv)
-    checkpoints = average_last_checkpoints(args.checkpoint_dir, args.num_checkpoints, args.output_dir)
+    checkpoints = average_last_checkpoints(
+        args.checkpoint_dir, args.num_checkpoints, args.output_dir, overwrite=args.overwrite_output_dir
+    )
     print(f"Averaged {', '.join(path.name for path in checkpoints)} into {args.output_dir}")
 
 

@@ -12,7 +12,9 @@ import os
 import re
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianMTModel
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+from .validation import check_local_or_hub, check_model_type, reraise_hub_error
 
 logger = logging.getLogger(__name__)
 
@@ -78,11 +80,30 @@ def build_with_weights(model_type: str, config_kwargs: dict, state_dict: dict, s
     `_load_report`; `model.conversion_report` says what was loaded and what stays freshly initialised."""
     import hf_layerfusion  # noqa: F401  (registers the families with AutoConfig)
 
+    check_model_type(model_type)
     config = AutoConfig.for_model(model_type, **config_kwargs)
     model = AutoModelForSeq2SeqLM.from_config(config)
     model.conversion_report = _load_report(model, state_dict, source)
     model.tie_weights()
     return model
+
+
+def _load_marian(name_or_path) -> MarianMTModel:
+    """A `MarianMTModel` from a local directory or Hub id, after checking that its config is a Marian one: loading
+    another architecture's weights with `MarianMTModel` would leave a random model behind a normal load report."""
+    path = check_local_or_hub(name_or_path, "Marian checkpoint")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as error:
+        if os.path.isdir(path):
+            raise
+        reraise_hub_error(path, "Marian checkpoint", error)
+    if config.model_type != MarianConfig.model_type:
+        raise ValueError(
+            f"from_marian needs a Marian checkpoint (model_type 'marian'); {path!r} has model_type "
+            f"{config.model_type!r} (architectures {getattr(config, 'architectures', None)})."
+        )
+    return MarianMTModel.from_pretrained(path, config=config)
 
 
 def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overrides):
@@ -93,8 +114,9 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
     The Marian generation config (beam size, bad words, max length) is carried over. Fusion parameters start from
     their paper initialisation; `model.conversion_report` lists loaded and freshly initialised tensors.
     """
+    check_model_type(model_type)
     if isinstance(marian_model_or_path, (str, os.PathLike)):
-        marian = MarianMTModel.from_pretrained(marian_model_or_path)
+        marian = _load_marian(marian_model_or_path)
     elif isinstance(marian_model_or_path, MarianMTModel):
         marian = marian_model_or_path
     else:

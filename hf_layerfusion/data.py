@@ -15,6 +15,8 @@ from pathlib import Path
 import datasets
 from num2words import CONVERTER_CLASSES, num2words
 
+from .validation import looks_like_local_path, read_utf8
+
 # File-name stems of common corpus releases -> the split names used by `datasets` and the training scripts.
 # Multi30k (`train`, `val`, `test_2016_flickr`) maps to train / validation / test; other stems (e.g.
 # `test_2017_flickr`) keep their own name as split name.
@@ -185,7 +187,7 @@ def builtin_number_corpus(
 def _read_lines(path: Path) -> list[str]:
     # Split on "\n" only: `str.splitlines` also splits on characters such as U+2028 that may occur inside a
     # sentence and would break the line alignment of the two sides.
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path, "Text file")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -328,14 +330,14 @@ def _is_json_lines(path: Path) -> bool:
 
 
 def _is_local(name_or_path, src_lang: str, tgt_lang: str) -> bool:
-    path = Path(name_or_path)
+    path = Path(name_or_path).expanduser()
     return (
         path.exists()
         or Path(f"{path}.{src_lang}").exists()
         or Path(f"{path}.{tgt_lang}").exists()
-        # An explicit file-system path that does not exist must fail as a missing file, not as a Hub lookup.
-        or path.is_absolute()
-        or str(name_or_path).startswith((".", "~"))
+        # A file-system path that does not exist must fail as a missing file, not as a Hub lookup.
+        or looks_like_local_path(name_or_path)
+        or _is_json_lines(path)
     )
 
 
@@ -383,7 +385,13 @@ def load_translation_dataset(
             return load_json_lines_translation(path, src_lang, tgt_lang)
         return load_parallel_text(path, src_lang, tgt_lang)
 
-    loaded = datasets.load_dataset(str(name_or_path), config, **load_dataset_kwargs)
+    try:
+        loaded = datasets.load_dataset(str(name_or_path), config, **load_dataset_kwargs)
+    except (FileNotFoundError, ConnectionError, OSError) as error:
+        raise FileNotFoundError(
+            f"Dataset {str(name_or_path)!r} is not a local path (no {Path(name_or_path).absolute()}, no "
+            f"'{name_or_path}.{src_lang}' files) and could not be loaded from the Hugging Face Hub: {error}"
+        ) from error
     if not isinstance(loaded, datasets.DatasetDict):
         raise ValueError(
             f"Expected `datasets.load_dataset({str(name_or_path)!r}, {config!r})` to return a DatasetDict of "

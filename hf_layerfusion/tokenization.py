@@ -43,6 +43,9 @@ def train_joint_tokenizer(
     Returns:
         A `PreTrainedTokenizerFast` (`TokenizersBackend` in Transformers 5).
     """
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Iterable):
+        # a bare string is an iterable of characters: the vocabulary would be trained on single letters
+        raise TypeError(f"`texts` must be an iterable of sentences, got {type(texts).__name__} {str(texts)[:50]!r}.")
     if model not in SUBWORD_MODELS:
         raise ValueError(f"`model` must be one of {SUBWORD_MODELS}, got {model!r}.")
     extra_special_tokens = list(extra_special_tokens)
@@ -67,7 +70,23 @@ def train_joint_tokenizer(
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False)
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.decoder = decoders.Metaspace()
-    backend.train_from_iterator(texts, trainer=trainer)
+    seen = {"sentences": 0, "characters": 0}
+
+    def checked_texts():
+        # `texts` is read once (it may be a generator), so it is checked while the trainer reads it
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"`texts[{index}]` is {type(text).__name__} {text!r}, not a string.")
+            seen["sentences"] += 1
+            seen["characters"] += len(text.strip())
+            yield text
+
+    backend.train_from_iterator(checked_texts(), trainer=trainer)
+    if seen["characters"] == 0:
+        raise ValueError(
+            f"`texts` holds no text ({seen['sentences']} sentences, all empty): a tokenizer trained on it would "
+            f"know only the {len(special_tokens)} special tokens."
+        )
     # The trainers give special tokens the first ids in list order; the configs rely on it.
     token_ids = {token: backend.token_to_id(token) for token in special_tokens}
     if token_ids != {token: index for index, token in enumerate(special_tokens)}:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from .validation import check_decoder_groups, check_positive_int
+
 
 @torch.no_grad()
 def translate(
@@ -26,8 +28,20 @@ def translate(
     config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
     `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
     `generate()`. Sentences are sorted by length into batches (less padding) and returned in input order."""
-    if batch_size < 1:
-        raise ValueError(f"`batch_size` must be positive, got {batch_size}.")
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        # a bare string is a sequence of characters: it would be translated character by character
+        raise TypeError(
+            f"`sentences` must be a list of strings, got {type(sentences).__name__} {str(sentences)[:50]!r}; "
+            "wrap a single sentence in a list."
+        )
+    not_text = [(index, sentence) for index, sentence in enumerate(sentences) if not isinstance(sentence, str)]
+    if not_text:
+        index, sentence = not_text[0]
+        raise TypeError(f"`sentences[{index}]` is {type(sentence).__name__} {sentence!r}, not a string.")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(num_beams, "num_beams", allow_none=True)
+    check_positive_int(max_new_tokens, "max_new_tokens", allow_none=True)
+    check_positive_int(max_source_length, "max_source_length", allow_none=True)
     model.eval()
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
@@ -35,7 +49,9 @@ def translate(
         # replaces the saved `max_length` limit rather than competing with it
         generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
     if decoder_groups is not None:
-        generate_kwargs["decoder_groups"] = list(decoder_groups)
+        # families without decoder groups predict from one group
+        num_groups = getattr(model.config, "num_decoder_groups", 1)
+        generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, num_groups)
     max_source_length = max_source_length or model.config.max_position_embeddings
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations: list[str] = [""] * len(sentences)

@@ -33,7 +33,7 @@ def check_model_type(model_type, what: str = "model_type") -> str:
 # --------------------------------------------------------------------------------------------------- paths
 
 
-def _looks_local(name_or_path: str | os.PathLike) -> bool:
+def looks_like_local_path(name_or_path: str | os.PathLike) -> bool:
     """Whether `name_or_path` can only be a file-system path: a Hub id is `name` or `owner/name`, so an absolute
     path, `./`, `../`, `~`, a backslash, two or more `/`, or a first component that is a local directory mean a
     path."""
@@ -61,7 +61,7 @@ def check_local_or_hub(name_or_path, what: str, *, must_be_dir: bool = True) -> 
         if must_be_dir and not path.is_dir():
             raise NotADirectoryError(f"{what} {text!r} is a file, not a model directory.")
         return str(path)
-    if _looks_local(text):
+    if looks_like_local_path(text):
         raise FileNotFoundError(f"{what} {text!r}: no such local directory ({path.absolute()}).")
     return text
 
@@ -205,11 +205,18 @@ def check_decoder_groups(groups, num_groups: int, name: str = "decoder_groups") 
 # --------------------------------------------------------------------------------------------------- model inputs
 
 
-def check_model_inputs(config, input_ids=None, attention_mask=None, inputs_embeds=None, name: str = "input_ids"):
+def check_model_inputs(
+    config,
+    input_ids=None,
+    attention_mask=None,
+    inputs_embeds=None,
+    name: str = "input_ids",
+    past_length: int = 0,
+):
     """Shapes and values of one stack's inputs (`name` = "input_ids" or "decoder_input_ids"): a 2-D integer batch
     with at least one row and one position, token ids in [0, vocab_size), `inputs_embeds` of width d_model, and an
-    attention mask (2-D, or 4-D additive) whose batch size and length match. Value checks are skipped while
-    compiling (they need the data)."""
+    attention mask (2-D of length `past_length` + the new positions, or 4-D) of the same batch size. Value checks
+    are skipped while compiling (they need the data)."""
     embeds_name = "inputs_embeds" if name == "input_ids" else name.replace("input_ids", "inputs_embeds")
     mask_name = "attention_mask" if name == "input_ids" else name.replace("input_ids", "attention_mask")
     if input_ids is not None and inputs_embeds is not None:
@@ -251,9 +258,11 @@ def check_model_inputs(config, input_ids=None, attention_mask=None, inputs_embed
     if not isinstance(attention_mask, torch.Tensor):
         raise TypeError(f"`{mask_name}` must be a torch.Tensor, got {type(attention_mask).__name__}.")
     if attention_mask.dim() == 2:
-        if tuple(attention_mask.shape) != batch_shape:
+        expected = (batch_shape[0], past_length + batch_shape[1])
+        if tuple(attention_mask.shape) != expected:
             raise ValueError(
-                f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) {batch_shape}."
+                f"`{mask_name}` has shape {tuple(attention_mask.shape)} but `{name}` has (batch, length) {batch_shape}"
+                + (f" after {past_length} cached positions; expected {expected}." if past_length else ".")
             )
     elif attention_mask.dim() == 4:
         if attention_mask.shape[0] != batch_shape[0]:

@@ -51,6 +51,7 @@ from transformers import (
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaPreTrainedModel
 
 from .conversion import build_with_weights
+from .validation import check_local_or_hub, check_model_type, reraise_hub_error
 
 # XLM-R sub-module name -> backbone name inside one encoder/decoder layer (the self-attention and FFN sub-layers)
 _XLMR_LAYER_RENAMES = {
@@ -89,14 +90,20 @@ XLMR_SPECIAL_TOKENS = {"bos_token_id": 0, "cls_token_id": 0, "pad_token_id": 1, 
 def _as_xlmr_model(xlmr_model_or_path) -> XLMRobertaModel:
     """The bare `XLMRobertaModel` of an instance (any XLM-R head model is accepted), a local directory or a Hub id."""
     if isinstance(xlmr_model_or_path, (str, os.PathLike)):
-        model_type = AutoConfig.from_pretrained(xlmr_model_or_path).model_type
+        path = check_local_or_hub(xlmr_model_or_path, "XLM-R checkpoint")
+        try:
+            model_type = AutoConfig.from_pretrained(path).model_type
+        except OSError as error:
+            if os.path.isdir(path):
+                raise
+            reraise_hub_error(path, "XLM-R checkpoint", error)
         if model_type != XLMRobertaConfig.model_type:
             raise ValueError(
                 f"from_xlmr needs an XLM-R checkpoint (model_type 'xlm-roberta'); {os.fspath(xlmr_model_or_path)!r} "
                 f"has model_type {model_type!r}."
             )
         # the pooler is not used; leaving it out avoids "newly initialised" warnings for MLM checkpoints
-        return XLMRobertaModel.from_pretrained(xlmr_model_or_path, add_pooling_layer=False)
+        return XLMRobertaModel.from_pretrained(path, add_pooling_layer=False)
     if isinstance(xlmr_model_or_path, XLMRobertaPreTrainedModel):
         return xlmr_model_or_path.base_model
     if isinstance(xlmr_model_or_path, PreTrainedModel):
@@ -223,6 +230,7 @@ def from_xlmr(xlmr_model_or_path, model_type: str = "gtrans", init_decoder: bool
     With every fusion switched off, the encoder computes exactly what the XLM-R model computes (every layer's
     hidden state). `model.conversion_report` = `{"loaded": [...], "freshly_initialised": [...]}` (state-dict keys).
     """
+    check_model_type(model_type)
     xlmr = _as_xlmr_model(xlmr_model_or_path)
     backbone = backbone_config_from_xlmr(xlmr.config)
     _check_overrides(backbone, config_overrides, init_decoder)
@@ -239,7 +247,7 @@ def load_xlmr_tokenizer(name_or_path, config=None, **kwargs):
     XLM-R convention is expected (bos = cls = 0, pad = 1, eos = sep = 2). A tokenizer that disagrees is refused with
     a `ValueError` naming the special token, since the model would then read and write the wrong ids.
     """
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(check_local_or_hub(name_or_path, "XLM-R tokenizer"), **kwargs)
     expected = dict(XLMR_SPECIAL_TOKENS)
     if config is not None:
         expected.update(
