@@ -7,6 +7,7 @@ follow `MarianConfig` so that a Marian checkpoint's config maps onto it one to o
 
 import dataclasses
 import difflib
+from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
@@ -70,6 +71,12 @@ class LayerFusionConfig(PreTrainedConfig):
         label_smoothing: label smoothing of the training loss, applied by the model itself (per decoder group
             where a family predicts from several groups). Set it here rather than through
             `Seq2SeqTrainingArguments.label_smoothing_factor` (see `hf_layerfusion.LayerFusionSeq2SeqTrainer`).
+        decay_fusion_weights: apply the optimizer's weight decay (`Seq2SeqTrainingArguments.weight_decay`) to the
+            fusion weights too (the parameters held by the readouts that report `fusion_weights()`). Off by default:
+            like LayerNorm gains (which transformers never decays) they are scales, and decay would pull them towards
+            0 (GTrans: sigma = 1/2, uniform psi), a prior no paper states; read by
+            `hf_layerfusion.LayerFusionSeq2SeqTrainer`. Only matters with `weight_decay > 0` (transformers' default
+            is 0).
         init_std: standard deviation of the normal initialisation of linear and embedding weights.
     """
 
@@ -100,6 +107,7 @@ class LayerFusionConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     layer_norm_eps: float = 1e-5
     label_smoothing: float | int = 0.0
+    decay_fusion_weights: bool = False
     init_std: float = 0.02
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -194,12 +202,17 @@ class LayerFusionConfig(PreTrainedConfig):
         if self.decoder_start_token_id is None:
             raise ValueError("`decoder_start_token_id` must be set: the decoder input is the labels shifted right.")
 
+    # named settings of one family (e.g. Re-Transformer-2), found by `from_preset` next to the backbone sizes
+    family_presets: ClassVar[dict[str, dict]] = {}
+
     @classmethod
     def from_preset(cls, name: str, **overrides):
-        """A config of this family with a named backbone size (`BACKBONE_PRESETS`), e.g. `"opus100"`."""
-        if name not in BACKBONE_PRESETS:
-            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
-        return cls(**{**BACKBONE_PRESETS[name], **overrides})
+        """A config of this family with a named backbone size (`BACKBONE_PRESETS`), e.g. `"opus100"`, or a named
+        setting of the family (`family_presets`)."""
+        presets = {**BACKBONE_PRESETS, **cls.family_presets}
+        if name not in presets:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(presets)}.")
+        return cls(**{**presets[name], **overrides})
 
     @property
     def encoder_layer_layouts(self) -> list[str]:
