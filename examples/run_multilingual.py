@@ -73,6 +73,13 @@ from hf_layerfusion.multilingual import (  # noqa: E402
 from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.validation import (  # noqa: E402
+    check_input_file,
+    check_local_or_hub,
+    check_model_type,
+    check_output_dir,
+    check_positive_int,
+)
 from hf_layerfusion.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -136,6 +143,14 @@ class DataArguments:
     )
 
 
+@dataclass
+class RunArguments:
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Write into a non-empty --output_dir (training) or --tiny_random_xlmr directory."},
+    )
+
+
 def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.DatasetDict], tuple[int, int]]:
     """`{pair: DatasetDict}` for every pair of the Multi30k languages, training sizes halving from pair to pair,
     and the (high, low) resource thresholds scaled to them."""
@@ -167,9 +182,52 @@ def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: M
     logger.info("Saved a tiny random XLM-R (%s) and its %d-token tokenizer in %s", sizes, len(tokenizer), directory)
 
 
+def check_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    run_args: RunArguments,
+    training_args: Seq2SeqTrainingArguments,
+) -> dict:
+    """Check every argument before any work or write; returns the parsed `--config_overrides`."""
+    check_model_type(model_args.model_type, "--model_type")
+    if data_args.dataset == "opus100":
+        if not data_args.languages:
+            raise ValueError("--dataset opus100 needs --languages (the languages paired with English).")
+        if data_args.opus100_dir is not None and not Path(data_args.opus100_dir).is_dir():
+            raise FileNotFoundError(f"--opus100_dir {data_args.opus100_dir!r} is not a directory.")
+    elif data_args.dataset == "multi30k":
+        if not Path(data_args.multi30k_dir).is_dir():
+            raise FileNotFoundError(f"--multi30k_dir {data_args.multi30k_dir!r} is not a directory.")
+    else:
+        raise ValueError(f"--dataset must be 'opus100' or 'multi30k', got {data_args.dataset!r}.")
+    for name in ("standin_train_size", "max_source_length", "max_target_length", "num_beams", "max_new_tokens"):
+        check_positive_int(getattr(data_args, name), f"--{name}")
+    check_positive_int(data_args.eval_batch_size, "--eval_batch_size")
+    check_positive_int(data_args.max_eval_samples, "--max_eval_samples", allow_none=True)
+    check_positive_int(model_args.tiny_vocab_size, "--tiny_vocab_size")
+    if not data_args.temperature > 0:
+        raise ValueError(f"--temperature must be positive, got {data_args.temperature}.")
+    if data_args.baseline_scores is not None:
+        check_input_file(data_args.baseline_scores, "--baseline_scores")
+    if model_args.preset not in (None, "none") and model_args.preset not in BACKBONE_PRESETS:
+        raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)} or 'none'.")
+    if model_args.tiny_random_xlmr:
+        parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
+        check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
+    else:
+        check_local_or_hub(model_args.xlmr, "--xlmr")
+    check_output_dir(
+        training_args.output_dir,
+        overwrite=run_args.overwrite_output_dir or not training_args.do_train,
+        what="--output_dir",
+    )
+    return parse_config_overrides(model_args.config_overrides, hf_layerfusion.FAMILIES[model_args.model_type][0])
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, Seq2SeqTrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments))
+    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    config_overrides = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%H:%M:%S",
@@ -182,14 +240,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ---------------------------------------------------------------------------------------------- data
     if data_args.dataset == "opus100":
-        if not data_args.languages:
-            raise ValueError("--dataset opus100 needs --languages (the languages paired with English).")
         pairs = load_opus100(data_args.languages.split(","), data_dir=data_args.opus100_dir)
         thresholds = OPUS100_RESOURCE_THRESHOLDS
-    elif data_args.dataset == "multi30k":
-        pairs, thresholds = multi30k_standin(data_args)
     else:
-        raise ValueError(f"--dataset must be 'opus100' or 'multi30k', got {data_args.dataset!r}.")
+        pairs, thresholds = multi30k_standin(data_args)
     directions = both_directions(list(pairs))
     pair_of = {direction: pair for pair in pairs for direction in both_directions([pair])}
     train_sizes = {direction: len(pairs[pair_of[direction]]["train"]) for direction in directions}
@@ -205,9 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         build_tiny_random_xlmr(xlmr_path, texts, model_args)
     elif model_args.preset and model_args.preset != "none":
         overrides.update(BACKBONE_PRESETS[model_args.preset])
-    overrides.update(
-        parse_config_overrides(model_args.config_overrides, hf_layerfusion.FAMILIES[model_args.model_type][0])
-    )
+    overrides.update(config_overrides)
     model = from_xlmr(xlmr_path, model_type=model_args.model_type, init_decoder=model_args.init_decoder, **overrides)
     report = model.conversion_report
     logger.info("from_xlmr: %d tensors loaded, %d fresh", len(report["loaded"]), len(report["freshly_initialised"]))

@@ -65,8 +65,23 @@ import hf_layerfusion  # noqa: E402  (registers the families with the Auto class
 from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.data import builtin_number_corpus, load_translation_dataset, preprocess_translation  # noqa: E402
 from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
+from hf_layerfusion.tokenization import (  # noqa: E402
+    BOS_TOKEN,
+    EOS_TOKEN,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    SUBWORD_MODELS,
+    train_joint_tokenizer,
+)
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.validation import (  # noqa: E402
+    check_local_or_hub,
+    check_model_type,
+    check_output_dir,
+    check_positive_int,
+    reraise_hub_error,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +150,10 @@ class RunArguments:
     log_fusion_weights: bool = field(
         default=True, metadata={"help": "Log and plot fusion weights and per-layer gradient norms."}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train into a non-empty --output_dir (its model and tokenizer files are replaced)."},
+    )
 
 
 def parse_args(argv: list[str] | None = None):
@@ -194,9 +213,10 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-def resolve_checkpoint(training_args: Seq2SeqTrainingArguments) -> str | None:
+def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output_dir: bool = False) -> str | None:
     """The checkpoint to resume from: `--resume_from_checkpoint last` is the newest complete `checkpoint-*` of the
-    output dir (none: start fresh); a path must exist. Refuse to start over in a dir that already has checkpoints."""
+    output dir (none: start fresh); a path must exist. Refuse to start training over in a dir that already has
+    checkpoints, or any other file unless `overwrite_output_dir` (a new tokenizer and model would replace them)."""
     output_dir = training_args.output_dir
     existing = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
     requested = training_args.resume_from_checkpoint
@@ -206,6 +226,7 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments) -> str | None:
                 f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
                 f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
             )
+        check_output_dir(output_dir, overwrite=overwrite_output_dir or not training_args.do_train, what="--output_dir")
         return None
     if requested == RESUME_LAST:
         return last_complete_checkpoint(output_dir) if existing else None
@@ -245,33 +266,49 @@ def load_or_train_tokenizer(
     )
 
 
-def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
-    """A checkpoint (`--model_name_or_path`, config overrides applied) or a new model of `--model_type` whose
-    vocabulary and special ids are the tokenizer's (`decoder_start_token_id` = `</s>`, fairseq/Marian style)."""
+def build_config(model_args: ModelArguments, vocab_size: int, special_ids: dict):
+    """The model's config: the checkpoint's (`--model_name_or_path`, config overrides applied) or a new
+    `--model_type` config (preset, then the tokenizer's vocabulary size and special ids, then the overrides). Called
+    once with the tokenizer-to-be's values before any work, so that every model argument is checked first."""
     if (model_args.model_name_or_path is None) == (model_args.model_type is None):
         raise ValueError("Give exactly one of --model_name_or_path and --model_type.")
     if model_args.model_name_or_path is not None:
         if model_args.preset is not None:
             raise ValueError("--preset only applies to a new model (--model_type), not to --model_name_or_path.")
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        path = check_local_or_hub(model_args.model_name_or_path, "--model_name_or_path")
+        try:
+            config = AutoConfig.from_pretrained(path)
+        except OSError as error:
+            if os.path.isdir(path):
+                raise
+            reraise_hub_error(path, "--model_name_or_path", error)
         overrides = parse_config_overrides(model_args.config_overrides, type(config))
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path, **overrides)
+        return AutoConfig.from_pretrained(path, **overrides)
+    config_class = CONFIG_MAPPING[check_model_type(model_args.model_type, "--model_type")]
+    if model_args.preset is not None and model_args.preset not in BACKBONE_PRESETS:
+        raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
+    keys = dict(vocab_size=vocab_size, **special_ids)
+    keys.update(parse_config_overrides(model_args.config_overrides, config_class))
+    return config_class.from_preset(model_args.preset, **keys) if model_args.preset else config_class(**keys)
+
+
+def tokenizer_special_ids(tokenizer) -> dict:
+    """The config keys a new model takes from its tokenizer (`decoder_start_token_id` = `</s>`, fairseq/Marian)."""
+    return dict(
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.eos_token_id,
+    )
+
+
+def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
+    """A checkpoint (`--model_name_or_path`, config overrides applied) or a new model of `--model_type` whose
+    vocabulary and special ids are the tokenizer's."""
+    config = build_config(model_args, len(tokenizer), tokenizer_special_ids(tokenizer))
+    if model_args.model_name_or_path is not None:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=config)
     else:
-        if model_args.model_type not in hf_layerfusion.FAMILIES:
-            raise ValueError(
-                f"Unknown --model_type {model_args.model_type!r}; choose one of {sorted(hf_layerfusion.FAMILIES)}."
-            )
-        config_class = CONFIG_MAPPING[model_args.model_type]
-        keys = dict(
-            vocab_size=len(tokenizer),
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.eos_token_id,
-        )
-        keys.update(parse_config_overrides(model_args.config_overrides, config_class))
-        config = config_class.from_preset(model_args.preset, **keys) if model_args.preset else config_class(**keys)
         model = AutoModelForSeq2SeqLM.from_config(config)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(
@@ -318,6 +355,48 @@ def select_splits(raw: datasets.DatasetDict, data_args: DataArguments, training_
     return splits
 
 
+def check_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    run_args: RunArguments,
+    training_args: Seq2SeqTrainingArguments,
+) -> str | None:
+    """Check every argument before any work or write (a mistyped `--model_type` must not first train and save a
+    tokenizer over the one in `--output_dir`). Returns the checkpoint to resume from."""
+    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+        raise ValueError("Nothing to do: pass --do_train, --do_eval and/or --do_predict.")
+    if data_args.source_lang == data_args.target_lang:
+        raise ValueError(f"--source_lang and --target_lang must differ, got {data_args.source_lang!r} for both.")
+    sources = [data_args.builtin_corpus, data_args.dataset_name is not None, data_args.train_file is not None]
+    if sum(sources) != 1:
+        raise ValueError("Give exactly one data source: --builtin_corpus, --dataset_name, or --train_file.")
+    for name in ("max_source_length", "max_target_length", "num_beams"):
+        check_positive_int(getattr(data_args, name), f"--{name}")
+    for name in ("max_new_tokens", "max_train_samples", "max_eval_samples", "max_predict_samples"):
+        check_positive_int(getattr(data_args, name), f"--{name}", allow_none=True)
+    if run_args.max_train_minutes is not None and not run_args.max_train_minutes > 0:
+        raise ValueError(f"--max_train_minutes must be positive, got {run_args.max_train_minutes}.")
+    if model_args.tokenizer_name is not None:
+        check_local_or_hub(model_args.tokenizer_name, "--tokenizer_name")
+    if model_args.tokenizer_model not in SUBWORD_MODELS:
+        raise ValueError(f"--tokenizer_model must be one of {SUBWORD_MODELS}, got {model_args.tokenizer_model!r}.")
+    if model_args.tokenizer_vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(
+            f"--tokenizer_vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got "
+            f"{model_args.tokenizer_vocab_size}."
+        )
+    # the config of a new model with the special ids of the tokenizers this script trains
+    eos_id = SPECIAL_TOKENS.index(EOS_TOKEN)
+    special_ids = dict(
+        pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN),
+        bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
+        eos_token_id=eos_id,
+        decoder_start_token_id=eos_id,
+    )
+    build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
+    return resolve_checkpoint(training_args, run_args.overwrite_output_dir)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the script with `argv` (default: the command line). Returns `{"train": metrics, "<split>": BLEU
     results}` and writes them to `<output_dir>/bleu_results.json`."""
@@ -333,7 +412,10 @@ def main(argv: list[str] | None = None) -> dict:
     transformers.utils.logging.set_verbosity(log_level)
     set_seed(training_args.seed)
 
-    checkpoint = resolve_checkpoint(training_args)
+    checkpoint = check_arguments(model_args, data_args, run_args, training_args)
+    # every process has checked the output dir before any of them writes into it
+    if training_args.distributed_state is not None:
+        training_args.distributed_state.wait_for_everyone()
     src, tgt = data_args.source_lang, data_args.target_lang
     splits = select_splits(load_raw_datasets(data_args), data_args, training_args)
     with training_args.main_process_first(desc="tokenizer", local=False):

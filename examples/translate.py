@@ -19,12 +19,20 @@ import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
 from hf_layerfusion.translation import translate  # noqa: E402
+from hf_layerfusion.validation import (  # noqa: E402
+    check_decoder_groups,
+    check_input_file,
+    check_local_or_hub,
+    check_output_file,
+    check_positive_int,
+    read_utf8,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,9 +49,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    source = Path(args.input).read_text(encoding="utf-8") if args.input else sys.stdin.read()
+    # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file
+    model_dir = check_local_or_hub(args.model_dir, "model_dir")
+    for name in ("batch_size", "num_beams", "max_new_tokens"):
+        check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
+    input_file = check_input_file(args.input, "--input") if args.input else None
+    if args.output:
+        check_output_file(args.output, [input_file, model_dir], what="--output")
+    config = AutoConfig.from_pretrained(model_dir)
+    if args.decoder_groups is not None:
+        check_decoder_groups(args.decoder_groups, getattr(config, "num_decoder_groups", 1), "--decoder_groups")
+    source = read_utf8(input_file, "--input") if input_file else sys.stdin.read()
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sentences = source.split("\n")
     if sentences and sentences[-1] == "":
         sentences.pop()
