@@ -235,8 +235,11 @@ class LayerFusionConfig(PreTrainedConfig):
         text_config = super().get_text_config(decoder=decoder, encoder=encoder)
         if decoder and not encoder:
             # caches (dynamic and static) are sized from the decoder text config's `num_hidden_layers`; families
-            # whose decoder layers keep more than one self-attention slot need more than `decoder_layers`
-            text_config.num_hidden_layers = self.decoder_cache_layers
+            # whose decoder layers keep more than one self-attention slot need more than `decoder_layers`. The
+            # returned view has the `decoder_*` keys renamed away (transformers' flat encoder-decoder handling), and
+            # `DynamicCache(config=view)` asks the view again: it answers with the count it was given.
+            cache_layers = self.__dict__.get("_decoder_view_cache_layers") or self.decoder_cache_layers
+            text_config.num_hidden_layers = text_config._decoder_view_cache_layers = cache_layers
         return text_config
 
     @property
