@@ -29,10 +29,12 @@ from .models.plain_transformer import (
     PlainTransformerForConditionalGeneration,
     PlainTransformerModel,
 )
+from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
 
 FAMILIES = {
     "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
     "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+    "rtal": (RTALConfig, RTALModel, RTALForConditionalGeneration),
 }
 
 for _model_type, (_config, _model, _lm) in FAMILIES.items():
@@ -60,6 +62,9 @@ __all__ = [
     "PlainTransformerConfig",
     "PlainTransformerForConditionalGeneration",
     "PlainTransformerModel",
+    "RTALConfig",
+    "RTALForConditionalGeneration",
+    "RTALModel",
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
