@@ -499,6 +499,18 @@ class LayerFusionPreTrainedModel(PreTrainedModel):
             # family modules own their fusion parameters and say how the paper initialises them
             module.init_fusion_weights()
 
+    def fusion_parameter_names(self) -> list[str]:
+        """Names (as `named_parameters()` gives them) of the fusion weights: the parameters held directly by the
+        modules that define `init_fusion_weights()` (gates, mixing weights, scales; their LayerNorms and feed-forward
+        layers are sub-modules, not counted). `LayerFusionSeq2SeqTrainer` keeps them out of weight decay unless
+        `config.decay_fusion_weights`."""
+        return [
+            f"{module_name}.{name}" if module_name else name
+            for module_name, module in self.named_modules()
+            if hasattr(module, "init_fusion_weights")
+            for name, _ in module.named_parameters(recurse=False)
+        ]
+
 
 class LayerStack(LayerFusionPreTrainedModel):
     """What the encoder and decoder stacks share: token + position embeddings, the layers, the connection between

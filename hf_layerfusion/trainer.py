@@ -10,6 +10,12 @@ hf_layerfusion model applies `config.label_smoothing` itself, so this trainer mo
 Transformer the result is the same loss as the `LabelSmoother`'s (same smoothing, same token-count reduction).
 Models from outside this package keep the stock behaviour.
 
+Weight decay: with `weight_decay > 0` (its default is 0) `Seq2SeqTrainer` decays every parameter but biases and
+LayerNorm weights. This trainer also leaves out the fusion weights (`model.fusion_parameter_names()`: GTrans' gates
+w^e, w^{dr} and psi logits w^{dp}, RTAL's gamma, ...) unless `model.config.decay_fusion_weights` is true: they are
+scales like LayerNorm gains, and decay would pull them towards 0 (for GTrans sigma = 1/2 and uniform psi), a prior
+none of the papers states.
+
 Length-grouped batches: `train_sampling_strategy="group_by_length"` uses transformers' `LengthGroupedSampler`,
 which sorts each mega-batch of 50 batches by length and then serves those 50 batches *in that order*: the model
 sees a run of the longest sentences, then shorter and shorter ones. Length correlates with content (on the
@@ -66,6 +72,14 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     def _run_log_enriching_callbacks_first(self):
         # stable sort: the relative order within each of the two sets is kept
         self.callback_handler.callbacks.sort(key=lambda callback: not isinstance(callback, LOG_ENRICHING_CALLBACKS))
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        # fusion weights are scales like LayerNorm gains: out of weight decay unless the config asks for it
+        decay = super().get_decay_parameter_names(model)
+        if isinstance(model, LayerFusionPreTrainedModel) and not model.config.decay_fusion_weights:
+            fusion = set(model.fusion_parameter_names())
+            decay = [name for name in decay if name not in fusion]
+        return decay
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)

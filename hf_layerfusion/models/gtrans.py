@@ -6,8 +6,15 @@ every cross-attention reads (Eq. 1-2). Decoder layers form groups of `decoder_gr
 states are fused (Eq. 3-4) and predict their own softmax; the output distribution is the psi-weighted mixture of
 the group softmaxes (Eq. 5-6), trained with the psi-weighted sum of the group cross entropies (Eq. 7).
 
-Choices where the paper is silent (tested in tests/test_gtrans.py):
-- every fusion weight `w` starts at 0: sigma(w) = 1/2 for each fused state and psi uniform over groups;
+Choices where the paper is silent (tested in tests/test_gtrans.py and tests/test_gtrans_study_knobs.py; the audit
+against the paper is docs/gtrans_study.md):
+- every fusion weight `w` starts at `fusion_weight_init` = 0: sigma(w) = 1/2 for each fused state and psi uniform
+  over groups. Under Eq. 2's LayerNorm equal gates cancel, so at the encoder only their ratios matter; Eq. 4 has
+  no LayerNorm, so sigma(0) = 1/2 scales each decoder group feature (and its logits) by 1/2 at the start;
+- no dropout on the fused states unless `fused_state_dropout` > 0 (then on the fused memory of Eq. 2 and on each
+  decoder group feature of Eq. 4);
+- the fusion weights are excluded from the optimizer's weight decay (`decay_fusion_weights`, a backbone key, read
+  by `LayerFusionSeq2SeqTrainer`); with weight decay they would be pulled back to sigma = 1/2 and uniform psi;
 - mixing a subset of groups (Table VI, `decoder_groups`) renormalises psi over that subset (Eq. 6 restricted);
 - label smoothing, when set, is applied to every group's cross entropy inside Eq. 7;
 - in training, when labels are given and gradients are on, `logits` (the mixture) is not computed: Eq. 7 is
@@ -50,7 +57,12 @@ class GTransConfig(LayerFusionConfig):
         decoder_group_size: T_d, decoder layers per group; N = ceil(decoder_layers / T_d) groups (Eq. 3-4).
         encoder_fusion: fuse encoder groups (Eq. 2); False feeds cross-attention the top layer (Table VIII).
         decoder_fusion: group fusion and probability mixture (Eq. 4-7); False predicts from the top layer.
-        probability_temperature: tau of Eq. 6; `None` means sqrt(d_model), the paper's value.
+        probability_temperature: tau of Eq. 6; `None` means sqrt(d_model), the paper's value. With Adam, dividing
+            w^{dp} by tau is the same as a tau times smaller learning rate for the logits of psi.
+        fusion_weight_init: initial value of every fusion weight w^e, w^{dr}, w^{dp} (the paper does not say;
+            0 gives sigma = 1/2 and uniform psi).
+        fused_state_dropout: dropout probability on the fused encoder memory (Eq. 2) and on every decoder group
+            feature (Eq. 4) in training (the paper does not say; 0 = none).
         allow_external_loss: let a training-mode forward without `labels` return the mixture logits for a loss
             computed outside the model. Off by default because that is what `Seq2SeqTrainer` does when
             `label_smoothing_factor > 0`, which would silently train on the mixture instead of Eq. 7.
@@ -66,6 +78,8 @@ class GTransConfig(LayerFusionConfig):
     encoder_fusion: bool = True
     decoder_fusion: bool = True
     probability_temperature: float | None = None
+    fusion_weight_init: float | int = 0.0
+    fused_state_dropout: float | int = 0.0
     allow_external_loss: bool = False
 
     def check_consistency(self) -> None:
@@ -80,6 +94,10 @@ class GTransConfig(LayerFusionConfig):
                 raise ValueError(f"`{size_name}` must lie in [1, {layers_name}={layers}], got {size}.")
         if self.probability_temperature is not None and self.probability_temperature <= 0:
             raise ValueError(f"`probability_temperature` must be positive, got {self.probability_temperature}.")
+        if not math.isfinite(self.fusion_weight_init):
+            raise ValueError(f"`fusion_weight_init` must be a finite number, got {self.fusion_weight_init}.")
+        if not 0.0 <= self.fused_state_dropout < 1.0:
+            raise ValueError(f"`fused_state_dropout` must lie in [0, 1), got {self.fused_state_dropout}.")
 
     @property
     def num_encoder_groups(self) -> int:
@@ -98,11 +116,13 @@ class GTransEncoderFusion(nn.Module):
         num_groups = config.num_encoder_groups
         # alpha_i: indices into the states [s_0 (embeddings), s_1, .., s_L]
         self.group_last_layers = [min(i * config.encoder_group_size, config.encoder_layers) for i in range(1, num_groups + 1)]
-        self.weight = nn.Parameter(torch.zeros(num_groups))
+        self.initial_weight = float(config.fusion_weight_init)
+        self.weight = nn.Parameter(torch.full((num_groups,), self.initial_weight))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = float(config.fused_state_dropout)
 
     def init_fusion_weights(self):
-        init.zeros_(self.weight)
+        init.constant_(self.weight, self.initial_weight)
 
     def fusion_weights(self) -> dict[str, torch.Tensor]:
         """sigma(w_i^e) of each encoder group (Eq. 2; GTrans Fig. 8 plots these)."""
@@ -111,7 +131,7 @@ class GTransEncoderFusion(nn.Module):
     def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         gates = torch.sigmoid(self.weight).to(states[0].dtype)
         fused = sum(gate * states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
-        return self.layer_norm(fused / len(self.group_last_layers))
+        return F.dropout(self.layer_norm(fused / len(self.group_last_layers)), self.dropout, self.training)
 
 
 class GTransDecoderFusion(nn.Module):
@@ -124,12 +144,14 @@ class GTransDecoderFusion(nn.Module):
         self.num_layers = config.decoder_layers
         self.num_groups = config.num_decoder_groups
         self.temperature = config.probability_temperature or math.sqrt(config.d_model)
-        self.layer_weight = nn.Parameter(torch.zeros(config.decoder_layers))  # w^{dr}
-        self.group_weight = nn.Parameter(torch.zeros(self.num_groups))  # w^{dp}
+        self.initial_weight = float(config.fusion_weight_init)
+        self.layer_weight = nn.Parameter(torch.full((config.decoder_layers,), self.initial_weight))  # w^{dr}
+        self.group_weight = nn.Parameter(torch.full((self.num_groups,), self.initial_weight))  # w^{dp}
+        self.dropout = float(config.fused_state_dropout)
 
     def init_fusion_weights(self):
-        init.zeros_(self.layer_weight)
-        init.zeros_(self.group_weight)
+        init.constant_(self.layer_weight, self.initial_weight)
+        init.constant_(self.group_weight, self.initial_weight)
 
     def fusion_weights(self) -> dict[str, torch.Tensor]:
         """sigma(w^{dr}) per decoder layer (Eq. 4, Fig. 8) and psi per decoder group (Eq. 6, Fig. 9)."""
@@ -148,7 +170,10 @@ class GTransDecoderFusion(nn.Module):
     def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
         gates = torch.sigmoid(self.layer_weight).to(states[0].dtype)
         # states[i + 1] is the output of 0-based layer i (states[0] is the embedding output)
-        return tuple(sum(gates[i] * states[i + 1] for i in self.group_layers(k)) for k in groups)  # Eq. 4
+        return tuple(
+            F.dropout(sum(gates[i] * states[i + 1] for i in self.group_layers(k)), self.dropout, self.training)
+            for k in groups
+        )  # Eq. 4
 
     def log_mixture_weights(self, groups: Sequence[int]) -> torch.Tensor:
         """Eq. 6, log psi over the mixed groups: log_softmax(w^{dp} / tau) restricted to `groups`."""
