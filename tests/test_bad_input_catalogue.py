@@ -1,0 +1,557 @@
+"""Catalogue of bad inputs (issue 11): one row per mistake a user can make through the API or the command-line
+scripts. Every row must raise the given error type with a message that names the bad value, and must leave every
+file of the shared workspace (tiny models, checkpoints, corpora, the model dir a CLI is pointed at) unchanged: no
+file written, replaced or deleted.
+
+Rows marked `xfail(strict=True, reason="needs backbone wiring: ...")` exercise a model entry point whose check
+exists in `hf_layerfusion.validation` but is not called by the backbone yet; wiring it makes them pass (and the
+strict mark then fails, so the mark is removed with the wiring).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    MarianConfig,
+    MarianMTModel,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+)
+
+import hf_layerfusion
+from hf_layerfusion import (
+    GTransConfig,
+    GTransForConditionalGeneration,
+    LayerFusionConfig,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+    from_marian,
+    from_xlmr,
+    load_xlmr_tokenizer,
+    train_joint_tokenizer,
+    translate,
+)
+from hf_layerfusion import checkpoint_averaging
+from hf_layerfusion.checkpoint_averaging import average_last_checkpoints, last_checkpoints
+from hf_layerfusion.data import (
+    builtin_number_corpus,
+    load_json_lines_translation,
+    load_parallel_text,
+    load_translation_dataset,
+    preprocess_translation,
+)
+from hf_layerfusion.validation import (
+    CheckedSaveLoadMixin,
+    check_decoder_groups,
+    check_local_or_hub,
+    check_model_inputs,
+    check_model_type,
+    check_output_dir,
+    check_output_file,
+    check_positive_int,
+    check_save_directory,
+    read_utf8,
+)
+
+from conftest import TINY_BACKBONE
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+import run_multilingual  # noqa: E402
+import run_translation  # noqa: E402
+import translate as translate_script  # noqa: E402
+
+SENTENCES = ["a man rides a bike", "two dogs play", "ein mann fährt rad", "zwei hunde spielen"] * 5
+GROUPS = dict(encoder_group_size=1, decoder_group_size=1)  # 2 + 2 layers: 2 decoder groups
+
+
+def _tiny(config_class, vocab_size, **overrides):
+    return config_class(**{**TINY_BACKBONE, "vocab_size": vocab_size, **overrides})
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """The shared workspace: tiny models and tokenizer saved in dirs, checkpoints, corpora, and a few files."""
+    root = tmp_path_factory.mktemp("catalogue")
+    tokenizer = train_joint_tokenizer(SENTENCES, 40)
+    vocab = len(tokenizer)
+    gtrans = GTransForConditionalGeneration(_tiny(GTransConfig, vocab, **GROUPS)).eval()
+    plain = PlainTransformerForConditionalGeneration(_tiny(PlainTransformerConfig, vocab)).eval()
+    gtrans_dir, plain_dir = root / "gtrans", root / "plain"
+    for model, directory in ((gtrans, gtrans_dir), (plain, plain_dir)):
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+    marian_dir = root / "marian"
+    MarianMTModel(
+        MarianConfig(
+            vocab_size=vocab, decoder_vocab_size=vocab, d_model=16, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+            max_position_embeddings=32, pad_token_id=1, decoder_start_token_id=2, eos_token_id=2,
+        )
+    ).save_pretrained(marian_dir)
+    xlmr_dir = root / "xlmr"
+    XLMRobertaModel(
+        XLMRobertaConfig(
+            vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=24, type_vocab_size=1, layer_norm_eps=1e-5,
+        ),
+        add_pooling_layer=False,
+    ).save_pretrained(xlmr_dir)
+    checkpoints = root / "run"
+    for step in (1, 2):
+        gtrans.save_pretrained(checkpoints / f"checkpoint-{step}")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    (corpus / "train.en").write_text("a man\ntwo dogs\n", encoding="utf-8")
+    (corpus / "train.de").write_text("ein mann\n", encoding="utf-8")  # one line short
+    (corpus / "latin1.en").write_bytes("caf\xe9\n".encode("latin-1"))
+    (corpus / "latin1.de").write_text("cafe\n", encoding="utf-8")
+    (corpus / "bad.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a"}\n', encoding="utf-8")
+    (root / "input.en").write_text("a man\ntwo dogs\n", encoding="utf-8")
+    (root / "full").mkdir()
+    (root / "full" / "notes.txt").write_text("keep me\n", encoding="utf-8")
+    (root / "a_file").write_text("not a directory\n", encoding="utf-8")
+    return SimpleNamespace(
+        root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
+        plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
+        input=root / "input.en", full=root / "full", a_file=root / "a_file",
+    )
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "dir"
+        for path in sorted(root.rglob("*"))
+    }
+
+
+@dataclass
+class Row:
+    id: str
+    call: Callable
+    error: type
+    message: str  # regex the message must match: it names the bad value
+    wiring: str | None = None  # backbone function still to be wired (strict xfail)
+
+
+def _batch(ws, **overrides):
+    batch = ws.tokenizer(["a man", "two dogs play"], padding=True, return_tensors="pt")
+    return {**batch, "labels": batch["input_ids"], **overrides}
+
+
+# ---------------------------------------------------------------------------------------------- the CLIs' argv
+def _rt_args(ws, *extra, output_dir=None):
+    return [
+        "--builtin_corpus", "--builtin_num_train=20", "--builtin_num_valid=4", "--builtin_num_test=4",
+        f"--output_dir={output_dir or ws.root / 'new_run'}", "--do_train", "--max_steps=1", "--use_cpu=True",
+        "--report_to=none", "--tokenizer_vocab_size=40", *extra,
+    ]
+
+
+def _ml_args(ws, *extra, output_dir=None):
+    return [
+        "--dataset=multi30k", f"--multi30k_dir={ws.corpus}", f"--xlmr={ws.xlmr_dir}", "--preset=none",
+        f"--output_dir={output_dir or ws.root / 'new_ml'}", "--do_train", "--use_cpu=True", "--report_to=none", *extra,
+    ]
+
+
+def _tr_args(ws, *extra):
+    return [str(ws.gtrans_dir), f"--input={ws.input}", *extra]
+
+
+
+ROWS = [
+    # ------------------------------------------------------------------ decoder groups (validation unit rows)
+    Row("groups-str", lambda ws: check_decoder_groups("12", 3), ValueError, r"'12'"),
+    Row("groups-float", lambda ws: check_decoder_groups([1.7], 3), ValueError, r"1\.7"),
+    Row("groups-bool", lambda ws: check_decoder_groups([True], 3), ValueError, r"True"),
+    Row("groups-empty", lambda ws: check_decoder_groups([], 3), ValueError, r"empty"),
+    Row("groups-zero", lambda ws: check_decoder_groups([0, 1], 3), ValueError, r"\[0\]"),
+    Row("groups-too-high", lambda ws: check_decoder_groups([4], 3), ValueError, r"\[1, 3\].*\[4\]"),
+    Row("groups-repeated", lambda ws: check_decoder_groups([2, 2], 3), ValueError, r"repeats.*\[2\]"),
+    Row("groups-scalar", lambda ws: check_decoder_groups(2, 3), ValueError, r"got 2 \(int\)"),
+    Row("groups-float-tensor", lambda ws: check_decoder_groups(torch.tensor([1.5]), 3), ValueError, r"1\.5"),
+    Row("groups-none-item", lambda ws: check_decoder_groups([None], 3), ValueError, r"None"),
+    Row("groups-str-item", lambda ws: check_decoder_groups(["1"], 3), ValueError, r"'1'"),
+    Row("groups-negative", lambda ws: check_decoder_groups((-1,), 3), ValueError, r"-1"),
+    # ------------------------------------------------------------------ model inputs (validation unit rows)
+    Row("ids-1d", lambda ws: check_model_inputs(ws.gtrans.config, torch.tensor([4, 5, 2])), ValueError,
+        r"shape \(3,\).*unsqueeze"),
+    Row("ids-3d", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(1, 2, 3, dtype=torch.long)),
+        ValueError, r"\(1, 2, 3\)"),
+    Row("ids-float", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(2, 3)), TypeError, r"float32"),
+    Row("ids-bool", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(2, 3, dtype=torch.bool)),
+        TypeError, r"torch\.bool"),
+    Row("ids-list", lambda ws: check_model_inputs(ws.gtrans.config, [[4, 5]]), TypeError, r"list"),
+    Row("ids-empty-batch", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(0, 5, dtype=torch.long)),
+        ValueError, r"empty batch.*\(0, 5\)"),
+    Row("ids-zero-length", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(2, 0, dtype=torch.long)),
+        ValueError, r"empty batch.*\(2, 0\)"),
+    Row("ids-out-of-vocab", lambda ws: check_model_inputs(ws.gtrans.config, torch.tensor([[4, ws.vocab]])),
+        ValueError, r"token id {vocab}.*\[0, {vocab}\)"),
+    Row("ids-negative", lambda ws: check_model_inputs(ws.gtrans.config, torch.tensor([[4, -1]])), ValueError,
+        r"token id -1"),
+    Row("decoder-ids-out-of-vocab",
+        lambda ws: check_model_inputs(ws.gtrans.config, torch.tensor([[99]]), name="decoder_input_ids"),
+        ValueError, r"decoder_input_ids.*token id 99"),
+    Row("mask-batch", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(3, 4, dtype=torch.long),
+                                                    torch.ones(2, 4)), ValueError, r"\(2, 4\).*\(3, 4\)"),
+    Row("mask-length", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(3, 4, dtype=torch.long),
+                                                     torch.ones(3, 5)), ValueError, r"\(3, 5\)"),
+    Row("mask-past-length",
+        lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(3, 1, dtype=torch.long), torch.ones(3, 1),
+                                      name="decoder_input_ids", past_length=4),
+        ValueError, r"decoder_attention_mask.*\(3, 1\).*4 cached.*\(3, 5\)"),
+    Row("mask-3d", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(3, 4, dtype=torch.long),
+                                                 torch.ones(3, 4, 4)), ValueError, r"2-D or 4-D.*\(3, 4, 4\)"),
+    Row("mask-4d-batch", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(3, 4, dtype=torch.long),
+                                                       torch.ones(2, 1, 4, 4)), ValueError, r"batch size 2.*3"),
+    Row("mask-list", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(1, 2, dtype=torch.long), [[1, 1]]),
+        TypeError, r"attention_mask.*list"),
+    Row("ids-and-embeds", lambda ws: check_model_inputs(ws.gtrans.config, torch.ones(1, 2, dtype=torch.long),
+                                                        inputs_embeds=torch.ones(1, 2, 16)), ValueError, r"not both"),
+    Row("embeds-width", lambda ws: check_model_inputs(ws.gtrans.config, inputs_embeds=torch.ones(1, 2, 8)),
+        ValueError, r"width 8.*16"),
+    Row("embeds-2d", lambda ws: check_model_inputs(ws.gtrans.config, inputs_embeds=torch.ones(2, 16)),
+        ValueError, r"\(2, 16\)"),
+    # ------------------------------------------------------------------ numbers and paths (validation unit rows)
+    Row("int-zero", lambda ws: check_positive_int(0, "batch_size"), ValueError, r"batch_size.*got 0"),
+    Row("int-negative", lambda ws: check_positive_int(-3, "num_beams"), ValueError, r"num_beams.*-3"),
+    Row("int-bool", lambda ws: check_positive_int(True, "num_beams"), ValueError, r"True"),
+    Row("int-float", lambda ws: check_positive_int(1.5, "num_beams"), ValueError, r"1\.5"),
+    Row("int-str", lambda ws: check_positive_int("3", "num_beams"), ValueError, r"'3'"),
+    Row("output-file-is-input", lambda ws: check_output_file(ws.input, [ws.input]), ValueError,
+        r"input\.en.*destroy"),
+    Row("output-file-missing-dir", lambda ws: check_output_file(ws.root / "no_dir" / "out.de"), FileNotFoundError,
+        r"no_dir"),
+    Row("output-file-is-dir", lambda ws: check_output_file(ws.full), IsADirectoryError, r"full"),
+    Row("output-dir-is-file", lambda ws: check_output_dir(ws.a_file), NotADirectoryError, r"a_file"),
+    Row("output-dir-not-empty", lambda ws: check_output_dir(ws.full), FileExistsError, r"full.*notes\.txt"),
+    Row("output-dir-is-input", lambda ws: check_output_dir(ws.gtrans_dir, [ws.gtrans_dir], overwrite=True),
+        ValueError, r"gtrans.*overlaps"),
+    Row("output-dir-empty-string", lambda ws: check_output_dir(""), ValueError, r"''"),
+    Row("save-directory-file", lambda ws: check_save_directory(ws.a_file), FileExistsError, r"a_file"),
+    Row("local-dot-missing", lambda ws: check_local_or_hub("./no_such_model", "model"), FileNotFoundError,
+        r"no_such_model"),
+    Row("local-abs-missing", lambda ws: check_local_or_hub(ws.root / "no_such_model", "model"), FileNotFoundError,
+        r"no_such_model.*no such local directory"),
+    Row("local-nested-missing", lambda ws: check_local_or_hub("runs/x/no_such_model", "model"), FileNotFoundError,
+        r"runs/x/no_such_model"),
+    Row("local-existing-parent", lambda ws: check_local_or_hub("tests/no_such_model", "model"), FileNotFoundError,
+        r"tests/no_such_model"),
+    Row("local-is-file", lambda ws: check_local_or_hub(ws.a_file, "model"), NotADirectoryError, r"a_file"),
+    Row("local-not-str", lambda ws: check_local_or_hub(3, "model"), TypeError, r"int 3"),
+    Row("local-empty", lambda ws: check_local_or_hub("", "model"), ValueError, r"model is empty"),
+    Row("read-not-utf8", lambda ws: read_utf8(ws.corpus / "latin1.en"), ValueError, r"latin1\.en.*UTF-8"),
+    Row("family-typo", lambda ws: check_model_type("gtrns"), ValueError, r"'gtrns'.*'gtrans'"),
+    Row("family-transformers-model", lambda ws: check_model_type("marian"), ValueError, r"'marian'"),
+    Row("family-none", lambda ws: check_model_type(None), ValueError, r"None"),
+    # ------------------------------------------------------------------ configs
+    Row("config-misspelt", lambda ws: GTransConfig(encoder_grup_size=2), TypeError,
+        r"encoder_grup_size.*did you mean 'encoder_group_size'"),
+    Row("config-other-family-key", lambda ws: PlainTransformerConfig(encoder_group_size=2), TypeError,
+        r"encoder_group_size"),
+    Row("config-backbone-misspelt", lambda ws: LayerFusionConfig(d_modle=16), TypeError, r"d_modle.*'d_model'"),
+    Row("config-preset-misspelt", lambda ws: GTransConfig.from_preset("multi30k", decoder_grup_size=1), TypeError,
+        r"decoder_grup_size"),
+    Row("config-preset-unknown", lambda ws: GTransConfig.from_preset("big"), ValueError, r"'big'"),
+    Row("config-auto-misspelt", lambda ws: AutoConfig.for_model("gtrans", encoder_grup_size=2), TypeError,
+        r"encoder_grup_size"),
+    Row("config-gtrans-json-as-plain", lambda ws: PlainTransformerConfig.from_pretrained(ws.gtrans_dir), ValueError,
+        r"'gtrans' config.*encoder_group_size"),
+    Row("config-inconsistent", lambda ws: GTransConfig(d_model=17), ValueError, r"17"),
+    # ------------------------------------------------------------------ converters
+    Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
+    Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),
+    Row("marian-unknown-family", lambda ws: from_marian(ws.marian_dir, model_type="gtrns"), ValueError,
+        r"'gtrns'.*'gtrans'"),
+    Row("marian-transformers-family", lambda ws: from_marian(ws.marian_dir, model_type="bart"), ValueError,
+        r"'bart'.*families: \["),
+    Row("marian-missing-dir", lambda ws: from_marian(ws.root / "no_marian"), FileNotFoundError, r"no_marian"),
+    Row("marian-missing-relative", lambda ws: from_marian("./no_marian"), FileNotFoundError, r"no_marian"),
+    Row("marian-misspelt-key", lambda ws: from_marian(ws.marian_dir, encoder_grup_size=1), TypeError,
+        r"encoder_grup_size"),
+    Row("marian-not-a-model", lambda ws: from_marian(123), TypeError, r"int"),
+    Row("marian-bad-group-size", lambda ws: from_marian(ws.marian_dir, encoder_group_size=9), ValueError,
+        r"encoder_group_size.*got 9"),
+    Row("xlmr-from-marian-dir", lambda ws: from_xlmr(ws.marian_dir), ValueError, r"'marian'"),
+    Row("xlmr-unknown-family", lambda ws: from_xlmr(ws.xlmr_dir, model_type="gtrns"), ValueError, r"'gtrns'"),
+    Row("xlmr-missing-dir", lambda ws: from_xlmr(ws.root / "no_xlmr"), FileNotFoundError, r"no_xlmr"),
+    Row("xlmr-fixed-key", lambda ws: from_xlmr(ws.xlmr_dir, d_model=32), ValueError, r"d_model=32"),
+    Row("xlmr-misspelt-key", lambda ws: from_xlmr(ws.xlmr_dir, **GROUPS, decoder_grup_size=1), TypeError,
+        r"decoder_grup_size"),
+    Row("xlmr-model-type-none", lambda ws: from_xlmr(ws.xlmr_dir, model_type=None), ValueError, r"None"),
+    Row("xlmr-tokenizer-missing", lambda ws: load_xlmr_tokenizer(ws.root / "no_tok"), FileNotFoundError, r"no_tok"),
+    Row("xlmr-instance-wrong", lambda ws: from_xlmr(ws.gtrans), ValueError, r"GTransForConditionalGeneration"),
+    # ------------------------------------------------------------------ translate()
+    Row("translate-str", lambda ws: translate(ws.gtrans, ws.tokenizer, "zwei"), TypeError, r"'zwei'.*list"),
+    Row("translate-non-str-item", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a", 3]), TypeError,
+        r"sentences\[1\].*3"),
+    Row("translate-batch-size", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], batch_size=0), ValueError,
+        r"batch_size.*0"),
+    Row("translate-groups-str", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], decoder_groups="12"),
+        ValueError, r"'12'"),
+    Row("translate-groups-float", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], decoder_groups=[1.7]),
+        ValueError, r"1\.7"),
+    Row("translate-groups-range", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], decoder_groups=[5]),
+        ValueError, r"\[1, 2\].*\[5\]"),
+    Row("translate-plain-groups", lambda ws: translate(ws.plain, ws.tokenizer, ["a"], decoder_groups=[2]),
+        ValueError, r"\[1, 1\].*\[2\]"),
+    Row("translate-beams", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], num_beams=0), ValueError,
+        r"num_beams.*0"),
+    Row("translate-new-tokens", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], max_new_tokens=-1),
+        ValueError, r"max_new_tokens.*-1"),
+    # ------------------------------------------------------------------ tokenizer training
+    Row("tokenizer-empty", lambda ws: train_joint_tokenizer([], 50), ValueError, r"no text.*0 sentences"),
+    Row("tokenizer-blank", lambda ws: train_joint_tokenizer(["", " "], 50), ValueError, r"no text.*2 sentences"),
+    Row("tokenizer-str", lambda ws: train_joint_tokenizer("abc def", 50), TypeError, r"'abc def'"),
+    Row("tokenizer-non-str", lambda ws: train_joint_tokenizer(["a b", None], 50), TypeError, r"texts\[1\].*None"),
+    Row("tokenizer-vocab", lambda ws: train_joint_tokenizer(SENTENCES, 3), ValueError, r"got 3"),
+    Row("tokenizer-model", lambda ws: train_joint_tokenizer(SENTENCES, 50, model="wordpiece"), ValueError,
+        r"'wordpiece'"),
+    Row("tokenizer-special", lambda ws: train_joint_tokenizer(SENTENCES, 50, extra_special_tokens=["<s>"]),
+        ValueError, r"'<s>'"),
+    # ------------------------------------------------------------------ data
+    Row("data-not-utf8", lambda ws: load_parallel_text(ws.corpus / "latin1", "en", "de"), ValueError,
+        r"latin1\.en.*UTF-8"),
+    Row("data-relative-missing", lambda ws: load_translation_dataset("tests/no_corpus", src_lang="en", tgt_lang="de"),
+        FileNotFoundError, r"tests/no_corpus"),
+    Row("data-nested-missing", lambda ws: load_translation_dataset("data/m30k/no", src_lang="en", tgt_lang="de"),
+        FileNotFoundError, r"data/m30k/no"),
+    Row("data-jsonl-missing", lambda ws: load_translation_dataset("corpus.jsonl", src_lang="en", tgt_lang="de"),
+        FileNotFoundError, r"corpus\.jsonl"),
+    Row("data-same-language", lambda ws: load_parallel_text(ws.corpus, "en", "en"), ValueError, r"'en'"),
+    Row("data-line-count", lambda ws: load_parallel_text(ws.corpus / "train", "en", "de"), ValueError,
+        r"train\.en has 2 lines.*train\.de has 1"),
+    Row("data-jsonl-row", lambda ws: load_json_lines_translation(ws.corpus / "bad.jsonl", "en", "de"), ValueError,
+        r"bad\.jsonl:2"),
+    Row("data-builtin-language", lambda ws: builtin_number_corpus("en", "xx"), ValueError, r"'xx'"),
+    Row("data-builtin-size", lambda ws: builtin_number_corpus(num_train=-1), ValueError, r"'train'.*-1"),
+    Row("data-max-length", lambda ws: preprocess_translation(builtin_number_corpus(num_train=2, num_valid=0,
+                                                                                   num_test=0), ws.tokenizer,
+                                                             "en", "de", max_source_length=0),
+        ValueError, r"max_source_length.*0"),
+    # ------------------------------------------------------------------ checkpoint averaging (API and CLI)
+    Row("average-into-checkpoint",
+        lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.checkpoints / "checkpoint-2"), ValueError,
+        r"checkpoint-2.*overlaps"),
+    Row("average-inside-checkpoint",
+        lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.checkpoints / "checkpoint-1" / "avg"), ValueError,
+        r"checkpoint-1/avg.*overlaps"),
+    Row("average-into-run-dir", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.checkpoints),
+        ValueError, r"run'.*overlaps"),
+    Row("average-non-empty", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.full), FileExistsError,
+        r"full.*not empty"),
+    Row("average-output-file", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.a_file), NotADirectoryError,
+        r"a_file"),
+    Row("average-zero", lambda ws: last_checkpoints(ws.checkpoints, 0), ValueError, r"got 0"),
+    Row("average-too-many", lambda ws: last_checkpoints(ws.checkpoints, 5), ValueError, r"5 checkpoints.*holds 2"),
+    Row("average-missing-dir", lambda ws: last_checkpoints(ws.root / "no_run", 1), FileNotFoundError, r"no_run"),
+    Row("average-cli-into-checkpoint",
+        lambda ws: checkpoint_averaging.main(["--checkpoint_dir", str(ws.checkpoints), "--num_checkpoints", "1",
+                                              "--output_dir", str(ws.checkpoints / "checkpoint-2")]),
+        ValueError, r"checkpoint-2.*overlaps"),
+    Row("average-cli-non-empty",
+        lambda ws: checkpoint_averaging.main(["--checkpoint_dir", str(ws.checkpoints), "--output_dir", str(ws.full),
+                                              "--num_checkpoints", "1"]),
+        FileExistsError, r"full"),
+    # ------------------------------------------------------------------ examples/translate.py
+    Row("translate-cli-output-is-input", lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.input}")),
+        ValueError, r"input\.en.*destroy"),
+    Row("translate-cli-output-missing-dir",
+        lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.root / 'no_dir' / 'out.de'}")),
+        FileNotFoundError, r"no_dir"),
+    Row("translate-cli-output-is-dir", lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.full}")),
+        IsADirectoryError, r"full"),
+    Row("translate-cli-input-missing",
+        lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.root / 'no_input.en'}"]),
+        FileNotFoundError, r"no_input\.en"),
+    Row("translate-cli-input-not-utf8",
+        lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.corpus / 'latin1.en'}"]),
+        ValueError, r"latin1\.en.*UTF-8"),
+    Row("translate-cli-model-missing", lambda ws: translate_script.main([str(ws.root / "no_model")]),
+        FileNotFoundError, r"no_model"),
+    Row("translate-cli-groups", lambda ws: translate_script.main(_tr_args(ws, "--decoder_groups", "5")),
+        ValueError, r"\[5\]"),
+    Row("translate-cli-groups-repeated", lambda ws: translate_script.main(_tr_args(ws, "--decoder_groups", "1", "1")),
+        ValueError, r"repeats.*\[1\]"),
+    Row("translate-cli-batch-size", lambda ws: translate_script.main(_tr_args(ws, "--batch_size=0")), ValueError,
+        r"--batch_size.*0"),
+    Row("translate-cli-beams", lambda ws: translate_script.main(_tr_args(ws, "--num_beams=0")), ValueError,
+        r"--num_beams.*0"),
+    # ------------------------------------------------------------------ examples/run_translation.py
+    Row("train-cli-family-typo-into-model-dir",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrns", "--overwrite_output_dir=True",
+                                                 output_dir=ws.gtrans_dir)), ValueError, r"'gtrns'"),
+    Row("train-cli-into-model-dir", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
+                                                                             output_dir=ws.gtrans_dir)),
+        FileExistsError, r"gtrans.*not empty.*--overwrite_output_dir"),
+    Row("train-cli-override-misspelt",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=encoder_grup_size=1")),
+        ValueError, r"'encoder_grup_size'"),
+    Row("train-cli-override-inconsistent",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=encoder_group_size=9")),
+        ValueError, r"encoder_group_size.*got 9"),
+    Row("train-cli-override-syntax",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=dropout")),
+        ValueError, r"'dropout'.*key=value"),
+    Row("train-cli-preset", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--preset=big")),
+        ValueError, r"'big'"),
+    Row("train-cli-model-missing",
+        lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.root / 'no_model'}")),
+        FileNotFoundError, r"no_model"),
+    Row("train-cli-model-and-preset",
+        lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.gtrans_dir}", "--preset=multi30k")),
+        ValueError, r"--preset"),
+    Row("train-cli-two-models",
+        lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.gtrans_dir}", "--model_type=gtrans")),
+        ValueError, r"exactly one of --model_name_or_path and --model_type"),
+    Row("train-cli-no-model", lambda ws: run_translation.main(_rt_args(ws)), ValueError,
+        r"exactly one of --model_name_or_path and --model_type"),
+    Row("train-cli-tokenizer-model",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_model=wordpiece")),
+        ValueError, r"'wordpiece'"),
+    Row("train-cli-tokenizer-vocab",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_vocab_size=3")),
+        ValueError, r"--tokenizer_vocab_size.*3"),
+    Row("train-cli-tokenizer-missing",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", f"--tokenizer_name={ws.root / 'no_tok'}")),
+        FileNotFoundError, r"no_tok"),
+    Row("train-cli-same-language",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--target_lang=en")), ValueError,
+        r"'en'"),
+    Row("train-cli-two-data-sources",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", f"--dataset_name={ws.corpus}")),
+        ValueError, r"exactly one data source"),
+    Row("train-cli-beams", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--num_beams=0")),
+        ValueError, r"--num_beams.*0"),
+    Row("train-cli-minutes",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--max_train_minutes=0")), ValueError,
+        r"--max_train_minutes.*0"),
+    Row("train-cli-samples",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--max_train_samples=0")), ValueError,
+        r"--max_train_samples.*0"),
+    Row("train-cli-resume-missing",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
+                                                 f"--resume_from_checkpoint={ws.root / 'no_ckpt'}")),
+        ValueError, r"no_ckpt"),
+    Row("train-cli-existing-checkpoints",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", output_dir=ws.checkpoints)), ValueError,
+        r"checkpoint-2.*--resume_from_checkpoint last"),
+    Row("train-cli-nothing-to-do",
+        lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if a != "--do_train"]),
+        ValueError, r"--do_train"),
+    Row("train-cli-output-is-file",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", output_dir=ws.a_file)),
+        NotADirectoryError, r"a_file"),
+    Row("train-cli-dataset-missing",
+        lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if "builtin" not in a]
+                                        + [f"--dataset_name={ws.root / 'no_corpus'}"]),
+        FileNotFoundError, r"no_corpus"),
+    Row("train-cli-dataset-not-utf8",
+        lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if "builtin" not in a]
+                                        + [f"--train_file={ws.corpus / 'latin1'}"]),
+        ValueError, r"latin1\.en.*UTF-8"),
+    # ------------------------------------------------------------------ examples/run_multilingual.py
+    Row("multilingual-cli-family", lambda ws: run_multilingual.main(_ml_args(ws, "--model_type=gtrns")), ValueError,
+        r"'gtrns'"),
+    Row("multilingual-cli-dataset", lambda ws: run_multilingual.main(_ml_args(ws, "--dataset=wmt")), ValueError,
+        r"'wmt'"),
+    Row("multilingual-cli-tiny-dir-not-empty",
+        lambda ws: run_multilingual.main(_ml_args(ws, f"--tiny_random_xlmr={ws.xlmr_dir}")), FileExistsError,
+        r"xlmr.*not empty"),
+    Row("multilingual-cli-xlmr-missing",
+        lambda ws: run_multilingual.main(_ml_args(ws, f"--xlmr={ws.root / 'no_xlmr'}")), FileNotFoundError,
+        r"no_xlmr"),
+    Row("multilingual-cli-baseline-missing",
+        lambda ws: run_multilingual.main(_ml_args(ws, f"--baseline_scores={ws.root / 'no_scores.json'}")),
+        FileNotFoundError, r"no_scores\.json"),
+    Row("multilingual-cli-temperature", lambda ws: run_multilingual.main(_ml_args(ws, "--temperature=0")), ValueError,
+        r"--temperature.*0"),
+    Row("multilingual-cli-preset", lambda ws: run_multilingual.main(_ml_args(ws, "--preset=big")), ValueError,
+        r"'big'"),
+    Row("multilingual-cli-no-languages",
+        lambda ws: run_multilingual.main(_ml_args(ws, "--dataset=opus100")), ValueError, r"--languages"),
+    Row("multilingual-cli-output-not-empty",
+        lambda ws: run_multilingual.main(_ml_args(ws, output_dir=ws.full)), FileExistsError, r"full"),
+    Row("multilingual-cli-override-misspelt",
+        lambda ws: run_multilingual.main(_ml_args(ws, "--config_overrides=decoder_grup_size=1")), ValueError,
+        r"'decoder_grup_size'"),
+    Row("multilingual-cli-corpus-missing",
+        lambda ws: run_multilingual.main(_ml_args(ws, f"--multi30k_dir={ws.root / 'no_m30k'}")), FileNotFoundError,
+        r"no_m30k"),
+    # ------------------------------------------------------------------ save / load
+    Row("mixin-save-onto-file",
+        lambda ws: type("Checked", (CheckedSaveLoadMixin, GTransForConditionalGeneration), {})(
+            ws.gtrans.config).save_pretrained(ws.a_file),
+        FileExistsError, r"a_file"),
+    Row("mixin-gtrans-weights-plain-config",
+        lambda ws: type("Checked", (CheckedSaveLoadMixin, PlainTransformerForConditionalGeneration), {}).from_pretrained(
+            ws.gtrans_dir, config=_tiny(PlainTransformerConfig, ws.vocab)),
+        ValueError, r"gtrans'.*readout"),
+    Row("load-gtrans-dir-as-plain", lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(ws.gtrans_dir),
+        ValueError, r"'gtrans' config"),
+    Row("save-onto-file", lambda ws: ws.gtrans.save_pretrained(ws.a_file), FileExistsError, r"a_file",
+        wiring="CheckedSaveLoadMixin (save_pretrained)"),
+    Row("load-gtrans-weights-plain-config",
+        lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.gtrans_dir, config=_tiny(PlainTransformerConfig, ws.vocab)),
+        ValueError, r"gtrans'.*readout", wiring="CheckedSaveLoadMixin (from_pretrained)"),
+    # ------------------------------------------------------------------ model entry points
+    Row("model-ids-1d", lambda ws: ws.gtrans(input_ids=torch.tensor([4, 5, 2]), labels=torch.tensor([[4, 2]])),
+        ValueError, r"shape \(3,\)", wiring="check_model_inputs"),
+    Row("model-empty-batch", lambda ws: ws.gtrans(**_batch(ws, input_ids=torch.ones(0, 3, dtype=torch.long),
+                                                           attention_mask=torch.ones(0, 3, dtype=torch.long),
+                                                           labels=torch.ones(0, 3, dtype=torch.long))),
+        ValueError, r"empty batch", wiring="check_model_inputs"),
+    Row("model-out-of-vocab", lambda ws: ws.gtrans(**_batch(ws, input_ids=torch.tensor([[4, 999, 2], [4, 5, 2]]))),
+        ValueError, r"token id 999", wiring="check_model_inputs"),
+    Row("model-mask-batch", lambda ws: ws.gtrans(**_batch(ws, attention_mask=torch.ones(3, 4, dtype=torch.long))),
+        ValueError, r"attention_mask.*\(3, 4\)", wiring="check_model_inputs"),
+    Row("generate-mask-batch",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2], [4, 6, 2]]),
+                                      attention_mask=torch.ones(1, 3, dtype=torch.long), max_new_tokens=2),
+        ValueError, r"attention_mask.*\(1, 3\)", wiring="check_model_inputs"),
+    Row("generate-groups-str",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), decoder_groups="12", max_new_tokens=2),
+        ValueError, r"'12'", wiring="check_decoder_groups"),
+    Row("generate-groups-float",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), decoder_groups=[1.7], max_new_tokens=2),
+        ValueError, r"1\.7", wiring="check_decoder_groups"),
+    Row("model-groups-str", lambda ws: ws.gtrans(**_batch(ws), decoder_groups="12"), ValueError, r"'12'",
+        wiring="check_decoder_groups"),
+    Row("model-groups-bool", lambda ws: ws.gtrans(**_batch(ws), decoder_groups=[True]), ValueError, r"True",
+        wiring="check_decoder_groups"),
+]
+
+
+def _param(row: Row):
+    marks = [pytest.mark.xfail(strict=True, reason=f"needs backbone wiring: {row.wiring}")] if row.wiring else []
+    return pytest.param(row, id=row.id, marks=marks)
+
+
+def test_catalogue_has_enough_rows():
+    assert len(ROWS) >= 100 and len({row.id for row in ROWS}) == len(ROWS)
+
+
+@pytest.mark.parametrize("row", [_param(row) for row in ROWS])
+def test_bad_input(row: Row, ws):
+    before = _snapshot(ws.root)
+    with torch.no_grad(), pytest.raises(row.error) as raised:
+        row.call(ws)
+    message = str(raised.value)
+    assert re.search(row.message.format(vocab=ws.vocab), message, flags=re.DOTALL), message
+    # a family error lists this package's families, not transformers' hundreds of model types
+    assert "'bert'" not in message and "xlm-roberta-xl" not in message
+    assert _snapshot(ws.root) == before, "a file of the workspace changed"
