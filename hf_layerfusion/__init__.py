@@ -23,6 +23,11 @@ from .trainer import LayerFusionSeq2SeqTrainer
 from .translation import translate
 from .xlmr import from_xlmr, load_xlmr_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
+from .models.deep_representations import (
+    DeepRepresentationsConfig,
+    DeepRepresentationsForConditionalGeneration,
+    DeepRepresentationsModel,
+)
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
 from .models.plain_transformer import (
     PlainTransformerConfig,
@@ -34,6 +39,11 @@ from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
 FAMILIES = {
     "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
     "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+    "deep_representations": (
+        DeepRepresentationsConfig,
+        DeepRepresentationsModel,
+        DeepRepresentationsForConditionalGeneration,
+    ),
     "rtal": (RTALConfig, RTALModel, RTALForConditionalGeneration),
 }
 
@@ -55,6 +65,9 @@ __all__ = [
     "GTransConfig",
     "GTransForConditionalGeneration",
     "GTransModel",
+    "DeepRepresentationsConfig",
+    "DeepRepresentationsForConditionalGeneration",
+    "DeepRepresentationsModel",
     "LayerFusionConfig",
     "LayerFusionForConditionalGeneration",
     "LayerFusionModel",

@@ -55,7 +55,9 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     Takes exactly `Seq2SeqTrainer`'s arguments. After construction, `trainer.model.config.label_smoothing` holds the
     smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
     Callbacks that add values to the logs (`hf_layerfusion.callbacks.LOG_ENRICHING_CALLBACKS`) are run before the
-    reporting integrations, so that TensorBoard & co. receive those values.
+    reporting integrations, so that TensorBoard & co. receive those values. Models that return `layer_diversity`
+    (deep_representations, Eq. 10) get its mean over the training steps since the previous log logged as
+    `layer_diversity`.
     """
 
     def __init__(self, *args, **kwargs):
@@ -63,11 +65,29 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(self.model, LayerFusionPreTrainedModel):
             move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
             self.label_smoother = None
+        # sum and count of the training steps' layer diversity (deep_representations, Eq. 10) since the last log
+        self._layer_diversity = [0.0, 0]
         self._run_log_enriching_callbacks_first()
 
     def add_callback(self, callback):
         super().add_callback(callback)
         self._run_log_enriching_callbacks_first()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        diversity = outputs.get("layer_diversity") if isinstance(outputs, dict) else None
+        if diversity is not None and model.training:
+            self._layer_diversity[0] += diversity.detach()
+            self._layer_diversity[1] += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # training logs get the mean layer diversity D of the steps since the previous log (models that return it)
+        total, steps = self._layer_diversity
+        if "loss" in logs and steps:
+            logs["layer_diversity"] = float(total) / steps
+            self._layer_diversity = [0.0, 0]
+        super().log(logs, start_time)
 
     def _run_log_enriching_callbacks_first(self):
         # stable sort: the relative order within each of the two sets is kept

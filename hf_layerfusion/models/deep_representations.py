@@ -1,0 +1,491 @@
+"""Deep representations (Dou, Tu, Wang, Shi, Zhang 2018, "Exploiting Deep Representations for Neural Machine
+Translation", EMNLP; equations numbered as in `shared/papers/deep-representations.txt`).
+
+Instead of reading only the top layer, the encoder and/or the decoder fuse all their layers with one of five
+strategies (Sec. 3.1), chosen per stack by `encoder_aggregation` / `decoder_aggregation`:
+
+- `"dense"`, dense connection (Eq. 4): `H^l = Layer(H^{l-1}) + sum_{i=1}^{l-1} H^i`, no parameters; it changes what
+  every layer receives, so it is the backbone's *connection* between layers;
+- `"linear"`, linear combination (Eq. 5): `Ĥ = sum_{l=1}^{L} W_l H^l` with trainable d x d matrices `W_l` (not
+  scalars), a *readout* after the stack;
+- `"iterative"`, iterative aggregation (Eq. 6-7): `Ĥ^1 = H^1`, `Ĥ^l = AGG(H^l, Ĥ^{l-1})`, the output is `Ĥ^L`
+  (a readout), with `AGG(x, y) = LN(FF([x; y]) + x + y)`;
+- `"hierarchical"`, hierarchical aggregation (Fig. 2, Sec. 3.1.1): a CNN-like tree of filter size 2 whose nodes are
+  `Ĥ^1 = AGG(H^1, H^2)` and `Ĥ^i = AGG(H^{2i-1}, H^{2i}, Ĥ^{i-1})` (i >= 2), `AGG(x, y, z) = LN(FF([x; y; z]) + x +
+  y + z)`; each node's output is fed back into the backbone as the input of layer 2i+1 (the backbone's
+  connection), and the top node `Ĥ^{L/2}` is the stack's output. For L = 4: Ĥ^1 = AGG(H^1, H^2),
+  Ĥ^2 = AGG(H^3, H^4, Ĥ^1); L = 6 (the paper): plus Ĥ^3 = AGG(H^5, H^6, Ĥ^2); L = 8: plus Ĥ^4 = AGG(H^7, H^8,
+  Ĥ^3). The tree pairs layers, so an odd number of layers is refused with a `ValueError`;
+- `"multi_layer_attention"` (Eq. 8): the self-attention of layer l queries each of the k layers below it with its
+  own attention model, `C^l_{-i} = ATT(Q^l, K^{l-i}, V^{l-i})`, and `C^l = AGG(C^l_{-1}, .., C^l_{-k})` replaces
+  the self-attention output in Eq. 1 / 2; cross-attention is unchanged. In the decoder every one of these
+  attentions keeps its own KV-cache slot, so incremental decoding equals the full forward;
+- `"none"`: the plain Transformer stack.
+
+`AGG`'s FF is `W_2 act(W_1 [x_1; ..; x_n] + b_1) + b_2` with inner size the stack's FFN size (`encoder_ffn_dim` /
+`decoder_ffn_dim`): with it the added parameters are exactly Table 1's for Transformer-Base (iterative: 5 two-input
+nodes per stack, +31.5M; hierarchical: one two-input and two three-input nodes per stack, +23.1M; multi-layer
+attention, k = 2: +33.6M, k = 3: +37.8M, see below).
+
+Layer diversity (Sec. 3.2, Eq. 9-10): `D = 1/(L-1) sum_{l=1}^{L-1} 1/N sum_n (1 - cos^2(h^l_n, h^{l+1}_n))`, and
+the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity; lambda = `diversity_weight`,
+1.0 as in the paper). D is returned as `layer_diversity` in the output and logged by
+`hf_layerfusion.LayerFusionSeq2SeqTrainer`.
+
+Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
+- **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
+  output; `"top"` adds only "the top level of the input layers", the input coming from the highest layer: `H^{2i}`
+  in a hierarchical node (Ĥ^{i-1} aggregates layers below it), `H^l` in an iterative node (Eq. 6's x),
+  `C^l_{-1}` (the context from layer l-1) in multi-layer attention; `"none"` adds nothing (`LN(FF([..]))`).
+  `aggregation_activation` is FF's inner activation, `"sigmoid"` (the paper's) or `"relu"` (Table 4).
+- **AGG dropout**: `activation_dropout` after the inner activation and `dropout` on FF's output, as in the
+  backbone's feed-forward sub-layers (the paper is silent).
+- **linear combination init**: `W_L = I`, every other `W_l = 0`, so Eq. 5 starts as the plain Transformer (the paper
+  initialises its models from a trained baseline); gradients reach every `W_l` from the first step. Eq. 5 has no
+  bias and no LayerNorm, and none is added. (Table 1's +14.7M is not what Eq. 5 as written adds, 2 x 6 d x d
+  matrices = 3.1M at d = 512; we follow the equation.)
+- **multi-layer attention, first layers**: the embedding layer is not one of "the layers lower than l", so layer
+  l attends k layers only when l > k; layers 1..k keep the plain self-attention. This reproduces Table 1's parameter
+  counts exactly (k = 2: layers 3-6 of both stacks, 8 x (one extra attention + a 2-input AGG) = 33.6M; k = 3:
+  6 x (two extra attentions + a 3-input AGG) = 37.8M). The attention over layer l-1 is the layer's ordinary
+  `self_attn` (so Marian weights load into it); the queries of every attention come from layer l's input through
+  that attention's own projection. Pre-norm models give each extra attended state its own LayerNorm, as the
+  layer's own input gets one. `output_attentions` returns the weights of the attention over layer l-1.
+- **diversity states**: h^l is the output of backbone layer l (what HF returns as hidden state l), l = 1..L, of
+  *both* stacks, and D is the mean of the encoder's and the decoder's Eq. 10. For iterative, hierarchical and
+  multi-layer attention (the paper's rows 8-10) that is exactly the paper's H^l (the layers, not the aggregation
+  nodes Ĥ); for the dense connection it is `Layer(H^{l-1})`, before Eq. 4 adds the lower layers (adjacent sums of
+  the same terms would be similar by construction). N runs over the non-pad positions: source positions with
+  `attention_mask = 1`, target positions whose label is not -100; the mean is over all such positions of the
+  batch (token-weighted, like the cross entropy). D is computed in forward passes with `labels` when
+  `diversity_weight > 0`; generation never computes it.
+- "aggregation off" is `encoder_aggregation = decoder_aggregation = "none"` with `diversity_weight = 0`: exactly
+  the plain backbone (and `MarianMTModel` through `from_marian`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import can_return_tuple
+
+from ..configuration_backbone import LayerFusionConfig
+from ..modeling_backbone import (
+    CacheSlots,
+    LayerContext,
+    LayerFusionForConditionalGeneration,
+    LayerFusionModel,
+    LayerFusionSeq2SeqLMOutput,
+    MultiHeadAttention,
+    TopLayerDecoderReadout,
+    TopLayerEncoderReadout,
+)
+
+AGGREGATIONS = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
+AGGREGATION_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": F.relu}
+AGGREGATION_RESIDUALS = ("none", "top", "all")
+
+
+@strict
+class DeepRepresentationsConfig(LayerFusionConfig):
+    r"""
+    Deep-representations configuration: the backbone keys of `LayerFusionConfig` plus
+
+    Args:
+        encoder_aggregation, decoder_aggregation: the strategy of each stack, one of `"none"`, `"dense"` (Eq. 4),
+            `"linear"` (Eq. 5), `"iterative"` (Eq. 6-7), `"hierarchical"` (Fig. 2, the paper's best, default) and
+            `"multi_layer_attention"` (Eq. 8). `"hierarchical"` needs an even number of layers.
+        aggregation_activation: inner activation of AGG's feed-forward network, `"sigmoid"` (paper) or `"relu"`
+            (Table 4).
+        aggregation_residual: which inputs of AGG are added to its output (Table 4): `"all"` (paper), `"top"`
+            (the input from the highest layer) or `"none"`.
+        multi_layer_attention_k: k of Eq. 8, the number of layers below that each self-attention queries (the paper
+            tries 2 and 3); layers 1..k keep the plain self-attention. Must be smaller than the number of layers of
+            a stack that uses it.
+        diversity_weight: lambda of Eq. 9; the loss is `CE - lambda * D` (D of Eq. 10). 0 switches the term off.
+    """
+
+    model_type = "deep_representations"
+
+    encoder_aggregation: str = "hierarchical"
+    decoder_aggregation: str = "hierarchical"
+    aggregation_activation: str = "sigmoid"
+    aggregation_residual: str = "all"
+    multi_layer_attention_k: int = 2
+    diversity_weight: float | int = 1.0
+
+    def check_consistency(self) -> None:
+        super().check_consistency()
+        for stack in ("encoder", "decoder"):
+            strategy, layers = getattr(self, f"{stack}_aggregation"), getattr(self, f"{stack}_layers")
+            if strategy not in AGGREGATIONS:
+                raise ValueError(f"Unknown `{stack}_aggregation` {strategy!r}; choose one of {AGGREGATIONS}.")
+            if strategy == "hierarchical" and layers % 2:
+                raise ValueError(
+                    f"`{stack}_aggregation='hierarchical'` merges pairs of layers (a tree of filter size 2) and needs "
+                    f"an even number of layers; `{stack}_layers` is {layers}."
+                )
+            if strategy == "multi_layer_attention" and not 2 <= self.multi_layer_attention_k < layers:
+                raise ValueError(
+                    f"`multi_layer_attention_k` must lie in [2, {stack}_layers - 1 = {layers - 1}] (layers 1..k keep "
+                    f"the plain self-attention), got {self.multi_layer_attention_k}."
+                )
+        if self.aggregation_activation not in AGGREGATION_ACTIVATIONS:
+            raise ValueError(
+                f"Unknown `aggregation_activation` {self.aggregation_activation!r}; "
+                f"choose one of {tuple(AGGREGATION_ACTIVATIONS)}."
+            )
+        if self.aggregation_residual not in AGGREGATION_RESIDUALS:
+            raise ValueError(
+                f"Unknown `aggregation_residual` {self.aggregation_residual!r}; choose one of {AGGREGATION_RESIDUALS}."
+            )
+        if self.diversity_weight < 0:
+            raise ValueError(f"`diversity_weight` (lambda of Eq. 9) must be >= 0, got {self.diversity_weight}.")
+        if self.diversity_weight > 0 and min(self.encoder_layers, self.decoder_layers) < 2:
+            raise ValueError(
+                "Layer diversity (Eq. 10) compares adjacent layers and needs at least 2 layers per stack; "
+                f"encoder_layers={self.encoder_layers}, decoder_layers={self.decoder_layers} with "
+                f"diversity_weight={self.diversity_weight} (set it to 0)."
+            )
+
+    def attends_lower_layers(self, is_decoder: bool, layer_idx: int) -> bool:
+        """Whether 0-based layer `layer_idx` uses multi-layer attention: paper layer l = layer_idx + 1 > k."""
+        strategy = self.decoder_aggregation if is_decoder else self.encoder_aggregation
+        return strategy == "multi_layer_attention" and layer_idx >= self.multi_layer_attention_k
+
+    @property
+    def decoder_cache_layers(self) -> int:
+        """One self-attention cache slot per attention: k for the multi-layer-attention layers, else one."""
+        return sum(
+            self.multi_layer_attention_k if self.attends_lower_layers(True, layer_idx) else 1
+            for layer_idx in range(self.decoder_layers)
+        )
+
+
+# --------------------------------------------------------------------------------------------------- AGG
+class LayerAggregation(nn.Module):
+    """AGG of Eq. 7 (two inputs), of the hierarchical nodes (three) and of Eq. 8 (k contexts):
+    `AGG(x_1, .., x_n) = LN(FF([x_1; ..; x_n]) + residual)`, FF = `W_2 act(W_1 z + b_1) + b_2`.
+
+    The residual follows `config.aggregation_residual` (Table 4): `"all"` adds every input, `"top"` only
+    `inputs[top_input]` (the input from the highest layer), `"none"` nothing."""
+
+    def __init__(self, config: DeepRepresentationsConfig, num_inputs: int, ffn_dim: int, top_input: int):
+        super().__init__()
+        self.num_inputs = num_inputs
+        self.top_input = top_input
+        self.residual = config.aggregation_residual
+        self.activation = AGGREGATION_ACTIVATIONS[config.aggregation_activation]
+        self.fc1 = nn.Linear(num_inputs * config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.activation_dropout = config.activation_dropout
+        self.dropout = config.dropout
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        hidden = self.activation(self.fc1(torch.cat(inputs, dim=-1)))
+        hidden = F.dropout(hidden, p=self.activation_dropout, training=self.training)
+        output = F.dropout(self.fc2(hidden), p=self.dropout, training=self.training)
+        if self.residual == "all":
+            output = output + sum(inputs)
+        elif self.residual == "top":
+            output = output + inputs[self.top_input]
+        return self.layer_norm(output)
+
+    def input_exploitation(self) -> torch.Tensor:
+        """Eq. 11 (Fig. 5): `s_j = sum |W_j| / sum_j' sum |W_j'|`, W_j the columns of W_1 reading input j."""
+        mass = self.fc1.weight.detach().abs().reshape(self.fc1.out_features, self.num_inputs, -1).sum(dim=(0, 2))
+        return mass / mass.sum()
+
+
+# --------------------------------------------------------------------------------------------------- readouts
+class AggregationReadout(nn.Module):
+    """A fused stack output used as the encoder memory (`is_decoder=False`) or as the decoder's single output
+    feature (`is_decoder=True`, one output group)."""
+
+    num_groups = 1
+
+    def __init__(self, is_decoder: bool):
+        super().__init__()
+        self.is_decoder = is_decoder
+
+    def num_layers_needed(self, groups: Sequence[int]) -> int | None:
+        return None  # all layers
+
+    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int] | None = None):
+        # states[0] is the embedding output; the paper's H^1..H^L are states[1:]
+        fused = self.aggregate(states[1:])
+        return (fused,) if self.is_decoder else fused
+
+
+class LinearCombination(AggregationReadout):
+    """Eq. 5: `Ĥ = sum_{l=1}^{L} W_l H^l`, trainable d x d matrices W_l (no normalisation, no bias)."""
+
+    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, is_decoder: bool):
+        super().__init__(is_decoder)
+        self.weight = nn.Parameter(self.top_layer_identity(num_layers, config.d_model))  # weight[l-1] = W_l
+
+    @staticmethod
+    def top_layer_identity(num_layers: int, d_model: int) -> torch.Tensor:
+        """W_L = I, W_l = 0 below: Eq. 5 starts as the plain Transformer (see the module docstring)."""
+        weight = torch.zeros(num_layers, d_model, d_model)
+        weight[-1] = torch.eye(d_model)
+        return weight
+
+    def init_fusion_weights(self):
+        init.copy_(self.weight, self.top_layer_identity(*self.weight.shape[:2]).to(self.weight))
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        """Frobenius norm of each W_l."""
+        return {"linear_combination_norm": self.weight.detach().flatten(1).norm(dim=1)}
+
+    def aggregate(self, layers: Sequence[torch.Tensor]) -> torch.Tensor:
+        # h W_l^T for row vectors h, summed over l
+        return torch.einsum("lbtd,led->bte", torch.stack(list(layers)), self.weight.to(layers[0].dtype))
+
+
+class IterativeAggregation(AggregationReadout):
+    """Eq. 6: `Ĥ^1 = H^1`, `Ĥ^l = AGG(H^l, Ĥ^{l-1})` for l = 2..L; the output is Ĥ^L. `nodes[l-2]` computes Ĥ^l."""
+
+    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, ffn_dim: int, is_decoder: bool):
+        super().__init__(is_decoder)
+        # Eq. 6's x = H^l is the input from the higher layer: "top" for Table 4's residual
+        self.nodes = nn.ModuleList(LayerAggregation(config, 2, ffn_dim, top_input=0) for _ in range(num_layers - 1))
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        """Eq. 11 exploitation of (H^l, Ĥ^{l-1}) by each node Ĥ^l."""
+        return {f"iterative_node{l}_exploitation": node.input_exploitation() for l, node in enumerate(self.nodes, 2)}
+
+    def aggregate(self, layers: Sequence[torch.Tensor]) -> torch.Tensor:
+        aggregated = layers[0]
+        for node, layer in zip(self.nodes, layers[1:]):
+            aggregated = node(layer, aggregated)
+        return aggregated
+
+
+# --------------------------------------------------------------------------------------------------- connections
+class DenseConnection(nn.Module):
+    """Eq. 4: `H^l = Layer(H^{l-1}) + sum_{i=1}^{l-1} H^i` (H^0, the embeddings, is not added)."""
+
+    def forward(self, layer_idx: int, output: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        # states = [H^0 .. H^{l-1}]
+        return output + sum(states[1:layer_idx]) if layer_idx >= 2 else output
+
+
+class HierarchicalAggregation(nn.Module):
+    """Fig. 2 / Sec. 3.1.1: after layer 2i, node `Ĥ^i = AGG(H^{2i-1}, H^{2i}[, Ĥ^{i-1}])` replaces H^{2i} as the
+    state of the stack, so layer 2i+1 (the next sub-tree) reads Ĥ^i and the top state is Ĥ^{L/2}. `nodes[i-1]`
+    computes Ĥ^i; `node_inputs()` names what each node combines."""
+
+    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, ffn_dim: int):
+        super().__init__()
+        # input order of the paper's formula: (H^{2i-1}, H^{2i}, Ĥ^{i-1}); H^{2i} is the "top" one (Table 4)
+        self.nodes = nn.ModuleList(
+            LayerAggregation(config, 2 if i == 1 else 3, ffn_dim, top_input=1) for i in range(1, num_layers // 2 + 1)
+        )
+
+    def node_inputs(self) -> list[tuple[str, ...]]:
+        """What each node Ĥ^i combines, e.g. `[("H1", "H2"), ("H3", "H4", "Ĥ1")]` for 4 layers."""
+        return [
+            (f"H{2 * i - 1}", f"H{2 * i}") + ((f"Ĥ{i - 1}",) if i > 1 else ()) for i in range(1, len(self.nodes) + 1)
+        ]
+
+    def forward(self, layer_idx: int, output: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        if layer_idx == 0 or layer_idx % 2:
+            return output  # the embeddings, or H^{2i-1}: kept as the input of layer 2i
+        i = layer_idx // 2
+        # states[2i-1] = H^{2i-1}, states[2i-2] = Ĥ^{i-1} (the state entering the sub-tree of node i)
+        lower = (states[layer_idx - 2],) if i > 1 else ()
+        return self.nodes[i - 1](states[layer_idx - 1], output, *lower)
+
+
+# --------------------------------------------------------------------------------------------------- attention
+class MultiLayerSelfAttention(MultiHeadAttention):
+    """Eq. 8: `C^l_{-i} = ATT_i(Q^l, K^{l-i}, V^{l-i})`, i = 1..k, each with its own projections, and
+    `C^l = AGG(C^l_{-1}, .., C^l_{-k})`. This module's own projections are ATT_1 (over layer l-1, the layer's input);
+    `lower_attentions[i-2]` is ATT_i over `lower_states[-i]` = H^{l-i}. In the decoder each ATT_i keys/values through
+    its own cache slot."""
+
+    def __init__(self, config: DeepRepresentationsConfig, num_heads: int, is_decoder: bool, cache_slot: int | None,
+                 lower_cache_slots: Sequence[int | None], ffn_dim: int):
+        super().__init__(config, num_heads, is_causal=is_decoder, layer_idx=cache_slot)
+        self.lower_attentions = nn.ModuleList(
+            MultiHeadAttention(config, num_heads, is_causal=is_decoder, layer_idx=slot) for slot in lower_cache_slots
+        )
+        # pre-norm: every attended state is normalised, like the layer's own input
+        self.lower_norms = (
+            nn.ModuleList(nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in lower_cache_slots)
+            if config.normalize_before
+            else None
+        )
+        # C^l_{-1}, from the highest layer, is "top" for Table 4's residual
+        self.aggregation = LayerAggregation(config, len(lower_cache_slots) + 1, ffn_dim, top_input=0)
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # the extra attentions are called through their methods, not as modules, so that `output_attentions` records
+        # one map per layer (this module's, over layer l-1)
+        contexts = []
+        top_context, weights = self.attend(
+            hidden_states, hidden_states, context.attention_mask, context.past_key_values, **context.attention_kwargs
+        )
+        contexts.append(top_context)
+        for i, attention in enumerate(self.lower_attentions, start=2):
+            lower = context.lower_states[-i]
+            if self.lower_norms is not None:
+                lower = self.lower_norms[i - 2](lower)
+            key_states, value_states = attention.project_keys_values(lower, context.past_key_values)
+            contexts.append(
+                attention.attend_to(
+                    hidden_states, key_states, value_states, context.attention_mask, **context.attention_kwargs
+                )[0]
+            )
+        return self.aggregation(*contexts), weights
+
+
+# --------------------------------------------------------------------------------------------------- diversity
+def layer_diversity(layer_states: Sequence[torch.Tensor], mask: torch.Tensor | None) -> torch.Tensor:
+    """Eq. 10 of one stack: `1/(L-1) sum_{l=1}^{L-1} mean_n (1 - cos^2(h^l_n, h^{l+1}_n))` over the positions where
+    `mask` (batch, length) is true (all positions when None), pooled over the batch."""
+    states = torch.stack(list(layer_states))  # (L, batch, length, d)
+    cosine = F.cosine_similarity(states[:-1].float(), states[1:].float(), dim=-1)  # (L-1, batch, length)
+    distance = (1 - cosine.square()).mean(dim=0)  # mean over the L-1 adjacent pairs, per position
+    if mask is None:
+        return distance.mean()
+    mask = mask.bool()
+    return distance[mask].sum() / mask.sum().clamp(min=1)
+
+
+@dataclass
+class DeepRepresentationsSeq2SeqLMOutput(LayerFusionSeq2SeqLMOutput):
+    """`LayerFusionSeq2SeqLMOutput` plus `layer_diversity`, D of Eq. 10 (mean of the encoder's and the decoder's),
+    in forward passes with `labels` and `diversity_weight > 0`; `loss` is then `CE - diversity_weight * D`."""
+
+    layer_diversity: torch.Tensor | None = None
+
+
+# --------------------------------------------------------------------------------------------------- models
+class DeepRepresentationsModel(LayerFusionModel):
+    config_class = DeepRepresentationsConfig
+
+    @classmethod
+    def build_readout(cls, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
+        strategy = config.decoder_aggregation if is_decoder else config.encoder_aggregation
+        layers = config.decoder_layers if is_decoder else config.encoder_layers
+        if strategy == "linear":
+            return LinearCombination(config, layers, is_decoder)
+        if strategy == "iterative":
+            return IterativeAggregation(config, layers, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim, is_decoder)
+        return None
+
+    @classmethod
+    def build_encoder_readout(cls, config: DeepRepresentationsConfig) -> nn.Module:
+        return cls.build_readout(config, is_decoder=False) or TopLayerEncoderReadout()
+
+    @classmethod
+    def build_decoder_readout(cls, config: DeepRepresentationsConfig) -> nn.Module:
+        return cls.build_readout(config, is_decoder=True) or TopLayerDecoderReadout()
+
+    def build_connection(self, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
+        strategy = config.decoder_aggregation if is_decoder else config.encoder_aggregation
+        if strategy == "dense":
+            return DenseConnection()
+        if strategy == "hierarchical":
+            layers = config.decoder_layers if is_decoder else config.encoder_layers
+            return HierarchicalAggregation(config, layers, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim)
+        return None
+
+    def build_sublayer(
+        self, config: DeepRepresentationsConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
+    ) -> nn.Module:
+        if kind != "s" or not config.attends_lower_layers(is_decoder, layer_idx):
+            return super().build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)
+        k = config.multi_layer_attention_k
+        if is_decoder:
+            slot, lower_slots = cache_slots.next_self(), [cache_slots.next_self() for _ in range(k - 1)]
+        else:
+            slot, lower_slots = layer_idx, [None] * (k - 1)
+        return MultiLayerSelfAttention(
+            config,
+            config.decoder_attention_heads if is_decoder else config.encoder_attention_heads,
+            is_decoder,
+            slot,
+            lower_slots,
+            config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim,
+        )
+
+
+class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
+    """Deep representations with the layer-diversity objective (Eq. 9): with `labels` and `diversity_weight > 0`,
+    `loss = CE - diversity_weight * D` and `layer_diversity = D`."""
+
+    config_class = DeepRepresentationsConfig
+    model_class = DeepRepresentationsModel
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        decoder_groups: Sequence[int] | None = None,
+        return_group_log_probs: bool = False,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> DeepRepresentationsSeq2SeqLMOutput:
+        r"""`LayerFusionForConditionalGeneration.forward`, plus the diversity term of Eq. 9 when `labels` are given."""
+        with_diversity = labels is not None and self.config.diversity_weight > 0
+        hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
+        if with_diversity:
+            kwargs["output_hidden_states"] = True  # the layer outputs h^l of both stacks
+        outputs = super().forward(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            labels=labels,
+            use_cache=use_cache,
+            decoder_groups=decoder_groups,
+            return_group_log_probs=return_group_log_probs,
+            logits_to_keep=logits_to_keep,
+            num_items_in_batch=num_items_in_batch,
+            **kwargs,
+        )
+        fields = dict(outputs)
+        if with_diversity:
+            if not outputs.encoder_hidden_states:
+                raise ValueError(
+                    "Layer diversity (Eq. 10) needs the encoder's layer outputs: pass `input_ids` with the labels, or "
+                    "`encoder_outputs` computed with `output_hidden_states=True` (or set diversity_weight=0)."
+                )
+            # hidden state 0 is the embedding output; 1..L are the layers' outputs h^1..h^L
+            diversity = (
+                layer_diversity(outputs.encoder_hidden_states[1:], attention_mask)
+                + layer_diversity(outputs.decoder_hidden_states[1:], labels.ne(-100))
+            ) / 2
+            fields["loss"] = outputs.loss - self.config.diversity_weight * diversity  # Eq. 9
+            fields["layer_diversity"] = diversity
+            if not hidden_states_requested:
+                fields.pop("encoder_hidden_states")
+                fields.pop("decoder_hidden_states")
+        return DeepRepresentationsSeq2SeqLMOutput(**fields)

@@ -1,0 +1,518 @@
+"""Deep representations (Dou et al. 2018): every strategy against a brute-force reference written here, the
+hierarchical tree's shape, KV-cached decoding, layer diversity, and the HF plumbing (save/load, Marian, trainer)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_backbone_marian import padded_source, tiny_marian
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSeq2SeqLM,
+    MarianConfig,
+    MarianMTModel,
+    Seq2SeqTrainingArguments,
+)
+
+import hf_layerfusion
+from hf_layerfusion import (
+    DeepRepresentationsConfig,
+    DeepRepresentationsForConditionalGeneration,
+    DeepRepresentationsModel,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+)
+from hf_layerfusion.models.deep_representations import MultiLayerSelfAttention, layer_diversity
+from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
+OFF = dict(encoder_aggregation="none", decoder_aggregation="none", diversity_weight=0.0)
+
+
+def make_model(tiny_backbone, layers=4, **overrides) -> DeepRepresentationsForConditionalGeneration:
+    config = DeepRepresentationsConfig(
+        **{**tiny_backbone, "encoder_layers": layers, "decoder_layers": layers, "init_std": 0.3, **overrides}
+    )
+    model = DeepRepresentationsForConditionalGeneration(config).eval()
+    randomize_fusion(model)
+    return model
+
+
+def randomize_fusion(model):
+    """Random W_l and AGG LayerNorms (their init is I / 0 and 1 / 0), so that every fusion parameter shows."""
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("readout.weight"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+            elif ("nodes." in name or "aggregation." in name) and ".layer_norm." in name:
+                base = 1.0 if name.endswith("weight") else 0.0
+                param.copy_(base + torch.randn(param.shape, generator=generator) * 0.5)
+
+
+def source_tokens(batch=2, length=5):
+    return torch.randint(4, 24, (batch, length), generator=torch.Generator().manual_seed(3))
+
+
+# ----------------------------------------------------------------------------------------- brute-force helpers
+def agg_reference(node, inputs, residual="all", top=None, activation=torch.sigmoid):
+    """LN(FF([x_1; ..; x_n]) + residual), FF = W_2 act(W_1 z + b_1) + b_2, written out with the node's weights."""
+    z = torch.cat(inputs, dim=-1)
+    ff = activation(z @ node.fc1.weight.T + node.fc1.bias) @ node.fc2.weight.T + node.fc2.bias
+    if residual == "all":
+        ff = ff + sum(inputs)
+    elif residual == "top":
+        ff = ff + inputs[top]
+    return F.layer_norm(ff, ff.shape[-1:], node.layer_norm.weight, node.layer_norm.bias, node.layer_norm.eps)
+
+
+def attention_reference(attention, queries_from, keys_from, num_heads, causal=False):
+    """Multi-head attention softmax(Q K^T / sqrt(d_h)) V with the module's projections, no mask but causality."""
+    batch, length, d = queries_from.shape
+    d_h = d // num_heads
+
+    def heads(x, proj):
+        return (x @ proj.weight.T + proj.bias).view(batch, -1, num_heads, d_h).transpose(1, 2)
+
+    q, k, v = heads(queries_from, attention.q_proj), heads(keys_from, attention.k_proj), heads(keys_from, attention.v_proj)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d_h)
+    if causal:
+        scores = scores.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
+    context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d)
+    return context @ attention.out_proj.weight.T + attention.out_proj.bias
+
+
+def encoder_embeddings(model, input_ids):
+    encoder = model.model.encoder
+    return encoder.embeddings(input_ids, encoder.embed_tokens(input_ids))
+
+
+def run_layer(layer, hidden_states):
+    """Backbone layer `Layer(.)` as a black box (no padding, so no mask)."""
+    return layer(hidden_states, None)[0]
+
+
+def encoder_output(model, input_ids):
+    with torch.no_grad():
+        return model.model.encoder(input_ids=input_ids).last_hidden_state
+
+
+# ----------------------------------------------------------------------------------------- aggregation off
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_aggregation_off_equals_plain_backbone(attn_implementation, tiny_backbone, padded_batch):
+    plain = PlainTransformerForConditionalGeneration(
+        PlainTransformerConfig(**tiny_backbone, init_std=0.3, attn_implementation=attn_implementation)
+    ).eval()
+    model = DeepRepresentationsForConditionalGeneration(
+        DeepRepresentationsConfig(**tiny_backbone, **OFF, attn_implementation=attn_implementation)
+    ).eval()
+    assert set(model.state_dict()) == set(plain.state_dict())  # no fusion parameter at all
+    model.load_state_dict(plain.state_dict())
+    with torch.no_grad():
+        expected, actual = plain(**padded_batch), model(**padded_batch)
+    assert expected.logits.abs().max() > 1.0
+    assert torch.equal(actual.logits, expected.logits)
+    assert torch.equal(actual.loss, expected.loss)
+    assert actual.layer_diversity is None
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_from_marian_aggregation_off_matches_marian(attn_implementation):
+    marian = tiny_marian(attn_implementation)
+    model = hf_layerfusion.from_marian(
+        marian, model_type="deep_representations", attn_implementation=attn_implementation, **OFF
+    ).eval()
+    assert type(model) is DeepRepresentationsForConditionalGeneration
+    batch = padded_source()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**batch).logits, marian(**batch).logits, atol=1e-4, rtol=0)
+    generate_kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4,
+                           max_length=12, output_scores=True, return_dict_in_generate=True)
+    expected, generated = marian.generate(**generate_kwargs), model.generate(**generate_kwargs)
+    assert generated.sequences.tolist() == expected.sequences.tolist()
+    torch.testing.assert_close(generated.sequences_scores, expected.sequences_scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("strategy", ["dense", "linear", "iterative", "hierarchical", "multi_layer_attention"])
+def test_from_marian_with_aggregation_loads_every_backbone_weight(strategy):
+    marian = MarianMTModel(MarianConfig(vocab_size=30, decoder_vocab_size=30, d_model=16, encoder_layers=4,
+                                        decoder_layers=4, encoder_attention_heads=2, decoder_attention_heads=2,
+                                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                                        pad_token_id=29, decoder_start_token_id=29, eos_token_id=0))
+    model = hf_layerfusion.from_marian(marian, model_type="deep_representations", encoder_aggregation=strategy,
+                                       decoder_aggregation=strategy)
+    fresh = set(model.conversion_report["freshly_initialised"]) - {"lm_head.weight"}
+    fusion_keys = {"dense": (), "linear": ("readout",), "iterative": ("readout",), "hierarchical": ("connection",),
+                   "multi_layer_attention": ("lower_attentions", "self_attn.aggregation")}[strategy]
+    assert all(any(part in key for part in fusion_keys) for key in fresh), fresh
+    assert bool(fresh) == bool(fusion_keys)
+    own = model.state_dict()
+    for key, value in marian.state_dict().items():
+        if key == "model.encoder.layers.3.self_attn.q_proj.weight":  # a multi-layer-attention layer's ATT_1
+            assert torch.equal(own[key], value)
+
+
+# ----------------------------------------------------------------------------------------- Eq. 4-7
+def test_dense_connection_eq4(tiny_backbone):
+    model = make_model(tiny_backbone, encoder_aggregation="dense")
+    input_ids = source_tokens()
+    with torch.no_grad():
+        states = [encoder_embeddings(model, input_ids)]  # H^0
+        for layer in model.model.encoder.layers:
+            # H^l = Layer(H^{l-1}) + sum_{i=1}^{l-1} H^i
+            states.append(run_layer(layer, states[-1]) + sum(states[1:], torch.zeros_like(states[0])))
+    torch.testing.assert_close(encoder_output(model, input_ids), states[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_linear_combination_eq5(tiny_backbone):
+    model = make_model(tiny_backbone, encoder_aggregation="linear")
+    readout = model.model.encoder.readout
+    assert readout.weight.shape == (4, 16, 16)  # one d x d matrix per layer, not scalars
+    input_ids = source_tokens()
+    with torch.no_grad():
+        h = encoder_embeddings(model, input_ids)
+        expected = 0
+        for l, layer in enumerate(model.model.encoder.layers):
+            h = run_layer(layer, h)  # H^{l+1}: the stack is the plain one
+            expected = expected + torch.einsum("btj,ij->bti", h, readout.weight[l])  # W_l h
+    torch.testing.assert_close(encoder_output(model, input_ids), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_combination_starts_as_top_layer(tiny_backbone):
+    config = DeepRepresentationsConfig(**tiny_backbone, encoder_aggregation="linear", decoder_aggregation="linear")
+    model = DeepRepresentationsForConditionalGeneration(config)
+    weight = model.model.decoder.readout.weight
+    assert torch.equal(weight[-1], torch.eye(16)) and not weight[:-1].any()
+
+
+@pytest.mark.parametrize("residual", ["all", "top", "none"])
+@pytest.mark.parametrize("activation", ["sigmoid", "relu"])
+def test_iterative_aggregation_eq6_eq7(residual, activation, tiny_backbone):
+    model = make_model(tiny_backbone, encoder_aggregation="iterative", aggregation_residual=residual,
+                       aggregation_activation=activation)
+    nodes = model.model.encoder.readout.nodes
+    assert len(nodes) == 3  # Ĥ^2, Ĥ^3, Ĥ^4; Ĥ^1 = H^1
+    input_ids = source_tokens()
+    with torch.no_grad():
+        h = run_layer(model.model.encoder.layers[0], encoder_embeddings(model, input_ids))
+        aggregated = h  # Ĥ^1 = H^1
+        for node, layer in zip(nodes, model.model.encoder.layers[1:]):
+            h = run_layer(layer, h)
+            # Ĥ^l = AGG(H^l, Ĥ^{l-1}); "top" is H^l
+            aggregated = agg_reference(node, [h, aggregated], residual, top=0,
+                                       activation=torch.sigmoid if activation == "sigmoid" else torch.relu)
+    torch.testing.assert_close(encoder_output(model, input_ids), aggregated, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- hierarchical tree
+EXPECTED_TREES = {
+    4: [("H1", "H2"), ("H3", "H4", "Ĥ1")],
+    6: [("H1", "H2"), ("H3", "H4", "Ĥ1"), ("H5", "H6", "Ĥ2")],
+    8: [("H1", "H2"), ("H3", "H4", "Ĥ1"), ("H5", "H6", "Ĥ2"), ("H7", "H8", "Ĥ3")],
+}
+
+
+@pytest.mark.parametrize("layers", sorted(EXPECTED_TREES))
+def test_hierarchical_tree_shape(layers, tiny_backbone):
+    model = make_model(tiny_backbone, layers=layers, encoder_aggregation="hierarchical")
+    encoder = model.model.encoder
+    assert encoder.connection.node_inputs() == EXPECTED_TREES[layers]
+    layer_io, node_io = [], []
+    handles = [layer.register_forward_hook(lambda m, args, out: layer_io.append((args[0], out[0])))
+               for layer in encoder.layers]
+    handles += [node.register_forward_hook(lambda m, args, out: node_io.append((args, out)))
+                for node in encoder.connection.nodes]
+    output = encoder_output(model, source_tokens())
+    for handle in handles:
+        handle.remove()
+    assert len(layer_io) == layers and len(node_io) == layers // 2
+    named = {f"H{l}": out for l, (_, out) in enumerate(layer_io, 1)}
+    named.update({f"Ĥ{i}": out for i, (_, out) in enumerate(node_io, 1)})
+    for i, (args, _) in enumerate(node_io, 1):
+        expected = EXPECTED_TREES[layers][i - 1]
+        assert len(args) == len(expected)
+        for arg, name in zip(args, expected):
+            assert arg is named[name], f"node Ĥ{i} input {name}"
+        # each node is fed back: the next sub-tree (layer 2i+1) reads Ĥ^i
+        if 2 * i < layers:
+            assert layer_io[2 * i][0] is named[f"Ĥ{i}"]
+    # odd layers read the preceding layer's output inside a sub-tree
+    for l in range(2, layers + 1, 2):
+        assert layer_io[l - 1][0] is named[f"H{l - 1}"]
+    assert torch.equal(output, named[f"Ĥ{layers // 2}"])  # the top node is the output
+
+
+@pytest.mark.parametrize("residual", ["all", "top", "none"])
+def test_hierarchical_aggregation_values(residual, tiny_backbone):
+    model = make_model(tiny_backbone, layers=6, encoder_aggregation="hierarchical", aggregation_residual=residual)
+    encoder = model.model.encoder
+    input_ids = source_tokens()
+    with torch.no_grad():
+        h, previous = encoder_embeddings(model, input_ids), None
+        for i, node in enumerate(encoder.connection.nodes, 1):
+            odd = run_layer(encoder.layers[2 * i - 2], h)  # H^{2i-1}
+            even = run_layer(encoder.layers[2 * i - 1], odd)  # H^{2i}
+            inputs = [odd, even] + ([previous] if previous is not None else [])
+            previous = h = agg_reference(node, inputs, residual, top=1)  # "top" is H^{2i}
+    torch.testing.assert_close(encoder_output(model, input_ids), previous, atol=1e-5, rtol=1e-5)
+
+
+def test_hierarchical_odd_layers_rejected(tiny_backbone):
+    with pytest.raises(ValueError, match="`decoder_layers` is 5"):
+        DeepRepresentationsConfig(**{**tiny_backbone, "decoder_layers": 5})
+
+
+# ----------------------------------------------------------------------------------------- Eq. 8
+@pytest.mark.parametrize("k", [2, 3])
+def test_multi_layer_attention_eq8(k, tiny_backbone):
+    model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention", multi_layer_attention_k=k)
+    layers = model.model.encoder.layers
+    # layers 1..k keep the plain self-attention (the embedding is not a layer)
+    assert [isinstance(layer.self_attn, MultiLayerSelfAttention) for layer in layers] == [l > k for l in range(1, 5)]
+    input_ids = source_tokens()
+    with torch.no_grad():
+        states = [encoder_embeddings(model, input_ids)]  # H^0
+        for l, layer in enumerate(layers, 1):
+            if l <= k:
+                states.append(run_layer(layer, states[-1]))
+                continue
+            attn = layer.self_attn
+            attentions = [attn, *attn.lower_attentions]  # ATT_i over H^{l-i}, i = 1..k
+            contexts = [attention_reference(a, states[l - 1], states[l - i], 2) for i, a in enumerate(attentions, 1)]
+            c = agg_reference(attn.aggregation, contexts, "all")  # C^l = AGG(C_{-1}, .., C_{-k})
+            c = layer.self_attn_block.layer_norm(c + states[l - 1])  # Eq. 1, first sub-layer
+            ffn = layer.ffn.fc2(torch.relu(layer.ffn.fc1(c)))
+            states.append(layer.ffn_block.layer_norm(ffn + c))
+    torch.testing.assert_close(encoder_output(model, input_ids), states[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_multi_layer_attention_decoder_cache_slots(tiny_backbone):
+    config = DeepRepresentationsConfig(**{**tiny_backbone, "decoder_layers": 5}, encoder_aggregation="none",
+                                       decoder_aggregation="multi_layer_attention", multi_layer_attention_k=3,
+                                       diversity_weight=0)
+    assert config.decoder_cache_layers == 3 * 1 + 2 * 3  # layers 1-3 one slot, layers 4-5 three
+    assert config.get_text_config(decoder=True).num_hidden_layers == 9
+    model = DeepRepresentationsForConditionalGeneration(config)
+    slots = [m.layer_idx for layer in model.model.decoder.layers
+             for m in [layer.self_attn, *getattr(layer.self_attn, "lower_attentions", [])]]
+    assert slots == list(range(9))
+
+
+def test_output_attentions_one_map_per_layer(tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention",
+                       decoder_aggregation="multi_layer_attention", attn_implementation="eager")
+    with torch.no_grad():
+        out = model(**padded_batch, output_attentions=True)
+    assert len(out.encoder_attentions) == len(out.decoder_attentions) == 4
+
+
+# ----------------------------------------------------------------------------------------- caching and search
+CACHE_CASES = {
+    **{s: dict(decoder_aggregation=s) for s in STRATEGIES},
+    "multi_layer_attention_k3": dict(decoder_aggregation="multi_layer_attention", multi_layer_attention_k=3),
+    "multi_layer_attention_pre_norm": dict(decoder_aggregation="multi_layer_attention", normalize_before=True),
+    "hierarchical_pre_norm_top_relu": dict(decoder_aggregation="hierarchical", normalize_before=True,
+                                           aggregation_residual="top", aggregation_activation="relu"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CACHE_CASES))
+def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation="hierarchical", **CACHE_CASES[case])
+    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    decoder_input_ids = torch.randint(4, 24, (3, 6), generator=torch.Generator().manual_seed(5))
+    decoder_input_ids[:, 0] = model.config.decoder_start_token_id
+    with torch.no_grad():
+        full = model(**source, decoder_input_ids=decoder_input_ids).logits
+        encoder_outputs = model.get_encoder()(**source)
+        past_key_values = None
+        for step in range(decoder_input_ids.shape[1]):
+            out = model(encoder_outputs=encoder_outputs, attention_mask=source["attention_mask"],
+                        decoder_input_ids=decoder_input_ids[:, step: step + 1], past_key_values=past_key_values,
+                        use_cache=True)
+            past_key_values = out.past_key_values
+            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+
+    searches = [
+        model.generate(**source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True,
+                       return_dict_in_generate=True)
+        for use_cache in (True, False)
+    ]
+    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
+    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+
+
+def test_generate_greedy_beam_sampling(tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation="iterative", decoder_aggregation="multi_layer_attention")
+    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
+        sequences = model.generate(**source, max_new_tokens=5, **kwargs)
+        assert sequences.shape[0] == 3 and sequences.shape[1] <= 6
+        assert (sequences[:, 0] == model.config.decoder_start_token_id).all()
+
+
+def test_eager_equals_sdpa(tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention", decoder_aggregation="hierarchical",
+                       attn_implementation="eager")
+    with torch.no_grad():
+        eager = model(**padded_batch)
+        model.set_attn_implementation("sdpa")
+        sdpa = model(**padded_batch)
+    torch.testing.assert_close(eager.logits, sdpa.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(eager.loss, sdpa.loss, atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------- diversity
+def test_layer_diversity_hand_computed():
+    # 3 layers, d = 2; sentence 1 has 2 real positions (+ 1 pad), sentence 2 one real position (+ 2 pads)
+    h1 = torch.tensor([[[1.0, 0], [1, 0], [5, 5]], [[1, 0], [7, 1], [2, 9]]])
+    h2 = torch.tensor([[[1.0, 1], [0, 1], [1, 2]], [[2, 0], [3, 3], [4, 1]]])
+    h3 = torch.tensor([[[0.0, 1], [0, 2], [3, 1]], [[3, 0], [1, 8], [6, 6]]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    # 1 - cos^2 per position, pairs (1,2) and (2,3): s1p1 0.5 and 0.5, s1p2 1 and 0, s2p1 0 and 0
+    # Eq. 10 pooled over the batch's 3 real positions: mean_l mean_n = ((0.5 + 1 + 0) / 3 + (0.5 + 0 + 0) / 3) / 2
+    assert layer_diversity([h1, h2, h3], mask).item() == pytest.approx(1 / 3, abs=1e-6)
+    # pads do not count: changing them changes nothing
+    h1_other_pads = h1.clone()
+    h1_other_pads[0, 2] = torch.tensor([-3.0, 4])
+    h1_other_pads[1, 1:] = 0.3
+    assert layer_diversity([h1_other_pads, h2, h3], mask).item() == pytest.approx(1 / 3, abs=1e-6)
+    # opposite directions are linearly dependent: no diversity (why the paper squares the cosine)
+    assert layer_diversity([h1, -h1], None).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def brute_force_diversity(states, mask):
+    """Eq. 10 written out position by position, pooled over the batch's real positions."""
+    total, count = 0.0, 0
+    for b in range(states[0].shape[0]):
+        for n in range(states[0].shape[1]):
+            if not mask[b, n]:
+                continue
+            pairs = [1 - (torch.dot(x[b, n], y[b, n]) / (x[b, n].norm() * y[b, n].norm())) ** 2
+                     for x, y in zip(states[:-1], states[1:])]
+            total, count = total + sum(pairs) / len(pairs), count + 1
+    return total / count
+
+
+@pytest.mark.parametrize("strategy", ["hierarchical", "dense", "multi_layer_attention"])
+def test_diversity_in_model_output_and_loss(strategy, tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation=strategy, decoder_aggregation=strategy, diversity_weight=0.7)
+    with torch.no_grad():
+        out = model(**padded_batch)
+        hidden = model(**padded_batch, output_hidden_states=True)
+        model.config.diversity_weight = 0.0
+        plain_ce = model(**padded_batch)
+    assert out.encoder_hidden_states is None and out.decoder_hidden_states is None  # not asked for
+    assert plain_ce.layer_diversity is None
+    # h^l: outputs of the backbone layers 1..L of both stacks (hidden state 0 is the embedding output)
+    expected = (
+        brute_force_diversity(hidden.encoder_hidden_states[1:], padded_batch["attention_mask"])
+        + brute_force_diversity(hidden.decoder_hidden_states[1:], padded_batch["labels"].ne(-100))
+    ) / 2
+    assert 0.01 < out.layer_diversity.item() < 1
+    torch.testing.assert_close(out.layer_diversity, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.loss, plain_ce.loss - 0.7 * expected, atol=1e-5, rtol=0)  # Eq. 9
+
+
+def test_optimiser_step_on_diversity_raises_it(tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    before = model(**padded_batch).layer_diversity
+    (-before).backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = model(**padded_batch).layer_diversity
+    assert after > before + 1e-4, (before.item(), after.item())
+
+
+def test_diversity_needs_encoder_layers(tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone)
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=padded_batch["input_ids"],
+                                              attention_mask=padded_batch["attention_mask"])
+        with pytest.raises(ValueError, match="encoder's layer outputs"):
+            model(encoder_outputs=encoder_outputs, attention_mask=padded_batch["attention_mask"],
+                  labels=padded_batch["labels"])
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
+    model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention",
+                       decoder_aggregation="hierarchical").train()
+
+    def gradients():
+        model.zero_grad()
+        model(**padded_batch).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    expected = gradients()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    actual = gradients()
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+    # the diversity term reaches the layers' weights (Eq. 9 is part of the loss) with checkpointing too
+    model.config.diversity_weight = 0.0
+    without_diversity = gradients()
+    name = "model.encoder.layers.0.self_attn.q_proj.weight"
+    assert not torch.allclose(without_diversity[name], actual[name])
+
+
+# ----------------------------------------------------------------------------------------- HF plumbing
+def test_auto_classes_and_save_load(tiny_backbone, padded_batch, tmp_path):
+    config = AutoConfig.for_model("deep_representations", **{**tiny_backbone, "decoder_layers": 3},
+                                  encoder_aggregation="linear", decoder_aggregation="multi_layer_attention")
+    assert type(config) is DeepRepresentationsConfig
+    assert type(AutoModel.from_config(config)) is DeepRepresentationsModel
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    assert type(model) is DeepRepresentationsForConditionalGeneration
+    randomize_fusion(model)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.to_dict()["decoder_aggregation"] == "multi_layer_attention"
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with torch.no_grad():
+        expected, actual = model(**padded_batch), loaded(**padded_batch)
+    assert torch.equal(actual.logits, expected.logits) and torch.equal(actual.loss, expected.loss)
+    kwargs = dict(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"], num_beams=3,
+                  max_new_tokens=5)
+    assert torch.equal(loaded.generate(**kwargs), model.generate(**kwargs))
+
+
+BAD_CONFIGS = [
+    (dict(encoder_aggregation="stacked"), "'stacked'"),
+    (dict(decoder_aggregation="hierarchical", decoder_layers=3), "`decoder_layers` is 3"),
+    (dict(encoder_aggregation="multi_layer_attention", multi_layer_attention_k=4), "got 4"),
+    (dict(decoder_aggregation="multi_layer_attention", multi_layer_attention_k=1), "got 1"),
+    (dict(aggregation_activation="tanh"), "'tanh'"),
+    (dict(aggregation_residual="bottom"), "'bottom'"),
+    (dict(diversity_weight=-0.5), "-0.5"),
+    (dict(diversity_weight=1.0, encoder_layers=1, encoder_aggregation="none"), "encoder_layers=1"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_CONFIGS)
+def test_bad_config_raises(overrides, message, tiny_backbone):
+    with pytest.raises(ValueError, match=message.replace("`", ".").replace("(", r"\(")):
+        DeepRepresentationsConfig(**{**tiny_backbone, "encoder_layers": 4, **overrides})
+
+
+def test_trainer_step_logs_layer_diversity(tiny_backbone, padded_batch, tmp_path):
+    from datasets import Dataset
+
+    model = make_model(tiny_backbone).train()
+    rows = [{key: value[i].tolist() for key, value in padded_batch.items()} for i in range(3)]
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=3,
+                                    logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+                                    learning_rate=1e-3)
+    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                        data_collator=lambda features: {k: torch.tensor([f[k] for f in features])
+                                                                        for k in features[0]})
+    with torch.no_grad():
+        expected = model(**padded_batch).layer_diversity.item()
+    trainer.train()
+    logged = [log for log in trainer.state.log_history if "layer_diversity" in log]
+    assert len(logged) == 1 and logged[0]["layer_diversity"] == pytest.approx(expected, abs=1e-5)
