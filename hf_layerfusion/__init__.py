@@ -29,6 +29,11 @@ from .models.deep_representations import (
     DeepRepresentationsModel,
 )
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
+from .models.layerwise_coordination import (
+    LayerwiseCoordinationConfig,
+    LayerwiseCoordinationForConditionalGeneration,
+    LayerwiseCoordinationModel,
+)
 from .models.plain_transformer import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
@@ -39,6 +44,11 @@ from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
 FAMILIES = {
     "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
     "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+    "layerwise_coordination": (
+        LayerwiseCoordinationConfig,
+        LayerwiseCoordinationModel,
+        LayerwiseCoordinationForConditionalGeneration,
+    ),
     "deep_representations": (
         DeepRepresentationsConfig,
         DeepRepresentationsModel,
@@ -65,6 +75,9 @@ __all__ = [
     "GTransConfig",
     "GTransForConditionalGeneration",
     "GTransModel",
+    "LayerwiseCoordinationConfig",
+    "LayerwiseCoordinationForConditionalGeneration",
+    "LayerwiseCoordinationModel",
     "DeepRepresentationsConfig",
     "DeepRepresentationsForConditionalGeneration",
     "DeepRepresentationsModel",

@@ -41,6 +41,7 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_backbone import LayerFusionConfig
+from .validation import CheckedSaveLoadMixin, check_decoder_groups, check_model_inputs
 
 
 def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -157,7 +158,10 @@ class LayerContext:
     - `past_key_values`: the decoder's cache (None in the encoder);
     - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
       input), for attention that reads lower layers (multi-layer attention);
-    - `attention_kwargs`: passed through to the attention interface.
+    - `attention_kwargs`: passed through to the attention interface;
+    - `normalize`: what the running sub-layer's residual block does to its input before the sub-layer (its
+      LayerNorm in pre-norm models, the identity in post-norm ones), for attention that also reads states other than
+      its input (the memory, lower states) and must see them as it sees its input (set per sub-layer by the layer).
     """
 
     attention_mask: torch.Tensor | None
@@ -166,6 +170,7 @@ class LayerContext:
     past_key_values: Cache | None
     lower_states: Sequence[torch.Tensor]
     attention_kwargs: dict
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -362,6 +367,7 @@ class TransformerLayer(GradientCheckpointingLayer):
             if kind == "f":
                 output = sublayer(block.enter(hidden_states))
             else:
+                context.normalize = block.enter
                 output, attn_weights = sublayer(block.enter(hidden_states), context)
                 if weights[kind] is None:
                     weights[kind] = attn_weights
@@ -395,7 +401,8 @@ class TopLayerEncoderReadout(nn.Module):
     stack's final LayerNorm). Every readout also reports its learned fusion weights, as the papers plot them, via
     `fusion_weights()` (`{name: 1-D tensor}`; logged by `hf_layerfusion.callbacks.FusionWeightsCallback`). An
     encoder readout may define `layer_memories(states) -> (batch, decoder_layers, source, d_model)` to give each
-    decoder layer its own memory."""
+    decoder layer its own memory; it receives the states as the layers produced them (pre-norm: before the final
+    LayerNorm; the decoder sub-layer reading them normalises them through `LayerContext.normalize`)."""
 
     def fusion_weights(self) -> dict[str, torch.Tensor]:
         return {}
@@ -417,16 +424,6 @@ class TopLayerDecoderReadout(nn.Module):
 
     def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
         return (states[-1],)
-
-
-def check_groups(groups: Sequence[int] | None, num_groups: int) -> list[int]:
-    """Validate 1-based decoder group numbers; `None` means every group."""
-    if groups is None:
-        return list(range(1, num_groups + 1))
-    groups = sorted(set(int(g) for g in groups))
-    if not groups or groups[0] < 1 or groups[-1] > num_groups:
-        raise ValueError(f"`decoder_groups` must be 1-based group numbers in [1, {num_groups}], got {groups}.")
-    return groups
 
 
 # --------------------------------------------------------------------------------------------------- outputs
@@ -474,7 +471,7 @@ class LayerFusionSeq2SeqLMOutput(Seq2SeqLMOutput):
 
 
 # --------------------------------------------------------------------------------------------------- stacks
-class LayerFusionPreTrainedModel(PreTrainedModel):
+class LayerFusionPreTrainedModel(CheckedSaveLoadMixin, PreTrainedModel):
     config: LayerFusionConfig
     config_class = LayerFusionConfig
     base_model_prefix = "model"
@@ -544,19 +541,29 @@ class LayerStack(LayerFusionPreTrainedModel):
         return output if self.connection is None else self.connection(layer_idx, output, states)
 
     def run_layers(
-        self, embeddings: torch.Tensor, layers, memory_for_layer: Callable[[int], torch.Tensor | None], layer_kwargs: dict
+        self,
+        embeddings: torch.Tensor,
+        layers,
+        memory_for_layer: Callable[[int], torch.Tensor | None],
+        layer_kwargs: dict,
+        normalize: bool = True,
     ) -> list[torch.Tensor]:
-        """Run `layers`; return the states `[s_0 .. s_L]` for the readout (pre-norm: s_1..s_L normalised)."""
+        """Run `layers`; return the states `[s_0 .. s_L]` for the readout (pre-norm: s_1..s_L normalised), or with
+        `normalize=False` as the layers produced them (see `readout_states`)."""
         states = [self.connect(0, embeddings, [])]
         for layer_idx, layer in enumerate(layers):
             output = layer(states[-1], layer_kwargs["attention_mask"], memory_for_layer(layer_idx), *states, **{
                 k: v for k, v in layer_kwargs.items() if k != "attention_mask"
             })[0]
             states.append(self.connect(layer_idx + 1, output, states))
-        if self.layer_norm is not None:
-            # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
-            states = states[:1] + [self.layer_norm(state) for state in states[1:]]
-        return states
+        return self.readout_states(states) if normalize else states
+
+    def readout_states(self, states: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The states as readouts see them: in pre-norm stacks s_1..s_L pass through the final LayerNorm."""
+        if self.layer_norm is None:
+            return states
+        # pre-norm: every state the readout may fuse is normalised like the top one (documented choice)
+        return states[:1] + [self.layer_norm(state) for state in states[1:]]
 
 
 def attentions_recorder(layer_name: str) -> OutputRecorder:
@@ -577,14 +584,20 @@ class LayerFusionEncoder(LayerStack):
         inputs_embeds: torch.Tensor | None = None,
         **kwargs,
     ) -> LayerFusionEncoderOutput:
+        check_model_inputs(self.config, input_ids, attention_mask, inputs_embeds)
         inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         embeddings = self.embeddings(input_ids, inputs_embeds)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-        states = self.run_layers(embeddings, self.layers, lambda layer_idx: None, {"attention_mask": mask, **kwargs})
+        layer_states = self.run_layers(
+            embeddings, self.layers, lambda layer_idx: None, {"attention_mask": mask, **kwargs}, normalize=False
+        )
         layer_memories = getattr(self.readout, "layer_memories", None)
         return LayerFusionEncoderOutput(
-            last_hidden_state=self.readout(states),
-            layer_memories=layer_memories(states) if layer_memories is not None else None,
+            last_hidden_state=self.readout(self.readout_states(layer_states)),
+            # per-decoder-layer memories parallel the inputs of the encoder layers, so they get the states as the
+            # layers received them (pre-norm: before the final LayerNorm); the reading sub-layer normalises them
+            # through `LayerContext.normalize`
+            layer_memories=layer_memories(layer_states) if layer_memories is not None else None,
         )
 
 
@@ -619,10 +632,11 @@ class LayerFusionDecoder(LayerStack):
         encoder_layer_memories: `(batch, decoder_layers, source, d_model)`, one memory per decoder layer, for
             families whose encoder readout defines `layer_memories`; else every layer reads `encoder_hidden_states`.
         """
-        inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        check_model_inputs(self.config, input_ids, attention_mask, inputs_embeds, "decoder_input_ids", past_length)
+        inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         embeddings = self.embeddings(input_ids, inputs_embeds, past_length)
 
         batch_size, seq_length = inputs_embeds.shape[:2]
@@ -651,7 +665,7 @@ class LayerFusionDecoder(LayerStack):
                 return encoder_layer_memories[:, layer_idx]
             return encoder_hidden_states
 
-        groups = check_groups(groups, self.readout.num_groups)
+        groups = check_decoder_groups(groups, self.readout.num_groups)
         num_layers = self.readout.num_layers_needed(groups) or len(self.layers)
         states = self.run_layers(
             embeddings,

@@ -42,9 +42,9 @@ from ..modeling_backbone import (
     LayerFusionModel,
     TopLayerDecoderReadout,
     TopLayerEncoderReadout,
-    check_groups,
     token_cross_entropy,
 )
+from ..validation import check_decoder_groups
 
 
 @strict
@@ -213,7 +213,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
                 "and leave `label_smoothing_factor=0`). To compute your own loss on the mixture logits, set "
                 "`model.config.allow_external_loss = True`."
             )
-        log_psi = self.model.decoder.readout.log_mixture_weights(check_groups(groups, self.config.num_decoder_groups))
+        log_psi = self.model.decoder.readout.log_mixture_weights(check_decoder_groups(groups, self.config.num_decoder_groups))
         psi = log_psi.exp()
         logits = group_log_probs = None
         if self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs:
@@ -250,5 +250,5 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
         to mixing all). `decoder_groups` are 1-based; psi is renormalised over them, and decoder layers above the
         highest kept group are not computed."""
         if decoder_groups is not None:
-            kwargs["decoder_groups"] = check_groups(decoder_groups, self.config.num_decoder_groups)
+            kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, self.config.num_decoder_groups)
         return super().generate(inputs, generation_config, **kwargs)

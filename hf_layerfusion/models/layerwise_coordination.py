@@ -1,0 +1,295 @@
+"""Layer-wise coordination (He, Tan, Xia, He, Qin, Zhao, Liu, "Layer-Wise Coordination between Encoder and Decoder
+for Neural Machine Translation", NeurIPS 2018; equations numbered as in `shared/papers/layerwise-coordination.txt`).
+
+Encoder and decoder have the same number of layers N, and decoder layer i is coordinated with encoder layer i:
+- **mixed attention** (Sec. 3, Eq. 3): target position t of decoder layer i attends with ONE attention over
+  `[all source states of layer i-1 ; target states of layer i-1 at positions <= t]`, i.e. the source and the target
+  prefix processed as one concatenated sequence with the mask
+  `M(t, j) = 0 if j < n or j <= t + n, -inf otherwise` (n = source length, plus the source padding). It replaces the
+  decoder's separate self- and cross-attention (decoder layout `"sf"`).
+- **parameter sharing** (Sec. 3): encoder layer i and decoder layer i share their attention and feed-forward
+  parameters, including the LayerNorms of the two residual blocks, so the model has one stack's parameters
+  (14 shared layers ~ a 6 + 6 Transformer, Sec. 4.2 / Table 3: 19.07M for the small IWSLT setting).
+- **resettable positions**: source positions start at 0 and target positions start at 0 again (sinusoidal), which
+  is what the backbone's two position tables already do.
+- **source/target embeddings**: one learned vector for the source language and one for the target language, added
+  to every position (`LanguageEmbedding`, the connection at l = 0).
+
+Generation: decoder layer i's source keys/values are computed from the encoder state once per input and kept in the
+cross-attention slot of the cache (like encoder memory), the target part grows in the self-attention slot; beam
+search reorders both (`EncoderDecoderCache`), so incremental decoding equals the full forward.
+
+First target step (Sec. 4.3: "we append the source tokens with EOS, and then with SOS, and feed them into the model to
+generate the first target token"): the source ends with EOS (as the tokenizers of this package encode it) and the
+decoder starts from `decoder_start_token_id`, which this family sets to `bos_token_id` (SOS, id 0 by default) instead
+of Marian's pad/EOS convention. Set it to your tokenizer's SOS id.
+
+Choices where the paper is silent (tested in tests/test_layerwise_coordination.py):
+- decoder layer i reads encoder state s_{i-1} (the input of encoder layer i), so the source and target states a
+  mixed attention reads are of the same depth; the output of the top encoder layer is not read by the decoder (with
+  sharing off its parameters then get no gradient: train with `ddp_find_unused_parameters=True` on several GPUs);
+- pre-norm (`normalize_before=True`): the source part goes through the same LayerNorm as the target part (the
+  mixed-attention block's), i.e. with sharing on exactly what encoder layer i's self-attention read;
+- the language embedding is added after the embedding dropout (it is a connection at l = 0);
+- ablations (Table 3): `share_layer_parameters=False` builds separate decoder layers; `mixed_attention=False` gives
+  the decoder separate causal self-attention (shared with the encoder's when sharing is on) and cross-attention
+  (never shared; it reads s_{i-1} through its own block's LayerNorm); `language_embeddings=False` drops the
+  source/target embeddings. `layerwise_memory=False` (only with `mixed_attention=False`) makes every
+  cross-attention read the top encoder layer: with sharing and language embeddings off as well this is exactly the
+  plain Transformer, so `from_marian(..., model_type="layerwise_coordination", share_layer_parameters=False,
+  mixed_attention=False, layerwise_memory=False, language_embeddings=False)` reproduces Marian's logits;
+- attention implementations: eager and SDPA (the mixed mask is a materialised 4-D mask); flash and flex attention
+  are not supported by this family.
+"""
+
+from __future__ import annotations
+
+import torch
+from huggingface_hub.dataclasses import strict
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.generation import GenerationMixin
+
+from ..configuration_backbone import LayerFusionConfig
+from ..modeling_backbone import (
+    CacheSlots,
+    LayerContext,
+    LayerFusionForConditionalGeneration,
+    LayerFusionModel,
+    MultiHeadAttention,
+    TopLayerEncoderReadout,
+    TransformerLayer,
+)
+
+
+@strict
+class LayerwiseCoordinationConfig(LayerFusionConfig):
+    r"""
+    Layer-wise coordination configuration: the backbone keys of `LayerFusionConfig` plus
+
+    Args:
+        share_layer_parameters: encoder layer i and decoder layer i share their attention and feed-forward
+            parameters and the LayerNorms of those blocks (paper Sec. 3; False: Table 3 "w/o weight sharing").
+        mixed_attention: the decoder's one attention over [source states ; target prefix] (Eq. 3); False gives
+            separate self- and cross-attention (Table 3 "w/o mixed attention").
+        language_embeddings: learned source/target embeddings added to every position (False: Table 3 "w/o
+            source/target embedding").
+        layerwise_memory: decoder layer i reads encoder state s_{i-1}; False (only with `mixed_attention=False`):
+            every cross-attention reads the top encoder layer, as in the plain Transformer.
+
+    `encoder_layers` must equal `decoder_layers`; with sharing on the encoder and decoder attention heads and
+    feed-forward sizes must be equal too. `decoder_start_token_id` defaults to `bos_token_id` (the paper's SOS after
+    the source's EOS; see the module docstring).
+    """
+
+    model_type = "layerwise_coordination"
+
+    share_layer_parameters: bool = True
+    mixed_attention: bool = True
+    language_embeddings: bool = True
+    layerwise_memory: bool = True
+    decoder_start_token_id: int | None = 0
+
+    def check_consistency(self) -> None:
+        super().check_consistency()
+        if self.encoder_layers != self.decoder_layers:
+            raise ValueError(
+                f"Layer-wise coordination pairs encoder layer i with decoder layer i: `encoder_layers` "
+                f"({self.encoder_layers}) must equal `decoder_layers` ({self.decoder_layers})."
+            )
+        if self.share_layer_parameters:
+            for encoder_name, decoder_name in (
+                ("encoder_attention_heads", "decoder_attention_heads"),
+                ("encoder_ffn_dim", "decoder_ffn_dim"),
+            ):
+                if getattr(self, encoder_name) != getattr(self, decoder_name):
+                    raise ValueError(
+                        f"`share_layer_parameters=True` shares encoder and decoder layers: `{encoder_name}` "
+                        f"({getattr(self, encoder_name)}) must equal `{decoder_name}` ({getattr(self, decoder_name)})."
+                    )
+        if self.mixed_attention and not self.layerwise_memory:
+            raise ValueError(
+                "`layerwise_memory=False` (cross-attention reads the top encoder layer) needs "
+                "`mixed_attention=False`: the mixed attention reads the encoder layer parallel to its decoder layer."
+            )
+
+    @property
+    def decoder_layer_layouts(self) -> list[str]:
+        """Mixed attention replaces self- and cross-attention: `"sf"`; without it the usual `"scf"`."""
+        return ["sf" if self.mixed_attention else "scf"] * self.decoder_layers
+
+
+def mixed_attention_mask(
+    source_mask: torch.Tensor | None,
+    target_mask: torch.Tensor | None,
+    batch_size: int,
+    query_length: int,
+    source_length: int,
+    target_length: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    additive: bool,
+) -> torch.Tensor:
+    """Eq. 3 with padding: the 4-D mask `(batch, 1, queries, source + target)` = `[source padding ; causal]`.
+
+    The parts come as transformers' mask functions build them for the attention implementation: additive float
+    masks (0 / dtype min) for eager (`additive=True`), boolean masks (True = attend) for SDPA, or None where nothing
+    needs masking (no source padding; plain causal attention without padding, which SDPA would run as `is_causal`).
+    A None part is materialised, with the causal part's queries being the last `query_length` target positions.
+    """
+    parts = []
+    for mask, length, causal in ((source_mask, source_length, False), (target_mask, target_length, True)):
+        if mask is None:
+            if causal:
+                keys = torch.arange(length, device=device)
+                queries = torch.arange(length - query_length, length, device=device)
+                allowed = keys[None, :] <= queries[:, None]
+            else:
+                allowed = torch.ones(query_length, length, dtype=torch.bool, device=device)
+            mask = allowed if not additive else torch.zeros((), dtype=dtype, device=device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
+        parts.append(mask.expand(batch_size, 1, query_length, length))
+    return torch.cat(parts, dim=-1)
+
+
+def memory_keys_values(attention: MultiHeadAttention, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys/values of the encoder state a decoder layer reads (`context.memory`), normalised like the sub-layer's own
+    input (`context.normalize`: the block's pre-norm LayerNorm, identity in post-norm), computed once per input and
+    kept in the attention's cross-attention cache slot."""
+    cache = context.past_key_values
+    if isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(attention.layer_idx, False):
+        memory = context.memory  # keys/values come from the cache; the memory is not read (nor normalised) again
+    else:
+        memory = context.normalize(context.memory)
+    return attention.project_keys_values(memory, cache, static_keys=True)
+
+
+class MixedAttention(MultiHeadAttention):
+    """The decoder's `s` sub-layer with mixed attention (Eq. 3): queries from the target states of layer i-1, keys
+    and values from `[source states of layer i-1 ; target states of layer i-1 up to the query]`, one softmax.
+
+    The source part (`context.memory`, the encoder state s_{i-1}) goes through the block's input normalisation
+    (`context.normalize`, pre-norm LayerNorm) like the target part, and its keys/values are computed once per input
+    and kept in this module's cross-attention cache slot; the target part grows in its self-attention slot.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if context.memory is None:
+            raise ValueError(
+                "The layer-wise coordination decoder attends over the source and the target together (mixed "
+                "attention): call it with the encoder's outputs (`encoder_hidden_states` and "
+                "`encoder_layer_memories`)."
+            )
+        source_keys, source_values = memory_keys_values(self, context)
+        target_keys, target_values = self.project_keys_values(hidden_states, context.past_key_values)
+        batch_size, query_length = hidden_states.shape[:2]
+        mask = mixed_attention_mask(
+            context.memory_mask,
+            context.attention_mask,
+            batch_size,
+            query_length,
+            source_keys.shape[2],
+            target_keys.shape[2],
+            hidden_states.dtype,
+            hidden_states.device,
+            additive=self.config._attn_implementation == "eager",
+        )
+        return self.attend_to(
+            hidden_states,
+            torch.cat([source_keys, target_keys], dim=2),
+            torch.cat([source_values, target_values], dim=2),
+            mask,
+            **context.attention_kwargs,
+        )
+
+
+class LayerwiseCrossAttention(MultiHeadAttention):
+    """The `c` sub-layer of the `mixed_attention=False` ablation: attention over the per-layer encoder state s_{i-1},
+    normalised like its own input (pre-norm; the plain model's top-layer memory is normalised by the encoder)."""
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        keys, values = memory_keys_values(self, context)
+        return self.attend_to(hidden_states, keys, values, context.memory_mask, **context.attention_kwargs)
+
+
+class LayerwiseMemoryReadout(TopLayerEncoderReadout):
+    """Decoder layer i (1-based) reads encoder state s_{i-1}, the input of encoder layer i."""
+
+    def layer_memories(self, states: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(states[:-1], dim=1)
+
+
+class LanguageEmbedding(nn.Module):
+    """The connection at l = 0: adds the learned source (encoder) or target (decoder) embedding to every position
+    (Sec. 3, "Source/Target Embedding"); position-wise, so KV caching is unaffected. Initialised like the token
+    embeddings (an `nn.Embedding` with one row)."""
+
+    def __init__(self, config: LayerwiseCoordinationConfig):
+        super().__init__()
+        self.language_embedding = nn.Embedding(1, config.d_model)
+
+    def forward(self, layer_idx: int, output: torch.Tensor, states: list[torch.Tensor]) -> torch.Tensor:
+        return output + self.language_embedding.weight[0] if layer_idx == 0 else output
+
+
+class LayerwiseCoordinationModel(LayerFusionModel):
+    config_class = LayerwiseCoordinationConfig
+    # the mixed attention needs a materialised 4-D mask
+    _supports_flash_attn = False
+    _supports_flex_attn = False
+
+    @classmethod
+    def build_encoder_readout(cls, config: LayerwiseCoordinationConfig) -> nn.Module:
+        return LayerwiseMemoryReadout() if config.layerwise_memory else TopLayerEncoderReadout()
+
+    def build_connection(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> nn.Module | None:
+        return LanguageEmbedding(config) if config.language_embeddings else None
+
+    def build_sublayer(
+        self, config: LayerwiseCoordinationConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
+    ) -> nn.Module:
+        if is_decoder and kind == "s" and config.mixed_attention:
+            module = MixedAttention(config, config.decoder_attention_heads, is_causal=True, layer_idx=cache_slots.next_self())
+        elif is_decoder and kind == "c" and config.layerwise_memory:
+            module = LayerwiseCrossAttention(config, config.decoder_attention_heads, layer_idx=cache_slots.next_cross())
+        else:
+            module = super().build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)
+        if not (is_decoder and config.share_layer_parameters and kind in "sf"):
+            return module
+        encoder_layer: TransformerLayer = self.encoder.layers[layer_idx]
+        if kind == "f":
+            return encoder_layer.ffn
+        # the decoder's attention is its own module (causal, with its cache slots) over the encoder's projections
+        for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(module, projection, getattr(encoder_layer.self_attn, projection))
+        return module
+
+    def build_layers(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> list[TransformerLayer]:
+        layers = super().build_layers(config, is_decoder)
+        if is_decoder and config.share_layer_parameters:
+            # the shared blocks' LayerNorms too: with sharing a decoder layer is its encoder layer (Sec. 3)
+            for encoder_layer, decoder_layer in zip(self.encoder.layers, layers):
+                for block in ("self_attn_block", "ffn_block"):
+                    setattr(decoder_layer, block, getattr(encoder_layer, block))
+        return layers
+
+    @property
+    def _tied_weights_keys(self) -> dict[str, str]:
+        """The embedding ties plus every decoder-layer tensor that is an encoder-layer tensor (sharing on), found
+        from the modules themselves, so that save/load stores each shared tensor once and ties it back."""
+        tied = dict(LayerFusionModel._tied_weights_keys)
+        encoder_names = {id(p): f"encoder.layers.{name}" for name, p in self.encoder.layers.named_parameters()}
+        for name, parameter in self.decoder.layers.named_parameters(remove_duplicate=False):
+            if id(parameter) in encoder_names:
+                tied[f"decoder.layers.{name}"] = encoder_names[id(parameter)]
+        return tied
+
+
+class LayerwiseCoordinationForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
+    """Layer-wise coordination with the tied output projection of the backbone (one output group)."""
+
+    config_class = LayerwiseCoordinationConfig
+    model_class = LayerwiseCoordinationModel
+    _supports_flash_attn = False
+    _supports_flex_attn = False

@@ -1,0 +1,418 @@
+"""Layer-wise coordination (He et al. 2018): Eq. 3 mask and mixed attention against brute force, resettable
+positions and source/target embeddings, layer sharing and the Table 1/3 parameter arithmetic, decoder layer i reading
+encoder state s_{i-1} (pre-norm too), cache, beam search, save/load, eager/SDPA, checkpointing, Trainer, Marian."""
+
+import math
+
+import pytest
+import torch
+from conftest import BOS, EOS, FIRST_TOKEN_ID, PAD
+from datasets import Dataset
+from safetensors.torch import load_file
+from torch.nn.utils.rnn import pad_sequence
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq2SeqTrainingArguments
+
+import hf_layerfusion
+from hf_layerfusion import (
+    LayerwiseCoordinationConfig,
+    LayerwiseCoordinationForConditionalGeneration,
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+)
+from hf_layerfusion.models.layerwise_coordination import mixed_attention_mask
+
+ABLATIONS = {
+    "paper": {},
+    "no_sharing": dict(share_layer_parameters=False),
+    "no_mixed_attention": dict(mixed_attention=False),
+    "pre_norm": dict(normalize_before=True),
+}
+
+
+def build(tiny_backbone, attn_implementation="eager", **overrides):
+    config = LayerwiseCoordinationConfig(**{**tiny_backbone, "init_std": 0.3, **overrides})
+    config._attn_implementation = attn_implementation
+    return LayerwiseCoordinationForConditionalGeneration(config).eval()
+
+
+def source_of(batch):
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def decoder_inputs(config, batch_size=3, length=6):
+    ids = torch.randint(FIRST_TOKEN_ID, config.vocab_size, (batch_size, length))
+    ids[:, 0] = config.decoder_start_token_id
+    return ids
+
+
+# ------------------------------------------------------------------------------------------------ Eq. 3 mask
+def test_eq3_mask_explicit_matrix():
+    """n = 3 source tokens (the last one padding in batch row 1), m = 3 target tokens: M(t, j) = 0 iff j < n (and
+    j is not padding) or j <= t + n; written out by hand."""
+    allowed_row0 = torch.tensor(
+        [
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    allowed_row1 = allowed_row0.clone()
+    allowed_row1[:, 2] = False
+    source_padding = torch.tensor([[True, True, True], [True, True, False]])[:, None, None, :].expand(2, 1, 3, 3)
+
+    for additive in (False, True):
+        source_part = source_padding if not additive else torch.zeros(2, 1, 3, 3).masked_fill(~source_padding, -1e30)
+        mask = mixed_attention_mask(source_part, None, 2, 3, 3, 3, torch.float32, torch.device("cpu"), additive)
+        allowed = mask if not additive else mask == 0
+        assert allowed.shape == (2, 1, 3, 6)
+        assert torch.equal(allowed[0, 0], allowed_row0) and torch.equal(allowed[1, 0], allowed_row1)
+        if additive:  # masked entries carry the dtype's minimum, as transformers' eager masks do
+            assert mask[0, 0, 0, 5] == torch.finfo(torch.float32).min
+
+    # incremental step: one query (target position 2, two cached target tokens) sees every source token and all
+    # three target tokens; no source padding materialises as all-visible
+    step = mixed_attention_mask(None, None, 2, 1, 3, 3, torch.float32, torch.device("cpu"), additive=False)
+    assert step.shape == (2, 1, 1, 6) and bool(step.all())
+    # middle of a chunk: queries are target positions 1..2 of 3
+    chunk = mixed_attention_mask(None, None, 1, 2, 2, 3, torch.float32, torch.device("cpu"), additive=False)
+    assert torch.equal(chunk[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+
+
+def reference_mixed_attention(attention, queries_from, source, target, source_keep, num_heads):
+    """Eq. 1 + 3 by hand: one softmax over [source ; target] keys, source padding and future targets masked."""
+    batch, m, d = queries_from.shape
+    n, head_dim = source.shape[1], d // num_heads
+
+    def heads(x):
+        return x.view(batch, -1, num_heads, head_dim).transpose(1, 2)
+
+    q = heads(queries_from @ attention.q_proj.weight.T + attention.q_proj.bias)
+    keys_from = torch.cat([source, target], dim=1)
+    k = heads(keys_from @ attention.k_proj.weight.T + attention.k_proj.bias)
+    v = heads(keys_from @ attention.v_proj.weight.T + attention.v_proj.bias)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+    allowed = torch.zeros(batch, 1, m, n + m, dtype=torch.bool)
+    for b in range(batch):
+        for t in range(m):
+            for j in range(n + m):
+                allowed[b, 0, t, j] = bool(source_keep[b, j]) if j < n else j <= t + n
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    context = (weights @ v).transpose(1, 2).reshape(batch, m, d)
+    return context @ attention.out_proj.weight.T + attention.out_proj.bias
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_mixed_attention_equals_brute_force_and_reads_encoder_layer_inputs(
+    attn_implementation, normalize_before, tiny_backbone, padded_batch
+):
+    """Decoder layer i's mixed attention = the hand-computed Eq. 3 attention over [what encoder layer i's
+    self-attention read ; the decoder layer's own normalised input]: post-norm s_{i-1}, pre-norm LN_i(s_{i-1}) with the
+    shared block's LayerNorm."""
+    model = build(tiny_backbone, attn_implementation, normalize_before=normalize_before, encoder_layers=3, decoder_layers=3)
+    encoder_inputs, decoder_io = {}, {}
+    hooks = []
+    for i, layer in enumerate(model.model.encoder.layers):
+        hooks.append(layer.self_attn.register_forward_pre_hook(lambda m, args, i=i: encoder_inputs.__setitem__(i, args[0])))
+    for i, layer in enumerate(model.model.decoder.layers):
+        hooks.append(
+            layer.self_attn.register_forward_hook(lambda m, args, out, i=i: decoder_io.__setitem__(i, (args[0], out[0])))
+        )
+    decoder_input_ids = decoder_inputs(model.config)
+    with torch.no_grad():
+        model(**source_of(padded_batch), decoder_input_ids=decoder_input_ids)
+    for hook in hooks:
+        hook.remove()
+    for i, layer in enumerate(model.model.decoder.layers):
+        queries_from, output = decoder_io[i]
+        expected = reference_mixed_attention(
+            layer.self_attn, queries_from, encoder_inputs[i], queries_from, padded_batch["attention_mask"], 2
+        )
+        # padded source positions are never attended to, so compare every query position
+        torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5, msg=f"decoder layer {i}")
+
+
+def test_resettable_positions_and_language_embeddings(tiny_backbone, padded_batch):
+    """s_0 = sqrt(d) E[x] + P[pos] + e_lang with positions 0..n-1 in the source and 0..m-1 again in the target;
+    P is the sinusoidal table (Marian layout: sin in the first half, cos in the second), written out here."""
+    model = build(tiny_backbone)
+    d = model.config.d_model
+    inputs = {}
+    hooks = [
+        stack.layers[0].register_forward_pre_hook(lambda m, args, name=name: inputs.__setitem__(name, args[0]))
+        for name, stack in (("encoder", model.model.encoder), ("decoder", model.model.decoder))
+    ]
+    decoder_input_ids = decoder_inputs(model.config, length=4)
+    with torch.no_grad():
+        model(**source_of(padded_batch), decoder_input_ids=decoder_input_ids)
+    for hook in hooks:
+        hook.remove()
+
+    def table(length):
+        rows = []
+        for pos in range(length):
+            freqs = [pos / 10000 ** (2 * i / d) for i in range(d // 2)]
+            rows.append([math.sin(f) for f in freqs] + [math.cos(f) for f in freqs])
+        return torch.tensor(rows)
+
+    embed = model.model.shared.weight
+    for name, ids in (("encoder", padded_batch["input_ids"]), ("decoder", decoder_input_ids)):
+        language = getattr(model.model, name).connection.language_embedding.weight[0]
+        expected = math.sqrt(d) * embed[ids] + table(ids.shape[1]) + language
+        torch.testing.assert_close(inputs[name], expected, atol=1e-5, rtol=1e-5, msg=name)
+    assert not torch.equal(
+        model.model.encoder.connection.language_embedding.weight, model.model.decoder.connection.language_embedding.weight
+    )
+
+    no_language = build(tiny_backbone, language_embeddings=False)
+    assert no_language.model.encoder.connection is None and no_language.model.decoder.connection is None
+
+
+# ------------------------------------------------------------------------------------------------ sharing
+def layer_parameters(d, ffn, cross_attention=False):
+    """One post-norm layer: attention 4 (d^2 + d), FFN 2 d ffn + ffn + d, a LayerNorm (2 d) per residual block."""
+    attention = 4 * (d * d + d)
+    blocks = 2 + cross_attention
+    return attention * (1 + cross_attention) + 2 * d * ffn + ffn + d + blocks * 2 * d
+
+
+def count(model):
+    return sum(p.numel() for p in model.parameters())  # each shared tensor counted once
+
+
+def test_sharing_same_parameter_objects_and_table1_arithmetic(tiny_backbone):
+    d, ffn, vocab = tiny_backbone["d_model"], tiny_backbone["encoder_ffn_dim"], tiny_backbone["vocab_size"]
+    model = build(tiny_backbone, encoder_layers=4, decoder_layers=4)
+    for encoder_layer, decoder_layer in zip(model.model.encoder.layers, model.model.decoder.layers):
+        for name, parameter in encoder_layer.named_parameters():
+            assert decoder_layer.get_parameter(name) is parameter, name
+        assert dict(decoder_layer.named_parameters()).keys() == dict(encoder_layer.named_parameters()).keys()
+    language = 2 * d
+    # sharing on: one stack of 4 layers (the paper's 14 shared layers ~ a 6 + 6 Transformer, Sec. 4.2)
+    assert count(model) == vocab * d + 4 * layer_parameters(d, ffn) + language
+    # Table 3 "w/o weight sharing": half the layers, the same parameter count
+    unshared = build(tiny_backbone, encoder_layers=2, decoder_layers=2, share_layer_parameters=False)
+    assert count(unshared) == count(model)
+    for encoder_layer, decoder_layer in zip(unshared.model.encoder.layers, unshared.model.decoder.layers):
+        assert all(decoder_layer.get_parameter(n) is not p for n, p in encoder_layer.named_parameters())
+    # sharing and mixed attention off, no language embeddings: the plain model's count
+    plain_like = build(
+        tiny_backbone, share_layer_parameters=False, mixed_attention=False, language_embeddings=False
+    )
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    expected_plain = vocab * d + 2 * layer_parameters(d, ffn) + 2 * layer_parameters(d, ffn, cross_attention=True)
+    assert count(plain_like) == count(plain) == expected_plain
+    # mixed attention off with sharing: self-attention and FFN shared, cross-attention (and its block) per decoder layer
+    separate = build(tiny_backbone, mixed_attention=False)
+    cross = 4 * (d * d + d) + 2 * d
+    assert count(separate) == vocab * d + 2 * layer_parameters(d, ffn) + 2 * cross + language
+
+
+def test_gradients_from_both_stacks_reach_shared_layers(tiny_backbone, padded_batch):
+    """A shared layer collects gradient from its encoder use and its decoder use."""
+    model = build(tiny_backbone).train()
+    model(**padded_batch).loss.backward()
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None, name
+    weight = model.model.encoder.layers[0].ffn.fc1.weight
+    total = weight.grad.clone()
+    model.zero_grad()
+    # the decoder alone (encoder states detached) gives only part of it
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(**source_of(padded_batch))
+    model(encoder_outputs=encoder_outputs, attention_mask=padded_batch["attention_mask"], labels=padded_batch["labels"]).loss.backward()
+    assert weight.grad.abs().sum() > 0 and not torch.allclose(weight.grad, total)
+
+
+# ------------------------------------------------------------------------------------------------ cache, beam
+@pytest.mark.parametrize("ablation", sorted(ABLATIONS))
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_incremental_decoding_and_beam_search(ablation, attn_implementation, tiny_backbone, padded_batch):
+    model = build(tiny_backbone, attn_implementation, **ABLATIONS[ablation])
+    source = source_of(padded_batch)
+    decoder_input_ids = decoder_inputs(model.config)
+    with torch.no_grad():
+        full = model(**source, decoder_input_ids=decoder_input_ids).logits
+        encoder_outputs = model.get_encoder()(**source)
+        past_key_values = None
+        for step in range(decoder_input_ids.shape[1]):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=source["attention_mask"],
+                decoder_input_ids=decoder_input_ids[:, step : step + 1],
+                past_key_values=past_key_values,
+                use_cache=True,
+            )
+            past_key_values = out.past_key_values
+            assert past_key_values.get_seq_length() == step + 1
+            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+    searches = [
+        model.generate(
+            **source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True, return_dict_in_generate=True
+        )
+        for use_cache in (True, False)
+    ]
+    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
+    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+
+
+def test_source_keys_cached_once_target_keys_grow(tiny_backbone, padded_batch):
+    model = build(tiny_backbone)
+    source = source_of(padded_batch)
+    with torch.no_grad():
+        out = model(**source, decoder_input_ids=torch.full((3, 1), BOS), use_cache=True)
+        cache = out.past_key_values
+        source_keys = [layer.keys.clone() for layer in cache.cross_attention_cache.layers]
+        out = model(
+            encoder_outputs=(out.encoder_last_hidden_state,),
+            attention_mask=source["attention_mask"],
+            decoder_input_ids=torch.full((3, 1), FIRST_TOKEN_ID),
+            past_key_values=cache,
+            use_cache=True,
+        )
+    for i, layer in enumerate(cache.cross_attention_cache.layers):
+        assert layer.keys.shape[2] == source["input_ids"].shape[1]  # the whole source, computed once
+        torch.testing.assert_close(layer.keys, source_keys[i])
+        assert cache.self_attention_cache.layers[i].keys.shape[2] == 2
+
+
+def test_generate_greedy_beam_sampling_and_start_token(tiny_backbone, padded_batch):
+    model = build(tiny_backbone)
+    assert model.config.decoder_start_token_id == model.config.bos_token_id == BOS  # source ... EOS, then SOS
+    source = source_of(padded_batch)
+    for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
+        sequences = model.generate(**source, max_new_tokens=5, **kwargs)
+        assert sequences.shape[0] == 3 and bool((sequences[:, 0] == BOS).all()), kwargs
+    # the decoder needs the source (mixed attention); alone it refuses by name
+    with pytest.raises(ValueError, match="mixed attention"):
+        model.get_decoder()(input_ids=torch.full((1, 2), BOS))
+
+
+# ------------------------------------------------------------------------------------------------ io, impls
+@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention"])
+def test_save_load_round_trip(ablation, tiny_backbone, padded_batch, tmp_path):
+    model = build(tiny_backbone, **ABLATIONS[ablation])
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    # every shared tensor is stored once, under its encoder name
+    assert not any(key.startswith("model.decoder.layers.") and ("ffn." in key or "self_attn." in key) for key in stored)
+    assert "model.encoder.connection.language_embedding.weight" in stored
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(loaded) is LayerwiseCoordinationForConditionalGeneration
+    assert loaded.config.mixed_attention == model.config.mixed_attention
+    assert loaded.model.decoder.layers[1].ffn.fc2.weight is loaded.model.encoder.layers[1].ffn.fc2.weight
+    assert loaded.model.decoder.layers[1].self_attn.q_proj.weight is loaded.model.encoder.layers[1].self_attn.q_proj.weight
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**padded_batch).logits, model(**padded_batch).logits, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention"])
+def test_eager_equals_sdpa(ablation, tiny_backbone, padded_batch):
+    eager = build(tiny_backbone, "eager", **ABLATIONS[ablation])
+    sdpa = build(tiny_backbone, "sdpa", **ABLATIONS[ablation])
+    sdpa.load_state_dict(eager.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(sdpa(**padded_batch).logits, eager(**padded_batch).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_flash_attention_refused(tiny_backbone):
+    config = LayerwiseCoordinationConfig(**tiny_backbone)
+    with pytest.raises(ValueError, match="[Ff]lash"):
+        LayerwiseCoordinationForConditionalGeneration._from_config(config, attn_implementation="flash_attention_2")
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
+    model = build(tiny_backbone).train()
+
+    def gradients():
+        model.zero_grad(set_to_none=True)
+        model(**padded_batch).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    reference = gradients()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    checkpointed = gradients()
+    assert checkpointed.keys() == reference.keys() == {name for name, _ in model.named_parameters()}
+    for name in reference:
+        torch.testing.assert_close(checkpointed[name], reference[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_trainer_one_step(tmp_path, tiny_backbone):
+    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+    model = build(tiny_backbone).train()
+    rows = []
+    for i in range(4):
+        tokens = torch.randint(FIRST_TOKEN_ID, tiny_backbone["vocab_size"], (3 + i,)).tolist() + [EOS]
+        rows.append({"input_ids": tokens, "labels": tokens})
+
+    def collate(features):
+        input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=PAD)
+        labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
+        return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "labels": labels}
+
+    before = model.model.encoder.layers[0].ffn.fc1.weight.clone()
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, learning_rate=0.01, save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=True,
+    )
+    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows))
+    trainer.train()
+    assert trainer.state.global_step == 1 and math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    assert not torch.equal(model.model.encoder.layers[0].ffn.fc1.weight, before)
+    assert model.model.decoder.layers[0].ffn.fc1.weight is model.model.encoder.layers[0].ffn.fc1.weight
+
+
+# ------------------------------------------------------------------------------------------------ config, Marian
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(encoder_layers=3, decoder_layers=2), r"`encoder_layers` \(3\) must equal `decoder_layers` \(2\)"),
+        (dict(decoder_attention_heads=4), r"`encoder_attention_heads` \(2\) must equal `decoder_attention_heads` \(4\)"),
+        (dict(decoder_ffn_dim=8), r"`encoder_ffn_dim` \(32\) must equal `decoder_ffn_dim` \(8\)"),
+        (dict(layerwise_memory=False), "layerwise_memory=False"),
+    ],
+)
+def test_config_validation(overrides, message, tiny_backbone):
+    with pytest.raises(ValueError, match=message):
+        LayerwiseCoordinationConfig(**{**tiny_backbone, **overrides})
+
+
+def test_config_allows_unshared_sizes_and_top_memory_ablation(tiny_backbone):
+    config = LayerwiseCoordinationConfig(
+        **{**tiny_backbone, "decoder_ffn_dim": 8}, share_layer_parameters=False, mixed_attention=False, layerwise_memory=False
+    )
+    assert config.decoder_layer_layouts == ["scf", "scf"]
+    assert LayerwiseCoordinationConfig(**tiny_backbone).decoder_layer_layouts == ["sf", "sf"]
+    assert hf_layerfusion.FAMILIES["layerwise_coordination"][0] is LayerwiseCoordinationConfig
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_from_marian_plain_configuration_matches_marian(attn_implementation, padded_batch):
+    """Sharing, mixed attention, layer-wise memory and language embeddings off = the plain Transformer."""
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=24, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+            pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=PAD, scale_embedding=True, dropout=0.0,
+            attn_implementation=attn_implementation,
+        )
+    ).eval()
+    model = hf_layerfusion.from_marian(
+        marian,
+        model_type="layerwise_coordination",
+        attn_implementation=attn_implementation,
+        share_layer_parameters=False,
+        mixed_attention=False,
+        layerwise_memory=False,
+        language_embeddings=False,
+    ).eval()
+    decoder_input_ids = decoder_inputs(model.config)
+    with torch.no_grad():
+        expected = marian(**source_of(padded_batch), decoder_input_ids=decoder_input_ids).logits
+        actual = model(**source_of(padded_batch), decoder_input_ids=decoder_input_ids).logits
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
