@@ -29,6 +29,7 @@ from .models.deep_representations import (
     DeepRepresentationsModel,
 )
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
+from .models.re_transformer import ReTransformerConfig, ReTransformerForConditionalGeneration, ReTransformerModel
 from .models.layerwise_coordination import (
     LayerwiseCoordinationConfig,
     LayerwiseCoordinationForConditionalGeneration,
@@ -44,6 +45,7 @@ from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
 FAMILIES = {
     "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
     "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
+    "re_transformer": (ReTransformerConfig, ReTransformerModel, ReTransformerForConditionalGeneration),
     "layerwise_coordination": (
         LayerwiseCoordinationConfig,
         LayerwiseCoordinationModel,
@@ -75,6 +77,9 @@ __all__ = [
     "GTransConfig",
     "GTransForConditionalGeneration",
     "GTransModel",
+    "ReTransformerConfig",
+    "ReTransformerForConditionalGeneration",
+    "ReTransformerModel",
     "LayerwiseCoordinationConfig",
     "LayerwiseCoordinationForConditionalGeneration",
     "LayerwiseCoordinationModel",

@@ -12,7 +12,7 @@ import os
 import re
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 from .validation import check_local_or_hub, check_model_type, reraise_hub_error
 
@@ -162,6 +162,12 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
         if new_key is not None and not new_key.startswith("lm_head"):
             state_dict[new_key] = value
     source = f"Marian checkpoint {mc.name_or_path or '(in memory)'}"
-    model = build_with_weights(model_type, {**backbone, **config_overrides}, state_dict, source)
+    config_kwargs, not_loaded = {**backbone, **config_overrides}, []
+    # a family whose layer layouts may have no place for some checkpoint sub-layers picks what fits (Re-Transformer)
+    adapt = getattr(CONFIG_MAPPING[model_type], "adapt_marian_checkpoint", None)
+    if adapt is not None:
+        config_kwargs, state_dict, not_loaded = adapt(backbone, config_overrides, state_dict)
+    model = build_with_weights(model_type, config_kwargs, state_dict, source)
+    model.conversion_report["not_loaded"] = not_loaded
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model
