@@ -4,6 +4,7 @@
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers.pipelines import PIPELINE_REGISTRY
 
 from .callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
 from .checkpoint_averaging import average_checkpoints, average_last_checkpoints
@@ -17,7 +18,9 @@ from .data import (
     preprocess_translation,
 )
 from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from .hub import generate_remote_code, push_to_hub
 from .model_card import write_model_card
+from .pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
 from .tokenization import train_joint_tokenizer
 from .trainer import LayerFusionSeq2SeqTrainer
 from .translation import translate
@@ -63,6 +66,11 @@ for _model_type, (_config, _model, _lm) in FAMILIES.items():
     AutoConfig.register(_model_type, _config, exist_ok=True)
     AutoModel.register(_config, _model, exist_ok=True)
     AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+
+# `pipeline("layerfusion-translation", model=...)`; transformers 5 refuses to resolve the task name "translation"
+PIPELINE_REGISTRY.register_pipeline(
+    PIPELINE_TASK, pipeline_class=LayerFusionTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+)
 
 __version__ = "0.1.0"
 
@@ -110,4 +118,7 @@ __all__ = [
     "train_joint_tokenizer",
     "translate",
     "write_model_card",
+    "LayerFusionTranslationPipeline",
+    "generate_remote_code",
+    "push_to_hub",
 ]

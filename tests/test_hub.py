@@ -1,0 +1,348 @@
+"""Hub sharing without the package, driven through the real huggingface_hub client over HTTP.
+
+`tests/hub_server.py` (standard library) serves a Hub-compatible API on 127.0.0.1. For every family in
+`hf_layerfusion.FAMILIES`, this test saves two versions of a tiny model (random weights, fusion weights moved off
+their initial 0), a tokenizer and a rendered model card; a *publisher* process (package installed, `HF_ENDPOINT`
+pointing at the server) pushes them as two commits; a *consumer* process whose `sys.path` has no entry that can
+import hf_layerfusion (asserted) downloads each revision into an empty `HF_HOME`, loads it with
+`trust_remote_code=True` and computes logits, beam-4 output (and, for families with several decoder groups,
+`decoder_groups` output) and the `"translation"` pipeline's translations. They must equal what the package computes
+here from the same saved weights: logits bit for bit, token ids and texts exactly.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_BACKBONE
+from hub_server import HubServer
+
+import hf_layerfusion
+from hf_layerfusion.hub import REMOTE_CODE_FILE, RemoteCodeError, _Flattener, check_model_directory, generate_remote_code
+
+FAMILIES = sorted(hf_layerfusion.FAMILIES)
+# Config keys a family needs at the tiny test size; a family not listed is built with its config's defaults.
+FAMILY_TINY_OVERRIDES = {
+    "gtrans": dict(encoder_group_size=1, decoder_group_size=1),  # 2 decoder groups, so decoder_groups matters
+    "re_transformer": dict(encoder_layout="s-sf", decoder_layout="scf-scf"),  # 2 + 2 layers (default layouts: 6)
+}
+SOURCES = ["ab ba", "abba baab ab", "b", "baba ab aab"]
+GENERATION = dict(num_beams=4, max_new_tokens=8)
+USER = "test-user"
+
+
+def tiny_tokenizer():
+    return hf_layerfusion.train_joint_tokenizer(
+        ["ab ba abba", "baab ab b a", "abab baba aa bb"] * 5, vocab_size=24, model="bpe",
+        extra_special_tokens=["<2de>", "<2en>"],
+    )
+
+
+def tiny_model(model_type: str, seed: int = 0):
+    """A tiny model of `model_type` whose every weight is random (fusion weights start at 0 otherwise)."""
+    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
+    config = config_class(**TINY_BACKBONE, **FAMILY_TINY_OVERRIDES.get(model_type, {}))
+    model = model_class(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
+
+
+def num_decoder_groups(config) -> int:
+    return getattr(config, "num_decoder_groups", 1)
+
+
+def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
+    """What both processes compute: logits on a padded batch, beam-4 ids, per-group ids, pipeline translations."""
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    decoder_input_ids = torch.tensor([[2, 5, 6, 7, 8], [2, 9, 10, 4, 11], [2, 12, 13, 14, 5], [2, 6, 6, 7, 15]])
+    with torch.no_grad():
+        outputs = {
+            "logits": model(**batch, decoder_input_ids=decoder_input_ids).logits,
+            "beam": model.generate(**batch, **GENERATION),
+        }
+        groups = num_decoder_groups(model.config)
+        if groups > 1:
+            outputs["logits_top_group"] = model(
+                **batch, decoder_input_ids=decoder_input_ids, decoder_groups=[groups]
+            ).logits
+            outputs["beam_top_group"] = model.generate(**batch, decoder_groups=[groups], **GENERATION)
+    if transformers_pipeline is not None:
+        translator = transformers_pipeline(task, model=model, tokenizer=tokenizer)
+        outputs["pipeline"] = [r["translation_text"] for r in translator(SOURCES, batch_size=3, **GENERATION)]
+    return outputs
+
+
+# The consumer: no hf_layerfusion on sys.path (python -S, site-packages added without its .pth files, which hold the
+# editable install's import hook), a fresh HF_HOME, everything through the Hub client.
+CONSUMER = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.append({purelib!r})
+    try:
+        import hf_layerfusion
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise SystemExit("hf_layerfusion is importable in the consumer process")
+    import torch
+    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+    torch.set_num_threads(1)
+    exec(open({helpers!r}).read())  # model_outputs() etc. from the test file, package-free
+    plan = json.load(open({plan!r}))
+    results = {{"outputs": {{}}, "errors": {{}}}}
+    def hub_pipeline(task, model, tokenizer):  # the pipeline class, model and tokenizer all come from the Hub
+        return pipeline(task, model=repo_id, revision=revision, trust_remote_code=True)
+
+    for repo_id, revisions in plan["repos"].items():
+        results["main_sha"] = {{**results.get("main_sha", {{}}), repo_id: HfApi().model_info(repo_id).sha}}
+        for label, revision in revisions.items():
+            model = AutoModelForSeq2SeqLM.from_pretrained(repo_id, revision=revision, trust_remote_code=True)
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            # the pipeline (one more model load) once per repository: the first revision listed
+            with_pipeline = label == next(iter(revisions))
+            results["outputs"][repo_id + "@" + label] = model_outputs(
+                model, tokenizer, hub_pipeline if with_pipeline else None, "translation"
+            )
+    repo_id = next(iter(plan["repos"]))
+    model = AutoModelForSeq2SeqLM.from_pretrained(repo_id, trust_remote_code=True)
+    model.save_pretrained(plan["resave_dir"])  # transformers copies the Hub code along (its `_auto_class`)
+    for name, call in {{
+        "missing_repo": lambda: hf_hub_download("test-user/no-such-model", "config.json"),
+        "missing_revision": lambda: hf_hub_download(repo_id, "config.json", revision="no-such-branch"),
+        "missing_file": lambda: hf_hub_download(repo_id, "no_such_file.json"),
+        "no_trust_remote_code": lambda: AutoModelForSeq2SeqLM.from_pretrained(repo_id, trust_remote_code=False),
+    }}.items():
+        try:
+            call()
+            results["errors"][name] = None
+        except Exception as error:
+            results["errors"][name] = (type(error).__name__, str(error))
+    results["hf_home_files"] = sorted(str(p.relative_to(os.environ["HF_HOME"])) for p in
+                                      __import__("pathlib").Path(os.environ["HF_HOME"]).rglob("*") if p.is_file())
+    torch.save(results, plan["output"])
+    """
+)
+
+PUBLISHER = textwrap.dedent(
+    """
+    import json, sys
+    import hf_layerfusion
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    plan = json.load(open(sys.argv[1]))
+    shas = {}
+    for repo_id, directories in plan["pushes"].items():
+        shas[repo_id] = {label: hf_layerfusion.push_to_hub(path, repo_id).oid for label, path in directories.items()}
+    # transformers' own push_to_hub writes the Hub code too (through save_pretrained)
+    repo_id, directory = plan["transformers_push"]
+    AutoModelForSeq2SeqLM.from_pretrained(directory).push_to_hub(repo_id)
+    AutoTokenizer.from_pretrained(directory).push_to_hub(repo_id)
+    print(json.dumps(shas))
+    """
+)
+
+
+def helpers_source() -> str:
+    """The package-free helpers of this file, for the consumer process."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    wanted = {"SOURCES", "GENERATION", "num_decoder_groups", "model_outputs"}
+    nodes = [n for n in tree.body if getattr(n, "name", None) in wanted or (
+        isinstance(n, ast.Assign) and {t.id for t in n.targets if isinstance(t, ast.Name)} & wanted)]
+    return "\n\n".join(ast.unparse(n) for n in nodes)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    server = HubServer().start()
+    yield server
+    server.stop()
+
+
+def run(script: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
+    result = subprocess.run([sys.executable, *script], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{script[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def published(hub, tmp_path_factory):
+    """Save two versions per family, push them through the client, download and run them without the package."""
+    root = tmp_path_factory.mktemp("hub")
+    tokenizer = tiny_tokenizer()
+    assert len(tokenizer) <= TINY_BACKBONE["vocab_size"]
+    pushes, references = {}, {}
+    for model_type in FAMILIES:
+        repo_id = f"{USER}/tiny-{model_type.replace('_', '-')}"
+        pushes[repo_id] = {}
+        for label, seed in (("v1", 0), ("v2", 1)):
+            directory = root / "local" / model_type / label
+            model = tiny_model(model_type, seed)
+            model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+            hf_layerfusion.write_model_card(directory, model, "de", "en", "tiny", repo_id=repo_id)
+            pushes[repo_id][label] = str(directory)
+            from transformers import pipeline
+
+            references[(repo_id, label)] = model_outputs(model, tokenizer, pipeline, "layerfusion-translation")
+    transformers_repo = f"{USER}/pushed-by-transformers"
+    plan = {"pushes": pushes, "transformers_push": [transformers_repo, pushes[f"{USER}/tiny-gtrans"]["v1"]]}
+    (root / "publish.json").write_text(json.dumps(plan))
+    hub_env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test_token"}
+    published = run(["-c", PUBLISHER, str(root / "publish.json")], {**hub_env, "HF_HOME": str(root / "publisher")}, root)
+    shas = json.loads(published.stdout.strip().splitlines()[-1])
+
+    consumer_home = root / "consumer_home"
+    consumer_home.mkdir()
+    helpers = root / "helpers.py"
+    helpers.write_text(helpers_source())
+    repos = dict(shas)
+    repos[transformers_repo] = {"main": "main"}
+    consumer_plan = {"repos": repos, "output": str(root / "consumer.pt"), "resave_dir": str(root / "resaved")}
+    (root / "consume.json").write_text(json.dumps(consumer_plan))
+    script = CONSUMER.format(purelib=sysconfig.get_paths()["purelib"], helpers=str(helpers), plan=str(root / "consume.json"))
+    run(["-S", "-c", script], {**hub_env, "HF_HOME": str(consumer_home)}, root)
+    return {
+        "references": references,
+        "remote": torch.load(root / "consumer.pt", weights_only=False),
+        "shas": shas,
+        "root": root,
+        "transformers_repo": transformers_repo,
+        "hub": hub,
+    }
+
+
+# ------------------------------------------------------------------------------------------------ generator
+def test_generated_code_is_self_contained_and_defines_every_family():
+    code = generate_remote_code()
+    tree = ast.parse(code)
+    imported = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported <= {"__future__", "torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names), imported
+    defined = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    expected = {cls.__name__ for classes in hf_layerfusion.FAMILIES.values() for cls in classes}
+    assert expected | {"LayerFusionTranslationPipeline"} <= defined
+    # import it as a module of its own (dataclasses look string annotations up in the module): class bodies run
+    module = types.ModuleType("generated_modeling_layerfusion")
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(code, REMOTE_CODE_FILE, "exec"), module.__dict__)
+        assert module.GTransConfig().model_type == "gtrans"
+    finally:
+        del sys.modules[module.__name__]
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "reason"),
+    [
+        ("hf_layerfusion.conversion", "from_marian", "package import inside a function"),
+        ("hf_layerfusion.multilingual", "load_opus100", "comes from `datasets`"),
+        ("hf_layerfusion.modeling_backbone", "no_such_name", "has no top-level `no_such_name`"),
+    ],
+)
+def test_generator_refuses_what_it_cannot_inline(module, name, reason):
+    with pytest.raises(RemoteCodeError, match=reason):
+        _Flattener().require(module, name, "test")
+
+
+# ------------------------------------------------------------------------------------------------ saving
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_save_pretrained_writes_a_complete_hub_repository(model_type, tmp_path):
+    model = tiny_model(model_type)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    names = [cls.__name__ for cls in hf_layerfusion.FAMILIES[model_type]]
+    assert config["auto_map"] == {
+        "AutoConfig": f"modeling_layerfusion.{names[0]}",
+        "AutoModel": f"modeling_layerfusion.{names[1]}",
+        "AutoModelForSeq2SeqLM": f"modeling_layerfusion.{names[2]}",
+    }
+    assert config["custom_pipelines"]["translation"]["impl"] == "modeling_layerfusion.LayerFusionTranslationPipeline"
+    assert (tmp_path / REMOTE_CODE_FILE).read_text() == generate_remote_code()
+    with pytest.raises(ValueError, match=r"missing \['tokenizer_config.json', 'README.md'\]"):
+        check_model_directory(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    hf_layerfusion.write_model_card(tmp_path, model, "de", "en", "tiny")
+    check_model_directory(tmp_path)
+    # with the package, the saved directory still loads with the package's classes, no remote code
+    from transformers import AutoModelForSeq2SeqLM
+
+    assert type(AutoModelForSeq2SeqLM.from_pretrained(tmp_path)) is type(model)
+
+
+# ------------------------------------------------------------------------------------------------ Hub round trip
+@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("label", ["v1", "v2"])
+def test_remote_code_from_the_hub_matches_the_package(published, model_type, label):
+    repo_id = f"{USER}/tiny-{model_type.replace('_', '-')}"
+    reference = published["references"][(repo_id, label)]
+    remote = published["remote"]["outputs"][f"{repo_id}@{label}"]
+    assert set(remote) | {"pipeline"} == set(reference)
+    for key in ("logits", "logits_top_group"):
+        if key in reference:
+            difference = (remote[key] - reference[key]).abs().max().item()
+            print(f"{model_type} {label} {key}: max |remote - package| = {difference}")
+            assert difference == 0.0
+    for key in ("beam", "beam_top_group"):
+        if key in reference:
+            assert torch.equal(remote[key], reference[key]), key
+    if label == "v1":  # the consumer ran the Hub pipeline on the first revision
+        assert remote["pipeline"] == reference["pipeline"]
+    if num_decoder_groups(tiny_model(model_type).config) > 1:  # the decoder_groups path was really exercised
+        assert not torch.equal(reference["logits"], reference["logits_top_group"])
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_two_pushes_are_two_revisions_and_main_is_the_latest(published, model_type):
+    repo_id = f"{USER}/tiny-{model_type.replace('_', '-')}"
+    shas = published["shas"][repo_id]
+    assert shas["v1"] != shas["v2"]
+    outputs = published["remote"]["outputs"]
+    assert not torch.equal(outputs[f"{repo_id}@v1"]["logits"], outputs[f"{repo_id}@v2"]["logits"])
+    assert published["remote"]["main_sha"][repo_id] == shas["v2"]
+
+
+def test_transformers_push_to_hub_carries_the_hub_code(published):
+    remote = published["remote"]["outputs"][f"{published['transformers_repo']}@main"]
+    reference = published["references"][(f"{USER}/tiny-gtrans", "v1")]
+    assert torch.equal(remote["logits"], reference["logits"])
+    assert remote["pipeline"] == reference["pipeline"]
+
+
+def test_downloads_went_to_the_empty_hf_home_and_resave_keeps_the_code(published):
+    files = published["remote"]["hf_home_files"]
+    assert any(f.startswith("hub/models--test-user--tiny-gtrans/snapshots/") and f.endswith("model.safetensors") for f in files)
+    assert any(f.endswith(REMOTE_CODE_FILE) and f.startswith("modules/transformers_modules/") for f in files)
+    resaved = published["root"] / "resaved"
+    assert (resaved / REMOTE_CODE_FILE).is_file()
+    assert set(json.loads((resaved / "config.json").read_text())["auto_map"]) >= {"AutoConfig", "AutoModelForSeq2SeqLM"}
+
+
+def test_missing_repo_revision_file_and_trust_remote_code_give_the_normal_errors(published):
+    errors = published["remote"]["errors"]
+    assert errors["missing_repo"][0] == "RepositoryNotFoundError"
+    assert errors["missing_revision"][0] == "RevisionNotFoundError"
+    assert errors["missing_file"][0] in {"RemoteEntryNotFoundError", "EntryNotFoundError"}
+    kind, message = errors["no_trust_remote_code"]
+    assert kind == "ValueError" and "trust_remote_code=True" in message
+    assert published["hub"].unhandled == []  # the client needed nothing the test server lacks

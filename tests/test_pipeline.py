@@ -1,0 +1,67 @@
+"""The translation pipeline registered by `import hf_layerfusion`, for every family, against direct `generate()` calls
+on the same padded batch (the Hub-code pipeline is compared in tests/test_hub.py)."""
+
+import pytest
+import torch
+from test_hub import FAMILIES, GENERATION, SOURCES, num_decoder_groups, tiny_model, tiny_tokenizer
+from transformers import pipeline
+
+import hf_layerfusion
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def generate_texts(model, tokenizer, sources, **kwargs) -> list[str]:
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**batch, **kwargs)
+    return [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_pipeline_is_batched_generate_with_kwargs_passed_through(model_type, tokenizer):
+    model = tiny_model(model_type)
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    assert isinstance(translator, hf_layerfusion.LayerFusionTranslationPipeline)
+    # one batch of all sources: the same padding as the direct call
+    records = translator(SOURCES, batch_size=len(SOURCES), **GENERATION)
+    assert [r["translation_text"] for r in records] == generate_texts(model, tokenizer, SOURCES, **GENERATION)
+    assert translator(SOURCES[0], **GENERATION) == [{"translation_text": records[0]["translation_text"]}]
+    # generation keywords reach generate(): two returned sequences per input
+    pairs = translator(SOURCES, batch_size=len(SOURCES), num_return_sequences=2, **GENERATION)
+    expected = generate_texts(model, tokenizer, SOURCES, num_return_sequences=2, **GENERATION)
+    assert [[r["translation_text"] for r in records] for records in pairs] == [expected[i : i + 2] for i in range(0, 8, 2)]
+    groups = num_decoder_groups(model.config)
+    if groups > 1:
+        top = translator(SOURCES, batch_size=len(SOURCES), decoder_groups=[groups], **GENERATION)
+        assert [r["translation_text"] for r in top] == generate_texts(
+            model, tokenizer, SOURCES, decoder_groups=[groups], **GENERATION
+        )
+
+
+def test_target_language_tag_is_prepended(tokenizer):
+    model = tiny_model("gtrans")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    tagged = translator(SOURCES, batch_size=len(SOURCES), src_lang="en", tgt_lang="de", **GENERATION)
+    expected = generate_texts(model, tokenizer, [f"<2de> {s}" for s in SOURCES], **GENERATION)
+    assert [r["translation_text"] for r in tagged] == expected
+    assert expected != generate_texts(model, tokenizer, [f"<2en> {s}" for s in SOURCES], **GENERATION)
+    with pytest.raises(ValueError, match="<2fr>"):
+        translator(SOURCES, tgt_lang="fr")
+    with pytest.raises(ValueError, match="Invalid language code"):
+        translator(SOURCES, src_lang="e n", tgt_lang="de")
+
+
+def test_bad_inputs_and_the_removed_task_name(tokenizer):
+    model = tiny_model("plain_transformer")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    with pytest.raises(TypeError, match="string or a list of strings"):
+        translator([SOURCES[0], 3])
+    with pytest.raises(ValueError, match="max_source_length"):
+        translator(SOURCES, max_source_length=0)
+    # why the package's task has its own name: transformers 5 refuses "translation" before the registry
+    with pytest.raises(KeyError, match="has been removed"):
+        pipeline("translation", model=model, tokenizer=tokenizer)
