@@ -34,3 +34,40 @@ def test_model_card_needs_saved_model(tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="missing_dir"):
         hf_layerfusion.write_model_card(tmp_path / "missing_dir", model, "en", "de", "multi30k")
+
+
+def test_model_card_never_silently_replaces_a_readme(tmp_path):
+    model = hf_layerfusion.PlainTransformerForConditionalGeneration(
+        hf_layerfusion.PlainTransformerConfig(
+            vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        )
+    )
+    readme = tmp_path / "README.md"
+    readme.write_text("my own notes\n")
+    with pytest.raises(FileExistsError, match=str(readme)):
+        hf_layerfusion.write_model_card(tmp_path, model, "en", "de", "multi30k")
+    assert readme.read_text() == "my own notes\n"
+    hf_layerfusion.write_model_card(tmp_path, model, "en", "de", "multi30k", bleu_scores={"test": 12.0}, overwrite=True)
+    assert ModelCard.load(readme).data.eval_results[0].metric_value == pytest.approx(12.0)
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_every_family_has_a_card_template_with_its_paper(model_type, tmp_path):
+    from test_hub import tiny_model
+
+    from hf_layerfusion.model_card import family_sections
+
+    model = tiny_model(model_type)
+    path = hf_layerfusion.write_model_card(
+        tmp_path, model, "de", "en", "multi30k", bleu_scores={"test": 27.5, "validation": 28.25},
+        bleu_signature="nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0", repo_id="someone/model",
+    )
+    card = ModelCard.load(path, ignore_metadata_errors=False)
+    assert card.data.license == "apache-2.0" and card.data.datasets == ["multi30k"] and card.data.metrics == ["bleu"]
+    assert {"translation", model_type} <= set(card.data.tags)
+    assert {(r.dataset_split, r.metric_value) for r in card.data.eval_results} == {("test", 27.5), ("validation", 28.25)}
+    sections = family_sections(model_type)
+    assert sections["citation"] in card.text and sections["paper"] in card.text
+    assert "| validation | 28.25 |" in card.text and "trust_remote_code=True" in card.text
+    assert 'from_pretrained("someone/model", trust_remote_code=True)' in card.text
