@@ -59,7 +59,8 @@ def reference_node_function(function_name, module, x, y):
     if function_name == "concat_ffn":  # Eq. 8
         return reference_ffn(torch.cat([x, y], dim=-1), module)
     product = x * y  # Eq. 9
-    return reference_layer_norm(product + module.scale * reference_ffn(product, module.ffn), module.layer_norm)  # Eq. 10
+    transformed = module.scale * reference_ffn(product, module.ffn)
+    return reference_layer_norm(product + transformed, module.layer_norm)  # Eq. 10
 
 
 def reference_tree(tree, function_name, residual, states, first, last, is_root=True):
@@ -318,8 +319,16 @@ def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, pad
         return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
     reference = gradients()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+    layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+    checkpoint_calls = []
+    for index, layer in enumerate(layers):  # count the checkpointed layer calls (hooks do not see the recompute)
+        checkpoint = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, c=checkpoint, i=index, **k: (
+            checkpoint_calls.append(i) or c(*a, **k)
+        )
     checkpointed = gradients()
+    assert sorted(checkpoint_calls) == list(range(len(layers)))
     assert checkpointed.keys() == reference.keys()
     for name in reference:
         torch.testing.assert_close(checkpointed[name], reference[name], atol=1e-6, rtol=1e-5, msg=name)
@@ -337,6 +346,21 @@ def test_save_load_round_trip(tiny_backbone, padded_batch, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(**padded_batch).logits, model(**padded_batch).logits)
     assert type(AutoModel.from_pretrained(tmp_path)) is RTALModel
+
+
+def test_plain_checkpoint_loads_with_fresh_tree(tiny_backbone, tmp_path):
+    """A plain Transformer checkpoint loads into RTAL: the backbone is the checkpoint's, the tree starts fresh with
+    γ = 1 and unit LayerNorms."""
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    plain.save_pretrained(tmp_path)
+    rtal = RTALForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.equal(rtal.model.encoder.layers[1].ffn.fc2.weight, plain.model.encoder.layers[1].ffn.fc2.weight)
+    for readout in (rtal.model.encoder.readout, rtal.model.decoder.readout):
+        (node,) = readout.functions.values()
+        assert torch.equal(node.scale, torch.ones(1))
+        assert torch.equal(node.layer_norm.weight, torch.ones(16))
+        assert torch.equal(node.layer_norm.bias, torch.zeros(16))
+        assert 0 < node.ffn.fc1.weight.std() < 4 * rtal.config.init_std
 
 
 # ------------------------------------------------------------------------------------------- config

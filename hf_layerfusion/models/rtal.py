@@ -108,7 +108,9 @@ class RTALConfig(LayerFusionConfig):
         if self.tree_residual not in TREE_RESIDUALS:
             raise ValueError(f"Unknown `tree_residual` {self.tree_residual!r}; choose one of {TREE_RESIDUALS}.")
         if self.aggregation_ffn_dim is not None and self.aggregation_ffn_dim < 1:
-            raise ValueError(f"`aggregation_ffn_dim` must be a positive integer or None, got {self.aggregation_ffn_dim}.")
+            raise ValueError(
+                f"`aggregation_ffn_dim` must be a positive integer or None, got {self.aggregation_ffn_dim}."
+            )
         for side in ("encoder", "decoder"):
             leaves, layers = getattr(self, f"{side}_tree_leaves"), getattr(self, f"{side}_layers")
             if leaves is not None and (leaves < 2 or leaves & (leaves - 1)):
