@@ -280,9 +280,11 @@ class CheckedSaveLoadMixin:
     """Put before `PreTrainedModel` in the bases of the package's models:
 
     - `save_pretrained` onto an existing file raises (transformers logs one line and saves nothing);
-    - `from_pretrained` raises when a checkpoint weight has no place in the model (e.g. GTrans fusion weights loaded
-      under a plain Transformer's config) or a different shape, instead of reporting and dropping it. Missing
-      weights stay allowed: a plain Transformer checkpoint loads as GTrans with fresh fusion weights.
+    - `from_pretrained` of a local checkpoint of another family (its config.json's `model_type`) whose weights do not
+      all fit the model raises, naming the weights that would be dropped (e.g. GTrans fusion weights loaded under a
+      plain Transformer's `config=`), instead of printing a load report. Missing weights stay allowed (a plain
+      Transformer checkpoint loads as GTrans with fresh fusion weights), and so do the head weights a base model
+      leaves out of a checkpoint of its own family.
     """
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -295,12 +297,17 @@ class CheckedSaveLoadMixin:
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
-        unexpected, mismatched = sorted(info.get("unexpected_keys", ())), sorted(info.get("mismatched_keys", ()))
-        if unexpected or mismatched:
+        saved = (
+            checkpoint_model_type(pretrained_model_name_or_path)
+            if isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+            else None
+        )
+        unexpected = sorted(info.get("unexpected_keys", ()))
+        if saved is not None and saved != model.config.model_type and unexpected:
             raise ValueError(
-                f"{os.fspath(pretrained_model_name_or_path)!r} does not fit {type(model).__name__} (model_type "
-                f"{model.config.model_type!r}): checkpoint weights without a place in the model {unexpected[:8]}"
-                f"{' ...' if len(unexpected) > 8 else ''}, shape mismatches {mismatched[:8]}. Load it with the "
-                "family it was saved with (AutoModelForSeq2SeqLM without `config=`)."
+                f"{os.fspath(pretrained_model_name_or_path)!r} holds a {saved!r} checkpoint; loaded as "
+                f"{model.config.model_type!r} ({type(model).__name__}) its weights {unexpected[:8]}"
+                f"{' ...' if len(unexpected) > 8 else ''} would be dropped. Load it with its own family "
+                "(AutoModelForSeq2SeqLM without `config=`)."
             )
         return (model, info) if want_info else model

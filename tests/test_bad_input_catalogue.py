@@ -140,13 +140,6 @@ class Row:
     message: str  # regex the message must match: it names the bad value
 
 
-def _checked(model_class):
-    """`model_class` with `CheckedSaveLoadMixin` first in its bases (already there once the backbone uses it)."""
-    if issubclass(model_class, CheckedSaveLoadMixin):
-        return model_class
-    return type(f"Checked{model_class.__name__}", (CheckedSaveLoadMixin, model_class), {})
-
-
 def _batch(ws, **overrides):
     batch = ws.tokenizer(["a man", "two dogs play"], padding=True, return_tensors="pt")
     return {**batch, "labels": batch["input_ids"], **overrides}
@@ -544,3 +537,12 @@ def test_bad_input(row: Row, ws):
     # a family error lists this package's families, not transformers' hundreds of model types
     assert "'bert'" not in message and "xlm-roberta-xl" not in message
     assert _snapshot(ws.root) == before, "a file of the workspace changed"
+
+
+def test_checked_loading_keeps_legitimate_loads(ws):
+    """What the load check must not refuse: a base model from a checkpoint of its own family with a head (the head
+    weights are left out), and a plain Transformer checkpoint as GTrans (fusion weights start fresh)."""
+    base = hf_layerfusion.GTransModel.from_pretrained(ws.gtrans_dir)
+    assert torch.equal(base.shared.weight, ws.gtrans.model.shared.weight)
+    gtrans = GTransForConditionalGeneration.from_pretrained(ws.plain_dir, config=_tiny(GTransConfig, ws.vocab, **GROUPS))
+    assert torch.equal(gtrans.model.shared.weight, ws.plain.model.shared.weight)
