@@ -29,7 +29,9 @@ after `import hf_layerfusion`; `examples/translate.py` translates files with it)
 
 Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (use
 `--train_sampling_strategy group_by_length`), no `warmup_ratio` (`--warmup_steps 0.1` is a ratio), no
-`evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`).
+`evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`). Every argument is checked before any
+work or write; training into a non-empty `--output_dir` is refused unless `--overwrite_output_dir True` (this
+script's own flag: transformers 5 dropped it) or `--resume_from_checkpoint` continues the run there.
 """
 
 from __future__ import annotations
