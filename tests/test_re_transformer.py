@@ -170,7 +170,8 @@ def reference_encoder(model, input_ids, attention_mask, layout):
     config = model.config
     encoder = model.model.encoder
     positions = torch.arange(input_ids.shape[1])
-    x = encoder.embed_tokens(input_ids) * math.sqrt(config.d_model) + encoder.embeddings.embed_positions.weight[positions]
+    position_table = encoder.embeddings.embed_positions.weight
+    x = encoder.embed_tokens(input_ids) * math.sqrt(config.d_model) + position_table[positions]
     key_padding = attention_mask.eq(0)
     for layer, sublayers in zip(encoder.layers, layout.split("-")):
         ffn_count = 0
@@ -181,7 +182,8 @@ def reference_encoder(model, input_ids, attention_mask, layout):
             else:
                 ffn_count += 1
                 name = "ffn" if ffn_count == 1 else f"ffn_{ffn_count}"
-                x = reference_layer_norm(x + reference_ffn(x, getattr(layer, name)), getattr(layer, f"{name}_block").layer_norm)
+                update = reference_ffn(x, getattr(layer, name))
+                x = reference_layer_norm(x + update, getattr(layer, f"{name}_block").layer_norm)
     return x
 
 
@@ -419,7 +421,9 @@ def test_trainer_one_step(tiny_backbone, tmp_path):
         save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
     )
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows))
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows)
+    )
     trainer.train()
     assert trainer.state.global_step == 1
     assert math.isfinite(trainer.state.log_history[-1]["train_loss"])

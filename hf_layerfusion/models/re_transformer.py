@@ -46,6 +46,10 @@ TABLE_2_ENCODER_LAYOUTS = (
     "s-s-s-s-sf-sff",
     "s-s-s-sf-sf-sff",
 )
+# a backbone state-dict key of the first sub-layer of a kind (as Marian checkpoints map): stack, layer, sub-layer
+SUBLAYER_KEY = re.compile(
+    rf"^model\.(encoder|decoder)\.layers\.(\d+)\.({'|'.join(SUBLAYER_KINDS.values())})(?:_block)?\."
+)
 
 
 def parse_layout(layout: str, field_name: str, sublayers: dict[str, str]) -> list[str]:
@@ -155,10 +159,9 @@ class ReTransformerConfig(LayerFusionConfig):
             stack: [{SUBLAYER_KINDS[kind] for kind in layout} for layout in layouts]
             for stack, layouts in (("encoder", config.encoder_layer_layouts), ("decoder", config.decoder_layer_layouts))
         }
-        sublayer_key = re.compile(r"^model\.(encoder|decoder)\.layers\.(\d+)\.(self_attn|encoder_attn|ffn)(?:_block)?\.")
         kept, not_loaded = {}, []
         for key, value in state_dict.items():
-            match = sublayer_key.match(key)
+            match = SUBLAYER_KEY.match(key)
             if match is not None:
                 stack, layer, name = match.group(1), int(match.group(2)), match.group(3)
                 layers = layer_sublayers[stack]
