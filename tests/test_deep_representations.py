@@ -68,18 +68,17 @@ def agg_reference(node, inputs, residual="all", top=None, activation=torch.sigmo
     return F.layer_norm(ff, ff.shape[-1:], node.layer_norm.weight, node.layer_norm.bias, node.layer_norm.eps)
 
 
-def attention_reference(attention, queries_from, keys_from, num_heads, causal=False):
-    """Multi-head attention softmax(Q K^T / sqrt(d_h)) V with the module's projections, no mask but causality."""
+def attention_reference(attention, queries_from, keys_from, num_heads):
+    """Unmasked multi-head attention softmax(Q K^T / sqrt(d_h)) V, written out with the module's projections."""
     batch, length, d = queries_from.shape
     d_h = d // num_heads
 
     def heads(x, proj):
         return (x @ proj.weight.T + proj.bias).view(batch, -1, num_heads, d_h).transpose(1, 2)
 
-    q, k, v = heads(queries_from, attention.q_proj), heads(keys_from, attention.k_proj), heads(keys_from, attention.v_proj)
+    q = heads(queries_from, attention.q_proj)
+    k, v = heads(keys_from, attention.k_proj), heads(keys_from, attention.v_proj)
     scores = q @ k.transpose(-1, -2) / math.sqrt(d_h)
-    if causal:
-        scores = scores.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
     context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d)
     return context @ attention.out_proj.weight.T + attention.out_proj.bias
 
@@ -148,10 +147,9 @@ def test_from_marian_with_aggregation_loads_every_backbone_weight(strategy):
                    "multi_layer_attention": ("lower_attentions", "self_attn.aggregation")}[strategy]
     assert all(any(part in key for part in fusion_keys) for key in fresh), fresh
     assert bool(fresh) == bool(fusion_keys)
-    own = model.state_dict()
-    for key, value in marian.state_dict().items():
-        if key == "model.encoder.layers.3.self_attn.q_proj.weight":  # a multi-layer-attention layer's ATT_1
-            assert torch.equal(own[key], value)
+    # in a multi-layer-attention layer, ATT_1 (over layer l-1) is Marian's self-attention
+    key = "model.encoder.layers.3.self_attn.q_proj.weight"
+    assert torch.equal(model.state_dict()[key], marian.state_dict()[key])
 
 
 # ----------------------------------------------------------------------------------------- Eq. 4-7

@@ -57,8 +57,9 @@ Choices where the paper is ambiguous (all tested in tests/test_deep_representati
   nodes Ĥ); for the dense connection it is `Layer(H^{l-1})`, before Eq. 4 adds the lower layers (adjacent sums of
   the same terms would be similar by construction). N runs over the non-pad positions: source positions with
   `attention_mask = 1`, target positions whose label is not -100; the mean is over all such positions of the
-  batch (token-weighted, like the cross entropy). D is computed in forward passes with `labels` when
-  `diversity_weight > 0`; generation never computes it.
+  batch (token-weighted, like the cross entropy). D is computed in every forward pass with `labels` when
+  `diversity_weight > 0`, in evaluation too (an evaluation `loss` is then the training objective `CE - lambda * D`,
+  not the cross entropy alone); generation never computes it.
 - "aggregation off" is `encoder_aggregation = decoder_aggregation = "none"` with `diversity_weight = 0`: exactly
   the plain backbone (and `MarianMTModel` through `from_marian`).
 """
@@ -157,9 +158,15 @@ class DeepRepresentationsConfig(LayerFusionConfig):
                 f"diversity_weight={self.diversity_weight} (set it to 0)."
             )
 
+    def stack_settings(self, is_decoder: bool) -> tuple[str, int, int]:
+        """`(aggregation, layers, FFN size)` of the decoder or the encoder stack."""
+        if is_decoder:
+            return self.decoder_aggregation, self.decoder_layers, self.decoder_ffn_dim
+        return self.encoder_aggregation, self.encoder_layers, self.encoder_ffn_dim
+
     def attends_lower_layers(self, is_decoder: bool, layer_idx: int) -> bool:
         """Whether 0-based layer `layer_idx` uses multi-layer attention: paper layer l = layer_idx + 1 > k."""
-        strategy = self.decoder_aggregation if is_decoder else self.encoder_aggregation
+        strategy = self.stack_settings(is_decoder)[0]
         return strategy == "multi_layer_attention" and layer_idx >= self.multi_layer_attention_k
 
     @property
@@ -315,8 +322,15 @@ class MultiLayerSelfAttention(MultiHeadAttention):
     `lower_attentions[i-2]` is ATT_i over `lower_states[-i]` = H^{l-i}. In the decoder each ATT_i keys/values through
     its own cache slot."""
 
-    def __init__(self, config: DeepRepresentationsConfig, num_heads: int, is_decoder: bool, cache_slot: int | None,
-                 lower_cache_slots: Sequence[int | None], ffn_dim: int):
+    def __init__(
+        self,
+        config: DeepRepresentationsConfig,
+        num_heads: int,
+        is_decoder: bool,
+        cache_slot: int | None,
+        lower_cache_slots: Sequence[int | None],
+        ffn_dim: int,
+    ):
         super().__init__(config, num_heads, is_causal=is_decoder, layer_idx=cache_slot)
         self.lower_attentions = nn.ModuleList(
             MultiHeadAttention(config, num_heads, is_causal=is_decoder, layer_idx=slot) for slot in lower_cache_slots
@@ -378,12 +392,11 @@ class DeepRepresentationsModel(LayerFusionModel):
 
     @classmethod
     def build_readout(cls, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
-        strategy = config.decoder_aggregation if is_decoder else config.encoder_aggregation
-        layers = config.decoder_layers if is_decoder else config.encoder_layers
+        strategy, layers, ffn_dim = config.stack_settings(is_decoder)
         if strategy == "linear":
             return LinearCombination(config, layers, is_decoder)
         if strategy == "iterative":
-            return IterativeAggregation(config, layers, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim, is_decoder)
+            return IterativeAggregation(config, layers, ffn_dim, is_decoder)
         return None
 
     @classmethod
@@ -395,12 +408,11 @@ class DeepRepresentationsModel(LayerFusionModel):
         return cls.build_readout(config, is_decoder=True) or TopLayerDecoderReadout()
 
     def build_connection(self, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
-        strategy = config.decoder_aggregation if is_decoder else config.encoder_aggregation
+        strategy, layers, ffn_dim = config.stack_settings(is_decoder)
         if strategy == "dense":
             return DenseConnection()
         if strategy == "hierarchical":
-            layers = config.decoder_layers if is_decoder else config.encoder_layers
-            return HierarchicalAggregation(config, layers, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim)
+            return HierarchicalAggregation(config, layers, ffn_dim)
         return None
 
     def build_sublayer(
@@ -419,7 +431,7 @@ class DeepRepresentationsModel(LayerFusionModel):
             is_decoder,
             slot,
             lower_slots,
-            config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim,
+            config.stack_settings(is_decoder)[2],
         )
 
 
