@@ -1,25 +1,41 @@
 #!/usr/bin/env python
-"""Real-data benchmark: plain Transformer vs GTrans on Multi30k en->de under the same CPU time budget.
+"""Real-data benchmark and GTrans study: models ("arms") on Multi30k en->de, several seeds each, compared with their
+baseline by sacreBLEU's paired bootstrap resampling.
 
-Setting (both models): joint 8k unigram (SentencePiece-style) vocabulary trained on train.en + train.de; the
-`multi30k` preset (d_model 256, 6 + 6 post-norm layers, FFN 1024, 4 heads, dropout 0.1); AdamW, lr 1e-3,
-inverse-sqrt schedule with 1000 warm-up steps, label smoothing 0.1, 64 sentences per batch grouped by length; the
-same wall-clock training budget per model (default 35 min); then beam-4 sacreBLEU on `val` and `test_2016_flickr`.
-GTrans uses T_e = 3 (2 encoder groups) and T_d = 2 (3 decoder groups), and is also evaluated as in its Table VI:
-each decoder group alone, and the mixture of groups k..N.
+Setting (every arm unless it overrides something): joint 8k unigram (SentencePiece-style) vocabulary trained on
+train.en + train.de, shared by all arms and seeds of one `--output_dir`; the `multi30k` preset (d_model 256, 6 + 6
+post-norm layers, FFN 1024, 4 heads, dropout 0.1); AdamW, lr 1e-3, no weight decay, inverse-sqrt schedule with 1000
+warm-up steps, label smoothing 0.1, 64 sentences per batch grouped by length; the same training budget per run
+(`--minutes_per_model` of wall clock and/or `--max_steps_per_model` steps: steps-matched); then beam-4 sacreBLEU on
+`val` and `test_2016_flickr`. `--seeds 1 2 3` trains every arm once per seed (the seed sets the initialisation and
+the batch order). Arms (`--list_models` prints them with the question each one asks) are the plain Transformer,
+GTrans (T_e = 3, T_d = 2) and its variants for the study of docs/gtrans_study.md, deeper shapes, and the other
+families. Each arm names its baseline (the plain Transformer of the same shape and training options); baselines of
+the requested arms are trained too.
 
-Printed: BLEU (with the sacreBLEU signature), training steps, source tokens per second of training (whole run;
-tokens of the padded, length-grouped batches), the Table VI grid. Everything lands in `--output_dir` (`results.json`, one training dir per model).
+Selection and significance: arms are compared on the validation set (`val BLEU`, for choosing a setting) and
+reported on the test set; for every seed s the arm's test translations are compared with the baseline's seed-s
+translations by sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, test_type "bs",
+1000 resamples, two-sided p-value of the BLEU difference, sacreBLEU's fixed resampling seed). The table gives mean
+± standard deviation over seeds, the mean test difference to the baseline, and the p-value of each seed.
+GTrans (the `gtrans` arm) is also evaluated as in its Table VI: each decoder group alone, and groups k..N mixed.
+
+Everything lands in `--output_dir`: `results.json` (every run, the summary and the p-values), one training dir per
+arm and seed (`<arm>/seed_<s>/`, with `generated_predictions_{validation,test}.txt`), `settings.json`.
 
 Resumable: training checkpoints every 500 steps and the time already spent travels with them, so re-running the
-same command after an interruption continues where it stopped (finished models and evaluations are not redone).
+same command after an interruption continues where it stopped (finished runs and evaluations are not redone). An
+output dir remembers the settings that change results (budget, schedule, vocabulary, evaluation sets, beam) and
+refuses to be continued with other ones.
 
-    python benchmarks/bench_multi30k.py                                  # hours on a laptop CPU
-    python benchmarks/bench_multi30k.py --minutes_per_model 1 --warmup_steps 50 \\
-        --max_eval_samples 40 --max_predict_samples 40 --output_dir /tmp/bench_smoke   # end-to-end smoke run
-    # the plain model stopped at GTrans' step count (same trajectory, same tokenizer): a steps-matched row
-    python benchmarks/bench_multi30k.py --models plain_transformer --max_steps_per_model 2903 --minutes_per_model 60 \
-        --tokenizer_dir runs/bench_multi30k/tokenizer --output_dir runs/bench_multi30k_2903_steps
+    python benchmarks/bench_multi30k.py                                  # plain vs GTrans, 35 min each, seed 1
+    python benchmarks/bench_multi30k.py --list_models                    # the arms of the study
+    # steps-matched study arms, 3 seeds (see benchmarks/README.md for the whole study and its cost)
+    python benchmarks/bench_multi30k.py --models gtrans gtrans_init_w1 --seeds 1 2 3 --max_steps_per_model 2000 \\
+        --output_dir runs/gtrans_study
+    # end-to-end smoke run (tiny budget and evaluation sets; its BLEU means nothing)
+    python benchmarks/bench_multi30k.py --models plain_transformer gtrans --seeds 1 2 --max_steps_per_model 30 \\
+        --warmup_steps 10 --max_eval_samples 50 --max_predict_samples 50 --max_new_tokens 24 --output_dir /tmp/smoke
 """
 
 from __future__ import annotations
@@ -27,38 +43,152 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import statistics
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
-from hf_layerfusion.translation import translate  # noqa: E402
 
+import hf_layerfusion  # noqa: E402
 from hf_layerfusion.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.translation import translate  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SOURCE_LANG, TARGET_LANG = "en", "de"
-MODELS = {
-    "plain_transformer": None,
-    "gtrans": "encoder_group_size=3,decoder_group_size=2",
+BASE_ARM = "plain_transformer"
+DEFAULT_MINUTES = 35.0
+BOOTSTRAP_SAMPLES = 1000
+SIGNIFICANCE_LEVEL = 0.05
+
+# training options of every run (run_translation / Seq2SeqTrainingArguments); an arm may override some
+TRAINING_OPTIONS = {
+    "per_device_train_batch_size": 64,
+    "per_device_eval_batch_size": 64,
+    "optim": "adamw_torch",
+    "learning_rate": 1e-3,
+    "weight_decay": 0.0,
+    "lr_scheduler_type": "inverse_sqrt",
+    "label_smoothing_factor": 0.1,
+    "train_sampling_strategy": "group_by_length",
 }
 
 
-def train_and_evaluate(model_type: str, args, tokenizer_dir: Path) -> dict:
-    output_dir = args.output_dir / model_type
-    finished = output_dir / "bleu_results.json"
+@dataclass(frozen=True)
+class Arm:
+    """One model of the study: a family, its config overrides (on top of the `multi30k` preset), its training-option
+    overrides (on top of `TRAINING_OPTIONS`), the arm it is compared with, and the question it answers."""
+
+    model_type: str
+    question: str
+    config: dict = field(default_factory=dict)
+    training: dict = field(default_factory=dict)
+    baseline: str | None = BASE_ARM
+
+
+GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
+SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12-layer encoder)
+SHAPE_24X18 = dict(encoder_layers=24, decoder_layers=18)  # paper Table VIII: post-norm without fusion diverges
+WEIGHT_DECAY = {"weight_decay": 0.1}  # AdamW decoupled decay; 0.1 shrinks an undriven weight by ~20% in 2k steps
+NO_LABEL_SMOOTHING = {"label_smoothing_factor": 0.0}
+
+MODELS: dict[str, Arm] = {
+    "plain_transformer": Arm("plain_transformer", "baseline (the backbone, fusion off)", baseline=None),
+    "gtrans": Arm("gtrans", "GTrans as published: T_e = 3, T_d = 2, w = 0, tau = sqrt(d)", GTRANS),
+    # --- the choices of docs/gtrans_study.md
+    "gtrans_init_w1": Arm(
+        "gtrans", "initial fusion weights: w = 1 (sigma = 0.73) instead of 0 (sigma = 1/2)",
+        {**GTRANS, "fusion_weight_init": 1.0},
+    ),
+    "gtrans_tau1": Arm(
+        "gtrans", "tau of Eq. 6 = 1 instead of sqrt(d) = 16 (with Adam: a 16x larger learning rate for psi)",
+        {**GTRANS, "probability_temperature": 1.0},
+    ),
+    "gtrans_fused_dropout": Arm(
+        "gtrans", "dropout 0.1 on the fused memory and on every decoder group feature (none by default)",
+        {**GTRANS, "fused_state_dropout": 0.1},
+    ),
+    "plain_transformer_ls0": Arm("plain_transformer", "baseline without label smoothing", training=NO_LABEL_SMOOTHING,
+                                 baseline=None),
+    "gtrans_ls0": Arm(
+        "gtrans", "label smoothing: none (per-group smoothing inside Eq. 7 is the default)", GTRANS,
+        NO_LABEL_SMOOTHING, baseline="plain_transformer_ls0",
+    ),
+    "plain_transformer_wd": Arm("plain_transformer", "baseline with weight decay 0.1", training=WEIGHT_DECAY,
+                                baseline=None),
+    "gtrans_wd": Arm(
+        "gtrans", "weight decay 0.1 on the network, fusion weights not decayed (the default)", GTRANS, WEIGHT_DECAY,
+        baseline="plain_transformer_wd",
+    ),
+    "gtrans_wd_decay_fusion": Arm(
+        "gtrans", "weight decay 0.1 on the fusion weights too (decay_fusion_weights=True)",
+        {**GTRANS, "decay_fusion_weights": True}, WEIGHT_DECAY, baseline="plain_transformer_wd",
+    ),
+    # --- depth (the paper's gains grow with depth)
+    "plain_transformer_12x6": Arm("plain_transformer", "baseline, 12-layer encoder", SHAPE_12X6, baseline=None),
+    "gtrans_12x6": Arm(
+        "gtrans", "12-layer encoder (OPUS-100 shape)", {**SHAPE_12X6, **GTRANS}, baseline="plain_transformer_12x6"
+    ),
+    "plain_transformer_24x18": Arm("plain_transformer", "baseline, deep post-norm 24 + 18 layers", SHAPE_24X18,
+                                   baseline=None),
+    "gtrans_24x18": Arm(
+        "gtrans", "deep post-norm 24 + 18 layers (paper Table VIII: the plain model diverges there)",
+        {**SHAPE_24X18, **GTRANS}, baseline="plain_transformer_24x18",
+    ),
+}
+# the other families, with the settings their papers recommend, once they are part of the package
+FAMILY_ARMS = {
+    "rtal": Arm("rtal", "RTAL: residual tree aggregation, encoder and decoder, concat + FFN nodes",
+                {"aggregation_function": "concat_ffn"}),
+    "deep_representations": Arm(
+        "deep_representations", "deep representations: hierarchical aggregation + layer diversity",
+        {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 1.0},
+    ),
+    "layerwise_coordination": Arm("layerwise_coordination", "layer-wise coordination (defaults)"),
+    "re_transformer_2": Arm("re_transformer", "Re-Transformer-2 (encoder s-sf-s-sf-s-sf, 2 decoder layers)",
+                            {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 2}),
+    "re_transformer_4": Arm("re_transformer", "Re-Transformer-4 (encoder s-sf-s-sf-s-sf, 4 decoder layers)",
+                            {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 4}),
+}
+MODELS.update({name: arm for name, arm in FAMILY_ARMS.items() if arm.model_type in hf_layerfusion.FAMILIES})
+
+# settings that change the numbers of a run: an output dir is only continued with the same ones
+RESULT_SETTINGS = (
+    "data_dir", "minutes_per_model", "max_steps_per_model", "warmup_steps", "vocab_size", "max_eval_samples",
+    "max_predict_samples", "num_beams", "max_new_tokens",
+)
+
+
+def format_value(value) -> str:
+    return "None" if value is None else str(value)
+
+
+def run_dir(args, arm_name: str, seed: int) -> Path:
+    return args.output_dir / arm_name / f"seed_{seed}"
+
+
+def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> dict:
+    """Train one arm with one seed (or resume it), translate val and test; returns run_translation's results plus
+    whole-run training statistics, cached in `<run dir>/bench_results.json`."""
+    arm = MODELS[arm_name]
+    output_dir = run_dir(args, arm_name, seed)
+    finished = output_dir / "bench_results.json"
     if finished.is_file():
         return json.loads(finished.read_text())
+    options = {**TRAINING_OPTIONS, **arm.training}
     command = [
         f"--dataset_name={args.data_dir}",
         f"--source_lang={SOURCE_LANG}",
         f"--target_lang={TARGET_LANG}",
-        f"--model_type={model_type}",
+        f"--model_type={arm.model_type}",
         "--preset=multi30k",
         f"--tokenizer_name={tokenizer_dir}",
         f"--output_dir={output_dir}",
@@ -66,31 +196,25 @@ def train_and_evaluate(model_type: str, args, tokenizer_dir: Path) -> dict:
         "--do_eval",
         "--do_predict",
         "--resume_from_checkpoint=last",
-        f"--max_train_minutes={args.minutes_per_model}",
-        f"--max_steps={args.max_steps_per_model or 1_000_000}",  # by default the time budget ends training
-        "--per_device_train_batch_size=64",
-        "--per_device_eval_batch_size=64",
-        "--optim=adamw_torch",
-        "--learning_rate=1e-3",
-        "--lr_scheduler_type=inverse_sqrt",
+        f"--max_steps={args.max_steps_per_model or 1_000_000}",  # without a step cap the time budget ends training
+        *(f"--{key}={value}" for key, value in options.items()),
         f"--warmup_steps={args.warmup_steps}",
-        "--label_smoothing_factor=0.1",
-        "--train_sampling_strategy=group_by_length",
-        "--num_beams=4",
+        f"--num_beams={args.num_beams}",
         "--save_steps=500",
         "--save_total_limit=2",
         "--logging_steps=100",
         "--include_num_input_tokens_seen=true",  # padded source tokens ("non_padding" is not settable from the CLI)
         "--disable_tqdm=True",
         f"--dataloader_pin_memory={torch.cuda.is_available()}",
-        "--seed=1",
+        f"--seed={seed}",
     ]
-    if MODELS[model_type]:
-        command.append(f"--config_overrides={MODELS[model_type]}")
-    if args.max_eval_samples:
-        command.append(f"--max_eval_samples={args.max_eval_samples}")
-    if args.max_predict_samples:
-        command.append(f"--max_predict_samples={args.max_predict_samples}")
+    if args.minutes_per_model is not None:
+        command.append(f"--max_train_minutes={args.minutes_per_model}")
+    if arm.config:
+        command.append("--config_overrides=" + ",".join(f"{k}={format_value(v)}" for k, v in arm.config.items()))
+    for option in ("max_eval_samples", "max_predict_samples", "max_new_tokens"):
+        if getattr(args, option):
+            command.append(f"--{option}={getattr(args, option)}")
     results = run_translation(command)
     # whole-run training statistics (a resumed run's own metrics only cover its last session)
     state = json.loads((output_dir / "trainer_state.json").read_text())
@@ -104,13 +228,44 @@ def train_and_evaluate(model_type: str, args, tokenizer_dir: Path) -> dict:
     return results
 
 
-def decoder_group_table(args, test_pairs: list[dict]) -> list[dict]:
+def hypotheses(args, arm_name: str, seed: int, split: str) -> list[str]:
+    path = run_dir(args, arm_name, seed) / f"generated_predictions_{split}.txt"
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def paired_bootstrap(baseline: list[str], system: list[str], references: list[str]) -> dict:
+    """sacreBLEU's paired bootstrap resampling (Koehn 2004, as Moses' script): BLEU of both systems, the
+    two-sided p-value of their difference, and the system's bootstrap mean and 95% confidence half-width."""
+    if not len(baseline) == len(system) == len(references):
+        raise ValueError(
+            f"Paired test needs aligned outputs: {len(baseline)} baseline, {len(system)} system, "
+            f"{len(references)} reference lines."
+        )
+    signatures, scores = PairedTest(
+        [("baseline", baseline), ("system", system)],
+        {"BLEU": BLEU()},
+        references=[references],
+        test_type="bs",
+        n_samples=BOOTSTRAP_SAMPLES,
+    )()
+    (name,) = signatures  # sacreBLEU names the metric itself ("BLEU")
+    baseline_result, system_result = scores[name]
+    return {
+        "baseline_bleu": baseline_result.score,
+        "bleu": system_result.score,
+        "p_value": system_result.p_value,
+        "bootstrap_mean": system_result.mean,
+        "bootstrap_ci95": system_result.ci,
+        "signature": str(signatures[name]),
+    }
+
+
+def decoder_group_table(model_dir: Path, test_pairs: list[dict]) -> list[dict]:
     """GTrans Table VI on the test set: BLEU of each decoder group alone and of the mixture of groups k..N."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    table_file = args.output_dir / "gtrans_decoder_groups.json"
+    table_file = model_dir / "gtrans_decoder_groups.json"
     table = json.loads(table_file.read_text()) if table_file.is_file() else {}
-    model_dir = args.output_dir / "gtrans"
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     num_groups = model.config.num_decoder_groups
@@ -121,8 +276,8 @@ def decoder_group_table(args, test_pairs: list[dict]) -> list[dict]:
     runs.update({f"{k}..{num_groups}": list(range(k, num_groups + 1)) for k in range(1, num_groups)})
     for name, groups in runs.items():
         if name not in table:
-            hypotheses = translate(model, tokenizer, sources, batch_size=64, decoder_groups=groups, progress=True)
-            table[name] = corpus_bleu(hypotheses, references)[0]
+            translations = translate(model, tokenizer, sources, batch_size=64, decoder_groups=groups, progress=True)
+            table[name] = corpus_bleu(translations, references)[0]
             table_file.write_text(json.dumps(table, indent=2) + "\n")  # resumable, one entry at a time
     table[f"{num_groups}..{num_groups}"] = table[f"{num_groups}"]
     psi = model.model.decoder.readout.fusion_weights()["decoder_group_psi"].tolist()  # Table VI's "Weight" row
@@ -132,60 +287,210 @@ def decoder_group_table(args, test_pairs: list[dict]) -> list[dict]:
     ]
 
 
-def main() -> None:
+def mean_std(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def format_mean_std(stats: dict) -> str:
+    std = "   –" if stats["std"] is None else f"{stats['std']:4.2f}"
+    return f"{stats['mean']:6.2f} ± {std}"
+
+
+def summarise(args, runs: dict, references: dict) -> dict:
+    """Per arm: mean ± std over seeds of val/test BLEU and training statistics; per seed: paired bootstrap of the
+    test translations against the baseline's of the same seed."""
+    summary = {}
+    for arm_name, by_seed in runs.items():
+        seeds = sorted(by_seed)
+        entry = {
+            "model_type": MODELS[arm_name].model_type,
+            "config": MODELS[arm_name].config,
+            "training": MODELS[arm_name].training,
+            "baseline": MODELS[arm_name].baseline,
+            "seeds": seeds,
+            "val_bleu": mean_std([by_seed[s]["validation"]["bleu"] for s in seeds]),
+            "test_bleu": mean_std([by_seed[s]["test"]["bleu"] for s in seeds]),
+            "steps": statistics.fmean(by_seed[s]["train"]["global_step"] for s in seeds),
+            "train_minutes": statistics.fmean(by_seed[s]["train"]["train_minutes"] for s in seeds),
+            "source_tokens_per_second": statistics.fmean(
+                by_seed[s]["train"]["source_tokens_per_second"] for s in seeds
+            ),
+        }
+        baseline = MODELS[arm_name].baseline
+        if baseline is not None:
+            baseline_runs = runs[baseline]
+            entry["val_delta"] = mean_std(
+                [by_seed[s]["validation"]["bleu"] - baseline_runs[s]["validation"]["bleu"] for s in seeds]
+            )
+            entry["test_delta"] = mean_std(
+                [by_seed[s]["test"]["bleu"] - baseline_runs[s]["test"]["bleu"] for s in seeds]
+            )
+            entry["test_paired_bootstrap"] = {
+                s: paired_bootstrap(
+                    hypotheses(args, baseline, s, "test"), hypotheses(args, arm_name, s, "test"), references["test"]
+                )
+                for s in seeds
+            }
+        summary[arm_name] = entry
+    return summary
+
+
+def print_summary(args, summary: dict, signature: str, table_vi: dict | None) -> None:
+    budget = []
+    if args.minutes_per_model is not None:
+        budget.append(f"{args.minutes_per_model:g} min")
+    if args.max_steps_per_model:
+        budget.append(f"{args.max_steps_per_model} steps")
+    seeds = " ".join(str(s) for s in args.seeds)
+    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {' or '.join(budget)} of training per run (whichever comes first), "
+          f"beam {args.num_beams}, seeds {seeds}; BLEU mean ± std over seeds")
+    print(f"{'arm':<26} {'steps':>6} {'src tok/s':>9} {'val BLEU':>14} {'test BLEU':>14} {'test Δ':>14} "
+          f"{'p (test, per seed)':<24} baseline")
+    for arm_name, entry in summary.items():
+        delta = format_mean_std(entry["test_delta"]) if "test_delta" in entry else f"{'':>14}"
+        tests = entry.get("test_paired_bootstrap", {})
+        p_values = " / ".join(f"{tests[s]['p_value']:.3f}" for s in entry["seeds"]) if tests else ""
+        print(
+            f"{arm_name:<26} {entry['steps']:>6.0f} {entry['source_tokens_per_second']:>9.0f} "
+            f"{format_mean_std(entry['val_bleu']):>14} {format_mean_std(entry['test_bleu']):>14} {delta:>14} "
+            f"{p_values:<24} {entry['baseline'] or ''}"
+        )
+    print(f"sacreBLEU signature: {signature}")
+    print(f"Paired bootstrap: sacrebleu.significance.PairedTest, {BOOTSTRAP_SAMPLES} resamples, two-sided; "
+          f"p < {SIGNIFICANCE_LEVEL} marks a difference unlikely under resampling of the test sentences (one seed).")
+    compared = {name: entry for name, entry in summary.items() if "val_delta" in entry}
+    if compared:
+        best = max(compared, key=lambda name: compared[name]["val_delta"]["mean"])
+        entry = compared[best]
+        significant = sum(
+            test["p_value"] < SIGNIFICANCE_LEVEL and test["bleu"] > test["baseline_bleu"]
+            for test in entry["test_paired_bootstrap"].values()
+        )
+        print(
+            f"Selected on validation (largest mean val Δ over its baseline): {best}, val Δ "
+            f"{entry['val_delta']['mean']:+.2f}; its test Δ {entry['test_delta']['mean']:+.2f}, better with "
+            f"p < {SIGNIFICANCE_LEVEL} on {significant} of {len(entry['seeds'])} seeds."
+        )
+    if table_vi:
+        print("\nGTrans decoder groups (paper Table VI), test BLEU, mean over seeds:")
+        print(f"{'k':>3} {'group k alone':>14} {'groups k..N mixed':>18} {'psi_k (Eq. 6)':>14}")
+        for k, rows in enumerate(zip(*table_vi.values()), start=1):
+            print(
+                f"{k:>3} {statistics.fmean(r['alone'] for r in rows):>14.2f} "
+                f"{statistics.fmean(r['mixed'] for r in rows):>18.2f} {statistics.fmean(r['psi'] for r in rows):>14.3f}"
+            )
+
+
+def check_settings(args) -> None:
+    """Write the result-changing settings into a new output dir; refuse to continue one made with other settings."""
+    settings = {name: format_value(getattr(args, name)) for name in RESULT_SETTINGS}
+    settings_file = args.output_dir / "settings.json"
+    if settings_file.is_file():
+        saved = json.loads(settings_file.read_text())
+        changed = {name: (saved.get(name), value) for name, value in settings.items() if saved.get(name) != value}
+        if changed:
+            details = ", ".join(f"--{name} was {old} and is now {new}" for name, (old, new) in changed.items())
+            raise SystemExit(f"{args.output_dir} holds runs made with other settings ({details}); use another "
+                             "--output_dir (and --tokenizer_dir to share the tokenizer).")
+    else:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+        settings_file.write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def with_baselines(arm_names: list[str]) -> list[str]:
+    """The requested arms, each preceded by its baseline if not requested (the comparison needs it)."""
+    ordered = []
+    for name in arm_names:
+        for needed in (MODELS[name].baseline, name):
+            if needed is not None and needed not in ordered:
+                ordered.append(needed)
+    return ordered
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data_dir", type=Path, default=DEFAULT_DATA, help="Multi30k directory (default: %(default)s)")
     parser.add_argument("--output_dir", type=Path, default=Path("runs/bench_multi30k"))
-    parser.add_argument("--minutes_per_model", type=float, default=35.0, help="Training wall-clock budget per model.")
     parser.add_argument(
-        "--max_steps_per_model", type=int, default=None,
-        help="Also stop at this many optimisation steps (a steps-matched comparison; the schedule does not depend on it).",
+        "--minutes_per_model", type=positive_float, default=None,
+        help=f"Training wall-clock budget per run (default: {DEFAULT_MINUTES:g}, or none with --max_steps_per_model).",
     )
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="Models to run.")
+    parser.add_argument(
+        "--max_steps_per_model", type=positive_int, default=None,
+        help="Stop every run at this many optimisation steps (a steps-matched comparison; the schedule does not "
+        "depend on it).",
+    )
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["plain_transformer", "gtrans"],
+                        metavar="ARM", help="Arms to run (see --list_models); their baselines are added.")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="Seeds; every arm is trained once per seed.")
+    parser.add_argument("--list_models", action="store_true", help="Print the arms and exit.")
     parser.add_argument(
         "--tokenizer_dir", type=Path, default=None,
         help="Reuse this tokenizer (default: <output_dir>/tokenizer, trained on the first run).",
     )
-    parser.add_argument("--warmup_steps", type=int, default=1000)
-    parser.add_argument("--vocab_size", type=int, default=8000)
-    parser.add_argument("--max_eval_samples", type=int, default=None, help="Validation sentences (default: all).")
-    parser.add_argument("--max_predict_samples", type=int, default=None, help="Test sentences (default: all).")
-    args = parser.parse_args()
+    parser.add_argument("--warmup_steps", type=positive_int, default=1000)
+    parser.add_argument("--vocab_size", type=positive_int, default=8000)
+    parser.add_argument("--max_eval_samples", type=positive_int, default=None, help="Validation sentences (default: all).")
+    parser.add_argument("--max_predict_samples", type=positive_int, default=None, help="Test sentences (default: all).")
+    parser.add_argument("--num_beams", type=positive_int, default=4)
+    parser.add_argument("--max_new_tokens", type=positive_int, default=None,
+                        help="Longest translation (default: run_translation's, 128 tokens); for smoke runs.")
+    args = parser.parse_args(argv)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds must differ, got {args.seeds}")
+    if args.minutes_per_model is None and args.max_steps_per_model is None:
+        args.minutes_per_model = DEFAULT_MINUTES
+    return args
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.list_models:
+        for name, arm in MODELS.items():
+            print(f"{name:<26} {arm.question}  [baseline: {arm.baseline or '-'}]")
+        return
+    check_settings(args)
     corpus = load_parallel_text(args.data_dir, SOURCE_LANG, TARGET_LANG)
     tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
         texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in (SOURCE_LANG, TARGET_LANG)]
         train_joint_tokenizer(texts, args.vocab_size, model="unigram", save_dir=tokenizer_dir)
 
-    results = {model_type: train_and_evaluate(model_type, args, tokenizer_dir) for model_type in args.models}
+    arm_names = with_baselines(args.models)
+    runs = {name: {seed: train_and_evaluate(name, seed, args, tokenizer_dir) for seed in args.seeds} for name in arm_names}
+    references, limits = {}, {"validation": args.max_eval_samples, "test": args.max_predict_samples}
+    for split, limit in limits.items():
+        pairs = corpus[split].select(range(min(limit or len(corpus[split]), len(corpus[split]))))["translation"]
+        references[split] = [pair[TARGET_LANG] for pair in pairs]
+    summary = summarise(args, runs, references)
     table_vi = None
-    if "gtrans" in results:
-        test = corpus["test"]
-        test_pairs = test.select(range(min(args.max_predict_samples or len(test), len(test))))["translation"]
-        table_vi = decoder_group_table(args, test_pairs)
+    if "gtrans" in runs:
+        test_pairs = corpus["test"].select(range(len(references["test"])))["translation"]
+        table_vi = {seed: decoder_group_table(run_dir(args, "gtrans", seed), test_pairs) for seed in args.seeds}
+    signature = next(iter(next(iter(runs.values())).values()))["test"]["signature"]
     (args.output_dir / "results.json").write_text(
-        json.dumps({**results, "gtrans_decoder_groups": table_vi}, indent=2) + "\n"
-    )
-
-    budget = f"{args.minutes_per_model:g} min"
-    if args.max_steps_per_model:
-        budget += f" or {args.max_steps_per_model} steps (whichever comes first)"
-    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {budget} of training per model, beam 4")
-    print(f"{'model':<18} {'steps':>7} {'minutes':>8} {'src tok/s':>10} {'val BLEU':>9} {'test BLEU':>10}")
-    for model_type, result in results.items():
-        train = result["train"]
-        print(
-            f"{model_type:<18} {train['global_step']:>7} {train['train_minutes']:>8.1f} "
-            f"{train['source_tokens_per_second']:>10.0f} {result['validation']['bleu']:>9.2f} {result['test']['bleu']:>10.2f}"
+        json.dumps(
+            {"runs": runs, "summary": summary, "gtrans_decoder_groups": table_vi, "signature": signature},
+            indent=2,
         )
-    print(f"sacreBLEU signature: {next(iter(results.values()))['test']['signature']}")
-    if table_vi:
-        print("\nGTrans decoder groups (paper Table VI), test BLEU:")
-        print(f"{'k':>3} {'group k alone':>14} {'groups k..N mixed':>18} {'psi_k (Eq. 6)':>14}")
-        for row in table_vi:
-            print(f"{row['k']:>3} {row['alone']:>14.2f} {row['mixed']:>18.2f} {row['psi']:>14.3f}")
-    print(f"\nReproduce: python benchmarks/bench_multi30k.py {shlex.join(sys.argv[1:])}".rstrip())
+        + "\n"
+    )
+    print_summary(args, summary, signature, table_vi)
+    print(f"\nReproduce: python benchmarks/bench_multi30k.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
 
 
 if __name__ == "__main__":
