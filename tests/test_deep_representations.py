@@ -306,6 +306,37 @@ def test_output_attentions_one_map_per_layer(tiny_backbone, padded_batch):
     assert len(out.encoder_attentions) == len(out.decoder_attentions) == 4
 
 
+def test_added_parameters_match_table1():
+    """Transformer-Base (d 512, FFN 2048, 6 + 6 layers): the added parameters are Table 1's, which pins AGG's inner
+    size (the FFN size) and which layers get multi-layer attention (l > k, the embedding not being a layer)."""
+    base = dict(d_model=512, encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_layers=6, decoder_layers=6)
+
+    def added(**overrides):
+        config = DeepRepresentationsConfig(**base, **overrides)
+        total = 0
+        for is_decoder in (False, True):
+            for module in (DeepRepresentationsModel.build_readout(config, is_decoder),
+                           DeepRepresentationsModel.build_connection(None, config, is_decoder)):
+                total += sum(p.numel() for p in module.parameters()) if module is not None else 0
+            for layer_idx in range(6):
+                if config.attends_lower_layers(is_decoder, layer_idx):
+                    lower_slots = [None] * (config.multi_layer_attention_k - 1)
+                    attention = MultiLayerSelfAttention(config, 8, is_decoder, None, lower_slots, 2048)
+                    # everything but ATT_1's projections, which the plain layer has too
+                    own_projections = ("q_proj.", "k_proj.", "v_proj.", "out_proj.")
+                    total += sum(
+                        p.numel() for name, p in attention.named_parameters() if not name.startswith(own_projections)
+                    )
+        return round(total / 1e6, 1)
+
+    assert added(encoder_aggregation="dense", decoder_aggregation="dense") == 0.0
+    assert added(encoder_aggregation="iterative", decoder_aggregation="iterative") == 31.5
+    assert added(encoder_aggregation="hierarchical", decoder_aggregation="hierarchical") == 23.1
+    mla = dict(encoder_aggregation="multi_layer_attention", decoder_aggregation="multi_layer_attention")
+    assert added(**mla, multi_layer_attention_k=2) == 33.6
+    assert added(**mla, multi_layer_attention_k=3) == 37.8
+
+
 # ----------------------------------------------------------------------------------------- caching and search
 CACHE_CASES = {
     **{s: dict(decoder_aggregation=s) for s in STRATEGIES},
