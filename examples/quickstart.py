@@ -11,27 +11,34 @@ so we translate German -> English, where BLEU's n-grams have words to match. Bot
 vocabulary, hyper-parameters, data order and number of training steps, through `examples/run_translation.py`
 (seeded: a rerun on the same machine prints the same numbers; GTrans' steps take a little longer, for its extra
 output groups). BLEU is sacreBLEU of beam-4 search on the held-out test split. The saved GTrans is then loaded
-like any checkpoint and translates new numbers with `generate()` (transformers 5 has no translation pipeline),
-mixing all its decoder groups or using only the top one. Everything is written under `--output_dir`.
+like any checkpoint and translates new numbers with `generate()`, mixing all its decoder groups or using only the
+top one; finally a fresh Python process in which hf_layerfusion cannot be imported loads the same directory with
+`trust_remote_code=True` (the self-contained code the package saved with the weights) and translates through the
+`"translation"` pipeline, and the script prints whether its translations match the package's. Everything is written
+under `--output_dir`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import datasets
 import torch
 import transformers
 from num2words import num2words
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
 from hf_layerfusion.translation import translate  # noqa: E402
 
 from hf_layerfusion.data import builtin_number_corpus  # noqa: E402
+from hf_layerfusion.hub import check_model_directory  # noqa: E402
 from hf_layerfusion.model_card import write_model_card  # noqa: E402
 
 SOURCE_LANG, TARGET_LANG = "de", "en"
@@ -142,6 +149,7 @@ def main() -> None:
         bleu_scores={"test": results["gtrans"]["test"]["bleu"]},
         bleu_signature=results["gtrans"]["test"]["signature"],
         training_command="python examples/quickstart.py",
+        overwrite=True,  # this run's own card, rewritten on every run
     )
     print(f"\nModel card: {card}")
     tokenizer = AutoTokenizer.from_pretrained(gtrans_dir)
@@ -154,6 +162,50 @@ def main() -> None:
         print(f"{number} ({kind}): {source}")
         print(f"    all {model.config.num_decoder_groups} decoder groups mixed: {mixed}")
         print(f"    top decoder group only:      {top}")
+
+    # the directory is a complete Hub repository: a fresh process *without* hf_layerfusion loads it with the Hub
+    # code the package wrote next to the weights, through the "translation" pipeline
+    check_model_directory(gtrans_dir)
+    translator = pipeline("layerfusion-translation", model=model, tokenizer=tokenizer)
+    package_translations = [r["translation_text"] for r in translator(sources, batch_size=len(sources), num_beams=4)]
+    hub_translations = translate_without_package(gtrans_dir, sources)
+    print(f"\n=== The same directory in a fresh process without hf_layerfusion (trust_remote_code=True) ===")
+    for source, translation in zip(sources, hub_translations):
+        print(f"{source} -> {translation}")
+    same = hub_translations == package_translations
+    print(f"Translations {'match' if same else 'DO NOT match'} the package's ({len(sources)} sentences, beam 4).")
+    if not same:
+        raise SystemExit(1)
+
+
+# Run with `python -S` and only site-packages on sys.path (its .pth files, which hold the editable install's import
+# hook, are not processed), so `import hf_layerfusion` fails there, as for a Hub user without the package.
+WITHOUT_PACKAGE = """
+import json, sys
+sys.path.append({purelib!r})
+try:
+    import hf_layerfusion
+except ModuleNotFoundError:
+    pass
+else:
+    raise SystemExit("hf_layerfusion is importable: this check needs a process without it")
+from transformers import pipeline
+translator = pipeline("translation", model={model_dir!r}, trust_remote_code=True)
+print(json.dumps([r["translation_text"] for r in translator({sources!r}, batch_size={batch_size}, num_beams=4)]))
+"""
+
+
+def translate_without_package(model_dir: Path, sources: list[str]) -> list[str]:
+    script = WITHOUT_PACKAGE.format(
+        purelib=sysconfig.get_paths()["purelib"], model_dir=str(model_dir.resolve()), sources=sources,
+        batch_size=len(sources),
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, cwd=model_dir.resolve().parent
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"Loading {model_dir} without hf_layerfusion failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
