@@ -1,9 +1,9 @@
 """Hub model cards for trained hf_layerfusion models, rendered from a run's results.
 
-`write_model_card(output_dir, model, ...)` renders `model_cards/templates/_base.md` (a huggingface_hub Jinja
+`write_model_card(output_dir, model, ...)` renders `hf_layerfusion/model_card_templates/_base.md` (a huggingface_hub Jinja
 template: YAML metadata, use with and without the package, intended use and limits, training data, architecture,
 BLEU with the sacreBLEU signature, how to reproduce) with the family's own sections from
-`model_cards/templates/<model_type>.md` (what the model is, its limits, the paper and its BibTeX citation). The
+`hf_layerfusion/model_card_templates/<model_type>.md` (what the model is, its limits, the paper and its BibTeX citation). The
 metadata (`language`, `license`, `tags` with `translation` and the family, `datasets`, `metrics`, `model-index`
 with the BLEU results) is built with huggingface_hub's `ModelCardData` and the rendered card is parsed back with
 `ModelCard` before it is written, so a card the Hub would reject is never written. An existing `README.md` is not
@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_cards" / "templates"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "model_card_templates"  # package data: works from a wheel too
 BASE_TEMPLATE = TEMPLATE_DIR / "_base.md"
 FAMILY_SECTIONS = ("description", "limits", "paper", "citation")
 ARCHITECTURE_KEYS = (
