@@ -342,7 +342,8 @@ def print_summary(args, summary: dict, signature: str, table_vi: dict | None) ->
     if args.max_steps_per_model:
         budget.append(f"{args.max_steps_per_model} steps")
     seeds = " ".join(str(s) for s in args.seeds)
-    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {' or '.join(budget)} of training per run (whichever comes first), "
+    first = " (whichever comes first)" if len(budget) > 1 else ""
+    print(f"\nMulti30k {SOURCE_LANG}->{TARGET_LANG}, {' or '.join(budget)} of training per run{first}, "
           f"beam {args.num_beams}, seeds {seeds}; BLEU mean ± std over seeds")
     print(f"{'arm':<26} {'steps':>6} {'src tok/s':>9} {'val BLEU':>14} {'test BLEU':>14} {'test Δ':>14} "
           f"{'p (test, per seed)':<24} baseline")
