@@ -11,8 +11,11 @@ from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
+from transformers.utils import logging
 
 from .presets import BACKBONE_PRESETS
+
+logger = logging.get_logger(__name__)
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
 # Keys that are not fields of the config but that transformers itself passes to a config's constructor (read by
@@ -145,7 +148,12 @@ class LayerFusionConfig(PreTrainedConfig):
         if not unknown:
             return
         saved_model_type = kwargs.get("model_type")
-        if saved_model_type is not None and saved_model_type != cls.model_type:
+        if saved_model_type == cls.model_type:
+            # a config.json of this very family (only saved configs carry `model_type`): transformers saves every
+            # attribute set on a config after it was built, and must load them back as attributes
+            logger.warning(f"{cls.__name__}: keeping the saved config's extra attribute(s) {unknown} (unused by the model).")
+            return
+        if saved_model_type is not None:
             raise ValueError(
                 f"This is a {saved_model_type!r} config with keys {unknown} that {cls.__name__} (model_type "
                 f"{cls.model_type!r}) does not have. Load it with its own family (AutoConfig / AutoModelForSeq2SeqLM "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AutoConfig
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -62,7 +63,8 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
     def __init__(self, num_positions: int, embedding_dim: int):
         super().__init__()
-        self.weight = nn.Buffer(self.create_weight(num_positions, embedding_dim))
+        # in the default dtype, as parameters are: `from_pretrained(dtype=...)` builds the model under that default
+        self.weight = nn.Buffer(self.create_weight(num_positions, embedding_dim, dtype=torch.get_default_dtype()))
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(position_ids, self.weight)
@@ -115,7 +117,9 @@ class TokenAndPositionEmbedding(nn.Module):
             # RoBERTa: pads keep the padding position, real tokens count from pad_token_id + 1
             not_pad = input_ids.ne(self.config.pad_token_id).long()
             return (torch.cumsum(not_pad, dim=1) + past_length) * not_pad + self.config.pad_token_id
-        positions = torch.arange(past_length, past_length + seq_length, device=inputs_embeds.device)
+        # arange of the static length, then shifted: with a static cache under torch.compile `past_length` is a
+        # traced value, and `arange(past_length, past_length + seq_length)` would have a data-dependent size
+        positions = torch.arange(seq_length, device=inputs_embeds.device) + past_length
         return (positions + self.offset).unsqueeze(0)
 
     def forward(
@@ -513,14 +517,21 @@ class LayerStack(LayerFusionPreTrainedModel):
     """What the encoder and decoder stacks share: token + position embeddings, the layers, the connection between
     them, the final LayerNorm of pre-norm models, the readout, and the loop that collects every state."""
 
+    stack_name = None  # "encoder" / "decoder": the attribute of `LayerFusionModel` holding this stack
+
     def __init__(
         self,
         config: LayerFusionConfig,
-        embed_tokens: nn.Embedding,
-        readout: nn.Module,
-        layers: list[TransformerLayer],
-        connection: nn.Module | None,
+        embed_tokens: nn.Embedding | None = None,
+        readout: nn.Module | None = None,
+        layers: list[TransformerLayer] | None = None,
+        connection: nn.Module | None = None,
     ):
+        if layers is None:
+            # a stack built from its config alone (`from_pretrained` of a saved `model.get_encoder()`): the family's
+            # model builds both stacks (its builders may share modules between them), this one takes its own parts
+            built = getattr(LayerFusionModel.family_class(config)(config), self.stack_name)
+            embed_tokens, readout, layers, connection = built.embed_tokens, built.readout, built.layers, built.connection
         super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embeddings = TokenAndPositionEmbedding(config)
@@ -530,6 +541,13 @@ class LayerStack(LayerFusionPreTrainedModel):
         self.readout = readout
         self.gradient_checkpointing = False
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
+        """A saved stack of any family: the stacks serve every family, so the config is read as its family's."""
+        if config is None:
+            config = AutoConfig.from_pretrained(pretrained_model_name_or_path)
+        return super().from_pretrained(pretrained_model_name_or_path, *model_args, config=config, **kwargs)
 
     def input_embeddings(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None) -> torch.Tensor:
         if (input_ids is None) == (inputs_embeds is None):
@@ -573,6 +591,8 @@ def attentions_recorder(layer_name: str) -> OutputRecorder:
 class LayerFusionEncoder(LayerStack):
     """Embeddings, the encoder layers, and the readout that builds the cross-attention memory."""
 
+    stack_name = "encoder"
+
     _can_record_outputs = {"hidden_states": TransformerLayer, "attentions": attentions_recorder("self_attn")}
 
     @merge_with_config_defaults
@@ -606,6 +626,8 @@ class LayerFusionDecoder(LayerStack):
 
     Layers above the highest one the requested output groups need are not computed (GTrans pruning).
     """
+
+    stack_name = "decoder"
 
     _can_record_outputs = {
         "hidden_states": TransformerLayer,
@@ -687,6 +709,19 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
+
+    # the model class of every family, by its config class (filled as families subclass this class)
+    family_classes: dict[type, type] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "config_class" in cls.__dict__:
+            LayerFusionModel.family_classes[cls.config_class] = cls
+
+    @classmethod
+    def family_class(cls, config: LayerFusionConfig) -> type:
+        """The model class of `config`'s family (this base class for the backbone's own config)."""
+        return next((cls.family_classes[c] for c in type(config).__mro__ if c in cls.family_classes), LayerFusionModel)
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__(config)

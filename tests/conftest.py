@@ -26,6 +26,10 @@ TINY_BACKBONE = dict(
     activation_dropout=0.0,
 )
 
+# transformers' common-test harness: runs inside a copy of ../shared/hf-common-tests (tests/test_hf_common_tests.py),
+# where the HF `tests` package it imports exists; collected here it would import this project's `tests` instead
+collect_ignore = ["hf_common"]
+
 MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
