@@ -32,12 +32,12 @@ from .models.deep_representations import (
     DeepRepresentationsModel,
 )
 from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
-from .models.re_transformer import ReTransformerConfig, ReTransformerForConditionalGeneration, ReTransformerModel
 from .models.layerwise_coordination import (
     LayerwiseCoordinationConfig,
     LayerwiseCoordinationForConditionalGeneration,
     LayerwiseCoordinationModel,
 )
+from .models.re_transformer import ReTransformerConfig, ReTransformerForConditionalGeneration, ReTransformerModel
 from .models.plain_transformer import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
@@ -48,7 +48,6 @@ from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
 FAMILIES = {
     "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
     "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
-    "re_transformer": (ReTransformerConfig, ReTransformerModel, ReTransformerForConditionalGeneration),
     "layerwise_coordination": (
         LayerwiseCoordinationConfig,
         LayerwiseCoordinationModel,
@@ -59,6 +58,7 @@ FAMILIES = {
         DeepRepresentationsModel,
         DeepRepresentationsForConditionalGeneration,
     ),
+    "re_transformer": (ReTransformerConfig, ReTransformerModel, ReTransformerForConditionalGeneration),
     "rtal": (RTALConfig, RTALModel, RTALForConditionalGeneration),
 }
 
@@ -85,15 +85,15 @@ __all__ = [
     "GTransConfig",
     "GTransForConditionalGeneration",
     "GTransModel",
-    "ReTransformerConfig",
-    "ReTransformerForConditionalGeneration",
-    "ReTransformerModel",
     "LayerwiseCoordinationConfig",
     "LayerwiseCoordinationForConditionalGeneration",
     "LayerwiseCoordinationModel",
     "DeepRepresentationsConfig",
     "DeepRepresentationsForConditionalGeneration",
     "DeepRepresentationsModel",
+    "ReTransformerConfig",
+    "ReTransformerForConditionalGeneration",
+    "ReTransformerModel",
     "LayerFusionConfig",
     "LayerFusionForConditionalGeneration",
     "LayerFusionModel",

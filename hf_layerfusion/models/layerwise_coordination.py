@@ -39,7 +39,11 @@ Choices where the paper is silent (tested in tests/test_layerwise_coordination.p
   plain Transformer, so `from_marian(..., model_type="layerwise_coordination", share_layer_parameters=False,
   mixed_attention=False, layerwise_memory=False, language_embeddings=False)` reproduces Marian's logits;
 - attention implementations: eager and SDPA (the mixed mask is a materialised 4-D mask); flash and flex attention
-  are not supported by this family.
+  are not supported by this family;
+- attention maps (`output_attentions=True`, eager): each decoder map spans the keys `[source ; target]` (one
+  softmax) and `cross_attentions` is empty. transformers' assisted generation (`generate(assistant_model=...)`) cuts
+  every decoder map to its first `target length` keys, assuming self-attention maps: the translations are exact, the
+  maps it returns are not the mixed attention; inspect maps with a forward pass or plain `generate()`.
 """
 
 from __future__ import annotations
@@ -58,7 +62,6 @@ from ..modeling_backbone import (
     LayerFusionModel,
     MultiHeadAttention,
     TopLayerEncoderReadout,
-    TransformerLayer,
 )
 
 
@@ -233,6 +236,10 @@ class LanguageEmbedding(nn.Module):
         return output + self.language_embedding.weight[0] if layer_idx == 0 else output
 
 
+# the sub-layers (and their residual blocks) decoder layer i shares with encoder layer i, by `TransformerLayer` name
+SHARED_SUBLAYERS = ("self_attn", "self_attn_block", "ffn", "ffn_block")
+
+
 class LayerwiseCoordinationModel(LayerFusionModel):
     config_class = LayerwiseCoordinationConfig
     # the mixed attention needs a materialised 4-D mask
@@ -250,39 +257,28 @@ class LayerwiseCoordinationModel(LayerFusionModel):
         self, config: LayerwiseCoordinationConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
     ) -> nn.Module:
         if is_decoder and kind == "s" and config.mixed_attention:
-            module = MixedAttention(config, config.decoder_attention_heads, is_causal=True, layer_idx=cache_slots.next_self())
-        elif is_decoder and kind == "c" and config.layerwise_memory:
-            module = LayerwiseCrossAttention(config, config.decoder_attention_heads, layer_idx=cache_slots.next_cross())
-        else:
-            module = super().build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)
-        if not (is_decoder and config.share_layer_parameters and kind in "sf"):
-            return module
-        encoder_layer: TransformerLayer = self.encoder.layers[layer_idx]
-        if kind == "f":
-            return encoder_layer.ffn
-        # the decoder's attention is its own module (causal, with its cache slots) over the encoder's projections
-        for projection in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            setattr(module, projection, getattr(encoder_layer.self_attn, projection))
-        return module
-
-    def build_layers(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> list[TransformerLayer]:
-        layers = super().build_layers(config, is_decoder)
-        if is_decoder and config.share_layer_parameters:
-            # the shared blocks' LayerNorms too: with sharing a decoder layer is its encoder layer (Sec. 3)
-            for encoder_layer, decoder_layer in zip(self.encoder.layers, layers):
-                for block in ("self_attn_block", "ffn_block"):
-                    setattr(decoder_layer, block, getattr(encoder_layer, block))
-        return layers
+            return MixedAttention(config, config.decoder_attention_heads, is_causal=True, layer_idx=cache_slots.next_self())
+        if is_decoder and kind == "c" and config.layerwise_memory:
+            return LayerwiseCrossAttention(config, config.decoder_attention_heads, layer_idx=cache_slots.next_cross())
+        return super().build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
-        """The embedding ties plus every decoder-layer tensor that is an encoder-layer tensor (sharing on), found
-        from the modules themselves, so that save/load stores each shared tensor once and ties it back."""
+        """The embedding ties plus, with sharing on, every parameter of decoder layer i's self-attention (mixed or
+        causal), feed-forward network and their blocks' LayerNorms, tied to the same parameter of encoder layer i
+        (Sec. 3: with sharing a decoder layer is its encoder layer). The decoder layers are built with parameters of
+        their own and `tie_weights()` (run by `post_init` and `from_pretrained`) makes them the encoder's, the way
+        transformers ties embeddings: each shared tensor is saved once and tied back on load, and an encoder tensor is
+        never mistaken for an already-initialised tie target. The cross-attention of the `mixed_attention=False`
+        ablation is never shared."""
         tied = dict(LayerFusionModel._tied_weights_keys)
-        encoder_names = {id(p): f"encoder.layers.{name}" for name, p in self.encoder.layers.named_parameters()}
-        for name, parameter in self.decoder.layers.named_parameters(remove_duplicate=False):
-            if id(parameter) in encoder_names:
-                tied[f"decoder.layers.{name}"] = encoder_names[id(parameter)]
+        if not self.config.share_layer_parameters:
+            return tied
+        encoder_names = {name for name, _ in self.encoder.layers.named_parameters()}
+        for name, _ in self.decoder.layers.named_parameters(remove_duplicate=False):
+            _layer_idx, sublayer, _rest = name.split(".", 2)
+            if sublayer in SHARED_SUBLAYERS and name in encoder_names:
+                tied[f"decoder.layers.{name}"] = f"encoder.layers.{name}"
         return tied
 
 

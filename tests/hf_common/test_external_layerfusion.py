@@ -285,12 +285,22 @@ class BackboneDesignChoices:
         count of output fields is one short for the base class. Equivalent check: the common test with the base
         model's `group_features` removed from its output after checking here that it is a non-empty tuple of
         (batch, target length, d_model) tensors."""
-        base_class = FAMILIES[self.model_type][1]
-        forward = base_class.forward
+        _config_class, base_class, lm_class = FAMILIES[self.model_type]
+        base_forward, lm_forward = base_class.forward, lm_class.forward
         test = self
+        inside_lm = []  # the LM head reads `group_features` from the base model: keep them for its nested call
 
-        def forward_without_group_features(model, *args, **kwargs):
-            outputs = forward(model, *args, **kwargs)
+        def lm_forward_keeping_group_features(model, *args, **kwargs):
+            inside_lm.append(model)
+            try:
+                return lm_forward(model, *args, **kwargs)
+            finally:
+                inside_lm.pop()
+
+        def base_forward_without_group_features(model, *args, **kwargs):
+            outputs = base_forward(model, *args, **kwargs)
+            if inside_lm:
+                return outputs
             features = outputs.group_features
             test.assertIsInstance(features, tuple)
             test.assertGreater(len(features), 0)
@@ -298,7 +308,10 @@ class BackboneDesignChoices:
                 test.assertEqual(feature.shape, outputs.last_hidden_state.shape)
             return type(outputs)(**{key: value for key, value in outputs.items() if key != "group_features"})
 
-        with mock.patch.object(base_class, "forward", forward_without_group_features):
+        with (
+            mock.patch.object(base_class, "forward", base_forward_without_group_features),
+            mock.patch.object(lm_class, "forward", lm_forward_keeping_group_features),
+        ):
             super().test_attention_outputs()
 
     # -- one shared embedding matrix ----------------------------------------------------------------------------
@@ -492,6 +505,135 @@ class GTransDesignChoices:
         self.assertIsNotNone(FAMILIES[self.model_type][2](config).train()(**inputs_dict).logits)
 
 
+class LayerwiseCoordinationDesignChoices:
+    """Layer-wise coordination (He et al. 2018): the decoder has no cross-attention. Its one mixed attention (Eq. 3)
+    attends over [source states ; target prefix] with one softmax, so each decoder attention map has
+    `source length + target length` keys and `cross_attentions` is empty; and the decoder cannot run without the
+    encoder's states (the source half of its keys)."""
+
+    def check_mixed_attention_map(self, attention, source_mask, query_positions):
+        """One softmax over [source ; target]: rows sum to 1, padded source keys and future target keys get 0."""
+        source_length = source_mask.shape[-1]
+        torch.testing.assert_close(attention.sum(-1), torch.ones_like(attention.sum(-1)))
+        padded = ~source_mask.bool()[:, None, None, :].expand_as(attention[..., :source_length])
+        self.assertEqual(attention[..., :source_length][padded].abs().max().item() if padded.any() else 0.0, 0.0)
+        target_keys = torch.arange(attention.shape[-1] - source_length, device=attention.device)
+        future = target_keys[None, :] > query_positions[:, None]
+        self.assertEqual(attention[..., source_length:][..., future].abs().max().item() if future.any() else 0.0, 0.0)
+
+    def test_attention_outputs(self):
+        """The common test expects decoder maps of `target length` keys and one cross-attention map per layer.
+        Equivalent check (eager models, `output_attentions` as a keyword and in the config): one encoder map
+        (heads, source, source) per layer; one decoder map per layer of shape (heads, target, source + target) that is
+        one softmax with padded source keys and future target keys at 0; `cross_attentions` empty."""
+        config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+        tester = self.model_tester
+        inputs_dict = dict(inputs_dict, attention_mask=inputs_dict["attention_mask"].clone())
+        inputs_dict["attention_mask"][0, :2] = False  # some source padding to check the mask on
+        for model_class in self.all_model_classes:
+            for via_config in (False, True):
+                model_config = copy.deepcopy(config)
+                model_config.output_attentions = via_config
+                model = model_class._from_config(model_config, attn_implementation="eager").to(torch_device).eval()
+                with torch.no_grad():
+                    outputs = model(**inputs_dict, **({} if via_config else {"output_attentions": True}))
+                self.assertEqual(len(outputs.encoder_attentions), tester.num_hidden_layers)
+                for attention in outputs.encoder_attentions:
+                    self.assertEqual(
+                        tuple(attention.shape),
+                        (tester.batch_size, tester.num_attention_heads, tester.seq_length, tester.seq_length),
+                    )
+                self.assertEqual(len(outputs.decoder_attentions), tester.num_decoder_layers)
+                for attention in outputs.decoder_attentions:
+                    self.assertEqual(
+                        tuple(attention.shape),
+                        (tester.batch_size, tester.num_attention_heads, tester.seq_length, 2 * tester.seq_length),
+                    )
+                    self.check_mixed_attention_map(
+                        attention, inputs_dict["attention_mask"], torch.arange(tester.seq_length, device=torch_device)
+                    )
+                self.assertEqual(outputs.cross_attentions, ())
+
+    def test_retain_grad_hidden_states_attentions(self):
+        """The common test retains the gradient of `cross_attentions[0]`, which a mixed-attention decoder does not
+        have. Equivalent check: gradients reach the first encoder and decoder hidden states and the first encoder and
+        (mixed) decoder attention maps."""
+        config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+        model = self.all_model_classes[0]._from_config(config, attn_implementation="eager").to(torch_device)
+        outputs = model(**inputs_dict, output_hidden_states=True, output_attentions=True)
+        retained = [
+            outputs.encoder_hidden_states[0],
+            outputs.decoder_hidden_states[0],
+            outputs.encoder_attentions[0],
+            outputs.decoder_attentions[0],
+        ]
+        for tensor in retained:
+            tensor.retain_grad()
+        outputs[0].flatten()[0].backward()
+        for tensor in retained:
+            self.assertIsNotNone(tensor.grad)
+
+    def _check_attentions_for_generate(
+        self, batch_size, attentions, prompt_length, output_length, config, decoder_past_key_values
+    ):
+        """generate()'s decoder maps carry the source keys first (Eq. 3). Equivalent check: every map is one softmax
+        over `source length + target keys`, then the common check on its target part. Under assisted generation
+        transformers itself cuts every decoder map to its first `target length` keys (`_split_model_outputs` assumes
+        self-attention maps), which the common check sees as it is (see `assisted_generation_cuts_attention_maps`)."""
+        source_length = self.model_tester.seq_length
+        # the first step's maps: source keys then target keys, or cut to the first `prompt_length` keys
+        if attentions[0][0].shape[-1] <= source_length:
+            self.assertTrue(self.assisted_generation_cuts_attention_maps, "decoder maps without the source keys")
+            return super()._check_attentions_for_generate(
+                batch_size, attentions, prompt_length, output_length, config, decoder_past_key_values
+            )
+        target_parts = []
+        for step_attentions in attentions:
+            for attention in step_attentions:
+                self.assertGreater(attention.shape[-1], source_length)
+                torch.testing.assert_close(attention.sum(-1), torch.ones_like(attention.sum(-1)))
+            target_parts.append(tuple(attention[..., source_length:] for attention in step_attentions))
+        super()._check_attentions_for_generate(
+            batch_size, tuple(target_parts), prompt_length, output_length, config, decoder_past_key_values
+        )
+
+    # -- assisted generation ----------------------------------------------------------------------------------------
+    assisted_generation_cuts_attention_maps = False
+
+    @contextlib.contextmanager
+    def assisted_generation(self):
+        self.assisted_generation_cuts_attention_maps = True
+        try:
+            yield
+        finally:
+            self.assisted_generation_cuts_attention_maps = False
+
+    def test_assisted_decoding_matches_greedy_search_0_random(self):
+        """Known transformers limitation, documented in the family's docstring: assisted generation splits the decoder
+        maps of the accepted tokens with `_split_model_outputs`, which keeps the first `target length` keys of each
+        map -- for a mixed-attention map, source keys. Equivalent check: the common test unchanged (assisted ==
+        greedy sequences, scores, logits, hidden states) with the maps' shapes as transformers returns them."""
+        with self.assisted_generation():
+            super().test_assisted_decoding_matches_greedy_search_0_random()
+
+    def test_assisted_decoding_matches_greedy_search_1_same(self):
+        """See `test_assisted_decoding_matches_greedy_search_0_random`."""
+        with self.assisted_generation():
+            super().test_assisted_decoding_matches_greedy_search_1_same()
+
+    def test_assisted_decoding_sample(self):
+        """See `test_assisted_decoding_matches_greedy_search_0_random`."""
+        with self.assisted_generation():
+            super().test_assisted_decoding_sample()
+
+    def test_decoder_model_past_with_large_inputs(self):
+        """Marian's test runs the decoder without encoder states; the mixed attention needs them (its source keys) and
+        says so by name. The cache check itself runs with them in
+        `test_decoder_model_past_with_large_inputs_and_encoder_states`."""
+        with self.assertRaisesRegex(ValueError, "mixed attention.*encoder_hidden_states"):
+            super().test_decoder_model_past_with_large_inputs()
+
+
 # one entry per family: (tiny-config keywords, mixin of deliberate differences or None)
 FAMILY_TESTS = {
     "plain_transformer": ({}, None),
@@ -502,7 +644,7 @@ FAMILY_TESTS = {
     # a tree over both layers (2 leaves) of each stack, EWP + FFN nodes
     "rtal": ({}, None),
     # shared encoder/decoder layers, mixed attention, language embeddings, layer-wise memory
-    "layerwise_coordination": ({}, None),
+    "layerwise_coordination": ({}, LayerwiseCoordinationDesignChoices),
     # the Re-Transformer's re-arranged encoder at 2 layers: a self-attention-only layer, then a full one
     "re_transformer": ({"encoder_layout": "s-sf"}, None),
 }
