@@ -42,6 +42,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
@@ -262,6 +263,15 @@ def assert_same_outputs(models, batches, num_beams: int, max_new_tokens: int) ->
     return f"yes ({sentences}/{sentences} sentences)"
 
 
+def count_generation_flops(model, batches, max_new_tokens: int) -> int:
+    """Floating-point operations of the greedy generation of all batches, counted by torch's `FlopCounterMode`
+    (matmuls and attention; element-wise ops are not counted). The same work as one timed greedy measurement."""
+    with FlopCounterMode(display=False) as counter:
+        for batch in batches:
+            generate(model, batch, 1, max_new_tokens)
+    return counter.get_total_flops()
+
+
 def train_step(model, optimizer, batch) -> None:
     loss = model(**batch).loss
     loss.backward()
@@ -457,22 +467,27 @@ def print_report(args, command, setup, results, outputs_equal):
         ("train", "train tok/s", "{:.0f}"),
         ("memory", "train peak MiB", "{:.1f}"),
     ]
-    header = ["model", "parameters"] + [title for _, title, _ in metrics] + ["vs", "params ratio"] + [
-        f"{title} ratio" for _, title, _ in metrics
-    ]
-    print("Rows are models; each ratio is this model / its reference (`vs`), median of per-repeat ratios [min-max].\n")
+    header = ["model", "parameters", "greedy GFLOP"] + [title for _, title, _ in metrics] + ["vs", "params ratio"]
+    header += ["greedy ratio expected from FLOPs"] + [f"{title} ratio" for _, title, _ in metrics]
+    print(
+        "Rows are models; each ratio is this model / its reference (`vs`), median of per-repeat ratios [min-max]. "
+        "`greedy GFLOP`: matmul and attention operations of one greedy measurement, counted by torch's "
+        "FlopCounterMode; `greedy ratio expected from FLOPs` = reference GFLOP / model GFLOP, the greedy speed ratio "
+        "if decoding were bound by those operations alone.\n"
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     ratios = {}
     for name in names:
         reference = reference_of(name)
-        cells = [MODELS[name].title, f"{setup['params'][name]:,}"]
+        cells = [MODELS[name].title, f"{setup['params'][name]:,}", f"{setup['greedy_flops'][name] / 1e9:.2f}"]
         cells += [fmt.format(statistics.median(results[key][name])) for key, _, fmt in metrics]
         if reference is None or reference not in names:
-            cells += ["–"] * (2 + len(metrics))
+            cells += ["–"] * (3 + len(metrics))
         else:
             ratios["params", name] = setup["params"][name] / setup["params"][reference]
             cells += [MODELS[reference].title, f"{ratios['params', name]:.3f}x"]
+            cells.append(f"{setup['greedy_flops'][reference] / setup['greedy_flops'][name]:.3f}x")
             for key, _, _ in metrics:
                 values = paired_ratios(results[key], name, reference)
                 ratios[key, name] = statistics.median(values)
@@ -572,6 +587,10 @@ def main(argv=None):
         vocab=len(tokenizer),
         tokenizer_s=tokenizer_s,
         params={name: sum(p.numel() for p in model.parameters()) for name, model in eval_models.items()},
+        greedy_flops={
+            name: count_generation_flops(model, generation_batches, args.max_new_tokens)
+            for name, model in eval_models.items()
+        },
         attn=f"Marian {marian.config._attn_implementation}, backbone "
         f"{eval_models['plain'].config._attn_implementation}",
         train_tokens=sum(int(b["labels"].ne(-100).sum()) for b in training_batches),
