@@ -14,7 +14,7 @@ ratios are medians of per-repeat ratios, so they hold up under other load on sha
 passively (`OMP_WAIT_POLICY=PASSIVE` unless set): spin-waiting threads on oversubscribed cores are ~30x slower.
 Peak memory is measured in a fresh subprocess per model: see `memory_worker`.
 
-    python benchmarks/bench_backbone.py            # full run (~4.5 min on 2 cores shared with other jobs)
+    python benchmarks/bench_backbone.py            # full run (~8 min with --repeats 3 on 2 cores, all 16 models)
     python benchmarks/bench_backbone.py --quick    # smoke run
     python benchmarks/bench_backbone.py --models gtrans_td2 gtrans_td1   # a subset (marian and plain always run)
 """
