@@ -76,3 +76,26 @@ def multi30k_dir() -> Path:
     if not (MULTI30K_DIR / "train.en").is_file():
         pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
     return MULTI30K_DIR
+
+
+def assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids, atol=1e-5, **forward_kwargs):
+    """Feeds the target one token at a time through the KV cache (the encoder run once) and checks every step's
+    logits against the full forward pass over the whole target, and that the cache grew by one position per step.
+    Returns the final cache."""
+    with torch.no_grad():
+        full = model(**source, decoder_input_ids=decoder_input_ids, **forward_kwargs).logits
+        encoder_outputs = model.get_encoder()(**source)
+        past_key_values = None
+        for step in range(decoder_input_ids.shape[1]):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=source["attention_mask"],
+                decoder_input_ids=decoder_input_ids[:, step : step + 1],
+                past_key_values=past_key_values,
+                use_cache=True,
+                **forward_kwargs,
+            )
+            past_key_values = out.past_key_values
+            assert past_key_values.get_seq_length() == step + 1
+            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=atol, rtol=0, msg=f"step {step}")
+    return past_key_values

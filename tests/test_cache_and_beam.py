@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import assert_incremental_decoding_matches_full_forward
 
 from hf_layerfusion import (
     GTransConfig,
@@ -49,22 +50,7 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
     decoder_input_ids = torch.randint(4, config.vocab_size, (3, 6))
     decoder_input_ids[:, 0] = config.decoder_start_token_id
 
-    with torch.no_grad():
-        full = model(**source, decoder_input_ids=decoder_input_ids, decoder_groups=groups).logits
-        encoder_outputs = model.get_encoder()(**source)
-        past_key_values = None
-        for step in range(decoder_input_ids.shape[1]):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=source["attention_mask"],
-                decoder_input_ids=decoder_input_ids[:, step : step + 1],
-                past_key_values=past_key_values,
-                use_cache=True,
-                decoder_groups=groups,
-            )
-            past_key_values = out.past_key_values
-            assert past_key_values.get_seq_length() == step + 1
-            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+    assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids, decoder_groups=groups)
 
     # generate() reorders the cache between beams: with and without it the search must agree
     group_kwargs = {} if groups is None else {"decoder_groups": groups}

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import assert_incremental_decoding_matches_full_forward
 import torch.nn.functional as F
 from test_backbone_marian import padded_source, tiny_marian
 from transformers import (
@@ -353,16 +354,7 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
     source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
     decoder_input_ids = torch.randint(4, 24, (3, 6), generator=torch.Generator().manual_seed(5))
     decoder_input_ids[:, 0] = model.config.decoder_start_token_id
-    with torch.no_grad():
-        full = model(**source, decoder_input_ids=decoder_input_ids).logits
-        encoder_outputs = model.get_encoder()(**source)
-        past_key_values = None
-        for step in range(decoder_input_ids.shape[1]):
-            out = model(encoder_outputs=encoder_outputs, attention_mask=source["attention_mask"],
-                        decoder_input_ids=decoder_input_ids[:, step: step + 1], past_key_values=past_key_values,
-                        use_cache=True)
-            past_key_values = out.past_key_values
-            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+    assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
 
     searches = [
         model.generate(**source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import BOS, EOS, FIRST_TOKEN_ID, PAD
+from conftest import BOS, EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
 from datasets import Dataset
 from safetensors.torch import load_file
 from torch.nn.utils.rnn import pad_sequence
@@ -232,21 +232,7 @@ def test_incremental_decoding_and_beam_search(ablation, attn_implementation, tin
     model = build(tiny_backbone, attn_implementation, **ABLATIONS[ablation])
     source = source_of(padded_batch)
     decoder_input_ids = decoder_inputs(model.config)
-    with torch.no_grad():
-        full = model(**source, decoder_input_ids=decoder_input_ids).logits
-        encoder_outputs = model.get_encoder()(**source)
-        past_key_values = None
-        for step in range(decoder_input_ids.shape[1]):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=source["attention_mask"],
-                decoder_input_ids=decoder_input_ids[:, step : step + 1],
-                past_key_values=past_key_values,
-                use_cache=True,
-            )
-            past_key_values = out.past_key_values
-            assert past_key_values.get_seq_length() == step + 1
-            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+    assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
     searches = [
         model.generate(
             **source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True, return_dict_in_generate=True

@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from conftest import EOS, FIRST_TOKEN_ID, PAD
+from conftest import EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
 from datasets import Dataset
 from test_backbone_marian import padded_source, tiny_marian
 from torch.nn.utils.rnn import pad_sequence
@@ -307,21 +306,7 @@ def test_incremental_decoding_matches_full_forward(decoder_layout, tiny_backbone
     source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
     decoder_input_ids = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3, 6))
     decoder_input_ids[:, 0] = model.config.decoder_start_token_id
-    with torch.no_grad():
-        full = model(**source, decoder_input_ids=decoder_input_ids).logits
-        encoder_outputs = model.get_encoder()(**source)
-        past_key_values = None
-        for step in range(decoder_input_ids.shape[1]):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=source["attention_mask"],
-                decoder_input_ids=decoder_input_ids[:, step : step + 1],
-                past_key_values=past_key_values,
-                use_cache=True,
-            )
-            past_key_values = out.past_key_values
-            assert past_key_values.get_seq_length() == step + 1
-            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=0, msg=f"step {step}")
+    past_key_values = assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
     # every self-attention slot grew with the steps (a layer reading another layer's slot would not)
     assert [layer.keys.shape[-2] for layer in past_key_values.self_attention_cache.layers[:expected_slots]] == [
         6
