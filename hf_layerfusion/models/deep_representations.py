@@ -33,10 +33,10 @@ the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity
 `hf_layerfusion.LayerFusionSeq2SeqTrainer`. Watch it: D has a degenerate maximum, every layer's output a constant
 vector orthogonal to its neighbours' (1 - cos^2 = 1 at every position, whatever the input). On Multi30k (the
 `multi30k` preset, hierarchical aggregation in both stacks, lambda = 1, lr 1e-3, 1,000 steps;
-`benchmarks/bench_multi30k.py`, README) training reached it: D = 0.997 by step 200; the spread of the encoder states
-across positions fell from 0.66 (embeddings) to 0.004 at layer 4 and 0.0006 at layer 6, the memories of different
-sentences had cosine 0.9998, and every test sentence was translated the same (BLEU 2.2). Until lambda is studied, log D and
-check translations; a D that saturates near 1 early means collapse.
+`benchmarks/bench_multi30k.py`, README) training collapsed: D = 0.997 by step 200, the encoder states' spread across
+positions fell to 0.0006 at layer 6, every test sentence was translated the same (BLEU 2.2). The cause is not
+established: RTAL, which has no diversity term, collapsed the same way in the same benchmark. Log D and check
+translations.
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
