@@ -152,6 +152,11 @@ FAMILY_ARMS = {
         "deep_representations", "deep representations: hierarchical aggregation + layer diversity",
         {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 1.0},
     ),
+    "deep_representations_no_diversity": Arm(
+        "deep_representations",
+        "deep representations: hierarchical aggregation alone (from scratch, the diversity term collapses training)",
+        {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 0.0},
+    ),
     "layerwise_coordination": Arm("layerwise_coordination", "layer-wise coordination (defaults)"),
     "re_transformer_2": Arm("re_transformer", "Re-Transformer-2 (encoder s-sf-s-sf-s-sf, 2 decoder layers)",
                             {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 2}),

@@ -76,6 +76,8 @@ def reference_tree(tree, function_name, residual, states, first, last, is_root=T
         node = node + states[first - 1]
     if not is_root and residual == "children":
         node = node + left + right
+    if is_root and function_name != "ewp_ffn":  # Eq. 10 ends in LN; the other roots get the tree's own LayerNorm
+        node = reference_layer_norm(node, tree.root_layer_norm)
     return node
 
 
@@ -176,6 +178,20 @@ def test_tree_memory_and_output_projection(function_name, residual, tiny_backbon
     torch.testing.assert_close(out.loss, nll, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("function_name", FUNCTIONS)
+def test_root_is_layer_normalised(function_name, tiny_backbone, padded_batch):
+    """The root replaces the top layer and reaches cross-attention and the output projection layer-normalised, like
+    the top layer of a post-norm stack: Eq. 10's own LN for ewp_ffn, the tree's LayerNorm for mean and concat_ffn."""
+    config = RTALConfig(**tiny_backbone, aggregation_function=function_name, init_std=0.3)  # root variance >> eps
+    model = RTALForConditionalGeneration(config).eval()
+    for readout in (model.model.encoder.readout, model.model.decoder.readout):
+        assert (readout.root_layer_norm is None) == (function_name == "ewp_ffn")
+    with torch.no_grad():
+        memory = model(**padded_batch).encoder_last_hidden_state  # LayerNorm gains 1, biases 0 at initialisation
+    torch.testing.assert_close(memory.mean(-1), torch.zeros(memory.shape[:2]), atol=1e-5, rtol=0)
+    torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(memory.shape[:2]), atol=1e-3, rtol=0)
+
+
 def test_residual_readings_differ(tiny_backbone, padded_batch):
     """The three residual readings give three different memories (a mutation swapping them would show)."""
     memories = []
@@ -247,7 +263,7 @@ def test_from_marian_aggregation_off_matches_marian(attn_implementation):
 def test_from_marian_reports_fresh_tree(tiny_backbone):
     model = hf_layerfusion.from_marian(tiny_marian("eager"), model_type="rtal", aggregation_function="concat_ffn")
     tree = sorted(name for name, _ in model.named_parameters() if "readout" in name)
-    assert len(tree) == 2 * 4  # one node per side (2 layers): fc1 (w, b), fc2 (w, b)
+    assert len(tree) == 2 * 6  # one node per side (2 layers): fc1 (w, b), fc2 (w, b), root LayerNorm (w, b)
     assert model.conversion_report["freshly_initialised"] == tree
 
 
