@@ -122,6 +122,9 @@ class LayerFusionConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self.check_keywords(kwargs)
+        # a config.json of another family loaded into this one (a plain checkpoint as deep representations) carries
+        # that family's `model_type`; kept, it would shadow the class's and name the wrong family on this config
+        kwargs.pop("model_type", None)
         super().__post_init__(**kwargs)
         self.check_consistency()
 

@@ -503,6 +503,24 @@ def test_auto_classes_and_save_load(tiny_backbone, padded_batch, tmp_path):
     assert torch.equal(loaded.generate(**kwargs), model.generate(**kwargs))
 
 
+def test_paper_recipe_fine_tunes_a_trained_plain_checkpoint(tiny_backbone, padded_batch, tmp_path):
+    """Sec. 4.1: the models start from a trained Transformer. A plain checkpoint loads with the aggregation and the
+    diversity term switched on by keyword: every backbone weight is the checkpoint's, the AGG nodes start fresh."""
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone, init_std=0.3))
+    plain.save_pretrained(tmp_path)
+    model = DeepRepresentationsForConditionalGeneration.from_pretrained(
+        tmp_path, encoder_aggregation="hierarchical", decoder_aggregation="hierarchical", diversity_weight=1.0
+    )
+    assert model.config.model_type == "deep_representations" and model.config.diversity_weight == 1.0
+    fresh = {name for name in model.state_dict() if ".connection." in name}
+    assert fresh and all(".nodes.0." in name for name in fresh)  # 2 layers per stack: one node Ĥ^1 = AGG(H^1, H^2)
+    for name, value in plain.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert torch.equal(model.model.encoder.connection.nodes[0].layer_norm.weight, torch.ones(16))
+    out = model.train()(**padded_batch)
+    assert out.layer_diversity is not None and torch.isfinite(out.loss)
+
+
 BAD_CONFIGS = [
     (dict(encoder_aggregation="stacked"), "'stacked'"),
     (dict(decoder_aggregation="hierarchical", decoder_layers=3), "`decoder_layers` is 3"),
