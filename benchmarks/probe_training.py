@@ -65,6 +65,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     for split in ("train.en", "train.de", "val.en", "val.de"):
         if not (args.data / split).is_file():
             parser.error(f"--data {args.data}: missing {split}")
+    for option in ("init_from", "tokenizer"):
+        path = getattr(args, option)
+        if path is not None and not (path / "config.json" if option == "init_from" else path).exists():
+            parser.error(f"--{option} {path}: no such {'checkpoint' if option == 'init_from' else 'directory'}")
+    try:
+        overrides = json.loads(args.config)
+    except json.JSONDecodeError as error:
+        parser.error(f"--config {args.config!r} is not JSON: {error}")
+    if not isinstance(overrides, dict):
+        parser.error(f"--config must be a JSON object of config keys, got {args.config!r}")
+    for option in ("steps", "warmup_steps", "log_every", "threads"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option} must be a positive integer, got {getattr(args, option)}")
     return args
 
 

@@ -1,0 +1,63 @@
+"""benchmarks/probe_training.py: the spread measure against hand-made states, argument checks, and a two-step run on
+real Multi30k whose first row is checked against the untrained model computed here."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_layerfusion import RTALConfig
+from hf_layerfusion.tokenization import train_joint_tokenizer
+
+PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_training.py"
+spec = importlib.util.spec_from_file_location("probe_training", PROBE)
+probe_training = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe_training)
+
+
+def test_spread_zero_for_constant_positions_and_ignores_padding():
+    constant = torch.tensor([1.0, 2.0, -1.0]).expand(2, 4, 3).clone()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert probe_training.spread(constant, mask) == pytest.approx(0.0, abs=1e-7)
+    states = constant.clone()
+    states[1, 2:] = 100.0  # padding: must not count
+    states[0, 0] = torch.tensor([3.0, 2.0, -1.0])  # sentence 0: one position differs by 2 in dimension 0
+    # brute force for sentence 0: mean of dim 0 = 1.5, deviations (1.5, -0.5, -0.5, -0.5)
+    expected = (torch.tensor([1.5, -0.5, -0.5, -0.5]).norm() / states[0].norm()).item() / 2  # sentence 1: 0
+    assert probe_training.spread(states, mask) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--config", "[1]"], "JSON object"),
+        (["--config", "{x"], "not JSON"),
+        (["--init_from", "/nonexistent/checkpoint"], "/nonexistent/checkpoint: no such checkpoint"),
+        (["--steps", "0"], "--steps must be a positive integer, got 0"),
+        (["--data", "/nonexistent/multi30k"], "missing train.en"),
+    ],
+)
+def test_bad_arguments_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        probe_training.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_two_steps_on_multi30k(multi30k_dir, tmp_path, capsys):
+    sentences = (multi30k_dir / "train.en").read_text().splitlines()[:2000]
+    sentences += (multi30k_dir / "train.de").read_text().splitlines()[:2000]
+    train_joint_tokenizer(sentences, 600, save_dir=tmp_path)
+    probe_training.main([
+        "--data", str(multi30k_dir), "--tokenizer", str(tmp_path), "--model_type", "rtal",
+        "--config", '{"aggregation_function": "concat_ffn", "encoder_layers": 2, "decoder_layers": 2}',
+        "--steps", "2", "--log_every", "1", "--threads", "1",
+    ])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [row["step"] for row in rows] == [0, 1, 2]
+    for row in rows:
+        assert len(row["encoder_spread"]) == 3  # embeddings + 2 layers
+    # the memory is the root's LayerNorm output with unit gain: norm sqrt(d_model) = 16 before training
+    assert rows[0]["memory_norm"] == pytest.approx(RTALConfig.from_preset("multi30k").d_model ** 0.5, abs=0.01)
+    assert rows[1]["train_loss"] > 0 and rows[0]["val_loss"] != rows[2]["val_loss"]
