@@ -38,7 +38,9 @@ degenerate maximum, every layer's output a constant vector orthogonal to its nei
 position, whatever the input). A randomly initialised model falls into it entirely; started from the plain
 Transformer of `bench_multi30k.py` (1,000 steps) with hierarchical aggregation, 150 steps of the same probe kept the
 memory informative (spread 0.91, validation loss 2.32 with the right source vs 4.70 with a wrong one) but drove the
-encoder layers 2 and 4, whose outputs only feed AGG nodes, towards constants (spread 0.92 -> 0.33 and 0.91 -> 0.12). Measured on Multi30k from scratch (`benchmarks/probe_training.py
+even encoder layers, whose outputs only feed AGG nodes, towards constants (spread of layers 2, 4, 6: 0.92 -> 0.33,
+0.91 -> 0.12, 0.93 -> 0.35; `--init_from` of `benchmarks/probe_training.py`). Whether that costs BLEU is not
+measured. Measured on Multi30k from scratch (`benchmarks/probe_training.py
 --model_type deep_representations --config '{"diversity_weight": 1.0}'`: `multi30k` preset, hierarchical
 aggregation in both stacks, lr 1e-3): with lambda = 1 the spread of the top encoder layer's states across positions
 fell from 0.68 to 0.03 within 50 steps and the validation loss stayed the same with a wrong source, and after 1,000
