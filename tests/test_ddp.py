@@ -124,6 +124,10 @@ def worker(argv: list[str]) -> None:
             assert torch.distributed.get_backend() == "gloo"
         trainer.train()
         trainer.save_model()
+    if torch.distributed.is_initialized():
+        # left to interpreter exit, gloo's threads sometimes abort a finished worker ("terminate called without an
+        # active exception", exit -6; seen on a loaded machine)
+        torch.distributed.destroy_process_group()
 
 
 def free_port() -> int:

@@ -39,9 +39,11 @@ def test_spread_zero_for_constant_positions_and_ignores_padding():
         (["--data", "/nonexistent/multi30k"], "missing train.en"),
     ],
 )
-def test_bad_arguments_named(argv, message, capsys):
+def test_bad_arguments_named(argv, message, capsys, tmp_path):
+    for split in ("train.en", "train.de", "val.en", "val.de"):  # a data dir that passes, unless argv names another
+        (tmp_path / split).write_text("")
     with pytest.raises(SystemExit):
-        probe_training.parse_args(argv)
+        probe_training.parse_args(["--data", str(tmp_path), *argv])
     assert message in capsys.readouterr().err
 
 
