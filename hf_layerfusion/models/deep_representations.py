@@ -35,18 +35,19 @@ of the proposed models were initialized by the pre-trained model", Sec. 4.1):
 `DeepRepresentationsForConditionalGeneration.from_pretrained(plain_checkpoint, diversity_weight=1.0)` (the
 backbone loads, the aggregation starts fresh). Do not train it from scratch, and watch it even then: D has a
 degenerate maximum, every layer's output a constant vector orthogonal to its neighbours' (1 - cos^2 = 1 at every
-position, whatever the input). A randomly initialised model falls into it entirely; started from the plain
-Transformer of `bench_multi30k.py` (1,000 steps) with hierarchical aggregation, 150 steps of the same probe kept the
-memory informative (spread 0.91, validation loss 2.32 with the right source vs 4.70 with a wrong one) but drove the
-even encoder layers, whose outputs only feed AGG nodes, towards constants (spread of layers 2, 4, 6: 0.92 -> 0.33,
-0.91 -> 0.12, 0.93 -> 0.35; `--init_from` of `benchmarks/probe_training.py`). Whether that costs BLEU is not
-measured. Measured on Multi30k from scratch (`benchmarks/probe_training.py
---model_type deep_representations --config '{"diversity_weight": 1.0}'`: `multi30k` preset, hierarchical
-aggregation in both stacks, lr 1e-3): with lambda = 1 the spread of the top encoder layer's states across positions
-fell from 0.68 to 0.03 within 50 steps and the validation loss stayed the same with a wrong source, and after 1,000
-steps (`benchmarks/bench_multi30k.py`, README) every test sentence got the same translation (BLEU 2.2); with
-lambda = 0 it dips to 0.18 at step 50 and recovers to 0.78 by step 150, like the plain Transformer's (0.20, 0.84), and a wrong
-source raises the validation loss (5.60 vs 5.56). Log D and check translations.
+position, whatever the input). Measured on Multi30k with `benchmarks/probe_training.py --model_type
+deep_representations --config '{"diversity_weight": 1.0}'` (`multi30k` preset, hierarchical aggregation in both
+stacks, lr 1e-3):
+- from scratch, lambda = 1: the spread of the top encoder layer's states across positions fell from 0.68 to 0.03
+  within 50 steps and a wrong source left the validation loss unchanged; after 1,000 steps
+  (`benchmarks/bench_multi30k.py`, README) every test sentence got the same translation (BLEU 2.2);
+- from scratch, lambda = 0: the spread dips to 0.18 at step 50 and recovers to 0.78 by step 150, like the plain
+  Transformer's (0.20, 0.84), and a wrong source raises the validation loss (5.60 vs 5.56);
+- from the plain Transformer of `bench_multi30k.py` (1,000 steps, `--init_from`), lambda = 1: after 150 steps the
+  memory is informative (spread 0.91; validation loss 2.32 with the right source, 4.70 with a wrong one) but the
+  even encoder layers, whose outputs only feed AGG nodes, head to constants (spread of layers 2, 4, 6:
+  0.92 -> 0.33, 0.91 -> 0.12, 0.93 -> 0.35). Whether that costs BLEU is not measured.
+Log D and check translations.
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
