@@ -1,5 +1,6 @@
-"""benchmarks/probe_training.py: the spread measure against hand-made states, argument checks, and a two-step run on
-real Multi30k whose first row is checked against the untrained model computed here."""
+"""benchmarks/probe_training.py: the spread measure against a hand computation, argument checks, and a two-step run
+on real Multi30k whose first memory norm must be sqrt(d_model), the unit-gain root LayerNorm's output (a raw FFN root,
+as before RTAL's root LayerNorm, gives about 1/7 of it)."""
 
 import importlib.util
 import json
