@@ -44,7 +44,11 @@ Choices where the paper is silent (tested in tests/test_rtal.py):
   within 50 steps and a wrong source left the validation loss unchanged; after 1,000 steps every test sentence got
   the same translation (BLEU 2.6, `benchmarks/bench_multi30k.py`). With it the spread stays at 0.47-0.74 and a
   wrong source raises the validation loss from step 100 on (5.36 vs 5.43 at step 150); after 1,000 steps RTAL
-  translates (21.31 test BLEU) but trails the plain Transformer by 10.4 BLEU, not explained yet (README).
+  translates (21.31 test BLEU) but trails the plain Transformer by 10.4 BLEU. Probed for 400 steps (README table),
+  both trees slow early training (validation loss 4.26 with the decoder tree alone, 4.46 with both, 4.08 plain) and
+  encoder layers 5-6 of the 4-of-6 tree lose their spread across positions (0.42 / 0.10): beside the residual
+  `s_4` the tree reaches them only through a node FFN. `tree_residual="children"` keeps them more alive (0.80 /
+  0.47 with `ewp_ffn`), helps `ewp_ffn` (4.30 vs 4.39) and hurts `concat_ffn` (4.62); it closes neither gap.
 - **FFN size**: `aggregation_ffn_dim` defaults to 2 * d_model. The paper's Table 1 gives +8M parameters for
   RTAL(6L)-Base over Transformer-Base, i.e. about 1.3M per node for 6 nodes at d = 512, the size of a
   512 -> ~1024-1300 -> 512 FFN.
