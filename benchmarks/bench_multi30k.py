@@ -45,6 +45,7 @@ import json
 import shlex
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,9 @@ from sacrebleu.significance import PairedTest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import multi30k_ledger as ledger  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion.data import load_parallel_text  # noqa: E402
@@ -92,6 +96,7 @@ class Arm:
     config: dict = field(default_factory=dict)
     training: dict = field(default_factory=dict)
     baseline: str | None = BASE_ARM
+    show_loss_curve: bool = False  # the report prints its training loss (does it train at all?)
 
 
 GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
@@ -138,10 +143,10 @@ MODELS: dict[str, Arm] = {
         "gtrans", "12-layer encoder (OPUS-100 shape)", {**SHAPE_12X6, **GTRANS}, baseline="plain_transformer_12x6"
     ),
     "plain_transformer_24x18": Arm("plain_transformer", "baseline, deep post-norm 24 + 18 layers", SHAPE_24X18,
-                                   baseline=None),
+                                   baseline=None, show_loss_curve=True),
     "gtrans_24x18": Arm(
         "gtrans", "deep post-norm 24 + 18 layers (paper Table VIII: the plain model diverges there)",
-        {**SHAPE_24X18, **GTRANS}, baseline="plain_transformer_24x18",
+        {**SHAPE_24X18, **GTRANS}, baseline="plain_transformer_24x18", show_loss_curve=True,
     ),
 }
 # the other families, with the settings their papers recommend, once they are part of the package
@@ -207,7 +212,7 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
         f"--num_beams={args.num_beams}",
         "--save_steps=500",
         "--save_total_limit=2",
-        "--logging_steps=100",
+        "--logging_steps=50",  # the loss curve of the ledger
         "--include_num_input_tokens_seen=true",  # padded source tokens ("non_padding" is not settable from the CLI)
         "--disable_tqdm=True",
         f"--dataloader_pin_memory={torch.cuda.is_available()}",
@@ -220,7 +225,9 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
     for option in ("max_eval_samples", "max_predict_samples", "max_new_tokens"):
         if getattr(args, option):
             command.append(f"--{option}={getattr(args, option)}")
+    started = time.monotonic()
     results = run_translation(command)
+    session_minutes = (time.monotonic() - started) / 60
     # whole-run training statistics (a resumed run's own metrics only cover its last session)
     state = json.loads((output_dir / "trainer_state.json").read_text())
     seconds = state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"]
@@ -228,6 +235,7 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
         "global_step": state["global_step"],
         "train_minutes": seconds / 60,
         "source_tokens_per_second": state["num_input_tokens_seen"] / seconds,
+        "last_session_minutes": session_minutes,  # training (of the last session) + evaluation
     }
     finished.write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -290,6 +298,45 @@ def decoder_group_table(model_dir: Path, test_pairs: list[dict]) -> list[dict]:
         {"k": k, "alone": table[f"{k}"], "mixed": table[f"{k}..{num_groups}"], "psi": psi[k - 1]}
         for k in range(1, num_groups + 1)
     ]
+
+
+def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
+                 table_vi: list[dict] | None) -> dict:
+    """The ledger's record of one finished run (see benchmarks/multi30k_ledger.py)."""
+    arm = MODELS[arm_name]
+    directory = run_dir(args, arm_name, seed)
+    state = json.loads((directory / "trainer_state.json").read_text())
+    train = results["train"]
+    return {
+        "arm": arm_name,
+        "family": arm.model_type,
+        "question": arm.question,
+        "baseline": arm.baseline,
+        "show_loss_curve": arm.show_loss_curve,
+        "arm_config": arm.config,
+        "config": json.loads((directory / "config.json").read_text()),
+        "training": {**TRAINING_OPTIONS, **arm.training, "warmup_steps": args.warmup_steps,
+                     "max_steps": args.max_steps_per_model, "max_train_minutes": args.minutes_per_model,
+                     "vocab_size": args.vocab_size, "num_beams": args.num_beams},
+        "seed": seed,
+        "steps": train["global_step"],
+        "train_minutes": train["train_minutes"],
+        "source_tokens_per_second": train["source_tokens_per_second"],
+        # a resumed run's last session trained for less than the whole run: its evaluation time is unknown
+        "evaluation_minutes": train["last_session_minutes"] - train["train_minutes"]
+        if train["last_session_minutes"] >= train["train_minutes"] else None,
+        **ledger.code_revision(REPO_ROOT),
+        "device": ledger.device_description(),
+        "finished_at": ledger.now(),
+        "tokenizer_sha256": ledger.file_sha256(tokenizer_dir / "tokenizer.json"),
+        "test_references_sha256": ledger.sha256_lines(references["test"]),
+        "validation": {**{k: results["validation"][k] for k in ("bleu", "signature")},
+                       "sentences": len(references["validation"])},
+        "test": {**{k: results["test"][k] for k in ("bleu", "signature")}, "sentences": len(references["test"]),
+                 "hypotheses": hypotheses(args, arm_name, seed, "test")},
+        "loss_curve": ledger.loss_curve(state),
+        "gtrans_decoder_groups": table_vi,
+    }
 
 
 def mean_std(values: list[float]) -> dict:
@@ -455,12 +502,68 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_beams", type=positive_int, default=4)
     parser.add_argument("--max_new_tokens", type=positive_int, default=None,
                         help="Longest translation (default: run_translation's, 128 tokens); for smoke runs.")
+    parser.add_argument(
+        "--ledger_dir", type=Path, default=None,
+        help="Write every finished run into this results ledger (benchmarks/results/multi30k: one committed JSON "
+        "file per arm and seed); with --report, the ledger to read (default: benchmarks/results/multi30k).",
+    )
+    parser.add_argument("--run_only", action="store_true",
+                        help="Train and evaluate only the listed arms and seeds (no baselines, no summary): one "
+                        "study run, as benchmarks/study.py does.")
+    parser.add_argument("--report", action="store_true",
+                        help="Print the README's Multi30k results tables from the ledger alone and exit.")
+    parser.add_argument("--update_readme", action="store_true",
+                        help="With --report: write them into the README's generated section instead of printing.")
     args = parser.parse_args(argv)
+    if args.update_readme and not args.report:
+        parser.error("--update_readme only goes with --report")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds must differ, got {args.seeds}")
     if args.minutes_per_model is None and args.max_steps_per_model is None:
         args.minutes_per_model = DEFAULT_MINUTES
     return args
+
+
+PAPER_CLAIMS = {
+    "gtrans": "+1.73 BLEU on WMT14 En-De and +0.78 on IWSLT14 De-En with 6 + 6 layers (Table II), +0.89 at 12 + 12 "
+              "(Table VII); at 24L-18L post-norm the model without fusion \"failed to train\" (Table VIII).",
+    "layerwise_coordination": "+2.21 BLEU on IWSLT14 De-En with 14 shared layers parameter-matched to the 6 + 6 "
+                              "Transformer (Sec. 4.2, 5.1), +1.03 on WMT14 En-De (base).",
+    "rtal": "+1.16 BLEU over Transformer-Base on WMT14 En-De (6 + 6 layers, Table 1), best with EWP + FFN nodes "
+            "(Table 4).",
+    "deep_representations": "up to +0.99 BLEU from iterative / hierarchical aggregation and +1.14 with the diversity "
+                            "term on WMT14 En-De (Table 1), fine-tuned from a trained model.",
+    "re_transformer": "Re-Transformer-2 32.14 vs 27.3 BLEU on WMT14 En-De (Table 3) with fewer parameters and faster "
+                      "inference.",
+}
+
+
+def test_references(data_dir: Path, max_predict_samples: int | None = None) -> list[str]:
+    corpus = load_parallel_text(data_dir, SOURCE_LANG, TARGET_LANG)
+    pairs = corpus["test"]["translation"]
+    return [pair[TARGET_LANG] for pair in pairs[: max_predict_samples or len(pairs)]]
+
+
+def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None) -> str:
+    """The README's Multi30k results section, computed from the ledger (and the test references)."""
+    import study  # benchmarks/study.py: the queue's next runs
+
+    pending = [f"`{run.arm}` seed {run.seed}" for run in study.pending_runs(ledger_dir)[:3]]
+    references = test_references(data_dir, max_predict_samples)
+    return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending)
+
+
+def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
+                     test_pairs: list[dict]) -> Path:
+    path = ledger.ledger_path(args.ledger_dir, arm_name, seed)
+    if path.exists():
+        return path
+    table_vi = None
+    if MODELS[arm_name].model_type == "gtrans":
+        table_vi = decoder_group_table(run_dir(args, arm_name, seed), test_pairs)
+    ledger.write_entry(path, ledger_entry(args, arm_name, seed, results, tokenizer_dir, references, table_vi))
+    print(f"Ledger: wrote {path}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -469,23 +572,40 @@ def main(argv: list[str] | None = None) -> None:
         for name, arm in MODELS.items():
             print(f"{name:<26} {arm.question}  [baseline: {arm.baseline or '-'}]")
         return
+    if args.report:
+        section = report_text(args.ledger_dir or ledger.DEFAULT_LEDGER, args.data_dir, args.max_predict_samples)
+        if args.update_readme:
+            readme = REPO_ROOT / "README.md"
+            readme.write_text(ledger.replace_readme_section(readme.read_text(encoding="utf-8"), section),
+                              encoding="utf-8")
+            print(f"Updated the Multi30k results section of {readme}.")
+        else:
+            print(section, end="")
+        return
     check_settings(args)
     corpus = load_parallel_text(args.data_dir, SOURCE_LANG, TARGET_LANG)
     tokenizer_dir = args.tokenizer_dir or args.output_dir / "tokenizer"
     if not (tokenizer_dir / "tokenizer.json").is_file():
         texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in (SOURCE_LANG, TARGET_LANG)]
         train_joint_tokenizer(texts, args.vocab_size, model="unigram", save_dir=tokenizer_dir)
-
-    arm_names = with_baselines(args.models)
-    runs = {name: {seed: train_and_evaluate(name, seed, args, tokenizer_dir) for seed in args.seeds} for name in arm_names}
     references, limits = {}, {"validation": args.max_eval_samples, "test": args.max_predict_samples}
     for split, limit in limits.items():
         pairs = corpus[split].select(range(min(limit or len(corpus[split]), len(corpus[split]))))["translation"]
         references[split] = [pair[TARGET_LANG] for pair in pairs]
+    test_pairs = corpus["test"].select(range(len(references["test"])))["translation"]
+
+    arm_names = list(args.models) if args.run_only else with_baselines(args.models)
+    runs = {}
+    for name in arm_names:
+        for seed in args.seeds:
+            runs.setdefault(name, {})[seed] = train_and_evaluate(name, seed, args, tokenizer_dir)
+            if args.ledger_dir is not None:
+                record_in_ledger(args, name, seed, runs[name][seed], tokenizer_dir, references, test_pairs)
+    if args.run_only:
+        return
     summary = summarise(args, runs, references)
     table_vi = None
     if "gtrans" in runs:
-        test_pairs = corpus["test"].select(range(len(references["test"])))["translation"]
         table_vi = {seed: decoder_group_table(run_dir(args, "gtrans", seed), test_pairs) for seed in args.seeds}
     signature = next(iter(next(iter(runs.values())).values()))["test"]["signature"]
     (args.output_dir / "results.json").write_text(

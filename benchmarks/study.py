@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""The Multi30k study queue: runs, one at a time, the next run that the results ledger lacks.
+
+Start it first whenever you work on the project, and commit the new ledger files before you stop:
+
+    python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
+    python benchmarks/study.py --list     # the queue, in priority order, with what is done
+    git add benchmarks/results/multi30k && git commit -m "ledger: ..."
+
+Each run is `bench_multi30k.py --run_only` of one arm and seed, steps-matched, in a subprocess that runs the code of
+the commit at HEAD when the run starts, exported into `runs/study/code/<commit>` (so that editing the working tree
+cannot change a run midway, and the ledger's commit is the code that ran; uncommitted changes are not part of a
+run). Every run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
+deterministic, so a retrained one would make new runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run
+interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
+commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine
+staying up for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the
+CPU threads); the ledger records the device.
+
+Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
+1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
+2. Deep post-norm, GTrans Table VIII's claim: `plain_transformer_24x18` vs `gtrans_24x18`, one seed, 1,000 steps.
+3. Each other family in its paper's setting against the plain 6 + 6 model of priority 1 (seed 1 of each first,
+   then seeds 2-3): Re-Transformer-2 and -4, deep representations' hierarchical aggregation from scratch.
+4. GTrans' paper-silent choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6
+   shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LEDGER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k"
+WORK_DIR = REPO_ROOT / "runs" / "study"
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+SNAPSHOT_COMMIT_FILE = "SNAPSHOT_COMMIT"  # multi30k_ledger.SNAPSHOT_COMMIT_FILE (not imported: it needs torch)
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One run of the queue: an arm of bench_multi30k.py, a seed and the steps-matched budget."""
+
+    arm: str
+    seed: int
+    max_steps: int
+    warmup_steps: int
+
+    def ledger_file(self, ledger_dir: Path = LEDGER_DIR) -> Path:
+        return Path(ledger_dir) / self.arm / f"seed_{self.seed}.json"
+
+
+def study_queue() -> list[StudyRun]:
+    """Every run of the study, in the order they are run."""
+    standard = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 6 comparisons share
+    queue = []
+    for seed in (1, 2, 3):  # priority 1
+        queue += [StudyRun("plain_transformer", seed, **standard), StudyRun("gtrans", seed, **standard)]
+    # priority 2: deep post-norm; a shorter warm-up so that the learning rate peaks inside the budget
+    queue += [StudyRun(arm, 1, max_steps=1000, warmup_steps=400)
+              for arm in ("plain_transformer_24x18", "gtrans_24x18")]
+    other_families = ("re_transformer_2", "re_transformer_4", "deep_representations_no_diversity")
+    for seeds in ((1,), (2, 3)):  # priority 3: seed 1 of every family first
+        queue += [StudyRun(arm, seed, **standard) for seed in seeds for arm in other_families]
+    study_arms = ("plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
+                  "gtrans_wd_decay_fusion", "gtrans_init_w1", "gtrans_tau1", "gtrans_fused_dropout")
+    queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in study_arms]  # priority 4
+    queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
+    return queue
+
+
+def pending_runs(ledger_dir: Path = LEDGER_DIR) -> list[StudyRun]:
+    return [run for run in study_queue() if not run.ledger_file(ledger_dir).is_file()]
+
+
+def git(*arguments: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *arguments], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def code_snapshot(commit: str) -> Path:
+    """The committed tree of `commit`, exported once into runs/study/code/<commit>."""
+    snapshot = WORK_DIR / "code" / commit
+    if not (snapshot / SNAPSHOT_COMMIT_FILE).is_file():
+        if snapshot.exists():
+            shutil.rmtree(snapshot)  # an interrupted export
+        snapshot.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", commit], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive.stdout, check=True)
+        (snapshot / SNAPSHOT_COMMIT_FILE).write_text(commit + "\n")
+    return snapshot
+
+
+def run_command(run: StudyRun, snapshot: Path, commit: str, args) -> list[str]:
+    output_dir = WORK_DIR / "runs" / commit[:12] / f"steps_{run.max_steps}_warmup_{run.warmup_steps}"
+    return [
+        sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
+        "--models", run.arm, "--seeds", str(run.seed), "--run_only",
+        "--max_steps_per_model", str(run.max_steps), "--warmup_steps", str(run.warmup_steps),
+        "--output_dir", str(output_dir), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
+        "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
+    ]
+
+
+def execute(run: StudyRun, args) -> bool:
+    """Run one study run in a subprocess; True when its ledger file exists afterwards."""
+    commit = git("rev-parse", "HEAD")
+    if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
+        print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
+              flush=True)
+    snapshot = code_snapshot(commit)
+    command = run_command(run, snapshot, commit, args)
+    environment = {
+        **os.environ,
+        "PYTHONPATH": str(snapshot),  # before the editable install of the working tree
+        "OMP_NUM_THREADS": str(args.threads),
+        "MKL_NUM_THREADS": str(args.threads),
+        "OMP_WAIT_POLICY": "PASSIVE",  # never spin on cores another job uses
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = WORK_DIR / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{run.arm}_seed_{run.seed}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"study: {time.strftime('%H:%M:%S')} {run.arm} seed {run.seed}, {run.max_steps} steps, commit "
+          f"{commit[:12]}; log {log}", flush=True)
+    started = time.monotonic()
+    with open(log, "w") as stream:
+        stream.write(" ".join(command) + "\n")
+        stream.flush()
+        returncode = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=environment,
+                                    cwd=snapshot).returncode
+    minutes = (time.monotonic() - started) / 60
+    done = run.ledger_file(args.ledger_dir).is_file()
+    print(f"study: {time.strftime('%H:%M:%S')} {run.arm} seed {run.seed} "
+          f"{'finished' if done else f'FAILED (exit {returncode})'} after {minutes:.0f} min"
+          + ("" if done else f"; see {log}"), flush=True)
+    return done
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="Print the queue with what is done, and exit.")
+    parser.add_argument("--once", action="store_true", help="Run only the next pending run.")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads of a run (default: %(default)s).")
+    parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
+    parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
+    parser.add_argument("--data_dir", type=Path, default=DEFAULT_DATA, help="Multi30k (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if args.threads < 1:
+        parser.error(f"--threads must be positive, got {args.threads}")
+    if not 0 <= args.nice <= 19:
+        parser.error(f"--nice must be in 0..19, got {args.nice}")
+    args.ledger_dir, args.data_dir = args.ledger_dir.resolve(), args.data_dir.resolve()
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.list:
+        for number, run in enumerate(study_queue(), start=1):
+            done = "done" if run.ledger_file(args.ledger_dir).is_file() else "    "
+            print(f"{number:>3} {done} {run.arm:<34} seed {run.seed}  {run.max_steps} steps "
+                  f"(warm-up {run.warmup_steps})")
+        return
+    if not args.data_dir.is_dir():
+        raise SystemExit(f"study: no Multi30k directory at {args.data_dir} (--data_dir)")
+    os.nice(max(args.nice - os.nice(0), 0))
+    WORK_DIR.mkdir(parents=True, exist_ok=True)
+    lock = open(WORK_DIR / "lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit("study: another study.py is running in this checkout (runs/study/lock)") from None
+    while pending := pending_runs(args.ledger_dir):
+        if not execute(pending[0], args):
+            raise SystemExit(1)  # a failing run is not retried in a loop: read its log
+        if args.once:
+            return
+    print("study: the queue is empty: every run is in the ledger.")
+
+
+if __name__ == "__main__":
+    main()
