@@ -187,8 +187,9 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     runs = read_ledger(ledger_dir)
     # baselines first, then the arms compared with them
     runs = dict(sorted(runs.items(), key=lambda item: (next(iter(item[1].values()))["baseline"] is not None, item[0])))
+    next_runs = ["", f"Next in the queue (`python benchmarks/study.py --list`): {', '.join(pending)}."] if pending else []
     if not runs:
-        return "No run has finished yet: the ledger is empty.\n"
+        return "\n".join(["No run has finished yet: the ledger is empty.", *next_runs]) + "\n"
     check_comparable(runs)
     reference_hash = sha256_lines(references)
     for by_seed in runs.values():
@@ -241,8 +242,7 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     lines += loss_curve_table(runs)
     lines += provenance(runs)
     lines += conclusions(runs, comparisons, paper_claims)
-    if pending:
-        lines += ["", f"Next in the queue (`python benchmarks/study.py --list`): {', '.join(pending)}."]
+    lines += next_runs
     return "\n".join(lines) + "\n"
 
 
