@@ -525,7 +525,8 @@ def test_saved_lambda_loads_back_and_a_plain_checkpoint_gets_zero(tiny_backbone,
     model.save_pretrained(tmp_path / "deep")
     assert json.loads((tmp_path / "deep" / "config.json").read_text())["diversity_weight"] == 1.0
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "deep").config.diversity_weight == 1.0
-    PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone)).save_pretrained(tmp_path / "plain")
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    plain.save_pretrained(tmp_path / "plain")
     assert DeepRepresentationsForConditionalGeneration.from_pretrained(tmp_path / "plain").config.diversity_weight == 0
 
 

@@ -44,13 +44,14 @@ So `diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 
 (`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations
 --config_overrides "diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed
 keeps its lambda: transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back.
-Even from a trained model the term pushes layers that only feed AGG nodes towards constants, so training never
-runs blind: in every training forward pass with `labels` (and in every pass with `labels` when lambda > 0) the
-output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their mean `layer_diversity`
-(the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source positions
-(`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between two logs
-and warns once the memory's spread falls below `hf_layerfusion.trainer.COLLAPSE_SPREAD`. The collapse's signature is D -> 1 with the
-spread -> 0. With lambda = 0 they are measured without gradient (the loss is the cross entropy).
+Even from a trained model the term pushed the layers that only feed AGG nodes towards constants in a Multi30k
+probe, so training never runs blind: in every training forward pass with `labels` (and in every pass with `labels`
+when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their
+mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source
+positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between
+two logs and warns once the memory's spread falls below `hf_layerfusion.trainer.COLLAPSE_SPREAD`. The collapse's
+signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the cross
+entropy).
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
