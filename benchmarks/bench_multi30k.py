@@ -10,8 +10,16 @@ warm-up steps, label smoothing 0.1, 64 sentences per batch grouped by length; th
 `val` and `test_2016_flickr`. `--seeds 1 2 3` trains every arm once per seed (the seed sets the initialisation and
 the batch order). Arms (`--list_models` prints them with the question each one asks) are the plain Transformer,
 GTrans (T_e = 3, T_d = 2) and its variants for the study of docs/gtrans_study.md, deeper shapes, and the other
-families. Each arm names its baseline (the plain Transformer of the same shape and training options); baselines of
-the requested arms are trained too.
+families (in their papers' settings, and the package's earlier ones). Each arm names its baseline (the plain
+Transformer of the same shape and training options); baselines of the requested arms are trained too.
+
+Fine-tuning arms (`Arm.init_from`, deep representations' recipe: the paper starts from a trained model) start from
+another arm's finished run of the same seed in the same `--output_dir` (trained first when it is missing, with the
+same budget): `run_translation.py --model_name_or_path <that run dir> --model_type <family>` with the arm's config
+overrides, a fresh optimizer and learning-rate schedule (warm-up included), then the same budget again (with the
+study's 2,000 steps: 2,000 + 2,000). Their baseline is the starting run trained as long again the same way
+(`plain_transformer_continued`), so that only the change of model differs. The ledger entry of such a run records
+what it started from (`init_from`: arm, seed, steps, BLEU and directory of the starting run).
 
 Selection and significance: arms are compared on the validation set (`val BLEU`, for choosing a setting) and
 reported on the test set; for every seed s the arm's test translations are compared with the baseline's seed-s
@@ -62,6 +70,7 @@ import multi30k_ledger as ledger  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
 from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.translation import translate  # noqa: E402
@@ -97,6 +106,7 @@ class Arm:
     training: dict = field(default_factory=dict)
     baseline: str | None = BASE_ARM
     show_loss_curve: bool = False  # the report prints its training loss (does it train at all?)
+    init_from: str | None = None  # fine-tune this arm's finished run of the same seed (see the module docstring)
 
 
 GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
@@ -104,6 +114,8 @@ SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12
 SHAPE_24X18 = dict(encoder_layers=24, decoder_layers=18)  # paper Table VIII: post-norm without fusion diverges
 WEIGHT_DECAY = {"weight_decay": 0.1}  # AdamW decoupled decay; 0.1 shrinks an undriven weight by ~20% in 2k steps
 NO_LABEL_SMOOTHING = {"label_smoothing_factor": 0.0}
+PRE_NORM = {"normalize_before": True}
+HIERARCHICAL = {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical"}
 
 MODELS: dict[str, Arm] = {
     "plain_transformer": Arm("plain_transformer", "baseline (the backbone, fusion off)", baseline=None),
@@ -123,6 +135,13 @@ MODELS: dict[str, Arm] = {
     ),
     "plain_transformer_ls0": Arm("plain_transformer", "baseline without label smoothing", training=NO_LABEL_SMOOTHING,
                                  baseline=None),
+    "plain_transformer_prenorm": Arm("plain_transformer", "baseline, pre-norm (RTAL's tensor2tensor setting)",
+                                     PRE_NORM, baseline=None),
+    "plain_transformer_continued": Arm(
+        "plain_transformer",
+        "baseline of the fine-tuning arms: plain_transformer's finished run trained as many steps again",
+        baseline=None, init_from="plain_transformer",
+    ),
     "gtrans_ls0": Arm(
         "gtrans", "label smoothing: none (per-group smoothing inside Eq. 7 is the default)", GTRANS,
         NO_LABEL_SMOOTHING, baseline="plain_transformer_ls0",
@@ -149,18 +168,32 @@ MODELS: dict[str, Arm] = {
         {**SHAPE_24X18, **GTRANS}, baseline="plain_transformer_24x18", show_loss_curve=True,
     ),
 }
-# the other families, with the settings their papers recommend, once they are part of the package
+# the other families, with the settings their papers recommend (and the package's earlier Multi30k settings), once
+# they are part of the package
 FAMILY_ARMS = {
-    "rtal": Arm("rtal", "RTAL: residual tree aggregation, encoder and decoder, concat + FFN nodes",
-                {"aggregation_function": "concat_ffn"}),
+    "rtal_paper": Arm(
+        "rtal", "RTAL as the paper ran it: EWP + FFN nodes, children residual, pre-norm, trees over both stacks",
+        RTAL_PAPER_SETTING, baseline="plain_transformer_prenorm",
+    ),
+    "rtal": Arm("rtal", "RTAL, concat + FFN nodes, block_input residual, post-norm (not the paper's setting; the "
+                        "README's earlier 1,000-step runs)", {"aggregation_function": "concat_ffn"}),
+    "deep_representations_paper": Arm(
+        "deep_representations",
+        "deep representations as the paper trains them: hierarchical aggregation + layer diversity lambda = 1, "
+        "fine-tuned from plain_transformer's finished run",
+        {**HIERARCHICAL, "diversity_weight": 1.0}, baseline="plain_transformer_continued",
+        init_from="plain_transformer",
+    ),
     "deep_representations": Arm(
-        "deep_representations", "deep representations: hierarchical aggregation + layer diversity",
-        {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 1.0},
+        "deep_representations",
+        "deep representations: hierarchical aggregation + layer diversity lambda = 1 from scratch (not the paper's "
+        "recipe: collapses)",
+        {**HIERARCHICAL, "diversity_weight": 1.0},
     ),
     "deep_representations_no_diversity": Arm(
         "deep_representations",
-        "deep representations: hierarchical aggregation alone (from scratch, the diversity term collapses training)",
-        {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 0.0},
+        "deep representations: hierarchical aggregation alone, from scratch (lambda = 0, the default)",
+        {**HIERARCHICAL, "diversity_weight": 0.0},
     ),
     "layerwise_coordination": Arm("layerwise_coordination", "layer-wise coordination (defaults)"),
     "re_transformer_2": Arm("re_transformer", "Re-Transformer-2 (encoder s-sf-s-sf-s-sf, 2 decoder layers)",
@@ -185,23 +218,21 @@ def run_dir(args, arm_name: str, seed: int) -> Path:
     return args.output_dir / arm_name / f"seed_{seed}"
 
 
-def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> dict:
-    """Train one arm with one seed (or resume it), translate val and test; returns run_translation's results plus
-    whole-run training statistics, cached in `<run dir>/bench_results.json`."""
+def run_translation_command(arm_name: str, seed: int, args, tokenizer_dir: Path) -> list[str]:
+    """`examples/run_translation.py`'s arguments for one run of an arm."""
     arm = MODELS[arm_name]
-    output_dir = run_dir(args, arm_name, seed)
-    finished = output_dir / "bench_results.json"
-    if finished.is_file():
-        return json.loads(finished.read_text())
     options = {**TRAINING_OPTIONS, **arm.training}
+    if arm.init_from is None:
+        model = [f"--model_type={arm.model_type}", "--preset=multi30k"]
+    else:  # the starting run's model, read as this arm's family
+        model = [f"--model_name_or_path={run_dir(args, arm.init_from, seed)}", f"--model_type={arm.model_type}"]
     command = [
         f"--dataset_name={args.data_dir}",
         f"--source_lang={SOURCE_LANG}",
         f"--target_lang={TARGET_LANG}",
-        f"--model_type={arm.model_type}",
-        "--preset=multi30k",
+        *model,
         f"--tokenizer_name={tokenizer_dir}",
-        f"--output_dir={output_dir}",
+        f"--output_dir={run_dir(args, arm_name, seed)}",
         "--do_train",
         "--do_eval",
         "--do_predict",
@@ -225,8 +256,21 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
     for option in ("max_eval_samples", "max_predict_samples", "max_new_tokens"):
         if getattr(args, option):
             command.append(f"--{option}={getattr(args, option)}")
+    return command
+
+
+def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> dict:
+    """Train one arm with one seed (or resume it), translate val and test; returns run_translation's results plus
+    whole-run training statistics, cached in `<run dir>/bench_results.json`. A fine-tuning arm's starting run is
+    trained first when it has not finished."""
+    output_dir = run_dir(args, arm_name, seed)
+    finished = output_dir / "bench_results.json"
+    if finished.is_file():
+        return json.loads(finished.read_text())
+    if MODELS[arm_name].init_from is not None:
+        train_and_evaluate(MODELS[arm_name].init_from, seed, args, tokenizer_dir)
     started = time.monotonic()
-    results = run_translation(command)
+    results = run_translation(run_translation_command(arm_name, seed, args, tokenizer_dir))
     session_minutes = (time.monotonic() - started) / 60
     # whole-run training statistics (a resumed run's own metrics only cover its last session)
     state = json.loads((output_dir / "trainer_state.json").read_text())
@@ -336,6 +380,20 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
                  "hypotheses": hypotheses(args, arm_name, seed, "test")},
         "loss_curve": ledger.loss_curve(state),
         "gtrans_decoder_groups": table_vi,
+        "init_from": None if arm.init_from is None else starting_run(args, arm.init_from, seed),
+    }
+
+
+def starting_run(args, arm_name: str, seed: int) -> dict:
+    """What a fine-tuning run started from: the finished run of `arm_name` and `seed` in this output dir."""
+    results = json.loads((run_dir(args, arm_name, seed) / "bench_results.json").read_text())
+    return {
+        "arm": arm_name,
+        "seed": seed,
+        "steps": results["train"]["global_step"],
+        "validation_bleu": results["validation"]["bleu"],
+        "test_bleu": results["test"]["bleu"],
+        "run_dir": str(run_dir(args, arm_name, seed)),
     }
 
 
@@ -359,6 +417,7 @@ def summarise(args, runs: dict, references: dict) -> dict:
             "config": MODELS[arm_name].config,
             "training": MODELS[arm_name].training,
             "baseline": MODELS[arm_name].baseline,
+            "init_from": MODELS[arm_name].init_from,
             "seeds": seeds,
             "val_bleu": mean_std([by_seed[s]["validation"]["bleu"] for s in seeds]),
             "test_bleu": mean_std([by_seed[s]["test"]["bleu"] for s in seeds]),
@@ -450,13 +509,21 @@ def check_settings(args) -> None:
         settings_file.write_text(json.dumps(settings, indent=2) + "\n")
 
 
-def with_baselines(arm_names: list[str]) -> list[str]:
-    """The requested arms, each preceded by its baseline if not requested (the comparison needs it)."""
+def with_prerequisites(arm_names: list[str], baselines: bool = True) -> list[str]:
+    """The requested arms, each preceded by the runs it starts from (`init_from`) and, with `baselines`, by its
+    baseline (and what that starts from) if not requested: the comparison needs them."""
     ordered = []
+
+    def add(name: str, with_baseline: bool) -> None:
+        arm = MODELS[name]
+        for needed in (arm.init_from, arm.baseline if with_baseline else None):
+            if needed is not None:
+                add(needed, with_baseline)
+        if name not in ordered:
+            ordered.append(name)
+
     for name in arm_names:
-        for needed in (MODELS[name].baseline, name):
-            if needed is not None and needed not in ordered:
-                ordered.append(needed)
+        add(name, baselines)
     return ordered
 
 
@@ -508,8 +575,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "file per arm and seed); with --report, the ledger to read (default: benchmarks/results/multi30k).",
     )
     parser.add_argument("--run_only", action="store_true",
-                        help="Train and evaluate only the listed arms and seeds (no baselines, no summary): one "
-                        "study run, as benchmarks/study.py does.")
+                        help="Train and evaluate only the listed arms and seeds (no baselines, no summary; a "
+                        "fine-tuning arm's starting run too): one study run, as benchmarks/study.py does.")
     parser.add_argument("--report", action="store_true",
                         help="Print the README's Multi30k results tables from the ledger alone and exit.")
     parser.add_argument("--update_readme", action="store_true",
@@ -570,7 +637,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.list_models:
         for name, arm in MODELS.items():
-            print(f"{name:<26} {arm.question}  [baseline: {arm.baseline or '-'}]")
+            start = f"; starts from: {arm.init_from}" if arm.init_from else ""
+            print(f"{name:<26} {arm.question}  [baseline: {arm.baseline or '-'}{start}]")
         return
     if args.report:
         section = report_text(args.ledger_dir or ledger.DEFAULT_LEDGER, args.data_dir, args.max_predict_samples)
@@ -594,7 +662,7 @@ def main(argv: list[str] | None = None) -> None:
         references[split] = [pair[TARGET_LANG] for pair in pairs]
     test_pairs = corpus["test"].select(range(len(references["test"])))["translation"]
 
-    arm_names = list(args.models) if args.run_only else with_baselines(args.models)
+    arm_names = with_prerequisites(args.models, baselines=not args.run_only)
     runs = {}
     for name in arm_names:
         for seed in args.seeds:

@@ -4,7 +4,8 @@ from those files alone.
 A ledger entry (`benchmarks/results/multi30k/<arm>/seed_<s>.json`) holds everything the tables need and the
 provenance of the number: the arm, family, full model config and training options, seed, steps, wall clock and
 throughput, the commit and device it ran on, val and test BLEU with the sacreBLEU signature, the test translations
-(for paired bootstrap resampling against any other run later), GTrans' Table VI grid and the training-loss curve.
+(for paired bootstrap resampling against any other run later), GTrans' Table VI grid, the training-loss curve, and
+for a fine-tuning arm the run it started from (`init_from`: arm, seed, steps, BLEU, directory; None otherwise).
 `bench_multi30k.py --ledger_dir` writes entries; `bench_multi30k.py --report` prints the tables (`report()`);
 `benchmarks/study.py` decides which run comes next.
 
@@ -206,7 +207,7 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     for arm, by_seed in runs.items():
         seeds = sorted(by_seed)
         entries = [by_seed[s] for s in seeds]
-        steps = sorted({e["steps"] for e in entries})
+        steps = sorted({steps_text(e) for e in entries})
         baseline = entries[0]["baseline"]
         comparison = None
         if baseline is not None and baseline in runs:
@@ -215,7 +216,7 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
         cells = [
             f"`{arm}`",
             entries[0]["family"],
-            "/".join(f"{s:,}" for s in steps),
+            "/".join(steps),
             str(len(seeds)),
             mean_std([e["validation"]["bleu"] for e in entries]),
             mean_std([e["test"]["bleu"] for e in entries]),
@@ -244,6 +245,12 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     lines += conclusions(runs, comparisons, paper_claims)
     lines += next_runs
     return "\n".join(lines) + "\n"
+
+
+def steps_text(entry: dict) -> str:
+    """The run's optimisation steps; a fine-tuning run's as `<steps of the run it started from> + <its own>`."""
+    start = entry.get("init_from")
+    return f"{entry['steps']:,}" if start is None else f"{start['steps']:,} + {entry['steps']:,}"
 
 
 def groups_table(runs: dict) -> list[str]:

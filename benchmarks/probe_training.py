@@ -9,7 +9,8 @@ grouped by length, gradient clipping 1.0) and every `--log_every` steps prints, 
 - `val_loss_wrong_source`: the same targets with every sentence's source replaced by another sentence's; equal to
   `val_loss` while the decoder does not use the source, higher once it does;
 - `encoder_spread`: per encoder state (embeddings, layer 1 .. L), `||X - mean_positions(X)|| / ||X||` over each
-  sentence's real positions, averaged over sentences: 0 when every position holds the same vector (collapse);
+  sentence's real positions, averaged over sentences: 0 when every position holds the same vector (collapse;
+  `hf_layerfusion.models.deep_representations.position_spread`, which deep representations also log in training);
 - `memory_spread`, `memory_norm`: the same spread and the mean L2 norm of the memory cross-attention reads.
 
 The probe found the Multi30k collapses of RTAL (`concat_ffn`, raw FFN root) and of deep representations (the
@@ -39,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 import hf_layerfusion  # noqa: E402
+from hf_layerfusion.models.deep_representations import position_spread  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
@@ -129,13 +131,6 @@ def training_batches(pairs, tokenizer, seed: int):
                 yield collate([pairs[i] for i in batch], tokenizer)
 
 
-def spread(states: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean over sentences of ||X - mean(X)|| / ||X|| over the real positions (0: every position the same)."""
-    mask = mask.unsqueeze(-1).to(states.dtype)
-    mean = (states * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)
-    return (((states - mean) * mask).norm(dim=(1, 2)) / (states * mask).norm(dim=(1, 2))).mean().item()
-
-
 @torch.no_grad()
 def probe(model, batch: dict) -> dict:
     model.eval()
@@ -148,8 +143,8 @@ def probe(model, batch: dict) -> dict:
     return {
         "val_loss": round(out.loss.item(), 3),
         "val_loss_wrong_source": round(wrong_source.loss.item(), 3),
-        "encoder_spread": [round(spread(states, mask), 4) for states in out.encoder_hidden_states],
-        "memory_spread": round(spread(out.encoder_last_hidden_state, mask), 4),
+        "encoder_spread": [round(position_spread(states, mask).item(), 4) for states in out.encoder_hidden_states],
+        "memory_spread": round(position_spread(out.encoder_last_hidden_state, mask).item(), 4),
         "memory_norm": round(out.encoder_last_hidden_state.norm(dim=-1)[mask.bool()].mean().item(), 2),
     }
 

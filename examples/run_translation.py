@@ -3,7 +3,9 @@
 `examples/pytorch/translation/run_translation.py`).
 
 Model: a family and size (`--model_type gtrans --preset multi30k --config_overrides "encoder_group_size=3"`), or an
-existing checkpoint (`--model_name_or_path`). Data: a Hub dataset (`--dataset_name wmt14 --dataset_config_name
+existing checkpoint (`--model_name_or_path`), read as another family with `--model_type` (deep representations'
+recipe: `--model_name_or_path runs/plain --model_type deep_representations --config_overrides
+"diversity_weight=1.0"` fine-tunes a trained plain Transformer with the aggregation and the diversity term). Data: a Hub dataset (`--dataset_name wmt14 --dataset_config_name
 de-en`), a local directory of parallel text (`--dataset_name /data/multi30k`, Multi30k layout), JSON lines
 (`--train_file train.jsonl ...`), or the package's built-in number corpus (`--builtin_corpus`). Tokenizer: loaded
 (`--tokenizer_name`) or a joint source/target subword vocabulary trained on the training data and saved in
@@ -97,7 +99,11 @@ class ModelArguments:
     )
     model_type: str | None = field(
         default=None,
-        metadata={"help": f"Family of a model trained from scratch: one of {sorted(hf_layerfusion.FAMILIES)}."},
+        metadata={
+            "help": f"Family of a model trained from scratch: one of {sorted(hf_layerfusion.FAMILIES)}; with "
+            "--model_name_or_path, the family the checkpoint is read as (e.g. a plain Transformer checkpoint as "
+            "deep_representations: the backbone loads, the fusion weights start fresh)."
+        },
     )
     preset: str | None = field(
         default=None, metadata={"help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt'."}
@@ -269,29 +275,34 @@ def load_or_train_tokenizer(
 
 
 def build_config(model_args: ModelArguments, vocab_size: int, special_ids: dict):
-    """The model's config: the checkpoint's (`--model_name_or_path`, config overrides applied) or a new
-    `--model_type` config (preset, then the tokenizer's vocabulary size and special ids, then the overrides). Called
-    once with the tokenizer-to-be's values before any work, so that every model argument is checked first."""
-    if (model_args.model_name_or_path is None) == (model_args.model_type is None):
-        raise ValueError("Give exactly one of --model_name_or_path and --model_type.")
+    """The model's config: the checkpoint's (`--model_name_or_path`, read as `--model_type`'s family when given) with
+    the config overrides, or a new `--model_type` config (preset, then the tokenizer's vocabulary size and special
+    ids, then the overrides). The overrides are keys of the config's construction, so the config checks them like
+    any other key. Called once with the tokenizer-to-be's values before any work, so that every model argument is
+    checked first."""
+    if model_args.model_name_or_path is None and model_args.model_type is None:
+        raise ValueError("Give --model_type (a new model) and/or --model_name_or_path (a checkpoint to fine-tune).")
+    family = None
+    if model_args.model_type is not None:
+        family = CONFIG_MAPPING[check_model_type(model_args.model_type, "--model_type")]
     if model_args.model_name_or_path is not None:
         if model_args.preset is not None:
             raise ValueError("--preset only applies to a new model (--model_type), not to --model_name_or_path.")
         path = check_local_or_hub(model_args.model_name_or_path, "--model_name_or_path")
         try:
-            config = AutoConfig.from_pretrained(path)
+            config_class = family or type(AutoConfig.from_pretrained(path))
+            saved, _ = config_class.get_config_dict(path)
         except OSError as error:
             if os.path.isdir(path):
                 raise
             reraise_hub_error(path, "--model_name_or_path", error)
-        overrides = parse_config_overrides(model_args.config_overrides, type(config))
-        return AutoConfig.from_pretrained(path, **overrides)
-    config_class = CONFIG_MAPPING[check_model_type(model_args.model_type, "--model_type")]
+        overrides = parse_config_overrides(model_args.config_overrides, config_class)
+        return config_class.from_dict({**saved, **overrides})
     if model_args.preset is not None and model_args.preset not in BACKBONE_PRESETS:
         raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
     keys = dict(vocab_size=vocab_size, **special_ids)
-    keys.update(parse_config_overrides(model_args.config_overrides, config_class))
-    return config_class.from_preset(model_args.preset, **keys) if model_args.preset else config_class(**keys)
+    keys.update(parse_config_overrides(model_args.config_overrides, family))
+    return family.from_preset(model_args.preset, **keys) if model_args.preset else family(**keys)
 
 
 def tokenizer_special_ids(tokenizer) -> dict:
@@ -305,8 +316,8 @@ def tokenizer_special_ids(tokenizer) -> dict:
 
 
 def build_model(model_args: ModelArguments, tokenizer) -> PreTrainedModel:
-    """A checkpoint (`--model_name_or_path`, config overrides applied) or a new model of `--model_type` whose
-    vocabulary and special ids are the tokenizer's."""
+    """A checkpoint (`--model_name_or_path`, config overrides applied, read as `--model_type`'s family when given)
+    or a new model of `--model_type` whose vocabulary and special ids are the tokenizer's."""
     config = build_config(model_args, len(tokenizer), tokenizer_special_ids(tokenizer))
     if model_args.model_name_or_path is not None:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, config=config)

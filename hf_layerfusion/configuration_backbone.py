@@ -66,7 +66,8 @@ class LayerFusionConfig(PreTrainedConfig):
             padding position; the table then has `max_position_embeddings + pad_token_id + 1` rows).
         layernorm_embedding: LayerNorm on the embedding sum (XLM-R has one, Marian does not).
         normalize_before: pre-norm layers (LayerNorm before each sub-layer, plus a final LayerNorm on each stack).
-            The papers use post-norm, the default.
+            Post-norm is the default, as in GTrans and Dou et al. (deep representations) and in Marian; RTAL trained
+            with tensor2tensor's `transformer_base`, which is pre-norm (its `"rtal_paper"` preset sets True).
         activation_function: activation of the feed-forward sub-layers.
         scale_embedding: multiply token embeddings by sqrt(d_model) (Marian: True, XLM-R: False).
         dropout, attention_dropout, activation_dropout: dropout probabilities.

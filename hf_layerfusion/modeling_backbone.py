@@ -283,8 +283,9 @@ class CrossAttention(MultiHeadAttention):
 # --------------------------------------------------------------------------------------------------- layers
 class ResidualSublayer(nn.Module):
     """Holds the LayerNorm of one residual sub-layer `x + dropout(f(x))`, placed after the sum (post-norm, the
-    papers' default) or before `f` (pre-norm). `enter`/`exit` are plain methods, not module calls: they run on
-    every decoding step, where module-call overhead shows."""
+    default, as in GTrans and Dou et al.) or before `f` (pre-norm, as in RTAL's tensor2tensor setting).
+    `enter`/`exit` are plain methods, not module calls: they run on every decoding step, where module-call overhead
+    shows."""
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__()

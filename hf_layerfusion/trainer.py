@@ -44,9 +44,20 @@ from torch.utils.data import SequentialSampler
 from transformers import Seq2SeqTrainer
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 from transformers.trainer_utils import has_length
+from transformers.utils import logging
 
 from .callbacks import LOG_ENRICHING_CALLBACKS
 from .modeling_backbone import LayerFusionPreTrainedModel
+from .models.deep_representations import DIVERSITY_DIAGNOSTICS
+
+logger = logging.get_logger(__name__)
+
+# scalar diagnostics a model may return in training, logged as their means between two logs: deep_representations'
+# D of Eq. 10 per stack and their mean, and the spread of the memory across source positions
+TRAINING_DIAGNOSTICS = DIVERSITY_DIAGNOSTICS
+# below this spread the memory is collapsed: measured on Multi30k, collapsed runs reach 0.03 within 50 steps while
+# healthy ones dip to ~0.2 early on and recover (docs/deep_representations.md)
+COLLAPSE_SPREAD = 0.05
 
 
 class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
@@ -55,9 +66,11 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     Takes exactly `Seq2SeqTrainer`'s arguments. After construction, `trainer.model.config.label_smoothing` holds the
     smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
     Callbacks that add values to the logs (`hf_layerfusion.callbacks.LOG_ENRICHING_CALLBACKS`) are run before the
-    reporting integrations, so that TensorBoard & co. receive those values. Models that return `layer_diversity`
-    (deep_representations, Eq. 10) get its mean over the training steps since the previous log logged as
-    `layer_diversity`.
+    reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
+    returns (`TRAINING_DIAGNOSTICS`; deep_representations: each stack's layer diversity D of Eq. 10, their mean, and
+    the memory's spread across source positions) are logged as their means over the training steps since the
+    previous log, and a memory spread below `COLLAPSE_SPREAD` is warned about (once per run): the encoder states
+    are then nearly the same vector at every position and the decoder can no longer read the source.
     """
 
     def __init__(self, *args, **kwargs):
@@ -65,8 +78,9 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(self.model, LayerFusionPreTrainedModel):
             move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
             self.label_smoother = None
-        # sum and count of the training steps' layer diversity (deep_representations, Eq. 10) since the last log
-        self._layer_diversity = [0.0, 0]
+        # per diagnostic of TRAINING_DIAGNOSTICS: sum and count over the training steps since the last log
+        self._diagnostics: dict[str, list] = {}
+        self._collapse_warned = False
         self._run_log_enriching_callbacks_first()
 
     def add_callback(self, callback):
@@ -75,18 +89,29 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
-        diversity = outputs.get("layer_diversity") if isinstance(outputs, dict) else None
-        if diversity is not None and model.training:
-            self._layer_diversity[0] += diversity.detach()
-            self._layer_diversity[1] += 1
+        if isinstance(outputs, dict) and model.training:
+            for key in TRAINING_DIAGNOSTICS:
+                if outputs.get(key) is not None:
+                    total = self._diagnostics.setdefault(key, [0.0, 0])
+                    total[0] += outputs[key].detach()
+                    total[1] += 1
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        # training logs get the mean layer diversity D of the steps since the previous log (models that return it)
-        total, steps = self._layer_diversity
-        if "loss" in logs and steps:
-            logs["layer_diversity"] = float(total) / steps
-            self._layer_diversity = [0.0, 0]
+        # training logs get the mean of each diagnostic over the steps since the previous log (models that return it)
+        if "loss" in logs and self._diagnostics:
+            logs.update({key: float(total) / steps for key, (total, steps) in self._diagnostics.items()})
+            self._diagnostics = {}
+            spread = logs.get("memory_spread")
+            if spread is not None and spread < COLLAPSE_SPREAD and not self._collapse_warned:
+                self._collapse_warned = True
+                logger.warning(
+                    f"memory_spread {spread:.3f} at step {self.state.global_step} (< {COLLAPSE_SPREAD}): the encoder "
+                    "memory holds nearly the same vector at every source position, so the decoder cannot read the "
+                    "source (a collapse). With a layer-diversity term (diversity_weight > 0; layer_diversity "
+                    f"{logs.get('layer_diversity', float('nan')):.3f}, 1 at its degenerate maximum) use it only to "
+                    "fine-tune a trained model, as the paper does (see hf_layerfusion.models.deep_representations)."
+                )
         super().log(logs, start_time)
 
     def _run_log_enriching_callbacks_first(self):

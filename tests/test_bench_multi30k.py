@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import CONFIG_MAPPING
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi30k.py"
@@ -16,10 +17,21 @@ sys.modules[spec.name] = bench  # dataclasses look their module up there
 spec.loader.exec_module(bench)
 
 
+def arm_config(arm_name):
+    """The config an arm's run builds: the `multi30k` preset with the arm's overrides, or for a fine-tuning arm the
+    starting arm's config read as the arm's family with the arm's overrides (as run_translation.py does)."""
+    arm = bench.MODELS[arm_name]
+    if arm.init_from is None:
+        return CONFIG_MAPPING[arm.model_type].from_preset("multi30k", **arm.config)
+    saved = arm_config(arm.init_from).to_diff_dict()
+    return CONFIG_MAPPING[arm.model_type].from_dict({**saved, **arm.config})
+
+
 @pytest.mark.parametrize("arm_name", list(bench.MODELS))
 def test_every_arm_builds_a_valid_config_and_has_a_known_baseline(arm_name):
     arm = bench.MODELS[arm_name]
-    config = CONFIG_MAPPING[arm.model_type].from_preset("multi30k", **arm.config)
+    config = arm_config(arm_name)
+    assert config.model_type == arm.model_type
     for key, value in arm.config.items():
         if value is not None:  # None = derived by the family (e.g. Re-Transformer's layer count from its layout)
             assert getattr(config, key) == value, key
@@ -27,13 +39,36 @@ def test_every_arm_builds_a_valid_config_and_has_a_known_baseline(arm_name):
     if arm.baseline is not None:
         baseline = bench.MODELS[arm.baseline]
         assert baseline.training == arm.training  # same training options
+        assert baseline.init_from == arm.init_from  # fine-tuned from the same run, or both from scratch
+        baseline_config = arm_config(arm.baseline)
+        assert baseline_config.normalize_before == config.normalize_before  # pre-norm against pre-norm
         if arm.model_type == "gtrans":  # same shape
             shape = ("encoder_layers", "decoder_layers")
             assert {k: arm.config.get(k) for k in shape} == {k: baseline.config.get(k) for k in shape}
 
-def test_baselines_are_added_before_their_arms():
-    assert bench.with_baselines(["gtrans_ls0", "gtrans", "plain_transformer"]) == [
+
+def test_paper_setting_arms():
+    rtal = arm_config("rtal_paper")
+    assert (rtal.aggregation_function, rtal.tree_residual, rtal.normalize_before) == ("ewp_ffn", "children", True)
+    assert rtal.encoder_aggregation and rtal.decoder_aggregation and rtal.d_model == 256
+    deep = arm_config("deep_representations_paper")
+    assert (deep.encoder_aggregation, deep.decoder_aggregation, deep.diversity_weight) == ("hierarchical",
+                                                                                          "hierarchical", 1.0)
+    assert bench.MODELS["deep_representations_paper"].init_from == "plain_transformer"
+    assert bench.MODELS["plain_transformer_continued"].init_from == "plain_transformer"
+    assert arm_config("plain_transformer_continued").to_diff_dict() == arm_config("plain_transformer").to_diff_dict()
+
+
+def test_baselines_and_starting_runs_are_added_before_their_arms():
+    assert bench.with_prerequisites(["gtrans_ls0", "gtrans", "plain_transformer"]) == [
         "plain_transformer_ls0", "gtrans_ls0", "plain_transformer", "gtrans",
+    ]
+    assert bench.with_prerequisites(["deep_representations_paper"]) == [
+        "plain_transformer", "plain_transformer_continued", "deep_representations_paper",
+    ]
+    # --run_only: no baselines, but the run a fine-tuning arm starts from
+    assert bench.with_prerequisites(["deep_representations_paper"], baselines=False) == [
+        "plain_transformer", "deep_representations_paper",
     ]
 
 
@@ -163,3 +198,110 @@ def test_readme_results_section_is_the_report_of_the_committed_ledger():
         "README's Multi30k section differs from the ledger: run "
         "`python benchmarks/bench_multi30k.py --report --update_readme`"
     )
+
+
+# --- fine-tuning arms (init_from) -------------------------------------------------------------------------------
+
+TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "multi30k" / "tokenizer"
+
+
+def tiny_corpus(directory):
+    for stem, count in (("train", 6), ("val", 3), ("test_2016_flickr", 3)):
+        (directory / f"{stem}.en").write_text("".join(f"a man number {i}\n" for i in range(count)), encoding="utf-8")
+        (directory / f"{stem}.de").write_text("".join(f"ein mann nummer {i}\n" for i in range(count)),
+                                              encoding="utf-8")
+    return directory
+
+
+def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, monkeypatch):
+    """`deep_representations_paper --run_only`: the plain run it starts from is trained first (once), the arm then
+    runs run_translation.py on that run's directory read as deep representations, and both ledger entries are
+    written, the arm's with what it started from. run_translation is replaced by a stand-in that writes what a
+    finished run leaves behind."""
+    calls = []
+
+    def fake_run_translation(command):
+        calls.append(command)
+        options = dict(item[2:].split("=", 1) for item in command if "=" in item)
+        output_dir = Path(options["output_dir"])
+        output_dir.mkdir(parents=True, exist_ok=True)
+        steps = int(options["max_steps"])
+        (output_dir / "trainer_state.json").write_text(json.dumps({
+            "global_step": steps, "num_input_tokens_seen": 600, "log_history": [{"step": steps, "loss": 2.5}],
+            "stateful_callbacks": {"TimeBudgetCallback": {"attributes": {"elapsed_seconds": 60.0}}},
+        }))
+        (output_dir / "config.json").write_text(json.dumps({"model_type": options["model_type"]}))
+        bleu = 20.0 + len(calls)
+        for split in ("validation", "test"):
+            (output_dir / f"generated_predictions_{split}.txt").write_text("ein mann\n" * 3, encoding="utf-8")
+        return {split: {"bleu": bleu, "signature": "sig"} for split in ("validation", "test")}
+
+    monkeypatch.setattr(bench, "run_translation", fake_run_translation)
+    output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
+    argv = ["--models", "deep_representations_paper", "--run_only", "--seeds", "1", "--max_steps_per_model", "3",
+            "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
+            "--data_dir", str(tiny_corpus(tmp_path))]
+    bench.main(argv)
+    plain, deep = calls
+    assert "--model_type=plain_transformer" in plain and "--preset=multi30k" in plain
+    start_dir = output_dir / "plain_transformer" / "seed_1"
+    assert f"--model_name_or_path={start_dir}" in deep and "--model_type=deep_representations" in deep
+    assert not any(item.startswith("--preset") for item in deep)
+    assert ("--config_overrides=encoder_aggregation=hierarchical,decoder_aggregation=hierarchical,"
+            "diversity_weight=1.0") in deep
+    assert "--max_steps=3" in deep and f"--output_dir={output_dir / 'deep_representations_paper' / 'seed_1'}" in deep
+
+    entries = bench.ledger.read_ledger(ledger_dir)
+    assert entries["plain_transformer"][1]["init_from"] is None
+    entry = entries["deep_representations_paper"][1]
+    assert entry["baseline"] == "plain_transformer_continued" and entry["steps"] == 3
+    assert entry["init_from"] == {"arm": "plain_transformer", "seed": 1, "steps": 3, "validation_bleu": 21.0,
+                                  "test_bleu": 21.0, "run_dir": str(start_dir)}
+    assert bench.ledger.steps_text(entry) == "3 + 3" and bench.ledger.steps_text(entries["plain_transformer"][1]) == "3"
+
+    bench.main(argv)  # finished runs are read back, not redone
+    assert len(calls) == 2
+
+
+def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
+    """The mechanism of the fine-tuning arms: run_translation.py --model_name_or_path <plain run> --model_type
+    deep_representations loads every backbone weight of the checkpoint, adds fresh AGG nodes, applies the overrides
+    and logs each stack's D and the memory's spread (learning rate 0: the weights stay the checkpoint's)."""
+    from hf_layerfusion import (
+        DeepRepresentationsForConditionalGeneration,
+        PlainTransformerConfig,
+        PlainTransformerForConditionalGeneration,
+    )
+    from hf_layerfusion.data import builtin_number_corpus
+    from hf_layerfusion.tokenization import train_joint_tokenizer
+
+    corpus = builtin_number_corpus("de", "en", 20, 4, 4)
+    texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in ("de", "en")]
+    tokenizer = train_joint_tokenizer(texts, 60)
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.eos_token_id,
+    ))
+    plain.save_pretrained(tmp_path / "plain")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    bench.run_translation([
+        "--builtin_corpus", "--builtin_num_train=20", "--builtin_num_valid=4", "--builtin_num_test=4",
+        "--source_lang=de", "--target_lang=en", f"--model_name_or_path={tmp_path / 'plain'}",
+        "--model_type=deep_representations",
+        "--config_overrides=encoder_aggregation=hierarchical,decoder_aggregation=hierarchical,diversity_weight=1.0",
+        f"--output_dir={tmp_path / 'deep'}", "--do_train", "--max_steps=2", "--learning_rate=0", "--logging_steps=1",
+        "--per_device_train_batch_size=4", "--use_cpu=True", "--report_to=none", "--save_strategy=no",
+        "--disable_tqdm=True", "--log_fusion_weights=False",
+    ])
+    model = DeepRepresentationsForConditionalGeneration.from_pretrained(tmp_path / "deep")
+    assert (model.config.encoder_aggregation, model.config.diversity_weight) == ("hierarchical", 1.0)
+    for name, value in plain.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert any(".connection.nodes." in name for name in model.state_dict())
+    history = json.loads((tmp_path / "deep" / "trainer_state.json").read_text())["log_history"]
+    logged = [entry for entry in history if "loss" in entry]
+    assert len(logged) == 2
+    for key in ("layer_diversity", "encoder_layer_diversity", "decoder_layer_diversity", "memory_spread"):
+        assert all(0 < entry[key] <= 1 for entry in logged), key

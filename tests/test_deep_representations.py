@@ -1,6 +1,7 @@
 """Deep representations (Dou et al. 2018): every strategy against a brute-force reference written here, the
 hierarchical tree's shape, KV-cached decoding, layer diversity, and the HF plumbing (save/load, Marian, trainer)."""
 
+import json
 import math
 
 import pytest
@@ -25,7 +26,12 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.models.deep_representations import MultiLayerSelfAttention, layer_diversity
+from hf_layerfusion.models.deep_representations import (
+    DIVERSITY_DIAGNOSTICS,
+    MultiLayerSelfAttention,
+    layer_diversity,
+    position_spread,
+)
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
 
 STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
@@ -417,7 +423,27 @@ def brute_force_diversity(states, mask):
     return total / count
 
 
-@pytest.mark.parametrize("strategy", ["hierarchical", "dense", "multi_layer_attention"])
+def brute_force_spread(states, mask):
+    """||X - mean_n(X)|| / ||X|| (Frobenius) over each sentence's real positions, averaged over the sentences."""
+    ratios = []
+    for b in range(states.shape[0]):
+        x = states[b][mask[b].bool()]
+        ratios.append(((x - x.mean(0)) ** 2).sum().sqrt() / (x**2).sum().sqrt())
+    return sum(ratios) / len(ratios)
+
+
+def paper_layer_representations(strategy, hidden_states):
+    """H^1..H^L as the paper defines them: the layer outputs h^l, except Eq. 4's dense H^l = h^l + sum_{i<l} H^i."""
+    outputs = list(hidden_states[1:])
+    if strategy != "dense":
+        return outputs
+    representations = []
+    for output in outputs:
+        representations.append(output + sum(representations, torch.zeros_like(output)))
+    return representations
+
+
+@pytest.mark.parametrize("strategy", ["hierarchical", "dense", "multi_layer_attention", "iterative"])
 def test_diversity_in_model_output_and_loss(strategy, tiny_backbone, padded_batch):
     model = make_model(tiny_backbone, encoder_aggregation=strategy, decoder_aggregation=strategy, diversity_weight=0.7)
     with torch.no_grad():
@@ -426,19 +452,86 @@ def test_diversity_in_model_output_and_loss(strategy, tiny_backbone, padded_batc
         model.config.diversity_weight = 0.0
         plain_ce = model(**padded_batch)
     assert out.encoder_hidden_states is None and out.decoder_hidden_states is None  # not asked for
-    assert plain_ce.layer_diversity is None
-    # h^l: outputs of the backbone layers 1..L of both stacks (hidden state 0 is the embedding output)
-    expected = (
-        brute_force_diversity(hidden.encoder_hidden_states[1:], padded_batch["attention_mask"])
-        + brute_force_diversity(hidden.decoder_hidden_states[1:], padded_batch["labels"].ne(-100))
-    ) / 2
+    assert plain_ce.layer_diversity is None and plain_ce.memory_spread is None  # evaluation with lambda = 0
+    source_mask, target_mask = padded_batch["attention_mask"], padded_batch["labels"].ne(-100)
+    encoder_states = paper_layer_representations(strategy, hidden.encoder_hidden_states)
+    decoder_states = paper_layer_representations(strategy, hidden.decoder_hidden_states)
+    if strategy == "dense":  # the H^L written out here is the stack's top state, the memory
+        torch.testing.assert_close(hidden.encoder_last_hidden_state, encoder_states[-1], atol=1e-5, rtol=1e-5)
+    encoder = brute_force_diversity(encoder_states, source_mask)
+    decoder = brute_force_diversity(decoder_states, target_mask)
+    torch.testing.assert_close(out.encoder_layer_diversity, encoder, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.decoder_layer_diversity, decoder, atol=1e-5, rtol=0)
+    expected = (encoder + decoder) / 2  # D: the mean of the two stacks' Eq. 10
     assert 0.01 < out.layer_diversity.item() < 1
     torch.testing.assert_close(out.layer_diversity, expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(out.loss, plain_ce.loss - 0.7 * expected, atol=1e-5, rtol=0)  # Eq. 9
+    torch.testing.assert_close(
+        out.memory_spread, brute_force_spread(hidden.encoder_last_hidden_state, source_mask), atol=1e-5, rtol=0
+    )
+    if strategy == "dense":  # Eq. 4's sums, not the layer outputs Layer(H^{l-1}) they add up
+        layer_outputs = brute_force_diversity(hidden.encoder_hidden_states[1:], source_mask)
+        assert abs(out.encoder_layer_diversity - layer_outputs) > 0.05
+
+
+def test_collapsed_states_have_diversity_one_and_no_spread():
+    """The collapse's signature: constant, mutually orthogonal layers give D = 1 and spread 0."""
+    basis = torch.eye(4)
+    layers = [basis[l].expand(2, 3, 4) for l in range(3)]  # every position of layer l holds e_l
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert layer_diversity(layers, mask).item() == pytest.approx(1.0)
+    assert position_spread(layers[-1], mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert position_spread(torch.randn(2, 3, 4), mask).item() > 0.3
+
+
+def test_position_spread_zero_for_constant_positions_and_ignores_padding():
+    constant = torch.tensor([1.0, 2.0, -1.0]).expand(2, 4, 3).clone()
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    assert position_spread(constant, mask).item() == pytest.approx(0.0, abs=1e-7)
+    states = constant.clone()
+    states[1, 2:] = 100.0  # padding: must not count
+    states[0, 0] = torch.tensor([3.0, 2.0, -1.0])  # sentence 0: one position differs by 2 in dimension 0
+    # brute force for sentence 0: mean of dim 0 = 1.5, deviations (1.5, -0.5, -0.5, -0.5)
+    expected = (torch.tensor([1.5, -0.5, -0.5, -0.5]).norm() / states[0].norm()).item() / 2  # sentence 1: 0
+    assert position_spread(states, mask).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_fresh_config_trains_without_the_term_and_logs_it(tiny_backbone, padded_batch):
+    """diversity_weight defaults to 0: a fresh model's loss is the cross entropy; training-mode passes still measure
+    D and the memory's spread (without gradient), evaluation passes do not."""
+    config = DeepRepresentationsConfig(**{**tiny_backbone, "encoder_layers": 4, "decoder_layers": 4})
+    assert config.diversity_weight == 0.0
+    model = DeepRepresentationsForConditionalGeneration(config)
+    with torch.no_grad():
+        evaluation = model.eval()(**padded_batch)
+    training = model.train()(**padded_batch)
+    assert all(getattr(evaluation, key) is None for key in DIVERSITY_DIAGNOSTICS)
+    torch.testing.assert_close(training.loss, evaluation.loss)  # no dropout: the same cross entropy
+    assert training.encoder_hidden_states is None  # not asked for
+    for key in DIVERSITY_DIAGNOSTICS:
+        value = getattr(training, key)
+        assert value.dim() == 0 and torch.isfinite(value) and not value.requires_grad, key
+    # one-layer stacks have no adjacent layers: nothing is measured (Eq. 10 would be empty)
+    shallow = DeepRepresentationsForConditionalGeneration(
+        DeepRepresentationsConfig(**{**tiny_backbone, "encoder_layers": 1, "decoder_layers": 1}, **OFF)
+    ).train()
+    assert shallow(**padded_batch).layer_diversity is None
+
+
+def test_saved_lambda_loads_back_and_a_plain_checkpoint_gets_zero(tiny_backbone, tmp_path):
+    """A checkpoint trained with lambda = 1 (the default before 0.0) keeps it: config.json holds every family key.
+    A plain Transformer checkpoint loaded as deep representations gets the default 0 unless the recipe sets it."""
+    model = make_model(tiny_backbone, diversity_weight=1.0)
+    model.save_pretrained(tmp_path / "deep")
+    assert json.loads((tmp_path / "deep" / "config.json").read_text())["diversity_weight"] == 1.0
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "deep").config.diversity_weight == 1.0
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    plain.save_pretrained(tmp_path / "plain")
+    assert DeepRepresentationsForConditionalGeneration.from_pretrained(tmp_path / "plain").config.diversity_weight == 0
 
 
 def test_optimiser_step_on_diversity_raises_it(tiny_backbone, padded_batch):
-    model = make_model(tiny_backbone).train()
+    model = make_model(tiny_backbone, diversity_weight=1.0).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     before = model(**padded_batch).layer_diversity
     (-before).backward()
@@ -449,7 +542,7 @@ def test_optimiser_step_on_diversity_raises_it(tiny_backbone, padded_batch):
 
 
 def test_diversity_needs_encoder_layers(tiny_backbone, padded_batch):
-    model = make_model(tiny_backbone)
+    model = make_model(tiny_backbone, diversity_weight=1.0)
     with torch.no_grad():
         encoder_outputs = model.get_encoder()(input_ids=padded_batch["input_ids"],
                                               attention_mask=padded_batch["attention_mask"])
@@ -461,7 +554,7 @@ def test_diversity_needs_encoder_layers(tiny_backbone, padded_batch):
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
     model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention",
-                       decoder_aggregation="hierarchical").train()
+                       decoder_aggregation="hierarchical", diversity_weight=1.0).train()
 
     def gradients():
         model.zero_grad()
@@ -539,19 +632,51 @@ def test_bad_config_raises(overrides, message, tiny_backbone):
         DeepRepresentationsConfig(**{**tiny_backbone, "encoder_layers": 4, **overrides})
 
 
-def test_trainer_step_logs_layer_diversity(tiny_backbone, padded_batch, tmp_path):
+def one_step_trainer(model, padded_batch, output_dir):
     from datasets import Dataset
 
-    model = make_model(tiny_backbone).train()
     rows = [{key: value[i].tolist() for key, value in padded_batch.items()} for i in range(3)]
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=3,
+    args = Seq2SeqTrainingArguments(output_dir=str(output_dir), max_steps=1, per_device_train_batch_size=3,
                                     logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
                                     learning_rate=1e-3)
-    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                        data_collator=lambda features: {k: torch.tensor([f[k] for f in features])
-                                                                        for k in features[0]})
+    return LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                     data_collator=lambda features: {k: torch.tensor([f[k] for f in features])
+                                                                     for k in features[0]})
+
+
+@pytest.mark.parametrize("diversity_weight", [1.0, 0.0])
+def test_trainer_step_logs_each_stacks_diversity_and_the_memory_spread(diversity_weight, tiny_backbone,
+                                                                       padded_batch, tmp_path):
+    model = make_model(tiny_backbone, encoder_aggregation="dense", diversity_weight=diversity_weight).train()
+    trainer = one_step_trainer(model, padded_batch, tmp_path)
     with torch.no_grad():
-        expected = model(**padded_batch).layer_diversity.item()
+        hidden = model(**padded_batch, output_hidden_states=True)
+    encoder = brute_force_diversity(paper_layer_representations("dense", hidden.encoder_hidden_states),
+                                    padded_batch["attention_mask"])
+    decoder = brute_force_diversity(paper_layer_representations("hierarchical", hidden.decoder_hidden_states),
+                                    padded_batch["labels"].ne(-100))
+    expected = {
+        "encoder_layer_diversity": encoder, "decoder_layer_diversity": decoder,
+        "layer_diversity": (encoder + decoder) / 2,
+        "memory_spread": brute_force_spread(hidden.encoder_last_hidden_state, padded_batch["attention_mask"]),
+    }
     trainer.train()
-    logged = [log for log in trainer.state.log_history if "layer_diversity" in log]
-    assert len(logged) == 1 and logged[0]["layer_diversity"] == pytest.approx(expected, abs=1e-5)
+    (logged,) = [log for log in trainer.state.log_history if "loss" in log and "train_runtime" not in log]
+    for key, value in expected.items():
+        assert logged[key] == pytest.approx(float(value), abs=1e-5), key
+
+
+def test_trainer_warns_when_the_memory_collapses(tiny_backbone, padded_batch, tmp_path, caplog):
+    """A memory that is the same vector at every source position (here: the top hierarchical node's LayerNorm with
+    gain 0) is logged with spread 0 and warned about."""
+    model = make_model(tiny_backbone, diversity_weight=1.0).train()
+    top_node = model.model.encoder.connection.nodes[-1]
+    with torch.no_grad():
+        top_node.layer_norm.weight.zero_()
+        top_node.layer_norm.bias.fill_(0.5)
+    trainer = one_step_trainer(model, padded_batch, tmp_path)
+    with caplog.at_level("WARNING", logger="hf_layerfusion.trainer"):
+        trainer.train()
+    (logged,) = [log for log in trainer.state.log_history if "memory_spread" in log]
+    assert logged["memory_spread"] == pytest.approx(0.0, abs=1e-6)
+    assert "memory_spread 0.000 at step 1" in caplog.text and "fine-tune a trained model" in caplog.text

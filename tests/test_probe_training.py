@@ -1,13 +1,12 @@
-"""benchmarks/probe_training.py: the spread measure against a hand computation, argument checks, and a two-step run
-on real Multi30k whose first memory norm must be sqrt(d_model), the unit-gain root LayerNorm's output (a raw FFN root,
-as before RTAL's root LayerNorm, gives about 1/7 of it)."""
+"""benchmarks/probe_training.py: argument checks and a two-step run on real Multi30k whose first memory norm must be
+sqrt(d_model), the unit-gain root LayerNorm's output (a raw FFN root, as before RTAL's root LayerNorm, gives about 1/7
+of it). Its spread measure is `position_spread`, tested in tests/test_deep_representations.py."""
 
 import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from hf_layerfusion import RTALConfig
 from hf_layerfusion.tokenization import train_joint_tokenizer
@@ -16,18 +15,6 @@ PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_training.py"
 spec = importlib.util.spec_from_file_location("probe_training", PROBE)
 probe_training = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(probe_training)
-
-
-def test_spread_zero_for_constant_positions_and_ignores_padding():
-    constant = torch.tensor([1.0, 2.0, -1.0]).expand(2, 4, 3).clone()
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
-    assert probe_training.spread(constant, mask) == pytest.approx(0.0, abs=1e-7)
-    states = constant.clone()
-    states[1, 2:] = 100.0  # padding: must not count
-    states[0, 0] = torch.tensor([3.0, 2.0, -1.0])  # sentence 0: one position differs by 2 in dimension 0
-    # brute force for sentence 0: mean of dim 0 = 1.5, deviations (1.5, -0.5, -0.5, -0.5)
-    expected = (torch.tensor([1.5, -0.5, -0.5, -0.5]).norm() / states[0].norm()).item() / 2  # sentence 1: 0
-    assert probe_training.spread(states, mask) == pytest.approx(expected, rel=1e-6)
 
 
 @pytest.mark.parametrize(

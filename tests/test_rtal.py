@@ -1,6 +1,9 @@
 """RTAL (equations numbered as in shared/papers/rtal.txt) against references written independently here: each
 node function (Eq. 7, Eq. 8, our reading of the lost Eq. 9-10), the tree written recursively, the tree shapes
-spelled out by hand, and the plain backbone / MarianMTModel with aggregation off."""
+spelled out by hand, the root as printed (`root_layer_norm=False`), the paper's pre-norm setting, and the plain
+backbone / MarianMTModel with aggregation off."""
+
+import json
 
 import pytest
 import torch
@@ -18,6 +21,8 @@ from hf_layerfusion import (
     RTALForConditionalGeneration,
     RTALModel,
 )
+from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING
+from hf_layerfusion.presets import BACKBONE_PRESETS
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
 
 FUNCTIONS = ["mean", "concat_ffn", "ewp_ffn"]
@@ -63,9 +68,10 @@ def reference_node_function(function_name, module, x, y):
     return reference_layer_norm(product + transformed, module.layer_norm)  # Eq. 10
 
 
-def reference_tree(tree, function_name, residual, states, first, last, is_root=True):
+def reference_tree(tree, function_name, residual, states, first, last, is_root=True, root_layer_norm=True):
     """The tree over 1-based layers first..last, written recursively: halves, children first, then the node; a
-    non-root node adds s_{first-1} ("block_input") or its two children ("children")."""
+    non-root node adds s_{first-1} ("block_input") or its two children ("children"). `root_layer_norm=False`: the
+    root is Eq. 7 / Eq. 8 / Eq. 10 as printed."""
     if first == last:
         return states[first]
     split = first + (last - first + 1) // 2 - 1
@@ -76,8 +82,8 @@ def reference_tree(tree, function_name, residual, states, first, last, is_root=T
         node = node + states[first - 1]
     if not is_root and residual == "children":
         node = node + left + right
-    if is_root and function_name != "ewp_ffn":  # Eq. 10 ends in LN; the other roots get the tree's own LayerNorm
-        node = reference_layer_norm(node, tree.root_layer_norm)
+    if is_root and root_layer_norm and function_name != "ewp_ffn":
+        node = reference_layer_norm(node, tree.root_layer_norm)  # Eq. 10 ends in LN; the others get their own
     return node
 
 
@@ -190,6 +196,96 @@ def test_root_is_layer_normalised(function_name, tiny_backbone, padded_batch):
         memory = model(**padded_batch).encoder_last_hidden_state  # LayerNorm gains 1, biases 0 at initialisation
     torch.testing.assert_close(memory.mean(-1), torch.zeros(memory.shape[:2]), atol=1e-5, rtol=0)
     torch.testing.assert_close(memory.var(-1, unbiased=False), torch.ones(memory.shape[:2]), atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("residual", ["block_input", "children"])
+@pytest.mark.parametrize("function_name", FUNCTIONS)
+def test_without_root_layer_norm_the_root_is_the_printed_equation(function_name, residual, tiny_backbone,
+                                                                   padded_batch):
+    """`root_layer_norm=False`: the root is Eq. 7 ((x + y) / 2), Eq. 8 (FFN([x; y])) or Eq. 10 exactly as printed,
+    with no LayerNorm of the package's own, and both cross-attention and the output projection read it."""
+    model = build_rtal(tiny_backbone, aggregation_function=function_name, tree_residual=residual,
+                       root_layer_norm=False)
+    for readout in (model.model.encoder.readout, model.model.decoder.readout):
+        assert readout.root_layer_norm is None
+        assert not any("root_layer_norm" in name for name, _ in readout.named_parameters())
+    with torch.no_grad():
+        out = model(**padded_batch, output_hidden_states=True)
+        states = out.encoder_hidden_states
+        root = reference_tree(model.model.encoder.readout, function_name, residual, states, 3, 6,
+                              root_layer_norm=False)
+        # the root node over layers 3..6, spelled out: its children are the nodes over 3..4 and 5..6
+        left = reference_tree(model.model.encoder.readout, function_name, residual, states, 3, 4, is_root=False)
+        right = reference_tree(model.model.encoder.readout, function_name, residual, states, 5, 6, is_root=False)
+        if function_name == "mean":
+            torch.testing.assert_close(root, (left + right) / 2, atol=1e-6, rtol=0)  # Eq. 7
+        torch.testing.assert_close(out.encoder_last_hidden_state, root, atol=1e-5, rtol=1e-5)
+        decoder_root = reference_tree(model.model.decoder.readout, function_name, residual,
+                                      out.decoder_hidden_states, 1, 4, root_layer_norm=False)
+        logits = decoder_root @ model.model.shared.weight.T + model.final_logits_bias
+    torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-5)
+    if function_name != "ewp_ffn":  # the switch changes the model exactly where the package adds a LayerNorm
+        with torch.no_grad():
+            normalised = build_rtal(tiny_backbone, aggregation_function=function_name, tree_residual=residual)
+            assert (normalised(**padded_batch).encoder_last_hidden_state - root).abs().max() > 0.1
+
+
+def test_paper_setting_pre_norm_children_ewp(tiny_backbone, padded_batch):
+    """`from_preset("rtal_paper")`: EWP + FFN nodes, the children residual and pre-norm layers, whose final
+    LayerNorm normalises every leaf; the tree's leaves, residuals and root computed here from the raw layer outputs."""
+    model = build_rtal(tiny_backbone, **RTAL_PAPER_SETTING)
+    assert model.config.normalize_before and model.config.tree_residual == "children"
+    with torch.no_grad():
+        out = model(**padded_batch, output_hidden_states=True)
+
+        def leaves(stack, hidden_states):  # pre-norm: s_1..s_L through the stack's final LayerNorm
+            return [hidden_states[0]] + [reference_layer_norm(h, stack.layer_norm) for h in hidden_states[1:]]
+
+        encoder, decoder = model.model.encoder, model.model.decoder
+        states = leaves(encoder, out.encoder_hidden_states)
+        readout = encoder.readout
+
+        def node(first, last, x, y):  # Eq. 9-10, then the children residual below the root
+            return reference_node_function("ewp_ffn", readout.functions[f"layers_{first}_to_{last}"], x, y)
+
+        left = node(3, 4, states[3], states[4]) + states[3] + states[4]
+        right = node(5, 6, states[5], states[6]) + states[5] + states[6]
+        torch.testing.assert_close(out.encoder_last_hidden_state, node(3, 6, left, right), atol=1e-5, rtol=1e-5)
+        decoder_root = reference_tree(decoder.readout, "ewp_ffn", "children",
+                                      leaves(decoder, out.decoder_hidden_states), 1, 4)
+        logits = decoder_root @ model.model.shared.weight.T + model.final_logits_bias
+    torch.testing.assert_close(out.logits, logits, atol=1e-4, rtol=1e-5)
+
+
+def test_paper_preset():
+    config = RTALConfig.from_preset("rtal_paper")
+    assert (config.aggregation_function, config.tree_residual, config.normalize_before) == ("ewp_ffn", "children",
+                                                                                            True)
+    assert config.encoder_aggregation and config.decoder_aggregation and config.root_layer_norm
+    # Transformer-Base + RTAL (6L): the backbone defaults, the last 4 of 6 layers in each tree
+    assert (config.d_model, config.encoder_layers, config.decoder_layers, config.encoder_ffn_dim,
+            config.encoder_attention_heads) == (512, 6, 6, 2048, 8)
+    assert (config.tree_leaves(is_decoder=False), config.tree_leaves(is_decoder=True)) == (4, 4)
+    small = RTALConfig.from_preset("rtal_paper", **BACKBONE_PRESETS["multi30k"])
+    assert (small.d_model, small.encoder_ffn_dim, small.tree_residual, small.normalize_before) == (256, 1024,
+                                                                                                    "children", True)
+    with pytest.raises(ValueError, match="'rtal_paper'"):
+        PlainTransformerConfig.from_preset("rtal_paper")  # other families do not see it
+
+
+def test_config_without_root_layer_norm_key_keeps_the_root_layer_norm(tiny_backbone, tmp_path):
+    """A checkpoint saved before the switch existed (no `root_layer_norm` in config.json) loads with its root
+    LayerNorm and every weight."""
+    model = build_rtal(tiny_backbone, aggregation_function="concat_ffn")
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    saved = json.loads(config_file.read_text())
+    assert saved.pop("root_layer_norm") is True
+    config_file.write_text(json.dumps(saved))
+    loaded = RTALForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.config.root_layer_norm is True
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
 
 
 def test_residual_readings_differ(tiny_backbone, padded_batch):
@@ -377,6 +473,9 @@ def test_plain_checkpoint_loads_with_fresh_tree(tiny_backbone, tmp_path):
         (dict(aggregation_function="max"), r"aggregation_function.*'max'"),
         (dict(tree_residual="all"), r"tree_residual.*'all'"),
         (dict(aggregation_ffn_dim=0), r"aggregation_ffn_dim.*got 0"),
+        (dict(root_layer_norm="false"), r"root_layer_norm.*True or False.*'false'"),
+        (dict(root_layer_norm=None), r"root_layer_norm.*True or False.*None"),
+        (dict(root_layer_norm=0), r"root_layer_norm.*True or False.*0"),
     ],
 )
 def test_bad_config_raises(overrides, message, tiny_backbone):

@@ -28,26 +28,30 @@ nodes per stack, +31.5M; hierarchical: one two-input and two three-input nodes p
 attention, k = 2: +33.6M, k = 3: +37.8M, see below).
 
 Layer diversity (Sec. 3.2, Eq. 9-10): `D = 1/(L-1) sum_{l=1}^{L-1} 1/N sum_n (1 - cos^2(h^l_n, h^{l+1}_n))`, and
-the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity; lambda = `diversity_weight`,
-1.0 as in the paper). D is returned as `layer_diversity` in the output and logged by
-`hf_layerfusion.LayerFusionSeq2SeqTrainer`. The paper trains with it starting from a trained model ("the parameters
-of the proposed models were initialized by the pre-trained model", Sec. 4.1):
-`DeepRepresentationsForConditionalGeneration.from_pretrained(plain_checkpoint, diversity_weight=1.0)` (the
-backbone loads, the aggregation starts fresh). Do not train it from scratch, and watch it even then: D has a
-degenerate maximum, every layer's output a constant vector orthogonal to its neighbours' (1 - cos^2 = 1 at every
-position, whatever the input). Measured on Multi30k with `benchmarks/probe_training.py --model_type
-deep_representations --config '{"diversity_weight": 1.0}'` (`multi30k` preset, hierarchical aggregation in both
-stacks, lr 1e-3):
-- from scratch, lambda = 1: the spread of the top encoder layer's states across positions fell from 0.68 to 0.03
-  within 50 steps and a wrong source left the validation loss unchanged; after 1,000 steps
-  (`benchmarks/bench_multi30k.py`, README) every test sentence got the same translation (BLEU 2.2);
-- from scratch, lambda = 0: the spread dips to 0.18 at step 50 and recovers to 0.78 by step 150, like the plain
-  Transformer's (0.20, 0.84), and a wrong source raises the validation loss (5.60 vs 5.56);
-- from the plain Transformer of `bench_multi30k.py` (1,000 steps, `--init_from`), lambda = 1: after 150 steps the
-  memory is informative (spread 0.91; validation loss 2.32 with the right source, 4.70 with a wrong one) but the
-  even encoder layers, whose outputs only feed AGG nodes, head to constants (spread of layers 2, 4, 6:
-  0.92 -> 0.33, 0.91 -> 0.12, 0.93 -> 0.35). Whether that costs BLEU is not measured.
-Log D and check translations.
+the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity; lambda = `diversity_weight`).
+
+**The diversity term fine-tunes a trained model; it is off (lambda = 0) in a freshly built config.** The paper sets
+lambda = 1.0 and always starts from a trained model ("the parameters of the proposed models were initialized by the
+pre-trained model", Sec. 4.1). D has a degenerate maximum, every layer's output a constant vector orthogonal to its
+neighbours' (1 - cos^2 = 1 at every position, whatever the input), and a model trained from random initialisation
+with lambda = 1 (or 0.1) falls into it within ~50 steps and stops reading the source (docs/deep_representations.md).
+So `diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 when it loads a trained model:
+
+    model = DeepRepresentationsForConditionalGeneration.from_pretrained(
+        trained_checkpoint, encoder_aggregation="hierarchical", decoder_aggregation="hierarchical",
+        diversity_weight=1.0)   # a plain Transformer checkpoint: the backbone loads, the AGG nodes start fresh
+
+(`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations
+--config_overrides "diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed
+keeps its lambda: transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back.
+Even from a trained model the term pushed the layers that only feed AGG nodes towards constants in a Multi30k
+probe, so training never runs blind: in every training forward pass with `labels` (and in every pass with `labels`
+when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their
+mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source
+positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between
+two logs and warns once the memory's spread falls below `hf_layerfusion.trainer.COLLAPSE_SPREAD`. The collapse's
+signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the cross
+entropy).
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
@@ -68,15 +72,19 @@ Choices where the paper is ambiguous (all tested in tests/test_deep_representati
   `self_attn` (so Marian weights load into it); the queries of every attention come from layer l's input through
   that attention's own projection. Pre-norm models give each extra attended state its own LayerNorm, as the
   layer's own input gets one. `output_attentions` returns the weights of the attention over layer l-1.
-- **diversity states**: h^l is the output of backbone layer l (what HF returns as hidden state l), l = 1..L, of
-  *both* stacks, and D is the mean of the encoder's and the decoder's Eq. 10. For iterative, hierarchical and
-  multi-layer attention (the paper's rows 8-10) that is exactly the paper's H^l (the layers, not the aggregation
-  nodes Ĥ); for the dense connection it is `Layer(H^{l-1})`, before Eq. 4 adds the lower layers (adjacent sums of
-  the same terms would be similar by construction). N runs over the non-pad positions: source positions with
-  `attention_mask = 1`, target positions whose label is not -100; the mean is over all such positions of the
-  batch (token-weighted, like the cross entropy). D is computed in every forward pass with `labels` when
-  `diversity_weight > 0`, in evaluation too (an evaluation `loss` is then the training objective `CE - lambda * D`,
-  not the cross entropy alone); generation never computes it.
+- **diversity states**: h^l is the paper's layer representation H^l, l = 1..L, of *both* stacks: the output of
+  backbone layer l (what HF returns as hidden state l) for iterative, hierarchical and multi-layer attention (the
+  paper's rows 8-10; the layers, not the aggregation nodes Ĥ), and for the dense connection Eq. 4's
+  `H^l = Layer(H^{l-1}) + sum_{i<l} H^i`, what the next layer receives (`layer_representations`; the paper never
+  combines the two). N runs over the non-pad positions: source positions with `attention_mask = 1`, target
+  positions whose label is not -100; the mean is over all such positions of the batch (token-weighted, like the
+  cross entropy).
+- **two stacks, one D**: the paper writes one Eq. 10 over "the layers" and applies it with both stacks aggregated
+  without saying how the two terms combine; D (`layer_diversity`, weighted by lambda) is the plain mean of the
+  encoder's and the decoder's Eq. 10, each reported too.
+- **when D is computed**: in every forward pass with `labels` when `diversity_weight > 0`, in evaluation too (an
+  evaluation `loss` is then the training objective `CE - lambda * D`, not the cross entropy alone), and in every
+  training-mode pass with `labels` for the logs; generation never computes it.
 - "aggregation off" is `encoder_aggregation = decoder_aggregation = "none"` with `diversity_weight = 0`: exactly
   the plain backbone (and `MarianMTModel` through `from_marian`).
 """
@@ -111,6 +119,8 @@ from ..modeling_backbone import (
 AGGREGATIONS = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 AGGREGATION_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": F.relu}
 AGGREGATION_RESIDUALS = ("none", "top", "all")
+# what the output carries besides the loss when D is computed (see the module docstring)
+DIVERSITY_DIAGNOSTICS = ("layer_diversity", "encoder_layer_diversity", "decoder_layer_diversity", "memory_spread")
 
 
 @strict
@@ -129,17 +139,22 @@ class DeepRepresentationsConfig(LayerFusionConfig):
         multi_layer_attention_k: k of Eq. 8, the number of layers below that each self-attention queries (the paper
             tries 2 and 3); layers 1..k keep the plain self-attention. Must be smaller than the number of layers of
             a stack that uses it.
-        diversity_weight: lambda of Eq. 9; the loss is `CE - lambda * D` (D of Eq. 10). 0 switches the term off.
+        diversity_weight: lambda of Eq. 9; the loss is `CE - lambda * D` (D of Eq. 10). Default 0.0, the term
+            off: it is for fine-tuning a trained model, with the paper's lambda = 1.0 set when loading one
+            (`DeepRepresentationsForConditionalGeneration.from_pretrained(checkpoint, diversity_weight=1.0)`); from
+            random weights it collapses training (see the module docstring).
     """
 
     model_type = "deep_representations"
+    # training diagnostics of the output, scalars: not part of the predictions the Trainer gathers in evaluation
+    keys_to_ignore_at_inference = ["past_key_values", *DIVERSITY_DIAGNOSTICS]
 
     encoder_aggregation: str = "hierarchical"
     decoder_aggregation: str = "hierarchical"
     aggregation_activation: str = "sigmoid"
     aggregation_residual: str = "all"
     multi_layer_attention_k: int = 2
-    diversity_weight: float | int = 1.0
+    diversity_weight: float | int = 0.0
 
     def check_consistency(self) -> None:
         super().check_consistency()
@@ -395,12 +410,38 @@ def layer_diversity(layer_states: Sequence[torch.Tensor], mask: torch.Tensor | N
     return distance[mask].sum() / mask.sum().clamp(min=1)
 
 
+def layer_representations(connection: nn.Module | None, hidden_states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """H^1..H^L, the layer representations Eq. 10 compares, from a stack's hidden states `[H^0, h^1 .. h^L]` (h^l
+    the output of backbone layer l): h^l itself, except under the dense connection, whose H^l is Eq. 4's
+    `h^l + sum_{i<l} H^i` (replayed with the stack's own connection)."""
+    if not isinstance(connection, DenseConnection):
+        return list(hidden_states[1:])
+    states = [hidden_states[0]]
+    for layer_idx, output in enumerate(hidden_states[1:], start=1):
+        states.append(connection(layer_idx, output, states))
+    return states[1:]
+
+
+def position_spread(states: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """`||X - mean_positions(X)|| / ||X||` over each sentence's real positions (`mask`, (batch, length); all when
+    None), averaged over the sentences: 0 when every position holds the same vector (a collapsed memory)."""
+    states = states.float()
+    mask = (states.new_ones(states.shape[:2]) if mask is None else mask.to(states.dtype)).unsqueeze(-1)
+    mean = (states * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True)
+    return (((states - mean) * mask).norm(dim=(1, 2)) / (states * mask).norm(dim=(1, 2))).mean()
+
+
 @dataclass
 class DeepRepresentationsSeq2SeqLMOutput(LayerFusionSeq2SeqLMOutput):
-    """`LayerFusionSeq2SeqLMOutput` plus `layer_diversity`, D of Eq. 10 (mean of the encoder's and the decoder's),
-    in forward passes with `labels` and `diversity_weight > 0`; `loss` is then `CE - diversity_weight * D`."""
+    """`LayerFusionSeq2SeqLMOutput` plus, in forward passes with `labels` in training mode or with
+    `diversity_weight > 0`: `encoder_layer_diversity` and `decoder_layer_diversity`, each stack's Eq. 10;
+    `layer_diversity`, D of Eq. 9, their mean (`loss` is `CE - diversity_weight * D`); `memory_spread`, the
+    `position_spread` of the cross-attention memory over the real source positions."""
 
     layer_diversity: torch.Tensor | None = None
+    encoder_layer_diversity: torch.Tensor | None = None
+    decoder_layer_diversity: torch.Tensor | None = None
+    memory_spread: torch.Tensor | None = None
 
 
 # --------------------------------------------------------------------------------------------------- models
@@ -454,7 +495,8 @@ class DeepRepresentationsModel(LayerFusionModel):
 
 class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """Deep representations with the layer-diversity objective (Eq. 9): with `labels` and `diversity_weight > 0`,
-    `loss = CE - diversity_weight * D` and `layer_diversity = D`."""
+    `loss = CE - diversity_weight * D`; D, each stack's term and the memory's spread are in the output (see
+    `DeepRepresentationsSeq2SeqLMOutput`)."""
 
     config_class = DeepRepresentationsConfig
     model_class = DeepRepresentationsModel
@@ -478,8 +520,12 @@ class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGener
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> DeepRepresentationsSeq2SeqLMOutput:
-        r"""`LayerFusionForConditionalGeneration.forward`, plus the diversity term of Eq. 9 when `labels` are given."""
-        with_diversity = labels is not None and self.config.diversity_weight > 0
+        r"""`LayerFusionForConditionalGeneration.forward`, plus the diversity term of Eq. 9 when `labels` are given
+        (and the diagnostics of `DeepRepresentationsSeq2SeqLMOutput`)."""
+        weight = self.config.diversity_weight
+        # Eq. 10 needs two layers per stack (the config refuses weight > 0 with fewer)
+        logged = self.training and min(self.config.encoder_layers, self.config.decoder_layers) >= 2
+        with_diversity = labels is not None and (weight > 0 or logged)
         hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
         if with_diversity:
             kwargs["output_hidden_states"] = True  # the layer outputs h^l of both stacks
@@ -502,19 +548,35 @@ class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGener
         )
         fields = dict(outputs)
         if with_diversity:
-            if not outputs.encoder_hidden_states:
+            if outputs.encoder_hidden_states:
+                # lambda = 0: measured for the logs only, without gradient
+                with torch.set_grad_enabled(torch.is_grad_enabled() and weight > 0):
+                    fields.update(self.diversity_diagnostics(outputs, attention_mask, labels))
+                if weight > 0:
+                    fields["loss"] = outputs.loss - weight * fields["layer_diversity"]  # Eq. 9
+            elif weight > 0:
                 raise ValueError(
                     "Layer diversity (Eq. 10) needs the encoder's layer outputs: pass `input_ids` with the labels, or "
                     "`encoder_outputs` computed with `output_hidden_states=True` (or set diversity_weight=0)."
                 )
-            # hidden state 0 is the embedding output; 1..L are the layers' outputs h^1..h^L
-            diversity = (
-                layer_diversity(outputs.encoder_hidden_states[1:], attention_mask)
-                + layer_diversity(outputs.decoder_hidden_states[1:], labels.ne(-100))
-            ) / 2
-            fields["loss"] = outputs.loss - self.config.diversity_weight * diversity  # Eq. 9
-            fields["layer_diversity"] = diversity
             if not hidden_states_requested:
-                fields.pop("encoder_hidden_states")
-                fields.pop("decoder_hidden_states")
+                fields.pop("encoder_hidden_states", None)
+                fields.pop("decoder_hidden_states", None)
         return DeepRepresentationsSeq2SeqLMOutput(**fields)
+
+    def diversity_diagnostics(
+        self, outputs: LayerFusionSeq2SeqLMOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Each stack's Eq. 10 over its layer representations, their mean D, and the memory's spread."""
+        encoder = layer_diversity(
+            layer_representations(self.model.encoder.connection, outputs.encoder_hidden_states), attention_mask
+        )
+        decoder = layer_diversity(
+            layer_representations(self.model.decoder.connection, outputs.decoder_hidden_states), labels.ne(-100)
+        )
+        return {
+            "layer_diversity": (encoder + decoder) / 2,
+            "encoder_layer_diversity": encoder,
+            "decoder_layer_diversity": decoder,
+            "memory_spread": position_spread(outputs.encoder_last_hidden_state, attention_mask),
+        }

@@ -21,34 +21,36 @@ Aggregation functions (Sec. 4.2, Table 4), one instance with its own parameters 
   trainable scalar scale γ (initialised to 1, so that at the start Eq. 10 is a standard post-norm residual FFN
   block over the product); the residual is the one inside the formula, around the FFN.
 
-Choices where the paper is silent (tested in tests/test_rtal.py):
+**The paper's setting** (`RTALConfig.from_preset("rtal_paper")`, `RTAL_PAPER_SETTING`): EWP + FFN nodes (Table 4's
+best row), the `children` residual (the most direct reading of Sec. 4.1, below), trees in both stacks (Table 3's
+"+both") and pre-norm layers: the paper trained "on the tensor2tensor" with its suggested configuration (Sec.
+5.1.2), and tensor2tensor's `transformer_base` normalises before each sub-layer and after each stack. At the
+backbone's default size that is the paper's Transformer-Base + RTAL (6L); `from_preset("rtal_paper",
+**BACKBONE_PRESETS["multi30k"])` gives other sizes. The package's defaults differ in two places, kept so that
+existing checkpoints load unchanged: post-norm (GTrans and Dou et al. train post-norm Transformers) and the
+`block_input` residual.
+
+Choices where the paper is silent (tested in tests/test_rtal.py; measurements in docs/rtal.md):
 - **tree**: leaves are the top `tree_leaves` layers L-n+1 .. L (default 2^floor(log2 L): the last 4 of 6, as in
   the paper); a node over layers a..b splits them in halves a..m, m+1..b. With 6 layers and 4 leaves: post-order
   (3,4), (5,6), root (3..6).
-- **residual** ("when generating child nodes, except the last node"): a node over layers a..b that is not the
-  root adds `s_{a-1}`, the state entering layer a (`tree_residual="block_input"`, default): the sub-tree acts as
-  a residual block around layers a..b in the sense of He et al. 2016, whose input it adds to its output. It gives
-  the node information its leaves do not carry (the paper's "extra information for generating child nodes"),
-  brings the layers below the leaves into the tree (layer 2 for the 4-of-6 tree; the embeddings when the leaves
-  start at layer 1), and leaves the root, i.e. what cross-attention and the output projection read,
-  un-shifted (for `ewp_ffn` still layer-normalised). `tree_residual="children"` adds the node's two inputs instead
-  (`AGG(x, y) + x + y`, the residual of Dou et al.'s AGG), `"none"` drops the residual (an ablation).
-- **root normalisation**: the root replaces the top layer, and every reader of the top layer (cross-attention, the
-  output projection) receives it layer-normalised: in post-norm stacks the top layer ends in a LayerNorm, in
-  pre-norm stacks (the paper's tensor2tensor Transformer) the stack's final LayerNorm follows it. `ewp_ffn`'s Eq. 10
-  ends in LN already; for `mean` and `concat_ffn` the root passes through a LayerNorm of its own (2d parameters per
-  tree). Without it the `concat_ffn` root is a raw FFN output, at initialisation 1/7 of a normalised state's norm
-  (2.37 vs 16 at d = 256) and unbounded afterwards. Measured with `benchmarks/probe_training.py --model_type rtal
-  --config '{"aggregation_function": "concat_ffn"}'` (Multi30k, `multi30k` preset, lr 1e-3): without the root
-  LayerNorm (commit 07495b3) the spread of the top encoder layer's states across positions fell from 0.67 to 0.03
-  within 50 steps and a wrong source left the validation loss unchanged; after 1,000 steps every test sentence got
-  the same translation (BLEU 2.6, `benchmarks/bench_multi30k.py`). With it the spread stays at 0.47-0.74 and a
-  wrong source raises the validation loss from step 100 on (5.36 vs 5.43 at step 150); after 1,000 steps RTAL
-  translates (21.31 test BLEU) but trails the plain Transformer by 10.4 BLEU. Probed for 400 steps (README table),
-  both trees slow early training (validation loss 4.26 with the decoder tree alone, 4.46 with both, 4.08 plain) and
-  encoder layers 5-6 of the 4-of-6 tree lose their spread across positions (0.42 / 0.10): beside the residual
-  `s_4` the tree reaches them only through a node FFN. `tree_residual="children"` keeps them more alive (0.80 /
-  0.47 with `ewp_ffn`), helps `ewp_ffn` (4.30 vs 4.39) and hurts `concat_ffn` (4.62); it closes neither gap.
+- **residual** ("In the process of generating child nodes, the residual connection is also used except for the
+  last node"): `tree_residual="children"`, the paper's most direct reading, adds the node's own two inputs
+  (`AGG(x, y) + x + y`, as Dou et al.'s AGG does). `"block_input"` (default; this package's reading) makes a
+  node over layers a..b that is not the root add `s_{a-1}`, the state entering layer a: the sub-tree acts as a
+  residual block around layers a..b in the sense of He et al. 2016, whose input it adds to its output, and brings
+  the layers below the leaves into the tree (layer 2 for the 4-of-6 tree; the embeddings when the leaves start at
+  layer 1). `"none"` drops the residual (an ablation). The root never gets one, so what cross-attention and the
+  output projection read is not shifted.
+- **root normalisation** (`root_layer_norm`, default True): the root replaces the top layer, and every reader of
+  the top layer (cross-attention, the output projection) receives it layer-normalised: in post-norm stacks the top
+  layer ends in a LayerNorm, in pre-norm stacks the stack's final LayerNorm follows it (and normalises every leaf,
+  see `LayerStack.readout_states`). `ewp_ffn`'s Eq. 10 ends in LN already; for `mean` and `concat_ffn` the root
+  passes through a LayerNorm of its own (2d parameters per tree). Without it the `concat_ffn` root is a raw FFN
+  output, 1/7 of a normalised state's norm at initialisation and unbounded afterwards, and a post-norm model
+  collapsed on Multi30k (docs/rtal.md). `root_layer_norm=False` gives Eq. 7 / Eq. 8 exactly as printed at the
+  root (no effect on `ewp_ffn`, whose LN is part of Eq. 10). A saved config without the key gets True, the
+  behaviour of the checkpoints saved before the switch existed.
 - **FFN size**: `aggregation_ffn_dim` defaults to 2 * d_model. The paper's Table 1 gives +8M parameters for
   RTAL(6L)-Base over Transformer-Base, i.e. about 1.3M per node for 6 nodes at d = 512, the size of a
   512 -> ~1024-1300 -> 512 FFN.
@@ -76,9 +78,12 @@ from ..modeling_backbone import (
     TopLayerDecoderReadout,
     TopLayerEncoderReadout,
 )
+from ..validation import check_bool
 
 AGGREGATION_FUNCTIONS = ("mean", "concat_ffn", "ewp_ffn")
 TREE_RESIDUALS = ("block_input", "children", "none")
+# the paper's setting (see the module docstring): `RTALConfig.from_preset("rtal_paper")`
+RTAL_PAPER_SETTING = dict(aggregation_function="ewp_ffn", tree_residual="children", normalize_before=True)
 
 
 def default_tree_leaves(num_layers: int) -> int:
@@ -100,12 +105,21 @@ class RTALConfig(LayerFusionConfig):
         encoder_tree_leaves, decoder_tree_leaves: number of top layers the tree aggregates, a power of two in
             [2, layers]; `None` = 2^floor(log2 layers). Ignored (but still checked to be a power of two) for a
             stack whose aggregation is off.
-        tree_residual: the residual of every non-root node: `"block_input"` (default; the state entering the
-            node's first layer), `"children"` (its two inputs) or `"none"`. See the module docstring.
+        tree_residual: the residual of every non-root node: `"block_input"` (default, this package's reading; the
+            state entering the node's first layer), `"children"` (the paper's most direct reading; its two inputs)
+            or `"none"`. See the module docstring.
+        root_layer_norm: pass a `mean` / `concat_ffn` root through a LayerNorm of its own, as the top layer it
+            replaces is normalised (default True); False computes the root by Eq. 7 / Eq. 8 exactly as printed.
+            No effect on `ewp_ffn`, whose Eq. 10 ends in LN.
         aggregation_ffn_dim: inner size of the FFN of Eq. 8 and Eq. 10; `None` = 2 * d_model.
+
+    `RTALConfig.from_preset("rtal_paper")` is the paper's setting (`RTAL_PAPER_SETTING`: EWP + FFN nodes, the
+    `children` residual, pre-norm) at the backbone's default Transformer-Base size; other sizes are keyword
+    overrides, e.g. `RTALConfig.from_preset("rtal_paper", **BACKBONE_PRESETS["multi30k"])`.
     """
 
     model_type = "rtal"
+    family_presets = {"rtal_paper": RTAL_PAPER_SETTING}
 
     encoder_aggregation: bool = True
     decoder_aggregation: bool = True
@@ -113,10 +127,12 @@ class RTALConfig(LayerFusionConfig):
     encoder_tree_leaves: int | None = None
     decoder_tree_leaves: int | None = None
     tree_residual: str = "block_input"
+    root_layer_norm: bool = True
     aggregation_ffn_dim: int | None = None
 
     def check_consistency(self) -> None:
         super().check_consistency()
+        check_bool(self.root_layer_norm, "root_layer_norm")
         if self.aggregation_function not in AGGREGATION_FUNCTIONS:
             raise ValueError(
                 f"Unknown `aggregation_function` {self.aggregation_function!r}; choose one of {AGGREGATION_FUNCTIONS}."
@@ -247,7 +263,9 @@ class ResidualTreeAggregation(nn.Module):
         # the root replaces the top layer, whose readers receive it layer-normalised (see the module docstring)
         root_function = self.functions[self.nodes[-1].name]
         self.root_layer_norm = (
-            None if root_function.output_is_normalized else nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            if config.root_layer_norm and not root_function.output_is_normalized
+            else None
         )
 
     def fusion_weights(self) -> dict[str, torch.Tensor]:
