@@ -10,7 +10,8 @@ Start it first whenever you work on the project, and commit the new ledger files
 Each run is `bench_multi30k.py --run_only` of one arm and seed, steps-matched, in a subprocess that runs the code of
 the commit at HEAD when the run starts, exported into `runs/study/code/<commit>` (so that editing the working tree
 cannot change a run midway, and the ledger's commit is the code that ran; uncommitted changes are not part of a
-run). Every run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
+run). Finished runs stay in `runs/study/runs/` whatever commit made them (fine-tuning arms start from them); an
+unfinished run dir left by another commit is discarded and its run starts over. Every run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
 deterministic, so a retrained one would make new runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run
 interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
 commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine
@@ -20,8 +21,11 @@ CPU threads); the ledger records the device.
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
 2. Deep post-norm, GTrans Table VIII's claim: `plain_transformer_24x18` vs `gtrans_24x18`, one seed, 1,000 steps.
-3. Each other family in its paper's setting against the plain 6 + 6 model of priority 1 (seed 1 of each first,
-   then seeds 2-3): Re-Transformer-2 and -4, deep representations' hierarchical aggregation from scratch.
+3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3): Re-Transformer-2 and -4 and
+   deep representations' hierarchical aggregation from scratch against the plain 6 + 6 model of priority 1; RTAL
+   as its paper ran it (EWP + FFN, children residual, pre-norm) against the pre-norm plain model; deep
+   representations' recipe (the plain run fine-tuned with hierarchical aggregation and lambda = 1 for 2,000 more
+   steps) against the plain run continued for as many steps.
 4. GTrans' paper-silent choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6
    shape.
 """
@@ -67,7 +71,9 @@ def study_queue() -> list[StudyRun]:
     # priority 2: deep post-norm; a shorter warm-up so that the learning rate peaks inside the budget
     queue += [StudyRun(arm, 1, max_steps=1000, warmup_steps=400)
               for arm in ("plain_transformer_24x18", "gtrans_24x18")]
-    other_families = ("re_transformer_2", "re_transformer_4", "deep_representations_no_diversity")
+    other_families = ("re_transformer_2", "re_transformer_4", "deep_representations_no_diversity",
+                      "plain_transformer_prenorm", "rtal_paper", "plain_transformer_continued",
+                      "deep_representations_paper")
     for seeds in ((1,), (2, 3)):  # priority 3: seed 1 of every family first
         queue += [StudyRun(arm, seed, **standard) for seed in seeds for arm in other_families]
     study_arms = ("plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
@@ -99,13 +105,32 @@ def code_snapshot(commit: str) -> Path:
     return snapshot
 
 
-def run_command(run: StudyRun, snapshot: Path, commit: str, args) -> list[str]:
-    output_dir = WORK_DIR / "runs" / commit[:12] / f"steps_{run.max_steps}_warmup_{run.warmup_steps}"
+def output_dir(run: StudyRun) -> Path:
+    """bench_multi30k.py's --output_dir of a run: one per budget (it refuses other settings in the same dir)."""
+    return WORK_DIR / "runs" / f"steps_{run.max_steps}_warmup_{run.warmup_steps}"
+
+
+def discard_stale_run(run: StudyRun, commit: str) -> None:
+    """An unfinished run dir of another commit would resume with other code: start that run over. Finished runs
+    (bench_results.json written) are kept whatever their commit: their ledger entry records it."""
+    run_dir = output_dir(run) / run.arm / f"seed_{run.seed}"
+    marker = run_dir / "STUDY_COMMIT"
+    if run_dir.is_dir() and not (run_dir / "bench_results.json").is_file():
+        made_by = marker.read_text().strip() if marker.is_file() else "an unknown commit"
+        if made_by != commit:
+            print(f"study: discarding the unfinished {run_dir} (made by {made_by[:12]}, HEAD is {commit[:12]})",
+                  flush=True)
+            shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    marker.write_text(commit + "\n")
+
+
+def run_command(run: StudyRun, snapshot: Path, args) -> list[str]:
     return [
         sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
         "--models", run.arm, "--seeds", str(run.seed), "--run_only",
         "--max_steps_per_model", str(run.max_steps), "--warmup_steps", str(run.warmup_steps),
-        "--output_dir", str(output_dir), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
+        "--output_dir", str(output_dir(run)), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
         "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
     ]
 
@@ -117,7 +142,8 @@ def execute(run: StudyRun, args) -> bool:
         print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
               flush=True)
     snapshot = code_snapshot(commit)
-    command = run_command(run, snapshot, commit, args)
+    discard_stale_run(run, commit)
+    command = run_command(run, snapshot, args)
     environment = {
         **os.environ,
         "PYTHONPATH": str(snapshot),  # before the editable install of the working tree
