@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback  # noqa: E402
+from hf_layerfusion.configuration_backbone import declared_field_types  # noqa: E402
 from hf_layerfusion.data import builtin_number_corpus, load_translation_dataset, preprocess_translation  # noqa: E402
 from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
 from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
@@ -104,7 +105,10 @@ class ModelArguments:
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Comma-separated config keys, e.g. 'encoder_group_size=3,dropout=0.3,d_model=256'."},
+        metadata={
+            "help": "Comma-separated config keys, e.g. 'encoder_group_size=3,dropout=0.3,d_model=256'; switches "
+            "take true / false."
+        },
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer to load; default: the checkpoint's, else one trained here."}
@@ -166,10 +170,12 @@ def parse_args(argv: list[str] | None = None):
 
 
 def parse_config_overrides(overrides: str | None, config_class: type) -> dict:
-    """`"a=1,b=true,c=gelu"` -> `{"a": 1, "b": True, "c": "gelu"}`; keys must be fields of `config_class`."""
+    """`"a=1,b=true,c=gelu"` -> `{"a": 1, "b": True, "c": "gelu"}`; keys must be fields of `config_class`, and a
+    switch (a key declared `bool`) takes only `true` / `false` (any case)."""
     if not overrides:
         return {}
     known = {f.name for f in dataclasses.fields(config_class)}
+    switches = {name for name, declared in declared_field_types(config_class).items() if declared is bool}
     parsed = {}
     for item in overrides.split(","):
         key, sep, raw = (part.strip() for part in item.partition("="))
@@ -177,11 +183,19 @@ def parse_config_overrides(overrides: str | None, config_class: type) -> dict:
             raise ValueError(f"Config override {item!r} is not of the form key=value.")
         if key not in known:
             raise ValueError(f"Unknown config key {key!r} in --config_overrides for {config_class.__name__}.")
+        if key in switches:
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(f"--config_overrides {key}={raw!r}: `{key}` is a switch; give true or false.")
+            parsed[key] = raw.lower() == "true"
+            continue
         literal = {"true": "True", "false": "False", "null": "None", "none": "None"}.get(raw.lower(), raw)
         try:
             parsed[key] = ast.literal_eval(literal)
         except (ValueError, SyntaxError):
-            parsed[key] = raw  # a string such as an activation name
+            try:
+                parsed[key] = float(raw)  # nan / inf, which the config refuses by name
+            except ValueError:
+                parsed[key] = raw  # a string such as an activation name
     return parsed
 
 

@@ -3,10 +3,23 @@
 `LayerFusionConfig` holds the knobs of the shared encoder-decoder backbone (the Transformer of Vaswani et al.
 as implemented by Marian/fairseq). Every family's config subclasses it and adds only its fusion knobs. Key names
 follow `MarianConfig` so that a Marian checkpoint's config maps onto it one to one.
+
+Every key is checked against its declared type when a config is built and again when a model is built from it
+(`check_types`): a switch declared `bool` accepts only `True` / `False` (not `"false"`, `0` or `None`), a number is
+never a bool, and a float knob is finite. One check for every family, since the annotations are read here (they are
+strings: this module, the family modules and the generated Hub code use `from __future__ import annotations`, which
+turns off the type checks of `@strict`).
 """
+
+from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
+import sys
+import types
+import typing
 from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
@@ -48,6 +61,42 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
     }
 )
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+
+
+@functools.cache
+def declared_field_types(config_class: type) -> dict[str, object]:
+    """The declared type of every config key this package defines (in `LayerFusionConfig` and its subclasses), with
+    string annotations evaluated in the namespace of the module that declares them (as `typing.get_type_hints`
+    does, which cannot be used on the whole class: transformers' own annotations name modules it does not import)."""
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    declared = {}
+    for klass in reversed(config_class.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, LayerFusionConfig)):
+            continue
+        namespace = vars(sys.modules[klass.__module__])
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name in fields:
+                declared[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
+    return declared
+
+
+def value_has_type(value, declared) -> bool:
+    """Whether `value` is of the declared type: bools only for `bool` (not for `int` / `float`), ints also for
+    `float`, unions and `list[...]` element by element."""
+    if typing.get_origin(declared) in (typing.Union, types.UnionType):
+        return any(value_has_type(value, member) for member in typing.get_args(declared))
+    if typing.get_origin(declared) is list:
+        (item,) = typing.get_args(declared)
+        return isinstance(value, list) and all(value_has_type(element, item) for element in value)
+    if declared is type(None):
+        return value is None
+    if declared is bool:
+        return value is True or value is False
+    if isinstance(value, bool):
+        return False
+    if declared is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, declared)
 
 
 @strict
@@ -170,8 +219,22 @@ class LayerFusionConfig(PreTrainedConfig):
         )
         raise TypeError(f"{cls.__name__} got unknown keyword(s) {unknown}{hints}. Its keys: {fields}.")
 
+    def check_types(self) -> None:
+        """Raise a `ValueError` naming the first key whose value is not of its declared type (a switch that is not
+        `True` / `False`, a bool given for a number) or a float knob that is NaN or infinite."""
+        for name, declared in declared_field_types(type(self)).items():
+            value = getattr(self, name)
+            if declared is bool and not value_has_type(value, bool):
+                raise ValueError(f"`{name}` is a switch and must be True or False, got {value!r}.")
+            if not value_has_type(value, declared):
+                described = getattr(declared, "__name__", str(declared))
+                raise ValueError(f"`{name}` must be of type {described}, got {value!r} ({type(value).__name__}).")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+
     def check_consistency(self) -> None:
         """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
+        self.check_types()
         for name in (
             "vocab_size",
             "max_position_embeddings",

@@ -112,6 +112,7 @@ def test_presets():
         (dict(encoder_layout="sc-sf"), r"character 'c' at position 1 is not a sub-layer"),
         (dict(encoder_layout="sf sf"), r"character ' ' at position 2"),
         (dict(encoder_layout=""), r"encoder_layout.*non-empty.*''"),
+        (dict(decoder_layers="2"), r"`decoder_layers` must be of type int \| None, got '2'"),
         (dict(decoder_layout="scf-scx"), r"decoder_layout.*character 'x' at position 6"),
         (dict(decoder_layout="scf-"), r"decoder_layout.*'-' at position 3"),
         (dict(decoder_layout="sf-sf"), r"decoder_layout.*'sf-sf'.*no cross-attention"),

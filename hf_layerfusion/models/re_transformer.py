@@ -106,6 +106,7 @@ class ReTransformerConfig(LayerFusionConfig):
 
     def __post_init__(self, **kwargs):
         # layer counts follow the layouts; check_consistency (run by the base __post_init__) rejects a mismatch
+        self.check_types()  # before the layer counts and layouts are derived from each other
         if self.encoder_layers is None:
             self.encoder_layers = len(parse_layout(self.encoder_layout, "encoder_layout", ENCODER_SUBLAYERS))
         if self.decoder_layout is None:
