@@ -103,6 +103,7 @@ GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group s
 SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12-layer encoder)
 SHAPE_24X18 = dict(encoder_layers=24, decoder_layers=18)  # paper Table VIII: post-norm without fusion diverges
 WEIGHT_DECAY = {"weight_decay": 0.1}  # AdamW decoupled decay; 0.1 shrinks an undriven weight by ~20% in 2k steps
+EMBED_INIT = {"embedding_init": "rsqrt_d_model"}  # fairseq / THUMT: embeddings N(0, d^-1/2) instead of N(0, 0.02)
 NO_LABEL_SMOOTHING = {"label_smoothing_factor": 0.0}
 
 MODELS: dict[str, Arm] = {
@@ -136,6 +137,14 @@ MODELS: dict[str, Arm] = {
     "gtrans_wd_decay_fusion": Arm(
         "gtrans", "weight decay 0.1 on the fusion weights too (decay_fusion_weights=True)",
         {**GTRANS, "decay_fusion_weights": True}, WEIGHT_DECAY, baseline="plain_transformer_wd",
+    ),
+    "plain_transformer_embed_init": Arm(
+        "plain_transformer", "baseline with embeddings N(0, d^-1/2) (fairseq / THUMT) instead of N(0, 0.02)",
+        EMBED_INIT, baseline=None,
+    ),
+    "gtrans_embed_init": Arm(
+        "gtrans", "GTrans with embeddings N(0, d^-1/2) (fairseq / THUMT) instead of N(0, 0.02)",
+        {**GTRANS, **EMBED_INIT}, baseline="plain_transformer_embed_init",
     ),
     # --- depth (the paper's gains grow with depth)
     "plain_transformer_12x6": Arm("plain_transformer", "baseline, 12-layer encoder", SHAPE_12X6, baseline=None),

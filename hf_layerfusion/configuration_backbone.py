@@ -61,6 +61,8 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
     }
 )
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+# `embedding_init`: N(0, init_std) as Marian / transformers, or N(0, d_model^-1/2) as fairseq and THUMT
+EMBEDDING_INITS = ("init_std", "rsqrt_d_model")
 
 
 @functools.cache
@@ -129,7 +131,13 @@ class LayerFusionConfig(PreTrainedConfig):
             0 (GTrans: sigma = 1/2, uniform psi), a prior no paper states; read by
             `hf_layerfusion.LayerFusionSeq2SeqTrainer`. Only matters with `weight_decay > 0` (transformers' default
             is 0).
-        init_std: standard deviation of the normal initialisation of linear and embedding weights.
+        init_std: standard deviation of the normal initialisation of linear weights, and of embeddings with
+            `embedding_init="init_std"`.
+        embedding_init: initialisation of every embedding table (tokens, learned positions, a family's learned
+            embeddings such as layer-wise coordination's language embeddings): `"init_std"` (default) N(0, init_std),
+            Marian's and transformers' 0.02; `"rsqrt_d_model"` N(0, d_model^-1/2), fairseq's and THUMT's, which
+            with `scale_embedding` gives token embeddings of variance 1 per dimension, the scale of the sinusoidal
+            positions. The padding row starts at zero either way.
     """
 
     model_type = "layerfusion_backbone"
@@ -161,6 +169,7 @@ class LayerFusionConfig(PreTrainedConfig):
     label_smoothing: float | int = 0.0
     decay_fusion_weights: bool = False
     init_std: float = 0.02
+    embedding_init: str = "init_std"
     use_cache: bool = True
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
@@ -261,6 +270,8 @@ class LayerFusionConfig(PreTrainedConfig):
                 f"Unknown `position_embedding_type` {self.position_embedding_type!r}; "
                 f"choose one of {POSITION_EMBEDDING_TYPES}."
             )
+        if self.embedding_init not in EMBEDDING_INITS:
+            raise ValueError(f"Unknown `embedding_init` {self.embedding_init!r}; choose one of {EMBEDDING_INITS}.")
         if self.position_embedding_type == "learned" and self.pad_token_id is None:
             raise ValueError("`position_embedding_type='learned'` needs `pad_token_id` (RoBERTa-style offset).")
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):

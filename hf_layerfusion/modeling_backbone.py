@@ -491,7 +491,13 @@ class LayerFusionPreTrainedModel(CheckedSaveLoadMixin, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
-        super()._init_weights(module)
+        if isinstance(module, nn.Embedding) and self.config.embedding_init == "rsqrt_d_model":
+            # fairseq's `Embedding()`: N(0, d^-1/2), the padding row zero (skipped for weights loaded from a checkpoint)
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        else:
+            super()._init_weights(module)
         if isinstance(module, SinusoidalPositionalEmbedding):
             init.copy_(module.weight, module.create_weight(*module.weight.shape, dtype=module.weight.dtype))
         elif isinstance(module, LayerFusionForConditionalGeneration):

@@ -302,6 +302,8 @@ ROWS = [
         r"`dropout` must be of type float \| int, got True \(bool\)"),
     Row("config-int-str", lambda ws: PlainTransformerConfig(encoder_layers="6"), ValueError,
         r"`encoder_layers` must be of type int, got '6' \(str\)"),
+    Row("config-embedding-init", lambda ws: PlainTransformerConfig(embedding_init="fairseq"), ValueError,
+        r"Unknown `embedding_init` 'fairseq'.*'rsqrt_d_model'"),
     # ------------------------------------------------------------------ converters
     Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
     Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),

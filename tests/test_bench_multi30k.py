@@ -14,6 +14,7 @@ spec = importlib.util.spec_from_file_location("bench_multi30k", BENCH)
 bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench  # dataclasses look their module up there
 spec.loader.exec_module(bench)
+run_translation = sys.modules["run_translation"]  # imported by the benchmark, which trains through it
 
 
 @pytest.mark.parametrize("arm_name", list(bench.MODELS))
@@ -30,6 +31,27 @@ def test_every_arm_builds_a_valid_config_and_has_a_known_baseline(arm_name):
         if arm.model_type == "gtrans":  # same shape
             shape = ("encoder_layers", "decoder_layers")
             assert {k: arm.config.get(k) for k in shape} == {k: baseline.config.get(k) for k in shape}
+
+
+def arm_config(arm_name: str):
+    """The config run_translation builds for an arm, from the command-line keys the benchmark passes it (preset
+    `multi30k`, `--config_overrides`) and the special ids of the benchmark's tokenizer (`<s>` 0, `<pad>` 1,
+    `</s>` 2)."""
+    arm = bench.MODELS[arm_name]
+    overrides = ",".join(f"{key}={bench.format_value(value)}" for key, value in arm.config.items()) or None
+    model_args = run_translation.ModelArguments(
+        model_type=arm.model_type, preset="multi30k", config_overrides=overrides
+    )
+    return run_translation.build_config(model_args, 8000, dict(pad_token_id=1, bos_token_id=0, eos_token_id=2))
+
+
+def test_embedding_init_arms():
+    """fairseq / THUMT embedding initialisation for the plain model and GTrans, GTrans compared with the plain one."""
+    for name in ("plain_transformer_embed_init", "gtrans_embed_init"):
+        assert arm_config(name).embedding_init == "rsqrt_d_model"
+    assert arm_config("plain_transformer").embedding_init == arm_config("gtrans").embedding_init == "init_std"
+    assert bench.MODELS["gtrans_embed_init"].baseline == "plain_transformer_embed_init"
+    assert bench.MODELS["gtrans_embed_init"].config == {**bench.MODELS["gtrans"].config, **bench.EMBED_INIT}
 
 def test_baselines_are_added_before_their_arms():
     assert bench.with_baselines(["gtrans_ls0", "gtrans", "plain_transformer"]) == [
