@@ -172,6 +172,12 @@ FAMILY_ARMS = {
         {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 0.0},
     ),
     "layerwise_coordination": Arm("layerwise_coordination", "layer-wise coordination (defaults)"),
+    "layerwise_coordination_14": Arm(
+        "layerwise_coordination",
+        "layer-wise coordination as in the paper: 14 shared layers, parameter-matched to the 6 + 6 plain model "
+        "(Sec. 4.2), SOS start token",
+        {"encoder_layers": 14, "decoder_layers": 14},
+    ),
     "re_transformer_2": Arm("re_transformer", "Re-Transformer-2 (encoder s-sf-s-sf-s-sf, 2 decoder layers)",
                             {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 2}),
     "re_transformer_4": Arm("re_transformer", "Re-Transformer-4 (encoder s-sf-s-sf-s-sf, 4 decoder layers)",

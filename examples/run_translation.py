@@ -101,7 +101,11 @@ class ModelArguments:
         metadata={"help": f"Family of a model trained from scratch: one of {sorted(hf_layerfusion.FAMILIES)}."},
     )
     preset: str | None = field(
-        default=None, metadata={"help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt'."}
+        default=None,
+        metadata={
+            "help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt', or a setting of the "
+            "family (e.g. 'layerwise_paper_small', 're_transformer_2')."
+        },
     )
     config_overrides: str | None = field(
         default=None,
@@ -301,20 +305,22 @@ def build_config(model_args: ModelArguments, vocab_size: int, special_ids: dict)
         overrides = parse_config_overrides(model_args.config_overrides, type(config))
         return AutoConfig.from_pretrained(path, **overrides)
     config_class = CONFIG_MAPPING[check_model_type(model_args.model_type, "--model_type")]
-    if model_args.preset is not None and model_args.preset not in BACKBONE_PRESETS:
-        raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
+    presets = sorted({**BACKBONE_PRESETS, **config_class.family_presets})
+    if model_args.preset is not None and model_args.preset not in presets:
+        raise ValueError(
+            f"Unknown --preset {model_args.preset!r} for {model_args.model_type}; choose one of {presets}."
+        )
     keys = dict(vocab_size=vocab_size, **special_ids)
     keys.update(parse_config_overrides(model_args.config_overrides, config_class))
     return config_class.from_preset(model_args.preset, **keys) if model_args.preset else config_class(**keys)
 
 
 def tokenizer_special_ids(tokenizer) -> dict:
-    """The config keys a new model takes from its tokenizer (`decoder_start_token_id` = `</s>`, fairseq/Marian)."""
+    """The config keys a new model takes from its tokenizer: its pad / bos / eos ids. The decoder's start token is
+    the family's (`decoder_start_token` of its config: `</s>` as fairseq / Marian, `<s>` for layer-wise
+    coordination, whose paper appends SOS to the source's EOS), so `decoder_start_token_id` is left to the config."""
     return dict(
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
     )
 
 
@@ -402,12 +408,10 @@ def check_arguments(
             f"{model_args.tokenizer_vocab_size}."
         )
     # the config of a new model with the special ids of the tokenizers this script trains
-    eos_id = SPECIAL_TOKENS.index(EOS_TOKEN)
     special_ids = dict(
         pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN),
         bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
-        eos_token_id=eos_id,
-        decoder_start_token_id=eos_id,
+        eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
     build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
     return resolve_checkpoint(training_args, run_args.overwrite_output_dir)

@@ -138,6 +138,10 @@ class LayerFusionConfig(PreTrainedConfig):
             Marian's and transformers' 0.02; `"rsqrt_d_model"` N(0, d_model^-1/2), fairseq's and THUMT's, which
             with `scale_embedding` gives token embeddings of variance 1 per dimension, the scale of the sinusoidal
             positions. The padding row starts at zero either way.
+        decoder_start_token_id: the first decoder input. Left unset (None) it is the id of the family's start
+            token, the special token named by the class attribute `decoder_start_token`: `eos_token_id` (Marian's
+            and fairseq's `</s>`) for every family but layer-wise coordination (`bos_token_id`, the paper's SOS), so
+            that a tool which sets only the tokenizer's pad / bos / eos ids starts each family as its paper does.
     """
 
     model_type = "layerfusion_backbone"
@@ -176,15 +180,33 @@ class LayerFusionConfig(PreTrainedConfig):
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
     eos_token_id: int | list[int] | None = 2
-    decoder_start_token_id: int | None = 2
+    decoder_start_token_id: int | None = None
+
+    # the special token an unset `decoder_start_token_id` takes the id of (the family's start token)
+    decoder_start_token: ClassVar[str] = "eos_token_id"
 
     def __post_init__(self, **kwargs):
         self.check_keywords(kwargs)
         # a config.json of another family loaded into this one (a plain checkpoint as deep representations) carries
         # that family's `model_type`; kept, it would shadow the class's and name the wrong family on this config
         kwargs.pop("model_type", None)
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = getattr(self, self.decoder_start_token)
         super().__post_init__(**kwargs)
         self.check_consistency()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        if config_dict.get("model_type") == cls.model_type:
+            config_dict = cls.upgrade_saved_config(config_dict)
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def upgrade_saved_config(cls, config_dict: dict) -> dict:
+        """A saved config.json of this family (`from_pretrained`) with the keys added since it was written set to
+        what the checkpoint was built with. Families whose new keys change what an old checkpoint meant override
+        this; by default a missing key takes its default."""
+        return config_dict
 
     # Set by `hf_layerfusion.hub`: writes the self-contained Hub code and `auto_map` next to config.json. Left unset
     # in that Hub code, whose classes re-save their own file through transformers' `_auto_class` machinery.
@@ -285,7 +307,10 @@ class LayerFusionConfig(PreTrainedConfig):
                 "encoder, decoder and output projection (the joint-vocabulary setting of the papers and of Marian)."
             )
         if self.decoder_start_token_id is None:
-            raise ValueError("`decoder_start_token_id` must be set: the decoder input is the labels shifted right.")
+            raise ValueError(
+                f"`decoder_start_token_id` must be set: the decoder input is the labels shifted right (unset it is "
+                f"`{self.decoder_start_token}`, None here)."
+            )
 
     # named settings of one family (e.g. Re-Transformer-2), found by `from_preset` next to the backbone sizes
     family_presets: ClassVar[dict[str, dict]] = {}
@@ -326,6 +351,11 @@ class LayerFusionConfig(PreTrainedConfig):
             cache_layers = self.__dict__.get("_decoder_view_cache_layers") or self.decoder_cache_layers
             text_config.num_hidden_layers = text_config._decoder_view_cache_layers = cache_layers
         return text_config
+
+    @property
+    def uses_position_embeddings(self) -> bool:
+        """Whether the stacks add position embeddings to the token embeddings (a family's ablation may drop them)."""
+        return True
 
     @property
     def position_offset(self) -> int:

@@ -304,6 +304,8 @@ ROWS = [
         r"`encoder_layers` must be of type int, got '6' \(str\)"),
     Row("config-embedding-init", lambda ws: PlainTransformerConfig(embedding_init="fairseq"), ValueError,
         r"Unknown `embedding_init` 'fairseq'.*'rsqrt_d_model'"),
+    Row("config-layerwise-unshared-mixed", lambda ws: LayerwiseCoordinationConfig(unshared_cross_attention=True),
+        ValueError, r"`unshared_cross_attention=True`.*`mixed_attention=True`"),
     # ------------------------------------------------------------------ converters
     Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
     Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),

@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import CONFIG_MAPPING
+
+import hf_layerfusion
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi30k.py"
 spec = importlib.util.spec_from_file_location("bench_multi30k", BENCH)
@@ -45,6 +48,24 @@ def arm_config(arm_name: str):
     return run_translation.build_config(model_args, 8000, dict(pad_token_id=1, bos_token_id=0, eos_token_id=2))
 
 
+def test_layerwise_coordination_14_is_the_papers_model():
+    """Sec. 4.2: 14 shared layers at the small size, parameter-matched to the 6 + 6 plain baseline; the decoder
+    starts from SOS (Sec. 4.3)."""
+    assert bench.MODELS["layerwise_coordination_14"].baseline == "plain_transformer"
+    config = arm_config("layerwise_coordination_14")
+    paper = hf_layerfusion.LayerwiseCoordinationConfig.from_preset("layerwise_paper_small", vocab_size=8000)
+    keys = ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
+            "share_layer_parameters", "mixed_attention", "language_embeddings", "position_embeddings")
+    assert {key: getattr(config, key) for key in keys} == {key: getattr(paper, key) for key in keys}
+    assert config.decoder_start_token_id == 0 and arm_config("plain_transformer").decoder_start_token_id == 2
+    with torch.device("meta"):
+        sizes = [
+            sum(p.numel() for p in hf_layerfusion.FAMILIES[config.model_type][2](config).parameters())
+            for config in (config, arm_config("plain_transformer"))
+        ]
+    assert abs(sizes[0] / sizes[1] - 1) < 1e-3
+
+
 def test_embedding_init_arms():
     """fairseq / THUMT embedding initialisation for the plain model and GTrans, GTrans compared with the plain one."""
     for name in ("plain_transformer_embed_init", "gtrans_embed_init"):
@@ -52,6 +73,7 @@ def test_embedding_init_arms():
     assert arm_config("plain_transformer").embedding_init == arm_config("gtrans").embedding_init == "init_std"
     assert bench.MODELS["gtrans_embed_init"].baseline == "plain_transformer_embed_init"
     assert bench.MODELS["gtrans_embed_init"].config == {**bench.MODELS["gtrans"].config, **bench.EMBED_INIT}
+
 
 def test_baselines_are_added_before_their_arms():
     assert bench.with_baselines(["gtrans_ls0", "gtrans", "plain_transformer"]) == [
