@@ -35,6 +35,7 @@ from hf_layerfusion import (
     LayerwiseCoordinationConfig,
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
+    ReTransformerConfig,
     RTALConfig,
     from_marian,
     from_xlmr,
@@ -304,6 +305,8 @@ ROWS = [
         r"`encoder_layers` must be of type int, got '6' \(str\)"),
     Row("config-embedding-init", lambda ws: PlainTransformerConfig(embedding_init="fairseq"), ValueError,
         r"Unknown `embedding_init` 'fairseq'.*'rsqrt_d_model'"),
+    Row("config-layout-no-self-attention", lambda ws: ReTransformerConfig(encoder_layout="f-f"), ValueError,
+        r"`encoder_layout` 'f-f' has no self-attention sub-layer"),
     Row("config-layerwise-unshared-mixed", lambda ws: LayerwiseCoordinationConfig(unshared_cross_attention=True),
         ValueError, r"`unshared_cross_attention=True`.*`mixed_attention=True`"),
     # ------------------------------------------------------------------ converters
