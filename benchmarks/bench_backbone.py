@@ -121,8 +121,8 @@ MODELS.update(
         "rtal_ewp": ModelSpec(
             "RTAL product+FFN (enc+dec)", "rtal", dict(aggregation_function="ewp_ffn"), targets=_DECODE_COST_AGGREGATION
         ),
-        # layer-wise coordination: 14 shared layers have the plain 6+6 model's parameter count (paper Table 1);
-        # 6 shared layers are the same depth as the plain model
+        # layer-wise coordination: 14 shared layers have the plain 6+6 model's parameter count (paper Sec. 4.2,
+        # Table 3); 6 shared layers are the same depth as the plain model
         "lc_14": ModelSpec(
             "Layer-wise coord. 14 shared layers",
             "layerwise_coordination",

@@ -113,6 +113,7 @@ GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group s
 SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12-layer encoder)
 SHAPE_24X18 = dict(encoder_layers=24, decoder_layers=18)  # paper Table VIII: post-norm without fusion diverges
 WEIGHT_DECAY = {"weight_decay": 0.1}  # AdamW decoupled decay; 0.1 shrinks an undriven weight by ~20% in 2k steps
+EMBED_INIT = {"embedding_init": "rsqrt_d_model"}  # fairseq / THUMT: embeddings N(0, d^-1/2) instead of N(0, 0.02)
 NO_LABEL_SMOOTHING = {"label_smoothing_factor": 0.0}
 PRE_NORM = {"normalize_before": True}
 HIERARCHICAL = {"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical"}
@@ -156,6 +157,14 @@ MODELS: dict[str, Arm] = {
         "gtrans", "weight decay 0.1 on the fusion weights too (decay_fusion_weights=True)",
         {**GTRANS, "decay_fusion_weights": True}, WEIGHT_DECAY, baseline="plain_transformer_wd",
     ),
+    "plain_transformer_embed_init": Arm(
+        "plain_transformer", "baseline with embeddings N(0, d^-1/2) (fairseq / THUMT) instead of N(0, 0.02)",
+        EMBED_INIT, baseline=None,
+    ),
+    "gtrans_embed_init": Arm(
+        "gtrans", "GTrans with embeddings N(0, d^-1/2) (fairseq / THUMT) instead of N(0, 0.02)",
+        {**GTRANS, **EMBED_INIT}, baseline="plain_transformer_embed_init",
+    ),
     # --- depth (the paper's gains grow with depth)
     "plain_transformer_12x6": Arm("plain_transformer", "baseline, 12-layer encoder", SHAPE_12X6, baseline=None),
     "gtrans_12x6": Arm(
@@ -196,6 +205,12 @@ FAMILY_ARMS = {
         {**HIERARCHICAL, "diversity_weight": 0.0},
     ),
     "layerwise_coordination": Arm("layerwise_coordination", "layer-wise coordination (defaults)"),
+    "layerwise_coordination_14": Arm(
+        "layerwise_coordination",
+        "layer-wise coordination as in the paper: 14 shared layers, parameter-matched to the 6 + 6 plain model "
+        "(Sec. 4.2), SOS start token",
+        {"encoder_layers": 14, "decoder_layers": 14},
+    ),
     "re_transformer_2": Arm("re_transformer", "Re-Transformer-2 (encoder s-sf-s-sf-s-sf, 2 decoder layers)",
                             {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 2}),
     "re_transformer_4": Arm("re_transformer", "Re-Transformer-4 (encoder s-sf-s-sf-s-sf, 4 decoder layers)",

@@ -67,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback  # noqa: E402
+from hf_layerfusion.configuration_backbone import declared_field_types  # noqa: E402
 from hf_layerfusion.data import builtin_number_corpus, load_translation_dataset, preprocess_translation  # noqa: E402
 from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
 from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
@@ -106,11 +107,18 @@ class ModelArguments:
         },
     )
     preset: str | None = field(
-        default=None, metadata={"help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt'."}
+        default=None,
+        metadata={
+            "help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt', or a setting of the "
+            "family (e.g. 'layerwise_paper_small', 're_transformer_2')."
+        },
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Comma-separated config keys, e.g. 'encoder_group_size=3,dropout=0.3,d_model=256'."},
+        metadata={
+            "help": "Comma-separated config keys, e.g. 'encoder_group_size=3,dropout=0.3,d_model=256'; switches "
+            "take true / false."
+        },
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Tokenizer to load; default: the checkpoint's, else one trained here."}
@@ -172,10 +180,12 @@ def parse_args(argv: list[str] | None = None):
 
 
 def parse_config_overrides(overrides: str | None, config_class: type) -> dict:
-    """`"a=1,b=true,c=gelu"` -> `{"a": 1, "b": True, "c": "gelu"}`; keys must be fields of `config_class`."""
+    """`"a=1,b=true,c=gelu"` -> `{"a": 1, "b": True, "c": "gelu"}`; keys must be fields of `config_class`, and a
+    switch (a key declared `bool`) takes only `true` / `false` (any case)."""
     if not overrides:
         return {}
     known = {f.name for f in dataclasses.fields(config_class)}
+    switches = {name for name, declared in declared_field_types(config_class).items() if declared is bool}
     parsed = {}
     for item in overrides.split(","):
         key, sep, raw = (part.strip() for part in item.partition("="))
@@ -183,11 +193,19 @@ def parse_config_overrides(overrides: str | None, config_class: type) -> dict:
             raise ValueError(f"Config override {item!r} is not of the form key=value.")
         if key not in known:
             raise ValueError(f"Unknown config key {key!r} in --config_overrides for {config_class.__name__}.")
+        if key in switches:
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(f"--config_overrides {key}={raw!r}: `{key}` is a switch; give true or false.")
+            parsed[key] = raw.lower() == "true"
+            continue
         literal = {"true": "True", "false": "False", "null": "None", "none": "None"}.get(raw.lower(), raw)
         try:
             parsed[key] = ast.literal_eval(literal)
         except (ValueError, SyntaxError):
-            parsed[key] = raw  # a string such as an activation name
+            try:
+                parsed[key] = float(raw)  # nan / inf, which the config refuses by name
+            except ValueError:
+                parsed[key] = raw  # a string such as an activation name
     return parsed
 
 
@@ -298,20 +316,22 @@ def build_config(model_args: ModelArguments, vocab_size: int, special_ids: dict)
             reraise_hub_error(path, "--model_name_or_path", error)
         overrides = parse_config_overrides(model_args.config_overrides, config_class)
         return config_class.from_dict({**saved, **overrides})
-    if model_args.preset is not None and model_args.preset not in BACKBONE_PRESETS:
-        raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)}.")
+    presets = sorted({**BACKBONE_PRESETS, **family.family_presets})
+    if model_args.preset is not None and model_args.preset not in presets:
+        raise ValueError(
+            f"Unknown --preset {model_args.preset!r} for {model_args.model_type}; choose one of {presets}."
+        )
     keys = dict(vocab_size=vocab_size, **special_ids)
     keys.update(parse_config_overrides(model_args.config_overrides, family))
     return family.from_preset(model_args.preset, **keys) if model_args.preset else family(**keys)
 
 
 def tokenizer_special_ids(tokenizer) -> dict:
-    """The config keys a new model takes from its tokenizer (`decoder_start_token_id` = `</s>`, fairseq/Marian)."""
+    """The config keys a new model takes from its tokenizer: its pad / bos / eos ids. The decoder's start token is
+    the family's (`decoder_start_token` of its config: `</s>` as fairseq / Marian, `<s>` for layer-wise
+    coordination, whose paper appends SOS to the source's EOS), so `decoder_start_token_id` is left to the config."""
     return dict(
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
     )
 
 
@@ -399,12 +419,10 @@ def check_arguments(
             f"{model_args.tokenizer_vocab_size}."
         )
     # the config of a new model with the special ids of the tokenizers this script trains
-    eos_id = SPECIAL_TOKENS.index(EOS_TOKEN)
     special_ids = dict(
         pad_token_id=SPECIAL_TOKENS.index(PAD_TOKEN),
         bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
-        eos_token_id=eos_id,
-        decoder_start_token_id=eos_id,
+        eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
     build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
     return resolve_checkpoint(training_args, run_args.overwrite_output_dir)

@@ -3,10 +3,23 @@
 `LayerFusionConfig` holds the knobs of the shared encoder-decoder backbone (the Transformer of Vaswani et al.
 as implemented by Marian/fairseq). Every family's config subclasses it and adds only its fusion knobs. Key names
 follow `MarianConfig` so that a Marian checkpoint's config maps onto it one to one.
+
+Every key is checked against its declared type when a config is built and again when a model is built from it
+(`check_types`): a switch declared `bool` accepts only `True` / `False` (not `"false"`, `0` or `None`), a number is
+never a bool, and a float knob is finite. One check for every family, since the annotations are read here (they are
+strings: this module, the family modules and the generated Hub code use `from __future__ import annotations`, which
+turns off the type checks of `@strict`).
 """
+
+from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
+import sys
+import types
+import typing
 from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
@@ -48,6 +61,44 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
     }
 )
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+# `embedding_init`: N(0, init_std) as Marian / transformers, or N(0, d_model^-1/2) as fairseq and THUMT
+EMBEDDING_INITS = ("init_std", "rsqrt_d_model")
+
+
+@functools.cache
+def declared_field_types(config_class: type) -> dict[str, object]:
+    """The declared type of every config key this package defines (in `LayerFusionConfig` and its subclasses), with
+    string annotations evaluated in the namespace of the module that declares them (as `typing.get_type_hints`
+    does, which cannot be used on the whole class: transformers' own annotations name modules it does not import)."""
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    declared = {}
+    for klass in reversed(config_class.__mro__):
+        if not (isinstance(klass, type) and issubclass(klass, LayerFusionConfig)):
+            continue
+        namespace = vars(sys.modules[klass.__module__])
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name in fields:
+                declared[name] = eval(annotation, namespace) if isinstance(annotation, str) else annotation
+    return declared
+
+
+def value_has_type(value, declared) -> bool:
+    """Whether `value` is of the declared type: bools only for `bool` (not for `int` / `float`), ints also for
+    `float`, unions and `list[...]` element by element."""
+    if typing.get_origin(declared) in (typing.Union, types.UnionType):
+        return any(value_has_type(value, member) for member in typing.get_args(declared))
+    if typing.get_origin(declared) is list:
+        (item,) = typing.get_args(declared)
+        return isinstance(value, list) and all(value_has_type(element, item) for element in value)
+    if declared is type(None):
+        return value is None
+    if declared is bool:
+        return value is True or value is False
+    if isinstance(value, bool):
+        return False
+    if declared is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, declared)
 
 
 @strict
@@ -81,7 +132,17 @@ class LayerFusionConfig(PreTrainedConfig):
             0 (GTrans: sigma = 1/2, uniform psi), a prior no paper states; read by
             `hf_layerfusion.LayerFusionSeq2SeqTrainer`. Only matters with `weight_decay > 0` (transformers' default
             is 0).
-        init_std: standard deviation of the normal initialisation of linear and embedding weights.
+        init_std: standard deviation of the normal initialisation of linear weights, and of embeddings with
+            `embedding_init="init_std"`.
+        embedding_init: initialisation of every embedding table (tokens, learned positions, a family's learned
+            embeddings such as layer-wise coordination's language embeddings): `"init_std"` (default) N(0, init_std),
+            Marian's and transformers' 0.02; `"rsqrt_d_model"` N(0, d_model^-1/2), fairseq's and THUMT's, which
+            with `scale_embedding` gives token embeddings of variance 1 per dimension, the scale of the sinusoidal
+            positions. The padding row starts at zero either way.
+        decoder_start_token_id: the first decoder input. Left unset (None) it is the id of the family's start
+            token, the special token named by the class attribute `decoder_start_token`: `eos_token_id` (Marian's
+            and fairseq's `</s>`) for every family but layer-wise coordination (`bos_token_id`, the paper's SOS), so
+            that a tool which sets only the tokenizer's pad / bos / eos ids starts each family as its paper does.
     """
 
     model_type = "layerfusion_backbone"
@@ -113,21 +174,40 @@ class LayerFusionConfig(PreTrainedConfig):
     label_smoothing: float | int = 0.0
     decay_fusion_weights: bool = False
     init_std: float = 0.02
+    embedding_init: str = "init_std"
     use_cache: bool = True
     is_encoder_decoder: bool = True
     tie_word_embeddings: bool = True
     pad_token_id: int | None = 1
     bos_token_id: int | None = 0
     eos_token_id: int | list[int] | None = 2
-    decoder_start_token_id: int | None = 2
+    decoder_start_token_id: int | None = None
+
+    # the special token an unset `decoder_start_token_id` takes the id of (the family's start token)
+    decoder_start_token: ClassVar[str] = "eos_token_id"
 
     def __post_init__(self, **kwargs):
         self.check_keywords(kwargs)
         # a config.json of another family loaded into this one (a plain checkpoint as deep representations) carries
         # that family's `model_type`; kept, it would shadow the class's and name the wrong family on this config
         kwargs.pop("model_type", None)
+        if self.decoder_start_token_id is None:
+            self.decoder_start_token_id = getattr(self, self.decoder_start_token)
         super().__post_init__(**kwargs)
         self.check_consistency()
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        if config_dict.get("model_type") == cls.model_type:
+            config_dict = cls.upgrade_saved_config(config_dict)
+        return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def upgrade_saved_config(cls, config_dict: dict) -> dict:
+        """A saved config.json of this family (`from_pretrained`) with the keys added since it was written set to
+        what the checkpoint was built with. Families whose new keys change what an old checkpoint meant override
+        this; by default a missing key takes its default."""
+        return config_dict
 
     # Set by `hf_layerfusion.hub`: writes the self-contained Hub code and `auto_map` next to config.json. Left unset
     # in that Hub code, whose classes re-save their own file through transformers' `_auto_class` machinery.
@@ -171,8 +251,22 @@ class LayerFusionConfig(PreTrainedConfig):
         )
         raise TypeError(f"{cls.__name__} got unknown keyword(s) {unknown}{hints}. Its keys: {fields}.")
 
+    def check_types(self) -> None:
+        """Raise a `ValueError` naming the first key whose value is not of its declared type (a switch that is not
+        `True` / `False`, a bool given for a number) or a float knob that is NaN or infinite."""
+        for name, declared in declared_field_types(type(self)).items():
+            value = getattr(self, name)
+            if declared is bool and not value_has_type(value, bool):
+                raise ValueError(f"`{name}` is a switch and must be True or False, got {value!r}.")
+            if not value_has_type(value, declared):
+                described = getattr(declared, "__name__", str(declared))
+                raise ValueError(f"`{name}` must be of type {described}, got {value!r} ({type(value).__name__}).")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+
     def check_consistency(self) -> None:
         """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
+        self.check_types()
         for name in (
             "vocab_size",
             "max_position_embeddings",
@@ -199,6 +293,8 @@ class LayerFusionConfig(PreTrainedConfig):
                 f"Unknown `position_embedding_type` {self.position_embedding_type!r}; "
                 f"choose one of {POSITION_EMBEDDING_TYPES}."
             )
+        if self.embedding_init not in EMBEDDING_INITS:
+            raise ValueError(f"Unknown `embedding_init` {self.embedding_init!r}; choose one of {EMBEDDING_INITS}.")
         if self.position_embedding_type == "learned" and self.pad_token_id is None:
             raise ValueError("`position_embedding_type='learned'` needs `pad_token_id` (RoBERTa-style offset).")
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
@@ -212,7 +308,10 @@ class LayerFusionConfig(PreTrainedConfig):
                 "encoder, decoder and output projection (the joint-vocabulary setting of the papers and of Marian)."
             )
         if self.decoder_start_token_id is None:
-            raise ValueError("`decoder_start_token_id` must be set: the decoder input is the labels shifted right.")
+            raise ValueError(
+                f"`decoder_start_token_id` must be set: the decoder input is the labels shifted right (unset it is "
+                f"`{self.decoder_start_token}`, None here)."
+            )
 
     # named settings of one family (e.g. Re-Transformer-2), found by `from_preset` next to the backbone sizes
     family_presets: ClassVar[dict[str, dict]] = {}
@@ -253,6 +352,11 @@ class LayerFusionConfig(PreTrainedConfig):
             cache_layers = self.__dict__.get("_decoder_view_cache_layers") or self.decoder_cache_layers
             text_config.num_hidden_layers = text_config._decoder_view_cache_layers = cache_layers
         return text_config
+
+    @property
+    def uses_position_embeddings(self) -> bool:
+        """Whether the stacks add position embeddings to the token embeddings (a family's ablation may drop them)."""
+        return True
 
     @property
     def position_offset(self) -> int:

@@ -83,14 +83,17 @@ class SinusoidalPositionalEmbedding(nn.Module):
 
 
 class TokenAndPositionEmbedding(nn.Module):
-    """`scale * E[x] + P[pos]` (+ optional LayerNorm), then dropout. Positions come from the cache length."""
+    """`scale * E[x] + P[pos]` (+ optional LayerNorm), then dropout. Positions come from the cache length; a config
+    without position embeddings (`config.uses_position_embeddings`) adds none, and the length limit still holds."""
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__()
         self.config = config
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.offset = config.position_offset
-        if config.position_embedding_type == "sinusoidal":
+        if not config.uses_position_embeddings:
+            self.embed_positions = None
+        elif config.position_embedding_type == "sinusoidal":
             self.embed_positions = SinusoidalPositionalEmbedding(config.max_position_embeddings, config.d_model)
         else:
             self.embed_positions = nn.Embedding(
@@ -126,7 +129,9 @@ class TokenAndPositionEmbedding(nn.Module):
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor, past_length: int = 0
     ) -> torch.Tensor:
         positions = self.position_ids(input_ids, inputs_embeds, past_length)
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions)
+        hidden_states = inputs_embeds * self.embed_scale
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions(positions)
         if self.layernorm_embedding is not None:
             hidden_states = self.layernorm_embedding(hidden_states)
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -492,7 +497,13 @@ class LayerFusionPreTrainedModel(CheckedSaveLoadMixin, PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module):
-        super()._init_weights(module)
+        if isinstance(module, nn.Embedding) and self.config.embedding_init == "rsqrt_d_model":
+            # fairseq's `Embedding()`: N(0, d^-1/2), the padding row zero (skipped for weights loaded from a checkpoint)
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        else:
+            super()._init_weights(module)
         if isinstance(module, SinusoidalPositionalEmbedding):
             init.copy_(module.weight, module.create_weight(*module.weight.shape, dtype=module.weight.dtype))
         elif isinstance(module, LayerFusionForConditionalGeneration):

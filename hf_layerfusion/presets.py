@@ -21,7 +21,6 @@ BACKBONE_PRESETS: dict[str, dict] = {
         pad_token_id=1,
         bos_token_id=0,
         eos_token_id=2,
-        decoder_start_token_id=2,
     ),
     # fairseq `transformer_iwslt_de_en`: the small setting of GTrans Tables II-IV (IWSLT-14 De-En).
     "iwslt": dict(

@@ -29,7 +29,8 @@ def train_joint_tokenizer(
     Text is not normalised and spaces become "▁" (Metaspace), so decoding with `skip_special_tokens=True`
     reproduces the input exactly as long as every character was seen in training (unseen characters become
     `<unk>`). Like Marian, every encoded sequence, source or target (`text_target=`), ends with `</s>` and has no
-    `<s>`; the decoder starts from `decoder_start_token_id` (= `</s>` in this package's configs).
+    `<s>`; the decoder starts from `decoder_start_token_id` (the family's start token: `</s>`, or `<s>` for
+    layer-wise coordination, whose paper appends SOS to the source's EOS).
 
     Args:
         texts: training sentences of both languages (any iterable, read once).

@@ -170,14 +170,6 @@ def check_positive_int(value, name: str, *, allow_none: bool = False):
     return int(value)
 
 
-def check_bool(value, name: str) -> bool:
-    """`value` if it is `True` or `False`, else a `ValueError` naming it: a boolean switch must not take `"false"`,
-    `None` or `0` (a non-empty string is truthy and would silently mean the opposite)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
-    return value
-
-
 def _as_int(value, name: str) -> int:
     """An integer element (Python, NumPy or 0-d integer tensor); bools, floats and strings are refused."""
     if isinstance(value, torch.Tensor):

@@ -160,7 +160,6 @@ def backbone_config_from_xlmr(xlmr_config: XLMRobertaConfig) -> dict:
         pad_token_id=xlmr_config.pad_token_id,
         bos_token_id=xlmr_config.bos_token_id,
         eos_token_id=xlmr_config.eos_token_id,
-        decoder_start_token_id=xlmr_config.eos_token_id,  # fairseq convention: the decoder starts from </s>
         tie_word_embeddings=True,
     )
 

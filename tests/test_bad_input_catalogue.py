@@ -28,11 +28,15 @@ from transformers import (
 
 import hf_layerfusion
 from hf_layerfusion import (
+    DeepRepresentationsConfig,
     GTransConfig,
     GTransForConditionalGeneration,
     LayerFusionConfig,
+    LayerwiseCoordinationConfig,
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
+    ReTransformerConfig,
+    RTALConfig,
     from_marian,
     from_xlmr,
     load_xlmr_tokenizer,
@@ -74,6 +78,13 @@ GROUPS = dict(encoder_group_size=1, decoder_group_size=1)  # 2 + 2 layers: 2 dec
 
 def _tiny(config_class, vocab_size, **overrides):
     return config_class(**{**TINY_BACKBONE, "vocab_size": vocab_size, **overrides})
+
+
+def _with(config, **attributes):
+    """`config` with attributes set after it was built (no check runs until a model is built from it)."""
+    for key, value in attributes.items():
+        setattr(config, key, value)
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +277,38 @@ ROWS = [
     Row("config-gtrans-json-as-plain", lambda ws: PlainTransformerConfig.from_pretrained(ws.gtrans_dir), ValueError,
         r"'gtrans' config.*encoder_group_size"),
     Row("config-inconsistent", lambda ws: GTransConfig(d_model=17), ValueError, r"17"),
+    # switches (keys declared bool) take only True / False; float knobs are finite (issue 17)
+    Row("config-switch-str-false", lambda ws: LayerwiseCoordinationConfig(share_layer_parameters="false"), ValueError,
+        r"`share_layer_parameters` is a switch and must be True or False, got 'false'"),
+    Row("config-switch-str-rtal", lambda ws: RTALConfig(encoder_aggregation="false"), ValueError,
+        r"`encoder_aggregation` is a switch and must be True or False, got 'false'"),
+    Row("config-switch-none", lambda ws: LayerwiseCoordinationConfig(mixed_attention=None), ValueError,
+        r"`mixed_attention` is a switch and must be True or False, got None"),
+    Row("config-switch-int", lambda ws: GTransConfig(encoder_fusion=1), ValueError,
+        r"`encoder_fusion` is a switch and must be True or False, got 1"),
+    Row("config-backbone-switch", lambda ws: PlainTransformerConfig(normalize_before="yes"), ValueError,
+        r"`normalize_before` is a switch and must be True or False, got 'yes'"),
+    Row("config-switch-set-after-build",
+        lambda ws: PlainTransformerForConditionalGeneration(
+            _with(_tiny(PlainTransformerConfig, 40), scale_embedding=0)
+        ),
+        ValueError, r"`scale_embedding` is a switch and must be True or False, got 0"),
+    Row("config-float-nan", lambda ws: DeepRepresentationsConfig(diversity_weight=float("nan")), ValueError,
+        r"`diversity_weight` must be a finite number, got nan"),
+    Row("config-float-inf", lambda ws: GTransConfig(probability_temperature=float("inf")), ValueError,
+        r"`probability_temperature` must be a finite number, got inf"),
+    Row("config-backbone-float-nan", lambda ws: PlainTransformerConfig(init_std=float("nan")), ValueError,
+        r"`init_std` must be a finite number, got nan"),
+    Row("config-number-bool", lambda ws: PlainTransformerConfig(dropout=True), ValueError,
+        r"`dropout` must be of type float \| int, got True \(bool\)"),
+    Row("config-int-str", lambda ws: PlainTransformerConfig(encoder_layers="6"), ValueError,
+        r"`encoder_layers` must be of type int, got '6' \(str\)"),
+    Row("config-embedding-init", lambda ws: PlainTransformerConfig(embedding_init="fairseq"), ValueError,
+        r"Unknown `embedding_init` 'fairseq'.*'rsqrt_d_model'"),
+    Row("config-layout-no-self-attention", lambda ws: ReTransformerConfig(encoder_layout="f-f"), ValueError,
+        r"`encoder_layout` 'f-f' has no self-attention sub-layer"),
+    Row("config-layerwise-unshared-mixed", lambda ws: LayerwiseCoordinationConfig(unshared_cross_attention=True),
+        ValueError, r"`unshared_cross_attention=True`.*`mixed_attention=True`"),
     # ------------------------------------------------------------------ converters
     Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
     Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),
@@ -398,6 +441,17 @@ ROWS = [
     Row("train-cli-override-inconsistent",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=encoder_group_size=9")),
         ValueError, r"encoder_group_size.*got 9"),
+    Row("train-cli-override-switch-off",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=layerwise_coordination",
+                                                 "--config_overrides=share_layer_parameters=off")),
+        ValueError, r"share_layer_parameters='off'.*switch; give true or false"),
+    Row("train-cli-override-switch-1",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=encoder_fusion=1")),
+        ValueError, r"encoder_fusion='1'.*switch; give true or false"),
+    Row("train-cli-override-nan",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=deep_representations",
+                                                 "--config_overrides=diversity_weight=nan")),
+        ValueError, r"`diversity_weight` must be a finite number, got nan"),
     Row("train-cli-override-syntax",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=dropout")),
         ValueError, r"'dropout'.*key=value"),

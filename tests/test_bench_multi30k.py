@@ -10,21 +10,14 @@ import pytest
 import torch
 from transformers import CONFIG_MAPPING
 
+import hf_layerfusion
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi30k.py"
 spec = importlib.util.spec_from_file_location("bench_multi30k", BENCH)
 bench = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = bench  # dataclasses look their module up there
 spec.loader.exec_module(bench)
-
-
-def arm_config(arm_name):
-    """The config an arm's run builds: the `multi30k` preset with the arm's overrides, or for a fine-tuning arm the
-    starting arm's config read as the arm's family with the arm's overrides (as run_translation.py does)."""
-    arm = bench.MODELS[arm_name]
-    if arm.init_from is None:
-        return CONFIG_MAPPING[arm.model_type].from_preset("multi30k", **arm.config)
-    saved = arm_config(arm.init_from).to_diff_dict()
-    return CONFIG_MAPPING[arm.model_type].from_dict({**saved, **arm.config})
+run_translation = sys.modules["run_translation"]  # imported by the benchmark, which trains through it
 
 
 @pytest.mark.parametrize("arm_name", list(bench.MODELS))
@@ -47,6 +40,21 @@ def test_every_arm_builds_a_valid_config_and_has_a_known_baseline(arm_name):
             assert {k: arm.config.get(k) for k in shape} == {k: baseline.config.get(k) for k in shape}
 
 
+def arm_config(arm_name: str):
+    """The config run_translation builds for an arm, from the command-line keys the benchmark passes it (preset
+    `multi30k`, `--config_overrides`) and the special ids of the benchmark's tokenizer (`<s>` 0, `<pad>` 1,
+    `</s>` 2); for a fine-tuning arm, the starting arm's config read as the arm's family with the arm's overrides."""
+    arm = bench.MODELS[arm_name]
+    if arm.init_from is not None:
+        saved = arm_config(arm.init_from).to_diff_dict()
+        return CONFIG_MAPPING[arm.model_type].from_dict({**saved, **arm.config})
+    overrides = ",".join(f"{key}={bench.format_value(value)}" for key, value in arm.config.items()) or None
+    model_args = run_translation.ModelArguments(
+        model_type=arm.model_type, preset="multi30k", config_overrides=overrides
+    )
+    return run_translation.build_config(model_args, 8000, dict(pad_token_id=1, bos_token_id=0, eos_token_id=2))
+
+
 def test_paper_setting_arms():
     rtal = arm_config("rtal_paper")
     assert (rtal.aggregation_function, rtal.tree_residual, rtal.normalize_before) == ("ewp_ffn", "children", True)
@@ -57,6 +65,33 @@ def test_paper_setting_arms():
     assert bench.MODELS["deep_representations_paper"].init_from == "plain_transformer"
     assert bench.MODELS["plain_transformer_continued"].init_from == "plain_transformer"
     assert arm_config("plain_transformer_continued").to_diff_dict() == arm_config("plain_transformer").to_diff_dict()
+
+
+def test_layerwise_coordination_14_is_the_papers_model():
+    """Sec. 4.2: 14 shared layers at the small size, parameter-matched to the 6 + 6 plain baseline; the decoder
+    starts from SOS (Sec. 4.3)."""
+    assert bench.MODELS["layerwise_coordination_14"].baseline == "plain_transformer"
+    config = arm_config("layerwise_coordination_14")
+    paper = hf_layerfusion.LayerwiseCoordinationConfig.from_preset("layerwise_paper_small", vocab_size=8000)
+    keys = ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "encoder_attention_heads",
+            "share_layer_parameters", "mixed_attention", "language_embeddings", "position_embeddings")
+    assert {key: getattr(config, key) for key in keys} == {key: getattr(paper, key) for key in keys}
+    assert config.decoder_start_token_id == 0 and arm_config("plain_transformer").decoder_start_token_id == 2
+    with torch.device("meta"):
+        sizes = [
+            sum(p.numel() for p in hf_layerfusion.FAMILIES[config.model_type][2](config).parameters())
+            for config in (config, arm_config("plain_transformer"))
+        ]
+    assert abs(sizes[0] / sizes[1] - 1) < 1e-3
+
+
+def test_embedding_init_arms():
+    """fairseq / THUMT embedding initialisation for the plain model and GTrans, GTrans compared with the plain one."""
+    for name in ("plain_transformer_embed_init", "gtrans_embed_init"):
+        assert arm_config(name).embedding_init == "rsqrt_d_model"
+    assert arm_config("plain_transformer").embedding_init == arm_config("gtrans").embedding_init == "init_std"
+    assert bench.MODELS["gtrans_embed_init"].baseline == "plain_transformer_embed_init"
+    assert bench.MODELS["gtrans_embed_init"].config == {**bench.MODELS["gtrans"].config, **bench.EMBED_INIT}
 
 
 def test_baselines_and_starting_runs_are_added_before_their_arms():

@@ -1,10 +1,15 @@
 """Configs, Auto-class registration, save/load, weight tying, initialisation and input validation."""
 
 import json
+import math
 
 import pytest
 import torch
+from test_hub import FAMILY_TINY_OVERRIDES
+from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+import hf_layerfusion
 
 from hf_layerfusion import (
     GTransConfig,
@@ -139,6 +144,53 @@ def test_init_weights(tiny_backbone, padded_batch):
     assert model.lm_head.weight is model.model.shared.weight
     std = model.model.shared.weight.std()
     assert 0.5 * config.init_std < std < 2 * config.init_std
+
+
+@pytest.mark.parametrize("embedding_init", ["init_std", "rsqrt_d_model"])
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [(model_type, {}) for model_type in sorted(hf_layerfusion.FAMILIES)]
+    + [("plain_transformer", dict(position_embedding_type="learned"))],
+)
+def test_embedding_init_statistics_of_a_fresh_model(model_type, overrides, embedding_init, tiny_backbone):
+    """Every embedding table of a fresh model (tokens, learned positions, layer-wise coordination's language
+    embeddings) is N(0, init_std) by default and N(0, d_model^-1/2) with `embedding_init="rsqrt_d_model"` (fairseq,
+    THUMT), its padding row zero; the output projection is the token table. The sample standard deviation of n values
+    lies within 5 of its own standard errors (1 / sqrt(2 n), relative) of the expected one; linear weights stay
+    N(0, init_std)."""
+    d, init_std = 64, 0.05
+    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
+    sizes = dict(vocab_size=400, d_model=d, encoder_ffn_dim=64, decoder_ffn_dim=64, init_std=init_std)
+    config = config_class(
+        **{**tiny_backbone, **sizes, **FAMILY_TINY_OVERRIDES.get(model_type, {}), **overrides},
+        embedding_init=embedding_init,
+    )
+    model = model_class(config)
+    expected = d**-0.5 if embedding_init == "rsqrt_d_model" else init_std
+
+    def assert_std(values, expected, name):
+        tolerance = 5 / math.sqrt(2 * values.numel())
+        assert abs(values.std().item() / expected - 1) < tolerance, (name, values.std().item(), expected)
+
+    embeddings = {name: module for name, module in model.named_modules() if isinstance(module, nn.Embedding)}
+    assert "model.shared" in embeddings and model.lm_head.weight is model.model.shared.weight
+    if model_type == "layerwise_coordination":
+        assert {"model.encoder.connection.language_embedding", "model.decoder.connection.language_embedding"} <= set(
+            embeddings
+        )
+    if overrides:
+        assert "model.encoder.embeddings.embed_positions" in embeddings
+    for name, module in embeddings.items():
+        weight = module.weight.detach()
+        if module.padding_idx is not None:
+            assert not weight[module.padding_idx].any(), name
+            weight = torch.cat([weight[: module.padding_idx], weight[module.padding_idx + 1 :]])
+        assert_std(weight, expected, name)
+    linear = torch.cat(
+        [module.weight.detach().flatten() for name, module in model.named_modules()
+         if isinstance(module, nn.Linear) and name != "lm_head"]
+    )
+    assert_std(linear, init_std, "linear weights")
 
 
 def test_fusion_weights_initialised_when_loading_plain_checkpoint(tiny_backbone, tmp_path):

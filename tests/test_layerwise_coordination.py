@@ -1,7 +1,10 @@
-"""Layer-wise coordination (He et al. 2018): Eq. 3 mask and mixed attention against brute force, resettable
-positions and source/target embeddings, layer sharing and the Table 1/3 parameter arithmetic, decoder layer i reading
-encoder state s_{i-1} (pre-norm too), cache, beam search, save/load, eager/SDPA, checkpointing, Trainer, Marian."""
+"""Layer-wise coordination (He et al. 2018): Eq. 3 mask and mixed attention against brute force, the separated
+attention of Table 3's "w/o mixed attention" against a whole decoder computed by hand, resettable positions, the
+source/target and position embedding switches, layer sharing and the Sec. 4.2 / Table 3 parameter arithmetic, decoder
+layer i reading encoder state s_{i-1} (pre-norm too), gradients of every parameter, the start token, cache, beam
+search, save/load (old config.json files too), eager/SDPA, checkpointing, Trainer, Marian."""
 
+import json
 import math
 
 import pytest
@@ -25,6 +28,8 @@ ABLATIONS = {
     "paper": {},
     "no_sharing": dict(share_layer_parameters=False),
     "no_mixed_attention": dict(mixed_attention=False),
+    "unshared_cross_attention": dict(mixed_attention=False, unshared_cross_attention=True),
+    "no_position_embeddings": dict(position_embeddings=False),
     "pre_norm": dict(normalize_before=True),
 }
 
@@ -79,27 +84,34 @@ def test_eq3_mask_explicit_matrix():
     assert torch.equal(chunk[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
 
 
-def reference_mixed_attention(attention, queries_from, source, target, source_keep, num_heads):
-    """Eq. 1 + 3 by hand: one softmax over [source ; target] keys, source padding and future targets masked."""
+def reference_attention(attention, queries_from, keys_from, allowed, num_heads):
+    """Eq. 1 by hand with `attention`'s projections: one softmax over the keys of `keys_from`, the entries where
+    `allowed` (batch, 1, queries, keys) is False masked out."""
     batch, m, d = queries_from.shape
-    n, head_dim = source.shape[1], d // num_heads
+    head_dim = d // num_heads
 
     def heads(x):
         return x.view(batch, -1, num_heads, head_dim).transpose(1, 2)
 
     q = heads(queries_from @ attention.q_proj.weight.T + attention.q_proj.bias)
-    keys_from = torch.cat([source, target], dim=1)
     k = heads(keys_from @ attention.k_proj.weight.T + attention.k_proj.bias)
     v = heads(keys_from @ attention.v_proj.weight.T + attention.v_proj.bias)
     scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
+    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    context = (weights @ v).transpose(1, 2).reshape(batch, m, d)
+    return context @ attention.out_proj.weight.T + attention.out_proj.bias
+
+
+def reference_mixed_attention(attention, queries_from, source, target, source_keep, num_heads):
+    """Eq. 1 + 3 by hand: one softmax over [source ; target] keys, source padding and future targets masked."""
+    batch, m = queries_from.shape[:2]
+    n = source.shape[1]
     allowed = torch.zeros(batch, 1, m, n + m, dtype=torch.bool)
     for b in range(batch):
         for t in range(m):
             for j in range(n + m):
                 allowed[b, 0, t, j] = bool(source_keep[b, j]) if j < n else j <= t + n
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    context = (weights @ v).transpose(1, 2).reshape(batch, m, d)
-    return context @ attention.out_proj.weight.T + attention.out_proj.bias
+    return reference_attention(attention, queries_from, torch.cat([source, target], dim=1), allowed, num_heads)
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -133,10 +145,91 @@ def test_mixed_attention_equals_brute_force_and_reads_encoder_layer_inputs(
         torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5, msg=f"decoder layer {i}")
 
 
-def test_resettable_positions_and_language_embeddings(tiny_backbone, padded_batch):
+def layer_norm(x, norm):
+    """LayerNorm by its definition: (x - mean) / sqrt(var + eps) * gain + bias, over the last dimension."""
+    mean = x.mean(-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + norm.eps) * norm.weight + norm.bias
+
+
+def feed_forward(ffn, x):
+    """W_2 relu(W_1 x + b_1) + b_2."""
+    return torch.relu(x @ ffn.fc1.weight.T + ffn.fc1.bias) @ ffn.fc2.weight.T + ffn.fc2.bias
+
+
+def reference_separated_decoder_layer(shared, x, source, source_keep, pre_norm, num_heads):
+    """Table 3's "w/o mixed attention" decoder layer i from its definition: the mixed attention separated "into
+    self-attention and source-target attention as usual" inside the shared layer `shared` (= encoder layer i):
+    causal self-attention over the target, then source-target attention over encoder state s_{i-1} (`source`, source
+    padding masked), then the FFN, each a residual block; both attentions use the layer's one set of attention
+    parameters and its attention block's LayerNorm (pre-norm: which also normalises s_{i-1}, as for the encoder's
+    self-attention), so the model has no parameter the full model lacks."""
+    attention, attention_norm = shared.self_attn, shared.self_attn_block.layer_norm
+    ffn, ffn_norm = shared.ffn, shared.ffn_block.layer_norm
+    batch, m = x.shape[:2]
+    causal = torch.ones(m, m, dtype=torch.bool).tril().expand(batch, 1, m, m)
+    source_allowed = source_keep.bool()[:, None, None, :].expand(batch, 1, m, source.shape[1])
+
+    def residual_block(h, sublayer, norm):
+        return h + sublayer(layer_norm(h, norm)) if pre_norm else layer_norm(h + sublayer(h), norm)
+
+    memory = layer_norm(source, attention_norm) if pre_norm else source
+    h = residual_block(x, lambda y: reference_attention(attention, y, y, causal, num_heads), attention_norm)
+    h = residual_block(
+        h, lambda y: reference_attention(attention, y, memory, source_allowed, num_heads), attention_norm
+    )
+    return residual_block(h, lambda y: feed_forward(ffn, y), ffn_norm)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_separated_attention_decoder_equals_reference(
+    attn_implementation, normalize_before, tiny_backbone, padded_batch
+):
+    """`mixed_attention=False`: the logits equal a decoder computed by hand layer by layer from the definitions
+    above, every parameter taken from the shared (encoder) layers, the final LayerNorm (pre-norm) the encoder's and
+    the output projection the shared embeddings; inputs are the decoder's embeddings and each encoder layer's input
+    s_{i-1}, recorded by hooks."""
+    model = build(
+        tiny_backbone, attn_implementation, mixed_attention=False, normalize_before=normalize_before,
+        encoder_layers=3, decoder_layers=3,
+    )
+    with torch.no_grad():  # LayerNorms away from their identity init, so that using the wrong one shows
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:
+                parameter.copy_(torch.randn_like(parameter) * 0.5 + (1.0 if name.endswith("weight") else 0.0))
+    encoder_inputs, decoder_input = {}, {}
+    hooks = [
+        layer.register_forward_pre_hook(lambda m, args, i=i: encoder_inputs.__setitem__(i, args[0]))
+        for i, layer in enumerate(model.model.encoder.layers)
+    ]
+    hooks.append(
+        model.model.decoder.layers[0].register_forward_pre_hook(lambda m, args: decoder_input.__setitem__(0, args[0]))
+    )
+    decoder_input_ids = decoder_inputs(model.config)
+    with torch.no_grad():
+        logits = model(**source_of(padded_batch), decoder_input_ids=decoder_input_ids).logits
+    for hook in hooks:
+        hook.remove()
+
+    with torch.no_grad():
+        h = decoder_input[0]
+        for i, shared in enumerate(model.model.encoder.layers):
+            h = reference_separated_decoder_layer(
+                shared, h, encoder_inputs[i], padded_batch["attention_mask"], normalize_before, num_heads=2
+            )
+        if normalize_before:
+            h = layer_norm(h, model.model.encoder.layer_norm)
+        expected = h @ model.model.shared.weight.T + model.final_logits_bias
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("position_embeddings", [True, False])
+def test_resettable_positions_and_language_embeddings(position_embeddings, tiny_backbone, padded_batch):
     """s_0 = sqrt(d) E[x] + P[pos] + e_lang with positions 0..n-1 in the source and 0..m-1 again in the target;
-    P is the sinusoidal table (Marian layout: sin in the first half, cos in the second), written out here."""
-    model = build(tiny_backbone)
+    P is the sinusoidal table (Marian layout: sin in the first half, cos in the second), written out here. Table 3
+    "w/o position embedding" (`position_embeddings=False`): s_0 = sqrt(d) E[x] + e_lang."""
+    model = build(tiny_backbone, position_embeddings=position_embeddings)
     d = model.config.d_model
     inputs = {}
     hooks = [
@@ -159,7 +252,7 @@ def test_resettable_positions_and_language_embeddings(tiny_backbone, padded_batc
     embed = model.model.shared.weight
     for name, ids in (("encoder", padded_batch["input_ids"]), ("decoder", decoder_input_ids)):
         language = getattr(model.model, name).connection.language_embedding.weight[0]
-        expected = math.sqrt(d) * embed[ids] + table(ids.shape[1]) + language
+        expected = math.sqrt(d) * embed[ids] + language + (table(ids.shape[1]) if position_embeddings else 0)
         torch.testing.assert_close(inputs[name], expected, atol=1e-5, rtol=1e-5, msg=name)
     assert not torch.equal(
         model.model.encoder.connection.language_embedding.weight, model.model.decoder.connection.language_embedding.weight
@@ -181,7 +274,7 @@ def count(model):
     return sum(p.numel() for p in model.parameters())  # each shared tensor counted once
 
 
-def test_sharing_same_parameter_objects_and_table1_arithmetic(tiny_backbone):
+def test_sharing_same_parameter_objects_and_table3_arithmetic(tiny_backbone):
     d, ffn, vocab = tiny_backbone["d_model"], tiny_backbone["encoder_ffn_dim"], tiny_backbone["vocab_size"]
     model = build(tiny_backbone, encoder_layers=4, decoder_layers=4)
     for encoder_layer, decoder_layer in zip(model.model.encoder.layers, model.model.decoder.layers):
@@ -191,22 +284,52 @@ def test_sharing_same_parameter_objects_and_table1_arithmetic(tiny_backbone):
     language = 2 * d
     # sharing on: one stack of 4 layers (the paper's 14 shared layers ~ a 6 + 6 Transformer, Sec. 4.2)
     assert count(model) == vocab * d + 4 * layer_parameters(d, ffn) + language
-    # Table 3 "w/o weight sharing": half the layers, the same parameter count
+    # Table 3: every ablation row has the full model's parameter count (19.07M in the paper); "w/o weight sharing"
+    # with half the layers, "w/o mixed attention" computing both attentions with the layer's own parameters
     unshared = build(tiny_backbone, encoder_layers=2, decoder_layers=2, share_layer_parameters=False)
-    assert count(unshared) == count(model)
+    separated = build(tiny_backbone, encoder_layers=4, decoder_layers=4, mixed_attention=False)
+    no_positions = build(tiny_backbone, encoder_layers=4, decoder_layers=4, position_embeddings=False)
+    assert count(unshared) == count(separated) == count(no_positions) == count(model)
     for encoder_layer, decoder_layer in zip(unshared.model.encoder.layers, unshared.model.decoder.layers):
         assert all(decoder_layer.get_parameter(n) is not p for n, p in encoder_layer.named_parameters())
-    # sharing and mixed attention off, no language embeddings: the plain model's count
+    for encoder_layer, decoder_layer in zip(separated.model.encoder.layers, separated.model.decoder.layers):
+        for name, parameter in encoder_layer.self_attn.named_parameters():
+            assert decoder_layer.encoder_attn.get_parameter(name) is parameter
+            assert decoder_layer.self_attn.get_parameter(name) is parameter
+        assert decoder_layer.encoder_attn_block.layer_norm.weight is encoder_layer.self_attn_block.layer_norm.weight
+    # "w/o source/target embedding" drops the two language vectors (2 d; 512 of the paper's 19.07M)
+    no_language = build(tiny_backbone, encoder_layers=4, decoder_layers=4, language_embeddings=False)
+    assert count(no_language) == count(model) - language
+    # sharing and mixed attention off, an unshared cross-attention, no language embeddings: the plain model's count
     plain_like = build(
-        tiny_backbone, share_layer_parameters=False, mixed_attention=False, language_embeddings=False
+        tiny_backbone, share_layer_parameters=False, mixed_attention=False, unshared_cross_attention=True,
+        language_embeddings=False,
     )
     plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
     expected_plain = vocab * d + 2 * layer_parameters(d, ffn) + 2 * layer_parameters(d, ffn, cross_attention=True)
     assert count(plain_like) == count(plain) == expected_plain
-    # mixed attention off with sharing: self-attention and FFN shared, cross-attention (and its block) per decoder layer
-    separate = build(tiny_backbone, mixed_attention=False)
+    # an unshared cross-attention with sharing: self-attention and FFN shared, cross-attention (and its block) per
+    # decoder layer
+    separate = build(tiny_backbone, mixed_attention=False, unshared_cross_attention=True)
     cross = 4 * (d * d + d) + 2 * d
     assert count(separate) == vocab * d + 2 * layer_parameters(d, ffn) + 2 * cross + language
+
+
+def test_paper_small_preset_matches_the_6_plus_6_transformer():
+    """Sec. 4.2: 14 shared layers at d 256, FFN 1024, 4 heads have about the parameters of the 6 + 6 Transformer of
+    that size: they differ by the 6 decoder cross-attentions (6 (4 d^2 + 4 d + 2 d)) less 2 layers, plus the
+    language embeddings (2 d), 2048 parameters."""
+    config = LayerwiseCoordinationConfig.from_preset("layerwise_paper_small", vocab_size=100)
+    paper = dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_layers=14, decoder_layers=14)
+    assert {key: getattr(config, key) for key in paper} == paper
+    assert config.share_layer_parameters and config.mixed_attention and config.decoder_start_token_id == BOS
+    with torch.device("meta"):
+        model = LayerwiseCoordinationForConditionalGeneration(config)
+        plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig.from_preset("multi30k", vocab_size=100))
+    d, ffn = 256, 1024
+    assert count(model) == 100 * d + 14 * layer_parameters(d, ffn) + 2 * d
+    assert count(plain) - count(model) == 6 * (4 * d * d + 6 * d) - 2 * layer_parameters(d, ffn) - 2 * d == 2048
 
 
 def test_gradients_from_both_stacks_reach_shared_layers(tiny_backbone, padded_batch):
@@ -223,6 +346,35 @@ def test_gradients_from_both_stacks_reach_shared_layers(tiny_backbone, padded_ba
         encoder_outputs = model.get_encoder()(**source_of(padded_batch))
     model(encoder_outputs=encoder_outputs, attention_mask=padded_batch["attention_mask"], labels=padded_batch["labels"]).loss.backward()
     assert weight.grad.abs().sum() > 0 and not torch.allclose(weight.grad, total)
+
+
+@pytest.mark.parametrize(
+    "ablation", ["paper", "no_mixed_attention", "unshared_cross_attention", "no_position_embeddings"]
+)
+def test_pre_norm_every_parameter_gets_a_gradient(ablation, tiny_backbone, padded_batch):
+    """Pre-norm with sharing: the encoder's final LayerNorm is the decoder's (nothing reads the encoder's top output),
+    so no parameter is left without a gradient."""
+    model = build(tiny_backbone, normalize_before=True, **ABLATIONS[ablation]).train()
+    model(**padded_batch).loss.backward()
+    without = [name for name, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert without == []
+    assert model.model.decoder.layer_norm.weight is model.model.encoder.layer_norm.weight
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+def test_without_sharing_only_the_unread_top_encoder_layer_gets_no_gradient(
+    normalize_before, tiny_backbone, padded_batch
+):
+    """Sharing off: decoder layer i reads s_{i-1}, so the top encoder layer (and, pre-norm, the encoder's final
+    LayerNorm) is read by nothing; every other parameter gets a gradient."""
+    model = build(tiny_backbone, normalize_before=normalize_before, share_layer_parameters=False).train()
+    model(**padded_batch).loss.backward()
+    without = {name for name, p in model.named_parameters() if p.grad is None}
+    top = len(model.model.encoder.layers) - 1
+    expected = {f"model.encoder.layers.{top}.{name}" for name, _ in model.model.encoder.layers[top].named_parameters()}
+    if normalize_before:
+        expected |= {"model.encoder.layer_norm.weight", "model.encoder.layer_norm.bias"}
+    assert without == expected
 
 
 # ------------------------------------------------------------------------------------------------ cache, beam
@@ -266,6 +418,10 @@ def test_source_keys_cached_once_target_keys_grow(tiny_backbone, padded_batch):
 def test_generate_greedy_beam_sampling_and_start_token(tiny_backbone, padded_batch):
     model = build(tiny_backbone)
     assert model.config.decoder_start_token_id == model.config.bos_token_id == BOS  # source ... EOS, then SOS
+    # the start token is the family's, whatever the bos id; an explicit id still wins
+    assert LayerwiseCoordinationConfig(**tiny_backbone, bos_token_id=5).decoder_start_token_id == 5
+    assert LayerwiseCoordinationConfig(**tiny_backbone, decoder_start_token_id=EOS).decoder_start_token_id == EOS
+    assert PlainTransformerConfig(**tiny_backbone, eos_token_id=7).decoder_start_token_id == 7
     source = source_of(padded_batch)
     for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
         sequences = model.generate(**source, max_new_tokens=5, **kwargs)
@@ -276,26 +432,58 @@ def test_generate_greedy_beam_sampling_and_start_token(tiny_backbone, padded_bat
 
 
 # ------------------------------------------------------------------------------------------------ io, impls
-@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention"])
+@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention", "unshared_cross_attention", "pre_norm"])
 def test_save_load_round_trip(ablation, tiny_backbone, padded_batch, tmp_path):
     model = build(tiny_backbone, **ABLATIONS[ablation])
     model.save_pretrained(tmp_path)
     stored = load_file(tmp_path / "model.safetensors")
-    # every shared tensor is stored once, under its encoder name
-    assert not any(key.startswith("model.decoder.layers.") and ("ffn." in key or "self_attn." in key) for key in stored)
+    # every tied tensor is stored once, under its source's name: with sharing a decoder layer stores nothing but an
+    # unshared cross-attention, and the decoder's final LayerNorm (pre-norm) is the encoder's
+    decoder_sublayers = {key.split(".")[4] for key in stored if key.startswith("model.decoder.layers.")}
+    own = {"encoder_attn", "encoder_attn_block"} if model.config.unshared_cross_attention else set()
+    assert decoder_sublayers == own
+    assert not any(key.startswith("model.decoder.layer_norm.") for key in stored)
     assert "model.encoder.connection.language_embedding.weight" in stored
     loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     assert type(loaded) is LayerwiseCoordinationForConditionalGeneration
-    assert loaded.config.mixed_attention == model.config.mixed_attention
-    assert loaded.model.decoder.layers[1].ffn.fc2.weight is loaded.model.encoder.layers[1].ffn.fc2.weight
-    assert loaded.model.decoder.layers[1].self_attn.q_proj.weight is loaded.model.encoder.layers[1].self_attn.q_proj.weight
+    assert loaded.config.to_dict() == {**model.config.to_dict(), "_name_or_path": str(tmp_path)}
+    loaded_encoder, loaded_decoder = loaded.model.encoder, loaded.model.decoder
+    assert loaded_decoder.layers[1].ffn.fc2.weight is loaded_encoder.layers[1].ffn.fc2.weight
+    assert loaded_decoder.layers[1].self_attn.q_proj.weight is loaded_encoder.layers[1].self_attn.q_proj.weight
+    if not model.config.mixed_attention and not model.config.unshared_cross_attention:
+        assert loaded_decoder.layers[1].encoder_attn.q_proj.weight is loaded_encoder.layers[1].self_attn.q_proj.weight
+    if model.config.normalize_before:
+        assert loaded_decoder.layer_norm.weight is loaded_encoder.layer_norm.weight
     for key, value in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
     with torch.no_grad():
         torch.testing.assert_close(loaded(**padded_batch).logits, model(**padded_batch).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention"])
+def test_config_saved_before_the_new_switches_loads_as_it_was_trained(tiny_backbone, padded_batch, tmp_path):
+    """A config.json written before `unshared_cross_attention`, `position_embeddings` and `embedding_init` existed:
+    `mixed_attention=False` then meant a cross-attention of its own, so the checkpoint loads with
+    `unshared_cross_attention=True` and its own logits; the other keys take their defaults (the old behaviour)."""
+    model = build(tiny_backbone, **ABLATIONS["unshared_cross_attention"])
+    model.save_pretrained(tmp_path)
+    config_file = tmp_path / "config.json"
+    saved = json.loads(config_file.read_text())
+    for key in ("unshared_cross_attention", "position_embeddings", "embedding_init"):
+        del saved[key]
+    config_file.write_text(json.dumps(saved))
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert loaded.config.unshared_cross_attention and loaded.config.position_embeddings
+    assert loaded.config.embedding_init == "init_std"
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**padded_batch).logits, model(**padded_batch).logits, atol=0, rtol=0)
+    # a saved mixed-attention model is unaffected, and so is a dict that is not a saved config of this family
+    saved.update(mixed_attention=True)
+    assert not LayerwiseCoordinationConfig.from_dict(saved).unshared_cross_attention
+    unsaved = {key: value for key, value in saved.items() if key != "model_type"} | {"mixed_attention": False}
+    assert not LayerwiseCoordinationConfig.from_dict(unsaved).unshared_cross_attention
+
+
+@pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention", "unshared_cross_attention"])
 def test_eager_equals_sdpa(ablation, tiny_backbone, padded_batch):
     eager = build(tiny_backbone, "eager", **ABLATIONS[ablation])
     sdpa = build(tiny_backbone, "sdpa", **ABLATIONS[ablation])
@@ -361,6 +549,8 @@ def test_trainer_one_step(tmp_path, tiny_backbone):
         (dict(decoder_attention_heads=4), r"`encoder_attention_heads` \(2\) must equal `decoder_attention_heads` \(4\)"),
         (dict(decoder_ffn_dim=8), r"`encoder_ffn_dim` \(32\) must equal `decoder_ffn_dim` \(8\)"),
         (dict(layerwise_memory=False), "layerwise_memory=False"),
+        (dict(unshared_cross_attention=True), "unshared_cross_attention=True.*mixed_attention=True"),
+        (dict(position_embeddings="no"), r"`position_embeddings` is a switch and must be True or False, got 'no'"),
     ],
 )
 def test_config_validation(overrides, message, tiny_backbone):
@@ -379,7 +569,8 @@ def test_config_allows_unshared_sizes_and_top_memory_ablation(tiny_backbone):
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_from_marian_plain_configuration_matches_marian(attn_implementation, padded_batch):
-    """Sharing, mixed attention, layer-wise memory and language embeddings off = the plain Transformer."""
+    """Sharing, mixed attention, layer-wise memory and language embeddings off, the cross-attention unshared = the
+    plain Transformer."""
     marian = MarianMTModel(
         MarianConfig(
             vocab_size=24, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
@@ -394,6 +585,7 @@ def test_from_marian_plain_configuration_matches_marian(attn_implementation, pad
         attn_implementation=attn_implementation,
         share_layer_parameters=False,
         mixed_attention=False,
+        unshared_cross_attention=True,
         layerwise_memory=False,
         language_embeddings=False,
     ).eval()

@@ -57,7 +57,7 @@ def test_table_2_layouts_parse_build_and_run(layout, tiny_backbone, padded_batch
     config = model.config
     assert config.encoder_layer_layouts == expected_layers
     assert config.encoder_layers == len(expected_layers)
-    assert config.decoder_layer_layouts == ["scf"] * 6 and config.decoder_layers == 6  # backbone default decoder
+    assert config.decoder_layer_layouts == ["scf"] * 2 and config.decoder_layers == 2  # Re-Transformer-2's decoder
     layers = model.model.encoder.layers
     assert len(layers) == len(expected_layers)
     for layer, sublayers in zip(layers, expected_layers):
@@ -75,6 +75,16 @@ def test_table_2_layouts_parse_build_and_run(layout, tiny_backbone, padded_batch
     assert torch.isfinite(loss)
     loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in layers.parameters())
+
+
+def test_default_is_re_transformer_2():
+    """Without a preset or layer counts the config is the paper's best model, Re-Transformer-2 (Table 3)."""
+    default, preset = ReTransformerConfig(), ReTransformerConfig.from_preset("re_transformer_2")
+    assert default.to_dict() == preset.to_dict()
+    assert (default.encoder_layout, default.decoder_layout) == ("s-sf-s-sf-s-sf", "scf-scf")
+    # a given decoder depth or layout still decides
+    assert ReTransformerConfig(decoder_layers=4).decoder_layout == "scf-scf-scf-scf"
+    assert ReTransformerConfig(decoder_layout="scf").decoder_layers == 1
 
 
 def test_presets():
@@ -112,6 +122,9 @@ def test_presets():
         (dict(encoder_layout="sc-sf"), r"character 'c' at position 1 is not a sub-layer"),
         (dict(encoder_layout="sf sf"), r"character ' ' at position 2"),
         (dict(encoder_layout=""), r"encoder_layout.*non-empty.*''"),
+        (dict(encoder_layout="f-f"), r"`encoder_layout` 'f-f' has no self-attention sub-layer"),
+        (dict(encoder_layout="ff"), r"`encoder_layout` 'ff' has no self-attention sub-layer"),
+        (dict(decoder_layers="2"), r"`decoder_layers` must be of type int \| None, got '2'"),
         (dict(decoder_layout="scf-scx"), r"decoder_layout.*character 'x' at position 6"),
         (dict(decoder_layout="scf-"), r"decoder_layout.*'-' at position 3"),
         (dict(decoder_layout="sf-sf"), r"decoder_layout.*'sf-sf'.*no cross-attention"),

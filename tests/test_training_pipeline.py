@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from sacrebleu.metrics import BLEU
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
+import hf_layerfusion
 from hf_layerfusion import (
     GTransConfig,
     GTransForConditionalGeneration,
@@ -28,6 +30,8 @@ from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
 sys.path.insert(0, str(REPO_ROOT / "examples"))
+import run_translation  # noqa: E402
+
 from hf_layerfusion.translation import translate  # noqa: E402
 
 EPSILON = 0.1
@@ -203,6 +207,28 @@ def finish(process: subprocess.Popen) -> str:
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output[-4000:]
     return output
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_run_translation_starts_each_family_from_its_own_start_token(model_type):
+    """A new model gets the tokenizer's pad / bos / eos ids and the family's start token: SOS for layer-wise
+    coordination (paper Sec. 4.3: the source, its EOS, then SOS), EOS for the others (fairseq / Marian). The ids are
+    set apart from the configs' defaults so that a default cannot pass for them."""
+    tokenizer = SimpleNamespace(pad_token_id=5, bos_token_id=7, eos_token_id=9)
+    model_args = run_translation.ModelArguments(model_type=model_type, preset="multi30k")
+    config = run_translation.build_config(model_args, 100, run_translation.tokenizer_special_ids(tokenizer))
+    assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (5, 7, 9)
+    assert config.decoder_start_token_id == (7 if model_type == "layerwise_coordination" else 9)
+
+
+def test_run_translation_takes_family_presets():
+    special_ids = dict(pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    paper = run_translation.ModelArguments(model_type="layerwise_coordination", preset="layerwise_paper_small")
+    config = run_translation.build_config(paper, 100, special_ids)
+    assert (config.encoder_layers, config.d_model, config.decoder_start_token_id) == (14, 256, 0)
+    other_family = run_translation.ModelArguments(model_type="layerwise_coordination", preset="re_transformer_2")
+    with pytest.raises(ValueError, match="'re_transformer_2' for layerwise_coordination.*'layerwise_paper_small'"):
+        run_translation.build_config(other_family, 100, special_ids)
 
 
 def test_run_translation_end_to_end(tmp_path, multi30k_dir):

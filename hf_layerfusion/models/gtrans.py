@@ -94,8 +94,6 @@ class GTransConfig(LayerFusionConfig):
                 raise ValueError(f"`{size_name}` must lie in [1, {layers_name}={layers}], got {size}.")
         if self.probability_temperature is not None and self.probability_temperature <= 0:
             raise ValueError(f"`probability_temperature` must be positive, got {self.probability_temperature}.")
-        if not math.isfinite(self.fusion_weight_init):
-            raise ValueError(f"`fusion_weight_init` must be a finite number, got {self.fusion_weight_init}.")
         if not 0.0 <= self.fused_state_dropout < 1.0:
             raise ValueError(f"`fused_state_dropout` must lie in [0, 1), got {self.fused_state_dropout}.")
 

@@ -8,10 +8,11 @@ Encoder and decoder have the same number of layers N, and decoder layer i is coo
   `M(t, j) = 0 if j < n or j <= t + n, -inf otherwise` (n = source length, plus the source padding). It replaces the
   decoder's separate self- and cross-attention (decoder layout `"sf"`).
 - **parameter sharing** (Sec. 3): encoder layer i and decoder layer i share their attention and feed-forward
-  parameters, including the LayerNorms of the two residual blocks, so the model has one stack's parameters
-  (14 shared layers ~ a 6 + 6 Transformer, Sec. 4.2 / Table 3: 19.07M for the small IWSLT setting).
-- **resettable positions**: source positions start at 0 and target positions start at 0 again (sinusoidal), which
-  is what the backbone's two position tables already do.
+  parameters, including the LayerNorms of the two residual blocks, so the model has one stack's parameters. The
+  paper's small model (Sec. 4.2) stacks 14 shared layers at d 256, FFN 1024, 4 heads, about the parameters of the
+  6 + 6 Transformer of that size (preset `layerwise_paper_small`; 19.07M with the IWSLT De-En vocabulary, Table 3).
+- **resettable positions** (Sec. 3, "Position Embedding"): source positions start at 0 and target positions start
+  at 0 again (sinusoidal), which is what the backbone's two position tables already do.
 - **source/target embeddings**: one learned vector for the source language and one for the target language, added
   to every position (`LanguageEmbedding`, the connection at l = 0).
 
@@ -21,23 +22,37 @@ search reorders both (`EncoderDecoderCache`), so incremental decoding equals the
 
 First target step (Sec. 4.3: "we append the source tokens with EOS, and then with SOS, and feed them into the model to
 generate the first target token"): the source ends with EOS (as the tokenizers of this package encode it) and the
-decoder starts from `decoder_start_token_id`, which this family sets to `bos_token_id` (SOS, id 0 by default) instead
-of Marian's pad/EOS convention. Set it to your tokenizer's SOS id.
+decoder starts from SOS: this family's start token is `bos_token_id` (`decoder_start_token`), so an unset
+`decoder_start_token_id` is the bos id (0 by default), not EOS as in the other families. Give the config your
+tokenizer's bos id (`examples/run_translation.py` gives the tokenizer's pad / bos / eos ids and leaves the start
+token to the family).
 
 Choices where the paper is silent (tested in tests/test_layerwise_coordination.py):
 - decoder layer i reads encoder state s_{i-1} (the input of encoder layer i), so the source and target states a
-  mixed attention reads are of the same depth; the output of the top encoder layer is not read by the decoder (with
-  sharing off its parameters then get no gradient: train with `ddp_find_unused_parameters=True` on several GPUs);
+  mixed attention reads are of the same depth; the output of the top encoder layer is read by no decoder layer, as
+  in the paper's concatenated model, whose top-layer source outputs predict nothing (with sharing on its parameters
+  are the top decoder layer's and get their gradient there; with sharing off they get none: train with
+  `ddp_find_unused_parameters=True` on several GPUs);
 - pre-norm (`normalize_before=True`): the source part goes through the same LayerNorm as the target part (the
-  mixed-attention block's), i.e. with sharing on exactly what encoder layer i's self-attention read;
-- the language embedding is added after the embedding dropout (it is a connection at l = 0);
-- ablations (Table 3): `share_layer_parameters=False` builds separate decoder layers; `mixed_attention=False` gives
-  the decoder separate causal self-attention (shared with the encoder's when sharing is on) and cross-attention
-  (never shared; it reads s_{i-1} through its own block's LayerNorm); `language_embeddings=False` drops the
-  source/target embeddings. `layerwise_memory=False` (only with `mixed_attention=False`) makes every
-  cross-attention read the top encoder layer: with sharing and language embeddings off as well this is exactly the
+  mixed-attention block's), i.e. with sharing on exactly what encoder layer i's self-attention read; with sharing on
+  the two stacks' final LayerNorms are one (the concatenated sequence's), so every parameter gets a gradient;
+- the language embedding is added after the embedding dropout (it is a connection at l = 0), and is initialised
+  like the token embeddings (`embedding_init`);
+- ablations (Table 3): `share_layer_parameters=False` builds separate decoder layers (the paper halves the layers);
+  `mixed_attention=False` separates the mixed attention inside the shared layer into a causal self-attention (its
+  own residual block) followed by a source-target attention over s_{i-1} (a second residual block): the paper says
+  "as usual" and keeps the parameter count, so both attentions use the layer's attention parameters and the second
+  block reuses the first block's LayerNorm (which in pre-norm also normalises s_{i-1}, as the mixed attention's
+  does); `unshared_cross_attention=True` gives that source-target attention parameters and a LayerNorm of its own
+  instead; `language_embeddings=False` drops the source/target embeddings; `position_embeddings=False` drops the
+  position embeddings of both stacks (the paper does not say more; nothing replaces them).
+  `layerwise_memory=False` (only with `mixed_attention=False`) makes every source-target attention read the top
+  encoder layer: with sharing and language embeddings off and `unshared_cross_attention=True` this is exactly the
   plain Transformer, so `from_marian(..., model_type="layerwise_coordination", share_layer_parameters=False,
-  mixed_attention=False, layerwise_memory=False, language_embeddings=False)` reproduces Marian's logits;
+  mixed_attention=False, unshared_cross_attention=True, layerwise_memory=False, language_embeddings=False)`
+  reproduces Marian's logits;
+- dropout and the initialisation are the backbone's (the paper gives neither); the paper's beam 6 and length
+  penalty 1.1 (Sec. 4.3) are generation settings (`generate(num_beams=6, length_penalty=1.1)`);
 - attention implementations: eager and SDPA (the mixed mask is a materialised 4-D mask); flash and flex attention
   are not supported by this family;
 - attention maps (`output_attentions=True`, eager): each decoder map spans the keys `[source ; target]` (one
@@ -55,6 +70,7 @@ from transformers.cache_utils import EncoderDecoderCache
 from transformers.generation import GenerationMixin
 
 from ..configuration_backbone import LayerFusionConfig
+from ..presets import BACKBONE_PRESETS
 from ..modeling_backbone import (
     CacheSlots,
     LayerContext,
@@ -72,26 +88,55 @@ class LayerwiseCoordinationConfig(LayerFusionConfig):
 
     Args:
         share_layer_parameters: encoder layer i and decoder layer i share their attention and feed-forward
-            parameters and the LayerNorms of those blocks (paper Sec. 3; False: Table 3 "w/o weight sharing").
-        mixed_attention: the decoder's one attention over [source states ; target prefix] (Eq. 3); False gives
-            separate self- and cross-attention (Table 3 "w/o mixed attention").
+            parameters and the LayerNorms of those blocks, and in pre-norm models the stacks' final LayerNorm (paper
+            Sec. 3; False: Table 3 "w/o weight sharing", which the paper runs with half the layers).
+        mixed_attention: the decoder's one attention over [source states ; target prefix] (Eq. 3). False: Table 3
+            "w/o mixed attention", the mixed attention separated "into self-attention and source-target attention as
+            usual" inside the same layer: a causal self-attention over the target, then a source-target attention
+            over the encoder state s_{i-1}, each a residual block, both computed with the layer's one set of
+            attention parameters and its attention block's LayerNorm (two softmaxes, no parameter added, so Table
+            3's parameter count is the full model's).
+        unshared_cross_attention: only with `mixed_attention=False`: the source-target attention gets parameters
+            and a LayerNorm of its own, never shared (the Transformer decoder's cross-attention; +4 d^2 + 6 d
+            parameters per decoder layer, not the paper's ablation). With sharing, mixed attention and language
+            embeddings off and `layerwise_memory=False` this is exactly the plain Transformer (`from_marian`).
         language_embeddings: learned source/target embeddings added to every position (False: Table 3 "w/o
             source/target embedding").
+        position_embeddings: add the (resettable) position embeddings (False: Table 3 "w/o position embedding";
+            tokens then carry no position at all).
         layerwise_memory: decoder layer i reads encoder state s_{i-1}; False (only with `mixed_attention=False`):
-            every cross-attention reads the top encoder layer, as in the plain Transformer.
+            every source-target attention reads the top encoder layer, as in the plain Transformer.
 
     `encoder_layers` must equal `decoder_layers`; with sharing on the encoder and decoder attention heads and
     feed-forward sizes must be equal too. `decoder_start_token_id` defaults to `bos_token_id` (the paper's SOS after
-    the source's EOS; see the module docstring).
+    the source's EOS; see the module docstring). `LayerwiseCoordinationConfig.from_preset("layerwise_paper_small")`
+    is the paper's small model (Sec. 4.2: 14 shared layers, d 256, FFN 1024, 4 heads, about the parameters of the
+    6 + 6 Transformer of that size); the backbone's defaults fill what the paper does not give (dropout 0.1).
+
+    A config.json saved before `unshared_cross_attention` existed with `mixed_attention=False` loads with
+    `unshared_cross_attention=True`, the model it was trained as; one without `position_embeddings` loads with them.
     """
 
     model_type = "layerwise_coordination"
+    decoder_start_token = "bos_token_id"
+    # Sec. 4.2's small configuration (d 256, FFN 1024, 4 heads: the backbone's `multi30k` size), 14 shared layers
+    family_presets = {
+        "layerwise_paper_small": {**BACKBONE_PRESETS["multi30k"], "encoder_layers": 14, "decoder_layers": 14},
+    }
 
     share_layer_parameters: bool = True
     mixed_attention: bool = True
+    unshared_cross_attention: bool = False
     language_embeddings: bool = True
+    position_embeddings: bool = True
     layerwise_memory: bool = True
-    decoder_start_token_id: int | None = 0
+
+    @classmethod
+    def upgrade_saved_config(cls, config_dict: dict) -> dict:
+        # until `unshared_cross_attention` existed, `mixed_attention=False` built a cross-attention of its own
+        if config_dict.get("mixed_attention") is False and "unshared_cross_attention" not in config_dict:
+            return {**config_dict, "unshared_cross_attention": True}
+        return config_dict
 
     def check_consistency(self) -> None:
         super().check_consistency()
@@ -115,11 +160,20 @@ class LayerwiseCoordinationConfig(LayerFusionConfig):
                 "`layerwise_memory=False` (cross-attention reads the top encoder layer) needs "
                 "`mixed_attention=False`: the mixed attention reads the encoder layer parallel to its decoder layer."
             )
+        if self.mixed_attention and self.unshared_cross_attention:
+            raise ValueError(
+                "`unshared_cross_attention=True` gives the source-target attention of `mixed_attention=False` "
+                "parameters of its own; with `mixed_attention=True` there is no such attention."
+            )
 
     @property
     def decoder_layer_layouts(self) -> list[str]:
         """Mixed attention replaces self- and cross-attention: `"sf"`; without it the usual `"scf"`."""
         return ["sf" if self.mixed_attention else "scf"] * self.decoder_layers
+
+    @property
+    def uses_position_embeddings(self) -> bool:
+        return self.position_embeddings
 
 
 def mixed_attention_mask(
@@ -209,7 +263,8 @@ class MixedAttention(MultiHeadAttention):
 
 class LayerwiseCrossAttention(MultiHeadAttention):
     """The `c` sub-layer of the `mixed_attention=False` ablation: attention over the per-layer encoder state s_{i-1},
-    normalised like its own input (pre-norm; the plain model's top-layer memory is normalised by the encoder)."""
+    normalised like its own input (pre-norm; the plain model's top-layer memory is normalised by the encoder). Its
+    parameters are the layer's self-attention's unless `unshared_cross_attention` (`_tied_weights_keys`)."""
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys, values = memory_keys_values(self, context)
@@ -238,6 +293,9 @@ class LanguageEmbedding(nn.Module):
 
 # the sub-layers (and their residual blocks) decoder layer i shares with encoder layer i, by `TransformerLayer` name
 SHARED_SUBLAYERS = ("self_attn", "self_attn_block", "ffn", "ffn_block")
+# without mixed attention (and unless `unshared_cross_attention`), the source-target attention sub-layer and its
+# block are computed with the parameters of the layer's self-attention and its block
+CROSS_ATTENTION_PARAMETERS = {"encoder_attn": "self_attn", "encoder_attn_block": "self_attn_block"}
 
 
 class LayerwiseCoordinationModel(LayerFusionModel):
@@ -264,21 +322,34 @@ class LayerwiseCoordinationModel(LayerFusionModel):
 
     @property
     def _tied_weights_keys(self) -> dict[str, str]:
-        """The embedding ties plus, with sharing on, every parameter of decoder layer i's self-attention (mixed or
-        causal), feed-forward network and their blocks' LayerNorms, tied to the same parameter of encoder layer i
-        (Sec. 3: with sharing a decoder layer is its encoder layer). The decoder layers are built with parameters of
-        their own and `tie_weights()` (run by `post_init` and `from_pretrained`) makes them the encoder's, the way
-        transformers ties embeddings: each shared tensor is saved once and tied back on load, and an encoder tensor is
-        never mistaken for an already-initialised tie target. The cross-attention of the `mixed_attention=False`
-        ablation is never shared."""
+        """The embedding ties plus the parameters a decoder layer computes with but does not own:
+
+        - with sharing on, every parameter of decoder layer i's self-attention (mixed or causal), feed-forward
+          network and their blocks' LayerNorms is the same parameter of encoder layer i (Sec. 3: with sharing a
+          decoder layer is its encoder layer), and in pre-norm models the decoder's final LayerNorm is the encoder's
+          (the concatenated sequence of the paper passes through one; the encoder's own output is read by no
+          decoder layer, so unshared it would never get a gradient);
+        - without mixed attention, the source-target attention and its block's LayerNorm are the layer's
+          self-attention and its block's (unless `unshared_cross_attention`).
+
+        The decoder layers are built with parameters of their own and `tie_weights()` (run by `post_init` and
+        `from_pretrained`) makes them the sources', the way transformers ties embeddings: each tied tensor is saved
+        once and tied back on load, and a source tensor is never mistaken for an already-initialised tie target."""
+        config = self.config
         tied = dict(LayerFusionModel._tied_weights_keys)
-        if not self.config.share_layer_parameters:
-            return tied
         encoder_names = {name for name, _ in self.encoder.layers.named_parameters()}
         for name, _ in self.decoder.layers.named_parameters(remove_duplicate=False):
-            _layer_idx, sublayer, _rest = name.split(".", 2)
-            if sublayer in SHARED_SUBLAYERS and name in encoder_names:
-                tied[f"decoder.layers.{name}"] = f"encoder.layers.{name}"
+            layer_idx, sublayer, rest = name.split(".", 2)
+            if not config.unshared_cross_attention and sublayer in CROSS_ATTENTION_PARAMETERS:
+                sublayer = CROSS_ATTENTION_PARAMETERS[sublayer]
+            source = f"{layer_idx}.{sublayer}.{rest}"
+            if config.share_layer_parameters and sublayer in SHARED_SUBLAYERS and source in encoder_names:
+                tied[f"decoder.layers.{name}"] = f"encoder.layers.{source}"
+            elif source != name:
+                tied[f"decoder.layers.{name}"] = f"decoder.layers.{source}"
+        if config.share_layer_parameters and config.normalize_before:
+            for name in ("weight", "bias"):
+                tied[f"decoder.layer_norm.{name}"] = f"encoder.layer_norm.{name}"
         return tied
 
 

@@ -5,7 +5,10 @@ The Re-Transformer re-arranges the sub-layers of the encoder and shortens the de
 names the sub-layers of every encoder layer, `s` a self-attention sub-layer and `f` a feed-forward sub-layer, with
 `-` between layers (paper Sec. 3.3, Table 2): `sf-sf-sf-sf-sf-sf` is the Transformer encoder, `s-sf-s-sf-s-sf` the
 Re-Transformer's (two self-attention sub-layers per feed-forward sub-layer). Re-Transformer-n has that 6-layer
-encoder and an n-layer decoder (Sec. 3.4; presets `re_transformer_2` and `re_transformer_4`).
+encoder and an n-layer decoder (Sec. 3.4; presets `re_transformer_2` and `re_transformer_4`). `ReTransformerConfig()`
+without a preset or layer counts is Re-Transformer-2, the paper's best (Table 3), at the backbone's Transformer-base
+size; the backbone size presets (`multi30k`, `iwslt`, `opus100`) set `decoder_layers` themselves (6 for the first
+two), so name the decoder depth with them (`from_preset("multi30k", decoder_layers=2)`).
 
 Choices where the paper is silent (tested in tests/test_re_transformer.py):
 - every sub-layer is a residual block with its own LayerNorm, as in the Transformer (post-norm by default), so a
@@ -15,6 +18,8 @@ Choices where the paper is silent (tested in tests/test_re_transformer.py):
   error rather than silently ignored;
 - the paper only changes the encoder; the decoder layout is configurable the same way (`decoder_layout`, default
   `scf` in every layer, i.e. the Transformer decoder), since the backbone builds any layout;
+- an encoder layout needs at least one self-attention sub-layer (every Table 2 layout has several; without one the
+  encoder never relates source positions to each other): `"f-f"` is refused;
 - loading a Marian / plain checkpoint (`from_marian(..., model_type="re_transformer", encoder_layout=...)`) maps
   layer by layer: layer i's first `s` / `c` / `f` sub-layer takes checkpoint layer i's self-attention /
   cross-attention / feed-forward sub-layer (with its LayerNorm). Repeated sub-layers of a kind within a layer
@@ -37,7 +42,8 @@ LAYER_SEPARATOR = "-"
 ENCODER_SUBLAYERS = {"s": "self-attention", "f": "feed-forward"}
 DECODER_SUBLAYERS = {"s": "self-attention", "c": "cross-attention", "f": "feed-forward"}
 RE_TRANSFORMER_ENCODER_LAYOUT = "s-sf-s-sf-s-sf"
-BACKBONE_DECODER_LAYERS = LayerFusionConfig.__dataclass_fields__["decoder_layers"].default
+# the decoder depth of the default config: Re-Transformer-2, the paper's best (Table 3)
+RE_TRANSFORMER_DECODER_LAYERS = 2
 # paper Table 2: the encoder layouts compared (BLEU on WMT14 En-De in the paper)
 TABLE_2_ENCODER_LAYOUTS = (
     "sf-sf-sf-sf-sf-sf",
@@ -82,20 +88,24 @@ class ReTransformerConfig(LayerFusionConfig):
         encoder_layout: sub-layers of each encoder layer, `s` self-attention, `f` feed-forward, `-` between layers
             (paper Table 2). Default: the Re-Transformer's `s-sf-s-sf-s-sf`; `sf-sf-sf-sf-sf-sf` is the Transformer.
         decoder_layout: the same for the decoder, with `c` for cross-attention; `None` (default) means `scf` in
-            each of `decoder_layers` layers (the Transformer decoder). The decoder as a whole needs at least one `s`
+            each of `decoder_layers` layers (the Transformer decoder), 2 of them when `decoder_layers` is not given
+            either (Re-Transformer-2). The decoder as a whole needs at least one `s`
             (generation counts decoded positions in its cache) and one `c` (else the source is never read); any
             non-empty combination of `s`, `c`, `f` is allowed in a layer. Stored as the explicit string.
         encoder_layers / decoder_layers: derived from the layouts when not given (the number of `-`-separated
             layers); a given value that disagrees with its layout is a `ValueError`.
 
-    `ReTransformerConfig.from_preset("re_transformer_2")` / `"re_transformer_4"` is Re-Transformer-2 / -4 (paper
-    Table 3: the Re-Transformer encoder, 2 or 4 decoder layers) at the Transformer-base size of the backbone
-    defaults (d 512, FFN 2048, 8 heads); other sizes are keyword overrides.
+    `ReTransformerConfig()` is Re-Transformer-2 (paper Table 3: the Re-Transformer encoder, 2 decoder layers) at
+    the Transformer-base size of the backbone defaults (d 512, FFN 2048, 8 heads), as is
+    `ReTransformerConfig.from_preset("re_transformer_2")`; `"re_transformer_4"` has 4 decoder layers. Other sizes
+    are keyword overrides; a backbone size preset brings its own `decoder_layers` (see the module docstring).
     """
 
     model_type = "re_transformer"
     family_presets = {
-        "re_transformer_2": dict(encoder_layout=RE_TRANSFORMER_ENCODER_LAYOUT, decoder_layers=2),
+        "re_transformer_2": dict(
+            encoder_layout=RE_TRANSFORMER_ENCODER_LAYOUT, decoder_layers=RE_TRANSFORMER_DECODER_LAYERS
+        ),
         "re_transformer_4": dict(encoder_layout=RE_TRANSFORMER_ENCODER_LAYOUT, decoder_layers=4),
     }
 
@@ -106,10 +116,11 @@ class ReTransformerConfig(LayerFusionConfig):
 
     def __post_init__(self, **kwargs):
         # layer counts follow the layouts; check_consistency (run by the base __post_init__) rejects a mismatch
+        self.check_types()  # before the layer counts and layouts are derived from each other
         if self.encoder_layers is None:
             self.encoder_layers = len(parse_layout(self.encoder_layout, "encoder_layout", ENCODER_SUBLAYERS))
         if self.decoder_layout is None:
-            layers = BACKBONE_DECODER_LAYERS if self.decoder_layers is None else self.decoder_layers
+            layers = RE_TRANSFORMER_DECODER_LAYERS if self.decoder_layers is None else self.decoder_layers
             self.decoder_layout = LAYER_SEPARATOR.join(["scf"] * layers)
         if self.decoder_layers is None:
             self.decoder_layers = len(parse_layout(self.decoder_layout, "decoder_layout", DECODER_SUBLAYERS))
@@ -126,6 +137,11 @@ class ReTransformerConfig(LayerFusionConfig):
                     f"which has {len(layers)} layers; leave `{stack}_layers` out (it follows the layout) or change "
                     "the layout."
                 )
+        if "s" not in self.encoder_layout:
+            raise ValueError(
+                f"`encoder_layout` {self.encoder_layout!r} has no self-attention sub-layer ('s'): its encoder would "
+                "never relate source positions to each other; every layout of the paper (Table 2) has several."
+            )
         for kind in ("s", "c"):
             if kind not in self.decoder_layout:
                 raise ValueError(

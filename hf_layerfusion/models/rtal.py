@@ -78,7 +78,6 @@ from ..modeling_backbone import (
     TopLayerDecoderReadout,
     TopLayerEncoderReadout,
 )
-from ..validation import check_bool
 
 AGGREGATION_FUNCTIONS = ("mean", "concat_ffn", "ewp_ffn")
 TREE_RESIDUALS = ("block_input", "children", "none")
@@ -132,7 +131,6 @@ class RTALConfig(LayerFusionConfig):
 
     def check_consistency(self) -> None:
         super().check_consistency()
-        check_bool(self.root_layer_norm, "root_layer_norm")
         if self.aggregation_function not in AGGREGATION_FUNCTIONS:
             raise ValueError(
                 f"Unknown `aggregation_function` {self.aggregation_function!r}; choose one of {AGGREGATION_FUNCTIONS}."
