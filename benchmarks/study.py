@@ -21,13 +21,14 @@ CPU threads); the ledger records the device.
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
 2. Deep post-norm, GTrans Table VIII's claim: `plain_transformer_24x18` vs `gtrans_24x18`, one seed, 1,000 steps.
-3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3): Re-Transformer-2 and -4 and
+3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3): layer-wise coordination with
+   14 shared layers (parameter-matched, paper Sec. 4.2), Re-Transformer-2 and -4 and
    deep representations' hierarchical aggregation from scratch against the plain 6 + 6 model of priority 1; RTAL
    as its paper ran it (EWP + FFN, children residual, pre-norm) against the pre-norm plain model; deep
    representations' recipe (the plain run fine-tuned with hierarchical aggregation and lambda = 1 for 2,000 more
    steps) against the plain run continued for as many steps.
-4. GTrans' paper-silent choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6
-   shape.
+4. fairseq / THUMT embedding initialisation N(0, d^-1/2) for the plain model and GTrans, GTrans' paper-silent
+   choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6 shape.
 """
 
 from __future__ import annotations
@@ -71,12 +72,13 @@ def study_queue() -> list[StudyRun]:
     # priority 2: deep post-norm; a shorter warm-up so that the learning rate peaks inside the budget
     queue += [StudyRun(arm, 1, max_steps=1000, warmup_steps=400)
               for arm in ("plain_transformer_24x18", "gtrans_24x18")]
-    other_families = ("re_transformer_2", "re_transformer_4", "deep_representations_no_diversity",
+    other_families = ("layerwise_coordination_14", "re_transformer_2", "re_transformer_4",
+                      "deep_representations_no_diversity",
                       "plain_transformer_prenorm", "rtal_paper", "plain_transformer_continued",
                       "deep_representations_paper")
     for seeds in ((1,), (2, 3)):  # priority 3: seed 1 of every family first
         queue += [StudyRun(arm, seed, **standard) for seed in seeds for arm in other_families]
-    study_arms = ("plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
+    study_arms = ("plain_transformer_embed_init", "gtrans_embed_init", "plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
                   "gtrans_wd_decay_fusion", "gtrans_init_w1", "gtrans_tau1", "gtrans_fused_dropout")
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in study_arms]  # priority 4
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
