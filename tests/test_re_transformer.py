@@ -8,6 +8,15 @@ import pytest
 import torch
 from conftest import EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
 from datasets import Dataset
+from helpers import (
+    embed,
+    float64_default,
+    padding_allowed,
+    plain_attend,
+    randomize_layer_norms,
+    reference_encoder_decoder_logits,
+    reference_stack,
+)
 from test_backbone_marian import padded_source, tiny_marian
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
@@ -136,54 +145,16 @@ def test_contradiction_set_after_construction_is_caught_at_build(tiny_backbone):
 
 
 # ------------------------------------------------------------------------------------------- references
-def reference_layer_norm(x, layer_norm):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + layer_norm.eps) * layer_norm.weight + layer_norm.bias
-
-
-def reference_self_attention(x, attention, key_padding, heads):
-    """softmax(Q K^T / sqrt(d_h) + mask) V per head, heads concatenated, output projection; padded keys masked."""
-    batch, length, d = x.shape
-    head_dim = d // heads
-
-    def split(t):
-        return t.view(batch, length, heads, head_dim).transpose(1, 2)
-
-    q = split(x @ attention.q_proj.weight.T + attention.q_proj.bias)
-    k = split(x @ attention.k_proj.weight.T + attention.k_proj.bias)
-    v = split(x @ attention.v_proj.weight.T + attention.v_proj.bias)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
-    scores = scores.masked_fill(key_padding[:, None, None, :], float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d)
-    return out @ attention.out_proj.weight.T + attention.out_proj.bias
-
-
-def reference_ffn(x, ffn):
-    return torch.clamp(x @ ffn.fc1.weight.T + ffn.fc1.bias, min=0) @ ffn.fc2.weight.T + ffn.fc2.bias
-
-
 def reference_encoder(model, input_ids, attention_mask, layout):
-    """The post-norm encoder of the layout string, sub-layer by sub-layer: `s` is x <- LN(x + SelfAttn(x)), `f` is
-    x <- LN(x + FFN(x)); repeated `f` in a layer uses that layer's second FFN."""
-    config = model.config
-    encoder = model.model.encoder
-    positions = torch.arange(input_ids.shape[1])
-    position_table = encoder.embeddings.embed_positions.weight
-    x = encoder.embed_tokens(input_ids) * math.sqrt(config.d_model) + position_table[positions]
-    key_padding = attention_mask.eq(0)
-    for layer, sublayers in zip(encoder.layers, layout.split("-")):
-        ffn_count = 0
-        for kind in sublayers:
-            if kind == "s":
-                update = reference_self_attention(x, layer.self_attn, key_padding, config.encoder_attention_heads)
-                x = reference_layer_norm(x + update, layer.self_attn_block.layer_norm)
-            else:
-                ffn_count += 1
-                name = "ffn" if ffn_count == 1 else f"ffn_{ffn_count}"
-                update = reference_ffn(x, getattr(layer, name))
-                x = reference_layer_norm(x + update, getattr(layer, f"{name}_block").layer_norm)
-    return x
+    """The post-norm encoder of the layout string, sub-layer by sub-layer (tests/helpers.py): `s` is
+    x <- LN(x + SelfAttn(x)), `f` is x <- LN(x + FFN(x)); repeated `f` in a layer uses that layer's second FFN.
+    `reference_encoder_decoder_logits` extends it to the decoder and to pre-norm."""
+    allowed = padding_allowed(attention_mask, input_ids.shape[1])
+    states = reference_stack(
+        model.model.encoder.layers, layout.split("-"), embed(model, input_ids), False,
+        lambda l, below: plain_attend(model.config.encoder_attention_heads, allowed),
+    )
+    return states[-1]
 
 
 @pytest.mark.parametrize("layout", ["s-sf-s-sf-s-sf", "s-s-s-s-sf-sff"])
@@ -199,6 +170,30 @@ def test_encoder_equals_hand_written_layout(layout, tiny_backbone, padded_batch)
         ).last_hidden_state
     real = padded_batch["attention_mask"].bool()
     torch.testing.assert_close(actual[real], expected[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("decoder_layout", ["scf-scf", "sscf-cf", "s-csff-scf", "fcs-sc"])
+def test_decoder_layouts_equal_hand_written_model(decoder_layout, normalize_before, tiny_backbone, padded_batch):
+    """The whole model, both stacks laid out as their layout strings say, in both norms, against the encoder-decoder
+    written out sub-layer by sub-layer (tests/helpers.py): decoder `s` is causal self-attention, `c` attention over
+    the encoder memory, `f` the feed-forward network (a repeated `f` the layer's second one), in the layout's order."""
+    with float64_default():
+        model = build(tiny_backbone, encoder_layout="s-sff", decoder_layout=decoder_layout,
+                      normalize_before=normalize_before)
+    randomize_layer_norms(model)
+    targets = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3, 5), generator=torch.Generator().manual_seed(6))
+    targets[:, 0] = model.config.decoder_start_token_id
+    with torch.no_grad():
+        logits = model(
+            input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"], decoder_input_ids=targets
+        ).logits
+        expected = reference_encoder_decoder_logits(
+            model, padded_batch["input_ids"], padded_batch["attention_mask"], targets, ["s", "sff"],
+            decoder_layout.split("-"), pre_norm=normalize_before,
+        )
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(logits, expected, atol=1e-10, rtol=0)
 
 
 def test_baseline_layout_is_the_plain_backbone(tiny_backbone, padded_batch):
