@@ -220,53 +220,64 @@ def randomize_layer_norms(model, seed: int = 0, scale: float = 0.3) -> None:
 
 
 # --------------------------------------------------------------------------------------------- generation
-def _decode_loop(model, source: dict, max_new_tokens: int, pick: Callable[[torch.Tensor], torch.Tensor]):
-    """Step-by-step decoding over full forward passes (no cache): `pick(next-token logits) -> token ids`; finished
-    rows continue with the pad id, and decoding stops when every row has produced EOS."""
+def _decode_loop(model, source: dict, max_new_tokens: int, process: Callable[[torch.Tensor], torch.Tensor],
+                 pick: Callable[[torch.Tensor], torch.Tensor]):
+    """Step-by-step decoding over full forward passes (no cache): at each step the prefix's last logits, processed by
+    `process`, give the next tokens through `pick`; finished rows continue with the pad id, and decoding stops when
+    every row has produced EOS. Returns the sequences and the processed logits of every step."""
     config = model.generation_config
     batch = source["input_ids"].shape[0]
     sequences = torch.full((batch, 1), config.decoder_start_token_id, dtype=torch.long)
     finished = torch.zeros(batch, dtype=torch.bool)
+    scores = []
     for _ in range(max_new_tokens):
         with torch.no_grad():
             logits = model(**source, decoder_input_ids=sequences, use_cache=False).logits[:, -1].float()
-        tokens = pick(logits).masked_fill(finished, config.pad_token_id)
+        scores.append(process(logits))
+        tokens = pick(scores[-1]).masked_fill(finished, config.pad_token_id)
         sequences = torch.cat([sequences, tokens[:, None]], dim=1)
         finished |= tokens == config.eos_token_id
         if finished.all():
             break
-    return sequences
+    return sequences, scores
 
 
-def reference_greedy(model, source: dict, max_new_tokens: int) -> torch.Tensor:
-    """Greedy search written out: at every step the argmax of the full forward pass over the prefix."""
-    return _decode_loop(model, source, max_new_tokens, lambda logits: logits.argmax(-1))
+def reference_greedy(model, source: dict, max_new_tokens: int):
+    """Greedy search written out: at every step the argmax of the full forward pass over the prefix. Returns the
+    sequences and each step's logits."""
+    return _decode_loop(model, source, max_new_tokens, lambda logits: logits, lambda scores: scores.argmax(-1))
 
 
 def reference_sample(model, source: dict, max_new_tokens: int, top_k: int, seed: int, num_return_sequences: int = 1):
     """Multinomial sampling written out from `torch.manual_seed(seed)`: each row's next token is drawn from
     softmax(logits) restricted to its `top_k` largest logits (0: all), one `torch.multinomial` call per step for the
-    whole batch (rows repeated `num_return_sequences` times, as `generate` does)."""
+    whole batch (rows repeated `num_return_sequences` times, as `generate` does). Returns the sequences and each
+    step's logits with the ones outside the top k at -inf."""
     source = {key: value.repeat_interleave(num_return_sequences, dim=0) for key, value in source.items()}
 
-    def pick(logits):
-        if top_k:
-            kth_largest = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-            logits = logits.masked_fill(logits < kth_largest, float("-inf"))
-        return torch.multinomial(logits.softmax(-1), num_samples=1)[:, 0]
+    def keep_top_k(logits):
+        if not top_k:
+            return logits
+        kth_largest = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        return logits.masked_fill(logits < kth_largest, float("-inf"))
 
     torch.manual_seed(seed)
-    return _decode_loop(model, source, max_new_tokens, pick)
-
-
-def sample_with_generate(model, source: dict, max_new_tokens: int, top_k: int, seed: int, num_return_sequences=1):
-    torch.manual_seed(seed)
-    return model.generate(
-        **source, do_sample=True, top_k=top_k, max_new_tokens=max_new_tokens, num_return_sequences=num_return_sequences
+    return _decode_loop(
+        model, source, max_new_tokens, keep_top_k, lambda scores: torch.multinomial(scores.softmax(-1), 1)[:, 0]
     )
 
 
-def assert_beam_scores_match_full_forward(model, source: dict, output) -> None:
+def assert_same_decoding(output, reference) -> None:
+    """`generate(..., output_scores=True, return_dict_in_generate=True)` against a reference decode: the same tokens
+    and, step by step, the same (processed) logits, so that the check is decisive even where the argmax repeats."""
+    sequences, scores = reference
+    assert output.sequences.tolist() == sequences.tolist()
+    assert len(output.scores) == len(scores)
+    for step, (ours, theirs) in enumerate(zip(output.scores, scores)):
+        torch.testing.assert_close(ours.float(), theirs, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+
+
+def assert_beam_scores_match_full_forward(model, source: dict, output, length_penalty: float) -> None:
     """Each returned beam hypothesis scores what a full forward pass gives it: the sum of its tokens' log-probabilities
     (up to and including EOS) divided by its length ** length_penalty (transformers' beam score)."""
     config = model.generation_config
@@ -277,5 +288,25 @@ def assert_beam_scores_match_full_forward(model, source: dict, output) -> None:
         tokens = sequences[row, 1:].tolist()
         length = tokens.index(config.eos_token_id) + 1 if config.eos_token_id in tokens else len(tokens)
         total = sum(log_probs[row, t, tokens[t]] for t in range(length))
-        expected = total / length**config.length_penalty
+        expected = total / length**length_penalty
         torch.testing.assert_close(output.sequences_scores[row], expected, atol=1e-5, rtol=0, msg=f"row {row}")
+
+
+def assert_generate_matches_references(model, source: dict, max_new_tokens: int = 5, top_k: int = 5, seed: int = 0,
+                                       num_return_sequences: int = 1):
+    """`generate()` against the references above: greedy search decodes as `reference_greedy` (tokens and logits);
+    beam search (4 beams) returns hypotheses scored as a full forward pass scores them; sampling from a fixed seed
+    draws exactly what `reference_sample` draws, and not only the greedy tokens. Returns the three sequence tensors."""
+    dict_output = dict(output_scores=True, return_dict_in_generate=True)
+    greedy = model.generate(**source, max_new_tokens=max_new_tokens, **dict_output)
+    assert_same_decoding(greedy, reference_greedy(model, source, max_new_tokens))
+    beam = model.generate(**source, num_beams=4, max_new_tokens=max_new_tokens, length_penalty=0.8, **dict_output)
+    assert_beam_scores_match_full_forward(model, source, beam, length_penalty=0.8)
+    torch.manual_seed(seed)
+    sampled = model.generate(
+        **source, do_sample=True, top_k=top_k, max_new_tokens=max_new_tokens,
+        num_return_sequences=num_return_sequences, **dict_output,
+    )
+    assert_same_decoding(sampled, reference_sample(model, source, max_new_tokens, top_k, seed, num_return_sequences))
+    assert sampled.sequences.tolist() != greedy.sequences.repeat_interleave(num_return_sequences, dim=0).tolist()
+    return greedy.sequences, beam.sequences, sampled.sequences

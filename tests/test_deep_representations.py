@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from conftest import assert_incremental_decoding_matches_full_forward
 from helpers import (
+    assert_generate_matches_references,
     attention,
     causal_allowed,
     embed,
@@ -475,11 +476,10 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
 
 
 def test_generate_greedy_beam_sampling(tiny_backbone, padded_batch):
+    """Greedy, beam search and sampling against step-by-step decoding over full forward passes (tests/helpers.py)."""
     model = make_model(tiny_backbone, encoder_aggregation="iterative", decoder_aggregation="multi_layer_attention")
     source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
-    for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
-        sequences = model.generate(**source, max_new_tokens=5, **kwargs)
-        assert sequences.shape[0] == 3 and sequences.shape[1] <= 6
+    for sequences in assert_generate_matches_references(model, source)[::2]:
         assert (sequences[:, 0] == model.config.decoder_start_token_id).all()
 
 

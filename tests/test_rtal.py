@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
 from datasets import Dataset
+from helpers import assert_generate_matches_references
 from test_backbone_marian import padded_source, tiny_marian
 from torch.nn.utils.rnn import pad_sequence
 from transformers import AutoModel, AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
@@ -298,8 +299,8 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
         assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
         if num_beams > 1:
             torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
-    sampled = model.generate(**source, do_sample=True, top_k=5, max_new_tokens=6)
-    assert sampled.shape[0] == 3 and sampled.shape[1] <= 7
+    # and against step-by-step decoding over full forward passes: greedy, beam scores, seeded sampling
+    assert_generate_matches_references(model, source, max_new_tokens=6)
 
 
 def test_eager_equals_sdpa(tiny_backbone, padded_batch):
