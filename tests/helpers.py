@@ -16,6 +16,7 @@ feed-forward network `W_2 relu(W_1 x + b_1) + b_2`, and the input `sqrt(d) E[x] 
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections.abc import Callable, Sequence
 
@@ -310,3 +311,61 @@ def assert_generate_matches_references(model, source: dict, max_new_tokens: int 
     assert_same_decoding(sampled, reference_sample(model, source, max_new_tokens, top_k, seed, num_return_sequences))
     assert sampled.sequences.tolist() != greedy.sequences.repeat_interleave(num_return_sequences, dim=0).tolist()
     return greedy.sequences, beam.sequences, sampled.sequences
+
+
+# --------------------------------------------------------------------------------------------- training
+def copy_task_rows(vocab_size: int, count: int = 4, seed: int = 7, first_token_id: int = 4, eos_token_id: int = 2):
+    """`count` copy-task examples of lengths 4, 5, ..., each ending in EOS (source = labels)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(count):
+        tokens = torch.randint(first_token_id, vocab_size, (3 + i,), generator=generator).tolist() + [eos_token_id]
+        rows.append({"input_ids": tokens, "labels": tokens})
+    return rows
+
+
+def collate_rows(features, pad_token_id: int = 1) -> dict:
+    """Right-pad sources with the pad id (and mask them) and labels with -100."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=pad_token_id)
+    labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad_token_id).long(), "labels": labels}
+
+
+def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, collate=collate_rows,
+                                         learning_rate: float = 0.05):
+    """One `LayerFusionSeq2SeqTrainer` step (SGD, constant learning rate, no gradient clipping: clipping would hide a
+    wrongly scaled loss) on one batch holding every row, against the step computed here on a copy of the model: every
+    parameter moves by `-lr * g`, g the gradient of the model's own loss on the collated batch, and the loss on that
+    batch goes down. Returns the trainer and the reference gradients by parameter name (None where the loss does not
+    reach a parameter)."""
+    from datasets import Dataset
+    from transformers import Seq2SeqTrainingArguments
+
+    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=len(rows), max_steps=1, optim="sgd",
+        learning_rate=learning_rate, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1, save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=True,
+    )
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows)
+    )
+    reference = copy.deepcopy(model).train()  # after the trainer set it up (label smoothing moved to the config)
+    batch = collate(rows)
+    loss_before = reference(**batch).loss
+    loss_before.backward()
+    named = dict(reference.named_parameters())  # tied / shared parameters once
+    gradients = {name: p.grad for name, p in named.items()}
+    trainer.train()
+    assert trainer.state.global_step == 1
+    moved = dict(model.named_parameters())
+    assert moved.keys() == named.keys()
+    for name, param in named.items():
+        expected = param if gradients[name] is None else param - learning_rate * gradients[name]
+        torch.testing.assert_close(moved[name], expected, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    with torch.no_grad():
+        assert model.train()(**batch).loss < loss_before
+    return trainer, gradients

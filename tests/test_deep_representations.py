@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from conftest import assert_incremental_decoding_matches_full_forward
 from helpers import (
     assert_generate_matches_references,
+    assert_trainer_step_is_hand_computed,
     attention,
     causal_allowed,
     embed,
@@ -27,7 +28,6 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     MarianConfig,
     MarianMTModel,
-    Seq2SeqTrainingArguments,
 )
 
 import hf_layerfusion
@@ -39,7 +39,6 @@ from hf_layerfusion import (
     PlainTransformerForConditionalGeneration,
 )
 from hf_layerfusion.models.deep_representations import MultiLayerSelfAttention, layer_diversity
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
 
 STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 OFF = dict(encoder_aggregation="none", decoder_aggregation="none", diversity_weight=0.0)
@@ -649,18 +648,14 @@ def test_bad_config_raises(overrides, message, tiny_backbone):
 
 
 def test_trainer_step_logs_layer_diversity(tiny_backbone, padded_batch, tmp_path):
-    from datasets import Dataset
-
+    """One Trainer step is the SGD step computed by hand from the model's loss (CE - lambda D, Eq. 9), and the
+    logged layer diversity is D of the step's batch."""
     model = make_model(tiny_backbone).train()
     rows = [{key: value[i].tolist() for key, value in padded_batch.items()} for i in range(3)]
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=3,
-                                    logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-                                    learning_rate=1e-3)
-    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                        data_collator=lambda features: {k: torch.tensor([f[k] for f in features])
-                                                                        for k in features[0]})
     with torch.no_grad():
         expected = model(**padded_batch).layer_diversity.item()
-    trainer.train()
+    trainer, _ = assert_trainer_step_is_hand_computed(
+        model, rows, tmp_path, collate=lambda features: {k: torch.tensor([f[k] for f in features]) for k in features[0]}
+    )
     logged = [log for log in trainer.state.log_history if "layer_diversity" in log]
     assert len(logged) == 1 and logged[0]["layer_diversity"] == pytest.approx(expected, abs=1e-5)
