@@ -17,16 +17,16 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-import pytest
 import transformers
+from conftest import require_shared
 
 HF_COMMON_TESTS = Path(__file__).resolve().parents[2] / "shared" / "hf-common-tests"
 HARNESS = Path(__file__).resolve().parent / "hf_common" / "test_external_layerfusion.py"
 TIMEOUT_S = 1800
 
 
-@pytest.mark.skipif(not HF_COMMON_TESTS.is_dir(), reason=f"transformers' common tests not found at {HF_COMMON_TESTS}")
 def test_transformers_common_tests_pass_for_every_family(tmp_path):
+    require_shared(HF_COMMON_TESTS, "transformers' common tests")
     tree = tmp_path / "hf-common-tests"
     shutil.copytree(HF_COMMON_TESTS, tree)
     for path in [tree, *tree.rglob("*")]:  # the shared copy is read-only
