@@ -220,6 +220,22 @@ def randomize_layer_norms(model, seed: int = 0, scale: float = 0.3) -> None:
                 module.bias.add_(torch.randn(module.bias.shape, generator=generator, dtype=module.bias.dtype) * scale)
 
 
+def assert_same_logits_and_beam_search(reference_model, model, batch: dict, atol: float) -> None:
+    """`model` computes what a transformers reference model computes on `batch`: the same logits (not near zero) and,
+    from the batch's source, the same beam search (4 beams: hypotheses and scores)."""
+    with torch.no_grad():
+        expected, logits = reference_model(**batch).logits, model(**batch).logits
+    assert expected.abs().max() > 1.0  # the comparison is not between near-zero tensors
+    torch.testing.assert_close(logits, expected, atol=atol, rtol=0)
+    generate_kwargs = dict(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4, max_length=12,
+        output_scores=True, return_dict_in_generate=True,
+    )
+    expected, generated = reference_model.generate(**generate_kwargs), model.generate(**generate_kwargs)
+    assert generated.sequences.tolist() == expected.sequences.tolist()
+    torch.testing.assert_close(generated.sequences_scores, expected.sequences_scores, atol=atol, rtol=0)
+
+
 # --------------------------------------------------------------------------------------------- generation
 def _decode_loop(model, source: dict, max_new_tokens: int, process: Callable[[torch.Tensor], torch.Tensor],
                  pick: Callable[[torch.Tensor], torch.Tensor]):

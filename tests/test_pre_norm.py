@@ -19,7 +19,9 @@ place changes the logits by O(1).
 
 import pytest
 import torch
+from conftest import TINY_BACKBONE
 from helpers import (
+    assert_same_logits_and_beam_search,
     attention,
     causal_allowed,
     embed,
@@ -47,6 +49,18 @@ from hf_layerfusion import (
 from hf_layerfusion.conversion import _rename_marian_key, build_with_weights
 
 MAX_POSITIONS = 64
+# the tiny sizes (MBartConfig has every backbone size key) with Marian's special ids of test_backbone_marian.py
+TINY_MBART = dict(
+    TINY_BACKBONE,
+    vocab_size=VOCAB,
+    max_position_embeddings=MAX_POSITIONS,
+    activation_function="relu",
+    scale_embedding=True,
+    pad_token_id=MARIAN_PAD,
+    decoder_start_token_id=MARIAN_PAD,
+    eos_token_id=MARIAN_EOS,
+    bos_token_id=MARIAN_EOS,
+)
 
 
 # --------------------------------------------------------------------------------------------- MBart
@@ -54,25 +68,8 @@ def tiny_mbart(attn_implementation: str) -> MBartForConditionalGeneration:
     """A random tiny MBart (relu, scaled embeddings, no dropout) whose learned position table is the sinusoidal one;
     0.5-std weights and LayerNorms around 1 so that every weight and every LayerNorm matters."""
     config = MBartConfig(
-        vocab_size=VOCAB,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=MAX_POSITIONS,
-        activation_function="relu",
-        scale_embedding=True,
-        pad_token_id=MARIAN_PAD,
-        decoder_start_token_id=MARIAN_PAD,
-        eos_token_id=MARIAN_EOS,
+        **TINY_MBART,
         forced_eos_token_id=MARIAN_EOS,
-        bos_token_id=MARIAN_EOS,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
         attn_implementation=attn_implementation,
     )
     model = MBartForConditionalGeneration(config).eval()
@@ -93,7 +90,6 @@ def tiny_mbart(attn_implementation: str) -> MBartForConditionalGeneration:
 def backbone_from_mbart(mbart: MBartForConditionalGeneration) -> PlainTransformerForConditionalGeneration:
     """The plain backbone (pre-norm, embedding LayerNorm) carrying MBart's weights, renamed as `from_marian` renames
     Marian's; MBart's embedding LayerNorm goes to the backbone's."""
-    mc = mbart.config
     state_dict = {}
     for key, value in mbart.state_dict().items():
         new_key = _rename_marian_key(key)
@@ -101,11 +97,7 @@ def backbone_from_mbart(mbart: MBartForConditionalGeneration) -> PlainTransforme
             continue
         state_dict[new_key.replace(".layernorm_embedding.", ".embeddings.layernorm_embedding.")] = value
     config = dict(
-        vocab_size=mc.vocab_size, d_model=mc.d_model, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=MAX_POSITIONS,
-        activation_function="relu", scale_embedding=True, dropout=0.0, pad_token_id=mc.pad_token_id,
-        eos_token_id=mc.eos_token_id, bos_token_id=mc.bos_token_id, decoder_start_token_id=mc.decoder_start_token_id,
-        normalize_before=True, layernorm_embedding=True, attn_implementation=mc._attn_implementation,
+        TINY_MBART, normalize_before=True, layernorm_embedding=True, attn_implementation=mbart.config._attn_implementation
     )
     model = build_with_weights("plain_transformer", config, state_dict, "MBart (in memory)").eval()
     # every MBart weight has its place: only the tied projection and the computed position tables are not loaded
@@ -119,20 +111,7 @@ def test_plain_pre_norm_matches_mbart(attn_implementation):
     mbart = tiny_mbart(attn_implementation)
     model = backbone_from_mbart(mbart)
     assert model.model.encoder.layer_norm is not None and model.model.decoder.layer_norm is not None
-    batch = padded_source()
-    with torch.no_grad():
-        expected = mbart(**batch).logits
-        logits = model(**batch).logits
-    assert expected.abs().max() > 1.0  # the comparison is not between near-zero tensors
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
-
-    generate_kwargs = dict(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4, max_length=12,
-        output_scores=True, return_dict_in_generate=True,
-    )
-    expected, generated = mbart.generate(**generate_kwargs), model.generate(**generate_kwargs)
-    assert generated.sequences.tolist() == expected.sequences.tolist()
-    torch.testing.assert_close(generated.sequences_scores, expected.sequences_scores, atol=1e-5, rtol=0)
+    assert_same_logits_and_beam_search(mbart, model, padded_source(), atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------- hand-written plain
@@ -167,11 +146,24 @@ def test_plain_backbone_matches_hand_written_reference(normalize_before, layerno
 
 
 # --------------------------------------------------------------------------------------------- families
-def pre_norm_states(model, stack, ids, attend_for_layer, layouts):
-    """States [s_0 .. s_L] of one stack (hand-written pre-norm layers) and the states as readouts see them: s_0 as it
-    is, s_1..s_L through the stack's final LayerNorm."""
-    states = reference_stack(stack.layers, layouts, embed(model, ids), True, attend_for_layer)
-    return states, states[:1] + [layer_norm(state, stack.layer_norm) for state in states[1:]]
+def pre_norm_readout_states(model, batch, targets, memory_from):
+    """The hand-written pre-norm encoder and decoder states as readouts see them: s_0 as it is, s_1..s_L through the
+    stack's final LayerNorm. `memory_from(encoder states)` is the memory every cross-attention reads. Returns the
+    memory and the decoder states."""
+    config, encoder, decoder = model.config, model.model.encoder, model.model.decoder
+    source_mask = batch["attention_mask"]
+
+    def readout_states(stack, ids, attend, layout):
+        states = reference_stack(stack.layers, [layout] * len(stack.layers), embed(model, ids), True, lambda l, below: attend)
+        return states[:1] + [layer_norm(state, stack.layer_norm) for state in states[1:]]
+
+    encoder_attend = plain_attend(config.encoder_attention_heads, padding_allowed(source_mask, source_mask.shape[1]))
+    memory = memory_from(readout_states(encoder, batch["input_ids"], encoder_attend, "sf"))
+    decoder_attend = plain_attend(
+        config.decoder_attention_heads, causal_allowed(*targets.shape), memory,
+        padding_allowed(source_mask, targets.shape[1]),
+    )
+    return memory, readout_states(decoder, targets, decoder_attend, "scf")
 
 
 def test_gtrans_pre_norm_eq2_eq4_eq5_on_normalised_states(tiny_backbone, padded_batch):
@@ -180,22 +172,10 @@ def test_gtrans_pre_norm_eq2_eq4_eq5_on_normalised_states(tiny_backbone, padded_
     with float64_default():
         model = build_gtrans(tiny_backbone, normalize_before=True)
     randomize_layer_norms(model)
-    config, encoder, decoder = model.config, model.model.encoder, model.model.decoder
-    source_allowed = padding_allowed(padded_batch["attention_mask"], padded_batch["input_ids"].shape[1])
     targets = decoder_input_ids(model)
     with torch.no_grad():
-        _, encoder_states = pre_norm_states(
-            model, encoder, padded_batch["input_ids"],
-            lambda l, below: plain_attend(config.encoder_attention_heads, source_allowed),
-            ["sf"] * config.encoder_layers,
-        )
-        memory = reference_memory(model, encoder_states)  # Eq. 2
-        attend = plain_attend(
-            config.decoder_attention_heads, causal_allowed(*targets.shape), memory,
-            padding_allowed(padded_batch["attention_mask"], targets.shape[1]),
-        )
-        _, decoder_states = pre_norm_states(
-            model, decoder, targets, lambda l, below: attend, ["scf"] * config.decoder_layers
+        memory, decoder_states = pre_norm_readout_states(
+            model, padded_batch, targets, lambda states: reference_memory(model, states)  # Eq. 2
         )
         groups = [1, 2, 3]
         group_log_probs = reference_group_log_probs(model, decoder_states, groups)  # Eq. 4
@@ -215,22 +195,12 @@ def test_rtal_pre_norm_tree_on_normalised_states(function_name, tiny_backbone, p
     with float64_default():
         model = build_rtal(tiny_backbone, aggregation_function=function_name, normalize_before=True)
     randomize_layer_norms(model)
-    config, encoder, decoder = model.config, model.model.encoder, model.model.decoder
-    source_allowed = padding_allowed(padded_batch["attention_mask"], padded_batch["input_ids"].shape[1])
+    encoder, decoder = model.model.encoder, model.model.decoder
     targets = decoder_input_ids(model)
     with torch.no_grad():
-        _, encoder_states = pre_norm_states(
-            model, encoder, padded_batch["input_ids"],
-            lambda l, below: plain_attend(config.encoder_attention_heads, source_allowed),
-            ["sf"] * config.encoder_layers,
-        )
-        memory = reference_tree(encoder.readout, function_name, "block_input", encoder_states, 3, 6)
-        attend = plain_attend(
-            config.decoder_attention_heads, causal_allowed(*targets.shape), memory,
-            padding_allowed(padded_batch["attention_mask"], targets.shape[1]),
-        )
-        _, decoder_states = pre_norm_states(
-            model, decoder, targets, lambda l, below: attend, ["scf"] * config.decoder_layers
+        memory, decoder_states = pre_norm_readout_states(
+            model, padded_batch, targets,
+            lambda states: reference_tree(encoder.readout, function_name, "block_input", states, 3, 6),
         )
         root = reference_tree(decoder.readout, function_name, "block_input", decoder_states, 1, 4)
         out = model(**source_of(padded_batch), decoder_input_ids=targets)
