@@ -1,9 +1,10 @@
-"""Independent references shared by the test files: the Transformer computed from its definitions, and generation
-written as loops over full forward passes.
+"""Independent references shared by the test files: the Transformer computed from its definitions, generation
+written as loops over full forward passes, and a Trainer step computed as plain SGD.
 
 Nothing here calls the code under test except to read its weights (`module.q_proj.weight`, ...) and, for the
-generation references, the model's full forward pass (what generation must agree with). The layer functions take the
-layout string of the test, not the module's own, and apply every sub-layer as the papers define it:
+generation and training references, the model's full forward pass and loss (what `generate()` and the Trainer must
+agree with). The layer functions take the layout string of the test, not the module's own, and apply every sub-layer
+as the papers define it:
 
 - post-norm (Vaswani et al.): `x <- LN(x + f(x))`;
 - pre-norm: `x <- x + f(LN(x))`, and the stack's final LayerNorm on top;
