@@ -223,7 +223,7 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
             f"`{baseline}`" if baseline else "–",
         ]
         if comparison is None:
-            cells += ["–", "–", "–", "–" if baseline is None else f"baseline not run yet"]
+            cells += ["–", "–", "–", "–" if baseline is None else "baseline not run yet"]
         else:
             cells += [
                 signed_mean_std(comparison.test_deltas),

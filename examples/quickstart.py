@@ -169,7 +169,7 @@ def main() -> None:
     translator = pipeline("layerfusion-translation", model=model, tokenizer=tokenizer)
     package_translations = [r["translation_text"] for r in translator(sources, batch_size=len(sources), num_beams=4)]
     hub_translations = translate_without_package(gtrans_dir, sources)
-    print(f"\n=== The same directory in a fresh process without hf_layerfusion (trust_remote_code=True) ===")
+    print("\n=== The same directory in a fresh process without hf_layerfusion (trust_remote_code=True) ===")
     for source, translation in zip(sources, hub_translations):
         print(f"{source} -> {translation}")
     same = hub_translations == package_translations

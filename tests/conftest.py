@@ -1,5 +1,6 @@
 """Shared tiny fixtures. Every test builds its models from these sizes so that the suite runs in seconds on CPU."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,19 @@ TINY_BACKBONE = dict(
 # where the HF `tests` package it imports exists; collected here it would import this project's `tests` instead
 collect_ignore = ["hf_common"]
 
-MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+MULTI30K_DIR = SHARED_DIR / "data" / "multi30k"
+
+
+def require_shared(path: Path, what: str) -> None:
+    """Skip a test whose data from ../shared is missing, except in CI (`CI=true`), where a missing dataset is a
+    failure: there the skip would silently hide the tests that need it."""
+    if path.exists():
+        return
+    message = f"{what} not found at {path}"
+    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+        pytest.fail(f"{message}; CI=true: the tests that need ../shared must run, not skip", pytrace=False)
+    pytest.skip(message)
 
 
 @pytest.fixture(autouse=True)
@@ -73,8 +86,7 @@ def padded_batch():
 
 @pytest.fixture
 def multi30k_dir() -> Path:
-    if not (MULTI30K_DIR / "train.en").is_file():
-        pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
+    require_shared(MULTI30K_DIR / "train.en", "Multi30k data")
     return MULTI30K_DIR
 
 

@@ -6,15 +6,18 @@ file written, replaced or deleted.
 
 from __future__ import annotations
 
+import ast
 import hashlib
-import json
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
+import huggingface_hub.constants
 import pytest
 import torch
 from transformers import (
@@ -44,6 +47,7 @@ from hf_layerfusion import (
     translate,
 )
 from hf_layerfusion import checkpoint_averaging
+from hf_layerfusion import validation as validation_module
 from hf_layerfusion.checkpoint_averaging import average_last_checkpoints, last_checkpoints
 from hf_layerfusion.data import (
     builtin_number_corpus,
@@ -129,10 +133,13 @@ def ws(tmp_path_factory):
     (root / "full").mkdir()
     (root / "full" / "notes.txt").write_text("keep me\n", encoding="utf-8")
     (root / "a_file").write_text("not a directory\n", encoding="utf-8")
+    broken_config_dir = root / "broken_config"
+    plain.save_pretrained(broken_config_dir)
+    (broken_config_dir / "config.json").write_text("{not json", encoding="utf-8")
     return SimpleNamespace(
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
-        input=root / "input.en", full=root / "full", a_file=root / "a_file",
+        input=root / "input.en", full=root / "full", a_file=root / "a_file", broken_config_dir=broken_config_dir,
     )
 
 
@@ -149,6 +156,13 @@ class Row:
     call: Callable
     error: type
     message: str  # regex the message must match: it names the bad value
+
+
+def _offline(function, *args):
+    """Call with the Hub in offline mode: a Hub lookup fails at once instead of retrying a network that the tests do
+    not have."""
+    with mock.patch.object(huggingface_hub.constants, "HF_HUB_OFFLINE", True):
+        return function(*args)
 
 
 def _batch(ws, **overrides):
@@ -321,6 +335,8 @@ ROWS = [
     Row("marian-misspelt-key", lambda ws: from_marian(ws.marian_dir, encoder_grup_size=1), TypeError,
         r"encoder_grup_size"),
     Row("marian-not-a-model", lambda ws: from_marian(123), TypeError, r"int"),
+    Row("marian-unknown-hub-id-offline", lambda ws: _offline(from_marian, "no-such-org/no-such-marian"), OSError,
+        r"'no-such-org/no-such-marian' is not a local directory.*Hub repo id"),
     Row("marian-bad-group-size", lambda ws: from_marian(ws.marian_dir, encoder_group_size=9), ValueError,
         r"encoder_group_size.*got 9"),
     Row("xlmr-from-marian-dir", lambda ws: from_xlmr(ws.marian_dir), ValueError, r"'marian'"),
@@ -549,6 +565,10 @@ ROWS = [
     Row("load-gtrans-dir-as-plain", lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(ws.gtrans_dir),
         ValueError, r"'gtrans' config"),
     Row("save-onto-file", lambda ws: ws.gtrans.save_pretrained(ws.a_file), FileExistsError, r"a_file"),
+    Row("load-broken-config-json-with-config",
+        lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(
+            ws.broken_config_dir, config=_tiny(PlainTransformerConfig, ws.vocab)),
+        ValueError, r"broken_config.*config\.json is not a readable JSON config"),
     Row("load-gtrans-weights-plain-config",
         lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.gtrans_dir, config=_tiny(PlainTransformerConfig, ws.vocab)),
         ValueError, r"'gtrans' checkpoint.*readout"),
@@ -582,8 +602,48 @@ def _param(row: Row):
     return pytest.param(row, id=row.id)
 
 
-def test_catalogue_has_enough_rows():
-    assert len(ROWS) >= 100 and len({row.id for row in ROWS}) == len(ROWS)
+def raising_functions(module) -> set[str]:
+    """Names of the functions (methods included) of `module`'s source file that contain a `raise` statement."""
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and any(isinstance(inner, ast.Raise) for inner in ast.walk(node))
+    }
+
+
+def raise_site(error: BaseException) -> tuple[str, str] | None:
+    """(file relative to the repository, function) of the innermost frame of this package or its example scripts in
+    the error's traceback: where the package decided to refuse."""
+    root = Path(hf_layerfusion.__file__).resolve().parents[1]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if Path(frame.filename).resolve().is_relative_to(root / "hf_layerfusion")
+        or Path(frame.filename).resolve().is_relative_to(EXAMPLES)
+    ]
+    if not frames:
+        return None
+    return str(Path(frames[-1].filename).resolve().relative_to(root)), frames[-1].name
+
+
+def test_every_check_of_the_validation_module_has_a_row(ws):
+    """The catalogue against the code, not against itself: every row is refused by this package (its innermost
+    package frame is where the error comes from, not a library underneath), and every function of
+    hf_layerfusion/validation.py that can raise is where at least one row's error comes from, so a new check without
+    a row, or a row whose check went missing, fails here. Row ids are unique (they are the test ids)."""
+    assert len({row.id for row in ROWS}) == len(ROWS)
+    sites = set()
+    for row in ROWS:
+        with torch.no_grad(), pytest.raises(row.error) as raised:
+            row.call(ws)
+        site = raise_site(raised.value)
+        assert site is not None, f"{row.id}: raised outside hf_layerfusion and examples/"
+        sites.add(site)
+    validators = raising_functions(validation_module)
+    assert validators >= {"check_model_inputs", "check_decoder_groups", "read_utf8"}  # the parse found them
+    missing = sorted(name for name in validators if ("hf_layerfusion/validation.py", name) not in sites)
+    assert not missing, f"checks of hf_layerfusion/validation.py that no row reaches: {missing}"
 
 
 @pytest.mark.parametrize("row", [_param(row) for row in ROWS])

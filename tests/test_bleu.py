@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sacrebleu
 import torch
-from conftest import MULTI30K_DIR
+from conftest import MULTI30K_DIR, require_shared
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration
@@ -42,8 +42,7 @@ def perturb(sentence: str, rng: random.Random) -> str:
 
 @pytest.fixture(scope="module")
 def references() -> list[str]:
-    if not (MULTI30K_DIR / "test_2016_flickr.de").is_file():
-        pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
+    require_shared(MULTI30K_DIR / "test_2016_flickr.de", "Multi30k data")
     return (MULTI30K_DIR / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
 
 

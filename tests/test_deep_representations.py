@@ -6,8 +6,22 @@ import math
 
 import pytest
 import torch
-from conftest import assert_incremental_decoding_matches_full_forward
 import torch.nn.functional as F
+from conftest import assert_incremental_decoding_matches_full_forward
+from helpers import (
+    assert_generate_matches_references,
+    assert_trainer_step_is_hand_computed,
+    attention,
+    causal_allowed,
+    embed,
+    float64_default,
+    layer_norm,
+    output_logits,
+    padding_allowed,
+    plain_attend,
+    randomize_layer_norms,
+    reference_stack,
+)
 from test_backbone_marian import padded_source, tiny_marian
 from transformers import (
     AutoConfig,
@@ -305,6 +319,103 @@ def test_multi_layer_attention_decoder_cache_slots(tiny_backbone):
     assert slots == list(range(9))
 
 
+# ----------------------------------------------------------------------------------------- both stacks, both norms
+def reference_deep_logits(model, batch, targets):
+    """The whole model written out (tests/helpers.py layers), both stacks aggregated with the config's strategy, in
+    the config's norm: Eq. 4 and the hierarchical nodes act on the states as the layers produce them; Eq. 5 and Eq. 6
+    read the states as readouts see them (pre-norm: through the stack's final LayerNorm); multi-layer attention
+    (Eq. 8) queries each of the k layers below with its own attention, the lower states through their own LayerNorm
+    in pre-norm (the layer's own input through its block's), causal in the decoder."""
+    config = model.config
+    pre_norm = config.normalize_before
+    activation = AGGREGATION_ACTIVATION[config.aggregation_activation]
+    residual = config.aggregation_residual
+
+    def run(stack, strategy, ids, self_allowed, memory=None, memory_allowed=None):
+        heads = config.decoder_attention_heads if memory is not None else config.encoder_attention_heads
+
+        def attend_for_layer(l, below):
+            plain = plain_attend(heads, self_allowed, memory, memory_allowed)
+            if strategy != "multi_layer_attention" or l <= config.multi_layer_attention_k:
+                return plain
+
+            def attend(kind, module, x, normalize):
+                if kind != "s":
+                    return plain(kind, module, x, normalize)
+                contexts = [attention(module, x, x, self_allowed, heads)]  # C_{-1}: over layer l-1, the input
+                for i, lower_attention in enumerate(module.lower_attentions, start=2):
+                    lower = below[l - i]  # H^{l-i}
+                    if pre_norm:
+                        lower = layer_norm(lower, module.lower_norms[i - 2])
+                    contexts.append(attention(lower_attention, x, lower, self_allowed, heads))
+                return agg_reference(module.aggregation, contexts, residual, top=0, activation=activation)
+
+            return attend
+
+        def connect(l, output, below):
+            if strategy == "dense":  # Eq. 4: H^l = Layer(H^{l-1}) + sum_{i=1}^{l-1} H^i
+                return output + sum(below[1:l], torch.zeros_like(output))
+            if strategy == "hierarchical" and l % 2 == 0:  # Ĥ^i = AGG(H^{2i-1}, H^{2i}[, Ĥ^{i-1}])
+                i = l // 2
+                inputs = [below[l - 1], output] + ([below[l - 2]] if i > 1 else [])
+                return agg_reference(stack.connection.nodes[i - 1], inputs, residual, top=1, activation=activation)
+            return output
+
+        layouts = ["scf" if memory is not None else "sf"] * len(stack.layers)
+        states = reference_stack(stack.layers, layouts, embed(model, ids), pre_norm, attend_for_layer, connect)
+        seen = [layer_norm(state, stack.layer_norm) if pre_norm else state for state in states[1:]]  # H^1..H^L
+        if strategy == "linear":  # Eq. 5: sum_l W_l H^l
+            return sum(h @ w.T for h, w in zip(seen, stack.readout.weight, strict=True))
+        if strategy == "iterative":  # Eq. 6: Ĥ^1 = H^1, Ĥ^l = AGG(H^l, Ĥ^{l-1})
+            aggregated = seen[0]
+            for node, h in zip(stack.readout.nodes, seen[1:], strict=True):
+                aggregated = agg_reference(node, [h, aggregated], residual, top=0, activation=activation)
+            return aggregated
+        return seen[-1]
+
+    source_mask = batch["attention_mask"]
+    memory = run(model.model.encoder, config.encoder_aggregation, batch["input_ids"],
+                 padding_allowed(source_mask, source_mask.shape[1]))
+    features = run(model.model.decoder, config.decoder_aggregation, targets, causal_allowed(*targets.shape), memory,
+                   padding_allowed(source_mask, targets.shape[1]))
+    return memory, output_logits(model, features)
+
+
+AGGREGATION_ACTIVATION = {"sigmoid": torch.sigmoid, "relu": torch.relu}
+BOTH_STACKS_CASES = {
+    "dense": dict(aggregation="dense"),
+    "linear": dict(aggregation="linear"),
+    "iterative": dict(aggregation="iterative"),
+    "iterative_top_relu": dict(aggregation="iterative", aggregation_residual="top", aggregation_activation="relu"),
+    "hierarchical": dict(aggregation="hierarchical"),
+    "hierarchical_no_residual": dict(aggregation="hierarchical", aggregation_residual="none"),
+    "multi_layer_attention_k2": dict(aggregation="multi_layer_attention", multi_layer_attention_k=2),
+    "multi_layer_attention_k3_top": dict(aggregation="multi_layer_attention", multi_layer_attention_k=3,
+                                         aggregation_residual="top"),
+}
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("case", sorted(BOTH_STACKS_CASES))
+def test_both_stacks_equal_hand_written_model(case, normalize_before, tiny_backbone, padded_batch):
+    """Encoder- and decoder-side aggregation, post- and pre-norm, against `reference_deep_logits` (float64)."""
+    overrides = dict(BOTH_STACKS_CASES[case])
+    strategy = overrides.pop("aggregation")
+    with float64_default():
+        model = make_model(tiny_backbone, encoder_aggregation=strategy, decoder_aggregation=strategy,
+                           normalize_before=normalize_before, diversity_weight=0.0, **overrides)
+    randomize_layer_norms(model)
+    targets = torch.randint(4, 24, (3, 5), generator=torch.Generator().manual_seed(5))
+    targets[:, 0] = model.config.decoder_start_token_id
+    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    with torch.no_grad():
+        memory, expected = reference_deep_logits(model, source, targets)
+        out = model(**source, decoder_input_ids=targets)
+    torch.testing.assert_close(out.encoder_last_hidden_state, memory, atol=1e-10, rtol=0)
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(out.logits, expected, atol=1e-10, rtol=0)
+
+
 def test_output_attentions_one_map_per_layer(tiny_backbone, padded_batch):
     model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention",
                        decoder_aggregation="multi_layer_attention", attn_implementation="eager")
@@ -372,11 +483,10 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
 
 
 def test_generate_greedy_beam_sampling(tiny_backbone, padded_batch):
+    """Greedy, beam search and sampling against step-by-step decoding over full forward passes (tests/helpers.py)."""
     model = make_model(tiny_backbone, encoder_aggregation="iterative", decoder_aggregation="multi_layer_attention")
     source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
-    for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
-        sequences = model.generate(**source, max_new_tokens=5, **kwargs)
-        assert sequences.shape[0] == 3 and sequences.shape[1] <= 6
+    for sequences in assert_generate_matches_references(model, source)[::2]:
         assert (sequences[:, 0] == model.config.decoder_start_token_id).all()
 
 
@@ -680,3 +790,17 @@ def test_trainer_warns_when_the_memory_collapses(tiny_backbone, padded_batch, tm
     (logged,) = [log for log in trainer.state.log_history if "memory_spread" in log]
     assert logged["memory_spread"] == pytest.approx(0.0, abs=1e-6)
     assert "memory_spread 0.000 at step 1" in caplog.text and "fine-tune a trained model" in caplog.text
+
+
+def test_trainer_step_is_the_hand_computed_sgd_step(tiny_backbone, padded_batch, tmp_path):
+    """One Trainer step is the SGD step computed by hand from the model's loss (CE - lambda D, Eq. 9), and the
+    logged layer diversity is D of the step's batch."""
+    model = make_model(tiny_backbone, diversity_weight=1.0).train()
+    rows = [{key: value[i].tolist() for key, value in padded_batch.items()} for i in range(3)]
+    with torch.no_grad():
+        expected = model(**padded_batch).layer_diversity.item()
+    trainer, _ = assert_trainer_step_is_hand_computed(
+        model, rows, tmp_path, collate=lambda features: {k: torch.tensor([f[k] for f in features]) for k in features[0]}
+    )
+    logged = [log for log in trainer.state.log_history if "layer_diversity" in log]
+    assert len(logged) == 1 and logged[0]["layer_diversity"] == pytest.approx(expected, abs=1e-5)

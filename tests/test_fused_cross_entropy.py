@@ -4,6 +4,7 @@ tests/test_gtrans.py checks it inside the model."""
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from hf_layerfusion.fused_cross_entropy import weighted_group_cross_entropy
 
@@ -46,12 +47,45 @@ def test_loss_and_gradients_equal_autograd(label_smoothing, num_items_in_batch, 
     assert expected[3].abs().min() > 0  # psi really gets a gradient
 
 
-def test_frozen_output_matrix_gets_no_gradient():
-    features = torch.randn(2, 4, 8, requires_grad=True)
-    weight = torch.randn(10, 8)  # frozen
-    loss = weighted_group_cross_entropy(features, weight, None, torch.tensor([0.5, 0.5]), torch.tensor([1, 2, 3, 4]))
-    loss.backward()
-    assert features.grad is not None and weight.grad is None
+class RecordTorchCalls(TorchFunctionMode):
+    """Names of the torch functions and tensor methods called inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.add(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+# the fused forward accumulates the output matrix's gradient with `addmm_` and the features' with `matmul`
+GRADIENT_WORK = {"weight": "addmm_", "features": "matmul"}
+
+
+@pytest.mark.parametrize("frozen", ["weight", "features"])
+def test_frozen_input_gets_no_gradient_and_costs_no_gradient_work(frozen):
+    """With the output matrix (or the features) frozen, the other input still gets the autograd gradient, and the
+    fused forward skips the frozen input's vocabulary-sized gradient product (which it runs when that input trains)."""
+    generator = torch.Generator().manual_seed(1)
+    inputs = dict(features=torch.randn(2, 6, 8, generator=generator), weight=torch.randn(10, 8, generator=generator))
+    psi, labels = torch.tensor([0.3, 0.7]), torch.randint(10, (6,), generator=generator)
+    trainable = "features" if frozen == "weight" else "weight"
+
+    def run(loss_fn, requires_grad):
+        leaves = {name: t.clone().requires_grad_(name in requires_grad) for name, t in inputs.items()}
+        with RecordTorchCalls() as calls:
+            loss = loss_fn(leaves["features"], leaves["weight"], None, psi, labels, 0.1, None)
+        loss.backward()
+        return leaves, calls.names
+
+    expected, _ = run(reference_loss, {trainable})
+    leaves, names = run(weighted_group_cross_entropy, {trainable})
+    assert leaves[frozen].grad is None
+    torch.testing.assert_close(leaves[trainable].grad, expected[trainable].grad, atol=1e-5, rtol=1e-5)
+    assert GRADIENT_WORK[frozen] not in names and GRADIENT_WORK[trainable] in names
+    _, names = run(weighted_group_cross_entropy, {"features", "weight"})
+    assert {GRADIENT_WORK["weight"], GRADIENT_WORK["features"]} <= names  # the recording sees both products
 
 
 def test_trainable_bias_is_refused():

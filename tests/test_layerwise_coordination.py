@@ -10,10 +10,9 @@ import math
 import pytest
 import torch
 from conftest import BOS, EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
-from datasets import Dataset
+from helpers import assert_generate_matches_references, assert_trainer_step_is_hand_computed, copy_task_rows
 from safetensors.torch import load_file
-from torch.nn.utils.rnn import pad_sequence
-from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, Seq2SeqTrainingArguments
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -422,10 +421,9 @@ def test_generate_greedy_beam_sampling_and_start_token(tiny_backbone, padded_bat
     assert LayerwiseCoordinationConfig(**tiny_backbone, bos_token_id=5).decoder_start_token_id == 5
     assert LayerwiseCoordinationConfig(**tiny_backbone, decoder_start_token_id=EOS).decoder_start_token_id == EOS
     assert PlainTransformerConfig(**tiny_backbone, eos_token_id=7).decoder_start_token_id == 7
-    source = source_of(padded_batch)
-    for kwargs in (dict(), dict(num_beams=4), dict(do_sample=True, top_k=5)):
-        sequences = model.generate(**source, max_new_tokens=5, **kwargs)
-        assert sequences.shape[0] == 3 and bool((sequences[:, 0] == BOS).all()), kwargs
+    # greedy, beam search and sampling against step-by-step decoding over full forward passes (tests/helpers.py)
+    for sequences in assert_generate_matches_references(model, source_of(padded_batch)):
+        assert bool((sequences[:, 0] == BOS).all())
     # the decoder needs the source (mixed attention); alone it refuses by name
     with pytest.raises(ValueError, match="mixed attention"):
         model.get_decoder()(input_ids=torch.full((1, 2), BOS))
@@ -516,28 +514,11 @@ def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, pad
 
 
 def test_trainer_one_step(tmp_path, tiny_backbone):
-    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
-
+    """One Trainer step is the SGD step computed by hand from the model's loss: a shared layer moves by the gradient
+    of both its uses, once, and stays shared."""
     model = build(tiny_backbone).train()
-    rows = []
-    for i in range(4):
-        tokens = torch.randint(FIRST_TOKEN_ID, tiny_backbone["vocab_size"], (3 + i,)).tolist() + [EOS]
-        rows.append({"input_ids": tokens, "labels": tokens})
-
-    def collate(features):
-        input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=PAD)
-        labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
-        return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "labels": labels}
-
-    before = model.model.encoder.layers[0].ffn.fc1.weight.clone()
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, learning_rate=0.01, save_strategy="no",
-        report_to="none", disable_tqdm=True, use_cpu=True,
-    )
-    trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows))
-    trainer.train()
-    assert trainer.state.global_step == 1 and math.isfinite(trainer.state.log_history[-1]["train_loss"])
-    assert not torch.equal(model.model.encoder.layers[0].ffn.fc1.weight, before)
+    _, gradients = assert_trainer_step_is_hand_computed(model, copy_task_rows(tiny_backbone["vocab_size"]), tmp_path)
+    assert gradients["model.encoder.layers.0.ffn.fc1.weight"].abs().sum() > 0
     assert model.model.decoder.layers[0].ffn.fc1.weight is model.model.encoder.layers[0].ffn.fc1.weight
 
 

@@ -2,15 +2,23 @@
 Table 2 layouts spelled out sub-layer by sub-layer, the encoder computed by hand from its weights, the plain
 backbone and MarianMTModel for the baseline layout, and the Marian sub-layer mapping written out key by key."""
 
-import math
-
 import pytest
 import torch
-from conftest import EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
-from datasets import Dataset
+from conftest import FIRST_TOKEN_ID, assert_incremental_decoding_matches_full_forward
+from helpers import (
+    assert_generate_matches_references,
+    assert_trainer_step_is_hand_computed,
+    copy_task_rows,
+    embed,
+    float64_default,
+    padding_allowed,
+    plain_attend,
+    randomize_layer_norms,
+    reference_encoder_decoder_logits,
+    reference_stack,
+)
 from test_backbone_marian import padded_source, tiny_marian
-from torch.nn.utils.rnn import pad_sequence
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -19,7 +27,6 @@ from hf_layerfusion import (
     ReTransformerConfig,
     ReTransformerForConditionalGeneration,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
 
 # paper Table 2, each layout with its layers and the sub-layer modules each layer must hold, written out by hand
 TABLE_2 = {
@@ -149,54 +156,16 @@ def test_contradiction_set_after_construction_is_caught_at_build(tiny_backbone):
 
 
 # ------------------------------------------------------------------------------------------- references
-def reference_layer_norm(x, layer_norm):
-    mean = x.mean(-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + layer_norm.eps) * layer_norm.weight + layer_norm.bias
-
-
-def reference_self_attention(x, attention, key_padding, heads):
-    """softmax(Q K^T / sqrt(d_h) + mask) V per head, heads concatenated, output projection; padded keys masked."""
-    batch, length, d = x.shape
-    head_dim = d // heads
-
-    def split(t):
-        return t.view(batch, length, heads, head_dim).transpose(1, 2)
-
-    q = split(x @ attention.q_proj.weight.T + attention.q_proj.bias)
-    k = split(x @ attention.k_proj.weight.T + attention.k_proj.bias)
-    v = split(x @ attention.v_proj.weight.T + attention.v_proj.bias)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
-    scores = scores.masked_fill(key_padding[:, None, None, :], float("-inf"))
-    out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, length, d)
-    return out @ attention.out_proj.weight.T + attention.out_proj.bias
-
-
-def reference_ffn(x, ffn):
-    return torch.clamp(x @ ffn.fc1.weight.T + ffn.fc1.bias, min=0) @ ffn.fc2.weight.T + ffn.fc2.bias
-
-
 def reference_encoder(model, input_ids, attention_mask, layout):
-    """The post-norm encoder of the layout string, sub-layer by sub-layer: `s` is x <- LN(x + SelfAttn(x)), `f` is
-    x <- LN(x + FFN(x)); repeated `f` in a layer uses that layer's second FFN."""
-    config = model.config
-    encoder = model.model.encoder
-    positions = torch.arange(input_ids.shape[1])
-    position_table = encoder.embeddings.embed_positions.weight
-    x = encoder.embed_tokens(input_ids) * math.sqrt(config.d_model) + position_table[positions]
-    key_padding = attention_mask.eq(0)
-    for layer, sublayers in zip(encoder.layers, layout.split("-")):
-        ffn_count = 0
-        for kind in sublayers:
-            if kind == "s":
-                update = reference_self_attention(x, layer.self_attn, key_padding, config.encoder_attention_heads)
-                x = reference_layer_norm(x + update, layer.self_attn_block.layer_norm)
-            else:
-                ffn_count += 1
-                name = "ffn" if ffn_count == 1 else f"ffn_{ffn_count}"
-                update = reference_ffn(x, getattr(layer, name))
-                x = reference_layer_norm(x + update, getattr(layer, f"{name}_block").layer_norm)
-    return x
+    """The post-norm encoder of the layout string, sub-layer by sub-layer (tests/helpers.py): `s` is
+    x <- LN(x + SelfAttn(x)), `f` is x <- LN(x + FFN(x)); repeated `f` in a layer uses that layer's second FFN.
+    `reference_encoder_decoder_logits` extends it to the decoder and to pre-norm."""
+    allowed = padding_allowed(attention_mask, input_ids.shape[1])
+    states = reference_stack(
+        model.model.encoder.layers, layout.split("-"), embed(model, input_ids), False,
+        lambda l, below: plain_attend(model.config.encoder_attention_heads, allowed),
+    )
+    return states[-1]
 
 
 @pytest.mark.parametrize("layout", ["s-sf-s-sf-s-sf", "s-s-s-s-sf-sff"])
@@ -212,6 +181,30 @@ def test_encoder_equals_hand_written_layout(layout, tiny_backbone, padded_batch)
         ).last_hidden_state
     real = padded_batch["attention_mask"].bool()
     torch.testing.assert_close(actual[real], expected[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("normalize_before", [False, True])
+@pytest.mark.parametrize("decoder_layout", ["scf-scf", "sscf-cf", "s-csff-scf", "fcs-sc"])
+def test_decoder_layouts_equal_hand_written_model(decoder_layout, normalize_before, tiny_backbone, padded_batch):
+    """The whole model, both stacks laid out as their layout strings say, in both norms, against the encoder-decoder
+    written out sub-layer by sub-layer (tests/helpers.py): decoder `s` is causal self-attention, `c` attention over
+    the encoder memory, `f` the feed-forward network (a repeated `f` the layer's second one), in the layout's order."""
+    with float64_default():
+        model = build(tiny_backbone, encoder_layout="s-sff", decoder_layout=decoder_layout,
+                      normalize_before=normalize_before)
+    randomize_layer_norms(model)
+    targets = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3, 5), generator=torch.Generator().manual_seed(6))
+    targets[:, 0] = model.config.decoder_start_token_id
+    with torch.no_grad():
+        logits = model(
+            input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"], decoder_input_ids=targets
+        ).logits
+        expected = reference_encoder_decoder_logits(
+            model, padded_batch["input_ids"], padded_batch["attention_mask"], targets, ["s", "sff"],
+            decoder_layout.split("-"), pre_norm=normalize_before,
+        )
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(logits, expected, atol=1e-10, rtol=0)
 
 
 def test_baseline_layout_is_the_plain_backbone(tiny_backbone, padded_batch):
@@ -336,23 +329,15 @@ def test_incremental_decoding_matches_full_forward(decoder_layout, tiny_backbone
     torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
 
 
-def test_greedy_and_sampling_generate(tiny_backbone, padded_batch):
-    model = build(tiny_backbone, encoder_layout="s-sf", decoder_layout="scf")
+@pytest.mark.parametrize("decoder_layout", ["scf", "s-csff-scf"])
+def test_greedy_beam_and_sampling_generate(decoder_layout, tiny_backbone, padded_batch):
+    """Greedy, beam search and sampling (2 samples per source, no top-k) against step-by-step decoding over full
+    forward passes (tests/helpers.py); greedy with and without the cache agree."""
+    model = build(tiny_backbone, encoder_layout="s-sf", decoder_layout=decoder_layout)
     source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
     greedy = [model.generate(**source, max_new_tokens=6, use_cache=c) for c in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
-    # greedy picks the argmax of the full forward at every step
-    with torch.no_grad():
-        logits = model(**source, decoder_input_ids=greedy[0][:, :-1]).logits
-    for row in range(3):
-        for t in range(greedy[0].shape[1] - 1):
-            if greedy[0][row, t] in (EOS, PAD) and t > 0:
-                break
-            assert greedy[0][row, t + 1] == logits[row, t].argmax()
-    torch.manual_seed(0)
-    sampled = model.generate(**source, do_sample=True, top_k=0, max_new_tokens=6, num_return_sequences=2)
-    assert sampled.shape[0] == 6 and sampled.shape[1] <= 7
-    assert ((sampled >= 0) & (sampled < model.config.vocab_size)).all()
+    assert_generate_matches_references(model, source, max_new_tokens=6, top_k=0, num_return_sequences=2)
 
 
 # ------------------------------------------------------------------------------------------- HF integration
@@ -402,29 +387,9 @@ def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, pad
 
 
 def test_trainer_one_step(tiny_backbone, tmp_path):
-    model = build(tiny_backbone, encoder_layout="s-sf", decoder_layout="scf").train()
-    generator = torch.Generator().manual_seed(7)
-    rows = []
-    for i in range(4):
-        tokens = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3 + i,), generator=generator).tolist() + [EOS]
-        rows.append({"input_ids": tokens, "labels": tokens})
-
-    def collate(features):
-        input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=PAD)
-        labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
-        return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(), "labels": labels}
-
-    args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, learning_rate=0.01,
-        save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
-    )
-    before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    trainer = LayerFusionSeq2SeqTrainer(
-        model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows)
-    )
-    trainer.train()
-    assert trainer.state.global_step == 1
-    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
-    # the Re-Transformer-specific sub-layers were trained too
-    for name in ("model.encoder.layers.0.self_attn.q_proj.weight", "model.encoder.layers.1.ffn.fc1.weight"):
-        assert not torch.equal(dict(model.named_parameters())[name], before[name]), name
+    """One Trainer step is the SGD step computed by hand from the model's loss; the Re-Transformer-specific sub-layers
+    (a self-attention-only layer, a second feed-forward block) take part in it."""
+    model = build(tiny_backbone, encoder_layout="s-sff", decoder_layout="scf").train()
+    _, gradients = assert_trainer_step_is_hand_computed(model, copy_task_rows(model.config.vocab_size), tmp_path)
+    for name in ("model.encoder.layers.0.self_attn.q_proj.weight", "model.encoder.layers.1.ffn_2.fc1.weight"):
+        assert gradients[name].abs().sum() > 0, name

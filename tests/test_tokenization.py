@@ -1,7 +1,7 @@
 """Joint tokenizers on real Multi30k text: exact round trip, Marian's `</s>` convention, ids, save/load."""
 
 import pytest
-from conftest import MULTI30K_DIR
+from conftest import MULTI30K_DIR, require_shared
 from transformers import AutoTokenizer
 
 from hf_layerfusion.tokenization import train_joint_tokenizer
@@ -19,8 +19,7 @@ def read_lines(path, count: int) -> list[str]:
 @pytest.fixture(scope="module")
 def multi30k_text() -> dict[str, list[str]]:
     """Training text (train.en + train.de) and held-out check sentences (val.en + val.de)."""
-    if not (MULTI30K_DIR / "train.en").is_file():
-        pytest.skip(f"Multi30k data not found at {MULTI30K_DIR}")
+    require_shared(MULTI30K_DIR / "train.en", "Multi30k data")
     return {
         split: [line for lang in ("en", "de") for line in read_lines(MULTI30K_DIR / f"{stem}.{lang}", count)]
         for split, stem, count in (

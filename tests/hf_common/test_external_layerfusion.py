@@ -28,8 +28,13 @@ import tempfile
 import unittest
 from unittest import mock
 
-from transformers import is_torch_available
-from transformers.testing_utils import require_torch, torch_device
+from transformers import is_torch_available, set_seed
+from transformers.testing_utils import (
+    require_torch,
+    set_config_for_less_flaky_test,
+    set_model_for_less_flaky_test,
+    torch_device,
+)
 
 # --- the HF common test mixins (extracted test tree; its root must be on sys.path) -------------------------
 from tests.generation.test_utils import GenerationTesterMixin
@@ -251,25 +256,51 @@ class BackboneDesignChoices:
 
     def test_eager_matches_sdpa_inference_24_fp32_pad_left_output_attentions(self):
         """The common test passes `output_attentions=True` to an sdpa model, which hf_layerfusion refuses (see
-        `test_model_outputs_equivalence`). Equivalent check: the sdpa model refuses by name, the eager model returns
-        one attention map per layer, and their hidden states agree when the eager model also returns attentions
-        (so computing the weights changes nothing) -- the other 24 parametrisations compare eager and sdpa."""
-        config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+        `test_model_outputs_equivalence`). Equivalent check, at least as strict as the common test's fp32 case: the
+        common test's inputs (7 rows, the last one left-padded by 2 in the decoder mask; here in the source mask too)
+        and LayerNorm eps of 1; the sdpa model refuses `output_attentions` by name; the eager model, asked for them,
+        returns one map per layer, the encoder maps giving padded source keys no weight; and its hidden states (both
+        stacks, every layer) and logits equal the sdpa model's at the common test's fp32 tolerances (atol 1e-6,
+        rtol 1e-4) in every row (the common test accepts 80% of the rows), the padded positions left out as there."""
+        batch_size, padding = 7, 2
         for model_class in self.all_model_classes:
-            torch.manual_seed(0)
+            set_seed(42)
+            config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
+            set_config_for_less_flaky_test(config)
             sdpa_model = model_class(copy.deepcopy(config)).eval()
             sdpa_model.set_attn_implementation("sdpa")
             eager_model = copy.deepcopy(sdpa_model)
             eager_model.set_attn_implementation("eager")
+            for model in (sdpa_model, eager_model):
+                set_model_for_less_flaky_test(model)
+            mask = torch.ones(batch_size, self.model_tester.seq_length, dtype=torch.long, device=torch_device)
+            mask[-1, :padding] = 0  # left padding, as the common test pads
+            inputs = {
+                "input_ids": inputs_dict["input_ids"][:batch_size],
+                "attention_mask": mask,
+                "decoder_input_ids": inputs_dict["decoder_input_ids"][:batch_size],
+                "decoder_attention_mask": mask,
+            }
             with torch.no_grad():
                 with self.assertRaisesRegex(ValueError, "attn_implementation='eager'"):
-                    sdpa_model(**inputs_dict, output_attentions=True)
-                reference = sdpa_model(**inputs_dict, output_hidden_states=True)
-                outputs = eager_model(**inputs_dict, output_hidden_states=True, output_attentions=True)
+                    sdpa_model(**inputs, output_attentions=True)
+                reference = sdpa_model(**inputs, output_hidden_states=True)
+                outputs = eager_model(**inputs, output_hidden_states=True, output_attentions=True)
             self.assertEqual(len(outputs.encoder_attentions), self.model_tester.num_hidden_layers)
             self.assertTrue(all(a is not None for a in outputs.encoder_attentions + outputs.decoder_attentions))
-            for ours, theirs in zip(outputs.decoder_hidden_states, reference.decoder_hidden_states):
-                torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
+            for attention in outputs.encoder_attentions:
+                self.assertEqual(attention[-1, :, :, :padding].abs().max().item(), 0.0)
+            compared = [*zip(outputs.encoder_hidden_states, reference.encoder_hidden_states, strict=True)]
+            compared += [*zip(outputs.decoder_hidden_states, reference.decoder_hidden_states, strict=True)]
+            if getattr(outputs, "logits", None) is not None:
+                compared.append((outputs.logits, reference.logits))
+            real = mask.bool()[..., None]
+            for index, (ours, theirs) in enumerate(compared):
+                for row in range(batch_size):
+                    torch.testing.assert_close(
+                        ours[row] * real[row], theirs[row] * real[row], atol=1e-6, rtol=1e-4,
+                        msg=lambda m, index=index, row=row: f"{model_class.__name__} output {index}, row {row}: {m}",
+                    )
 
     def test_output_attentions_refused_without_weights(self):
         config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
@@ -450,24 +481,30 @@ class GTransDesignChoices:
     group's cross entropy, not the cross entropy of `logits` (which are log P of the Eq. 5 mixture)."""
 
     def test_encoder_decoder_loss_no_double_shift(self):
-        """Common test: the loss's gradient w.r.t. `output.logits` must be that of CE(logits, labels). GTrans' loss
-        is Eq. 7, computed from the group logits, so it is no function of the mixture `logits` (the gradient is
-        None). Equivalent check: the reported loss equals sum_k psi_k CE(group k's log-probs, labels) computed here
-        from `group_log_probs` with labels aligned to the logits (decoder_input_ids = labels shifted right), and
-        differs from the same sum with labels shifted once more."""
+        """Common test: the gradient of the reported loss w.r.t. `output.logits` must be that of CE(logits, labels),
+        not that of CE against the labels shifted once more, and a guard requires those two gradients to differ (else
+        the comparison is vacuous). GTrans' loss is Eq. 7, computed from the group logits, so it is no function of the
+        mixture `logits` (that gradient is None). Equivalent check, gradients and guard kept, taken w.r.t. the decoder
+        layer outputs (which every group's logits are computed from): the reported loss has the gradient of
+        sum_k psi_k CE(group k's log-probs, labels) with labels aligned to the logits (decoder_input_ids = labels
+        shifted right), not that of the same sum against labels shifted once more, and those two differ. The loss
+        value and the Eq. 5 mixture are checked too."""
         config, inputs_dict = self.model_tester.prepare_config_and_inputs_for_common()
         config = copy.deepcopy(config)
         config.use_cache = False
+        set_seed(42)
         labels = torch.randint(3, config.vocab_size, (self.model_tester.batch_size, self.model_tester.seq_length))
         decoder_input_ids = labels.roll(shifts=1, dims=1)
         decoder_input_ids[:, 0] = config.decoder_start_token_id
         model = FAMILIES[self.model_type][2](config).to(torch_device).eval()
+        # no torch.no_grad(): the oracle differentiates the losses
         output = model(
             input_ids=inputs_dict["input_ids"],
             attention_mask=inputs_dict["attention_mask"],
             decoder_input_ids=decoder_input_ids,
             labels=labels,
             return_group_log_probs=True,
+            output_hidden_states=True,
         )
         num_groups, vocab = output.group_log_probs.shape[0], output.group_log_probs.shape[-1]
         self.assertGreater(num_groups, 1, "the tiny GTrans config must have several decoder groups")
@@ -481,8 +518,18 @@ class GTransDesignChoices:
             psi[k] * F.nll_loss(output.group_log_probs[k, :, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1))
             for k in range(num_groups)
         )
+        layer_outputs = output.decoder_hidden_states[1:]
+
+        def gradient(loss):
+            grads = torch.autograd.grad(loss, layer_outputs, retain_graph=True, allow_unused=True)
+            self.assertTrue(all(g is not None for g in grads), "a loss does not depend on the decoder layers")
+            return torch.cat([g.flatten() for g in grads])
+
+        grad_reported, grad_aligned, grad_shifted = gradient(output.loss), gradient(aligned), gradient(shifted)
+        self.assertFalse(torch.allclose(grad_aligned, grad_shifted), "aligned and shifted gradients agree (vacuous)")
+        self.assertTrue(torch.allclose(grad_reported, grad_aligned), "the loss is not Eq. 7 against `labels`")
+        self.assertFalse(torch.allclose(grad_reported, grad_shifted), "the loss shifts `labels` a second time")
         torch.testing.assert_close(output.loss, aligned)
-        self.assertFalse(torch.allclose(output.loss, shifted))
         # and the mixture logits are log sum_k psi_k softmax_k (Eq. 5)
         mixture = torch.logsumexp(output.group_log_probs + psi.log()[:, None, None, None], dim=0)
         torch.testing.assert_close(output.logits, mixture, rtol=1e-4, atol=1e-5)

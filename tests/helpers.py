@@ -1,0 +1,388 @@
+"""Independent references shared by the test files: the Transformer computed from its definitions, generation
+written as loops over full forward passes, and a Trainer step computed as plain SGD.
+
+Nothing here calls the code under test except to read its weights (`module.q_proj.weight`, ...) and, for the
+generation and training references, the model's full forward pass and loss (what `generate()` and the Trainer must
+agree with). The layer functions take the layout string of the test, not the module's own, and apply every sub-layer
+as the papers define it:
+
+- post-norm (Vaswani et al.): `x <- LN(x + f(x))`;
+- pre-norm: `x <- x + f(LN(x))`, and the stack's final LayerNorm on top;
+
+with `f` multi-head attention `softmax(Q K^T / sqrt(d_h) + mask) V` (heads concatenated, output projection) or the
+feed-forward network `W_2 relu(W_1 x + b_1) + b_2`, and the input `sqrt(d) E[x] + P[pos]` with the sinusoidal table
+(sin in the first half of the features, cos in the second, positions from 0) written out here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+# --------------------------------------------------------------------------------------------- building blocks
+def layer_norm(x: torch.Tensor, module) -> torch.Tensor:
+    """`(x - mean) / sqrt(var + eps) * gain + bias` over the last dimension, with `module`'s gain, bias and eps."""
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + module.eps) * module.weight + module.bias
+
+
+def linear(x: torch.Tensor, module) -> torch.Tensor:
+    return x @ module.weight.T + module.bias
+
+
+def feed_forward(x: torch.Tensor, module) -> torch.Tensor:
+    """`W_2 relu(W_1 x + b_1) + b_2` with `module.fc1` / `module.fc2`."""
+    return linear(torch.clamp(linear(x, module.fc1), min=0), module.fc2)
+
+
+def attention(module, queries_from: torch.Tensor, keys_from: torch.Tensor, allowed: torch.Tensor, heads: int):
+    """Multi-head attention of `queries_from` (batch, m, d) over `keys_from` (batch, n, d) with `module`'s
+    projections; `allowed` (batch, m, n) says which keys each query may see (the others get -inf)."""
+    batch, m, d = queries_from.shape
+    head_dim = d // heads
+
+    def split(t):
+        return t.view(batch, -1, heads, head_dim).transpose(1, 2)
+
+    q = split(linear(queries_from, module.q_proj))
+    k, v = split(linear(keys_from, module.k_proj)), split(linear(keys_from, module.v_proj))
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, m, d)
+    return linear(context, module.out_proj)
+
+
+def padding_allowed(key_mask: torch.Tensor, queries: int) -> torch.Tensor:
+    """(batch, queries, keys): every query may see every key whose mask entry is 1."""
+    return key_mask.bool()[:, None, :].expand(-1, queries, -1)
+
+
+def causal_allowed(batch: int, length: int) -> torch.Tensor:
+    """(batch, length, length): query t may see keys 0..t."""
+    return torch.ones(length, length, dtype=torch.bool).tril()[None].expand(batch, -1, -1)
+
+
+def sinusoidal_table(length: int, d: int) -> torch.Tensor:
+    """P[pos] = [sin(pos / 10000^(2i/d)) for i < d/2] + [cos(pos / 10000^(2i/d)) for i < d/2]."""
+    rows = []
+    for pos in range(length):
+        angles = [pos / 10000 ** (2 * i / d) for i in range(d // 2)]
+        rows.append([math.sin(a) for a in angles] + [math.cos(a) for a in angles])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def embed(model, input_ids: torch.Tensor, layernorm_embedding=None) -> torch.Tensor:
+    """s_0 = sqrt(d) E[x] + P[pos] (positions from 0), then the embedding LayerNorm if one is given."""
+    weight = model.model.shared.weight
+    x = math.sqrt(weight.shape[1]) * weight[input_ids] + sinusoidal_table(input_ids.shape[1], weight.shape[1]).to(weight)
+    return x if layernorm_embedding is None else layer_norm(x, layernorm_embedding)
+
+
+def output_logits(model, features: torch.Tensor) -> torch.Tensor:
+    """`h E^T + b`: the tied output projection and Marian's logits bias."""
+    return features @ model.model.shared.weight.T + model.final_logits_bias[0]
+
+
+@contextlib.contextmanager
+def float64_default():
+    """Models built inside are float64 throughout, their computed position tables included (`.double()` would keep
+    tables computed in float32, 1e-8 off the reference's)."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+# --------------------------------------------------------------------------------------------- layers and stacks
+def sublayer_module_names(layout: str) -> list[tuple[str, str]]:
+    """(kind, module name) of each sub-layer: the first of a kind carries the Marian name (`self_attn`, `encoder_attn`,
+    `ffn`), a repeated kind is numbered from 2 (`ffn_2`); each has its LayerNorm in `<name>_block.layer_norm`."""
+    base = {"s": "self_attn", "c": "encoder_attn", "f": "ffn"}
+    seen: dict[str, int] = {}
+    names = []
+    for kind in layout:
+        seen[kind] = seen.get(kind, 0) + 1
+        names.append((kind, base[kind] if seen[kind] == 1 else f"{base[kind]}_{seen[kind]}"))
+    return names
+
+
+# attend(kind, module, normalised input, normalize) -> the attention sub-layer's output; `normalize` is what the
+# sub-layer's residual block does to its input (its LayerNorm in pre-norm, the identity in post-norm)
+Attend = Callable[[str, torch.nn.Module, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+
+
+def reference_layer(layer, layout: str, x: torch.Tensor, pre_norm: bool, attend: Attend) -> torch.Tensor:
+    """One layer of `layout`, sub-layer by sub-layer, with `layer`'s weights: post-norm `x <- LN(x + f(x))`, pre-norm
+    `x <- x + f(LN(x))`; `f` is `attend(...)` for `s` and `c`, the feed-forward network for `f`."""
+    for kind, name in sublayer_module_names(layout):
+        norm = getattr(layer, f"{name}_block").layer_norm
+
+        def normalize(t, norm=norm):
+            return layer_norm(t, norm) if pre_norm else t
+
+        module = getattr(layer, name)
+        update = feed_forward(normalize(x), module) if kind == "f" else attend(kind, module, normalize(x), normalize)
+        x = x + update if pre_norm else layer_norm(x + update, norm)
+    return x
+
+
+def plain_attend(heads: int, self_allowed: torch.Tensor, memory=None, memory_allowed=None) -> Attend:
+    """The Transformer's attention sub-layers: `s` over its own (normalised) input, `c` over the memory."""
+
+    def attend(kind, module, x, normalize):
+        if kind == "s":
+            return attention(module, x, x, self_allowed, heads)
+        return attention(module, x, memory, memory_allowed, heads)
+
+    return attend
+
+
+def reference_stack(
+    layers: Sequence,
+    layouts: Sequence[str],
+    s_0: torch.Tensor,
+    pre_norm: bool,
+    attend_for_layer: Callable[[int, list[torch.Tensor]], Attend],
+    connect: Callable[[int, torch.Tensor, list[torch.Tensor]], torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """The states [s_0 .. s_L] as the layers produce them (pre-norm: before the final LayerNorm). Layer l reads
+    s_{l-1}; `connect(l, output, states_below)` turns layer l's output into s_l (default: the output itself);
+    `attend_for_layer(l, states_below)` gives layer l's attention (l is 1-based)."""
+    states = [s_0]
+    for index, (layer, layout) in enumerate(zip(layers, layouts, strict=True), start=1):
+        output = reference_layer(layer, layout, states[-1], pre_norm, attend_for_layer(index, states))
+        states.append(output if connect is None else connect(index, output, states))
+    return states
+
+
+def reference_encoder_decoder_logits(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    decoder_input_ids: torch.Tensor,
+    encoder_layouts: Sequence[str],
+    decoder_layouts: Sequence[str],
+    pre_norm: bool,
+    layernorm_embedding: bool = False,
+) -> torch.Tensor:
+    """Logits of the plain encoder-decoder (any layer layouts), every step written out; pre-norm stacks end in their
+    final LayerNorm. The decoder input is unpadded (causal attention only)."""
+    config = model.config
+    encoder, decoder = model.model.encoder, model.model.decoder
+
+    def embedding_norm(stack):
+        return stack.embeddings.layernorm_embedding if layernorm_embedding else None
+
+    def final(stack, top):
+        return layer_norm(top, stack.layer_norm) if pre_norm else top
+
+    source_allowed = padding_allowed(attention_mask, input_ids.shape[1])
+    states = reference_stack(
+        encoder.layers,
+        encoder_layouts,
+        embed(model, input_ids, embedding_norm(encoder)),
+        pre_norm,
+        lambda l, below: plain_attend(config.encoder_attention_heads, source_allowed),
+    )
+    memory = final(encoder, states[-1])
+    batch, length = decoder_input_ids.shape
+    attend = plain_attend(
+        config.decoder_attention_heads,
+        causal_allowed(batch, length),
+        memory,
+        padding_allowed(attention_mask, length),
+    )
+    states = reference_stack(
+        decoder.layers,
+        decoder_layouts,
+        embed(model, decoder_input_ids, embedding_norm(decoder)),
+        pre_norm,
+        lambda l, below: attend,
+    )
+    return output_logits(model, final(decoder, states[-1]))
+
+
+def randomize_layer_norms(model, seed: int = 0, scale: float = 0.3) -> None:
+    """Every LayerNorm gain and bias moved away from 1 / 0, so that a LayerNorm applied in the wrong place (or one
+    skipped) changes the result by far more than rounding."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.add_(torch.randn(module.weight.shape, generator=generator, dtype=module.weight.dtype) * scale)
+                module.bias.add_(torch.randn(module.bias.shape, generator=generator, dtype=module.bias.dtype) * scale)
+
+
+def assert_same_logits_and_beam_search(reference_model, model, batch: dict, atol: float) -> None:
+    """`model` computes what a transformers reference model computes on `batch`: the same logits (not near zero) and,
+    from the batch's source, the same beam search (4 beams: hypotheses and scores)."""
+    with torch.no_grad():
+        expected, logits = reference_model(**batch).logits, model(**batch).logits
+    assert expected.abs().max() > 1.0  # the comparison is not between near-zero tensors
+    torch.testing.assert_close(logits, expected, atol=atol, rtol=0)
+    generate_kwargs = dict(
+        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=4, max_length=12,
+        output_scores=True, return_dict_in_generate=True,
+    )
+    expected, generated = reference_model.generate(**generate_kwargs), model.generate(**generate_kwargs)
+    assert generated.sequences.tolist() == expected.sequences.tolist()
+    torch.testing.assert_close(generated.sequences_scores, expected.sequences_scores, atol=atol, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------- generation
+def _decode_loop(model, source: dict, max_new_tokens: int, process: Callable[[torch.Tensor], torch.Tensor],
+                 pick: Callable[[torch.Tensor], torch.Tensor]):
+    """Step-by-step decoding over full forward passes (no cache): at each step the prefix's last logits, processed by
+    `process`, give the next tokens through `pick`; finished rows continue with the pad id, and decoding stops when
+    every row has produced EOS. Returns the sequences and the processed logits of every step."""
+    config = model.generation_config
+    batch = source["input_ids"].shape[0]
+    sequences = torch.full((batch, 1), config.decoder_start_token_id, dtype=torch.long)
+    finished = torch.zeros(batch, dtype=torch.bool)
+    scores = []
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            logits = model(**source, decoder_input_ids=sequences, use_cache=False).logits[:, -1].float()
+        scores.append(process(logits))
+        tokens = pick(scores[-1]).masked_fill(finished, config.pad_token_id)
+        sequences = torch.cat([sequences, tokens[:, None]], dim=1)
+        finished |= tokens == config.eos_token_id
+        if finished.all():
+            break
+    return sequences, scores
+
+
+def reference_greedy(model, source: dict, max_new_tokens: int):
+    """Greedy search written out: at every step the argmax of the full forward pass over the prefix. Returns the
+    sequences and each step's logits."""
+    return _decode_loop(model, source, max_new_tokens, lambda logits: logits, lambda scores: scores.argmax(-1))
+
+
+def reference_sample(model, source: dict, max_new_tokens: int, top_k: int, seed: int, num_return_sequences: int = 1):
+    """Multinomial sampling written out from `torch.manual_seed(seed)`: each row's next token is drawn from
+    softmax(logits) restricted to its `top_k` largest logits (0: all), one `torch.multinomial` call per step for the
+    whole batch (rows repeated `num_return_sequences` times, as `generate` does). Returns the sequences and each
+    step's logits with the ones outside the top k at -inf."""
+    source = {key: value.repeat_interleave(num_return_sequences, dim=0) for key, value in source.items()}
+
+    def keep_top_k(logits):
+        if not top_k:
+            return logits
+        kth_largest = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+    torch.manual_seed(seed)
+    return _decode_loop(
+        model, source, max_new_tokens, keep_top_k, lambda scores: torch.multinomial(scores.softmax(-1), 1)[:, 0]
+    )
+
+
+def assert_same_decoding(output, reference) -> None:
+    """`generate(..., output_scores=True, return_dict_in_generate=True)` against a reference decode: the same tokens
+    and, step by step, the same (processed) logits, so that the check is decisive even where the argmax repeats."""
+    sequences, scores = reference
+    assert output.sequences.tolist() == sequences.tolist()
+    assert len(output.scores) == len(scores)
+    for step, (ours, theirs) in enumerate(zip(output.scores, scores)):
+        torch.testing.assert_close(ours.float(), theirs, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+
+
+def assert_beam_scores_match_full_forward(model, source: dict, output, length_penalty: float) -> None:
+    """Each returned beam hypothesis scores what a full forward pass gives it: the sum of its tokens' log-probabilities
+    (up to and including EOS) divided by its length ** length_penalty (transformers' beam score)."""
+    config = model.generation_config
+    sequences = output.sequences
+    with torch.no_grad():
+        log_probs = model(**source, decoder_input_ids=sequences[:, :-1], use_cache=False).logits.float().log_softmax(-1)
+    for row in range(sequences.shape[0]):
+        tokens = sequences[row, 1:].tolist()
+        length = tokens.index(config.eos_token_id) + 1 if config.eos_token_id in tokens else len(tokens)
+        total = sum(log_probs[row, t, tokens[t]] for t in range(length))
+        expected = total / length**length_penalty
+        torch.testing.assert_close(output.sequences_scores[row], expected, atol=1e-5, rtol=0, msg=f"row {row}")
+
+
+def assert_generate_matches_references(model, source: dict, max_new_tokens: int = 5, top_k: int = 5, seed: int = 0,
+                                       num_return_sequences: int = 1):
+    """`generate()` against the references above: greedy search decodes as `reference_greedy` (tokens and logits);
+    beam search (4 beams) returns hypotheses scored as a full forward pass scores them; sampling from a fixed seed
+    draws exactly what `reference_sample` draws, and not only the greedy tokens. Returns the three sequence tensors."""
+    dict_output = dict(output_scores=True, return_dict_in_generate=True)
+    greedy = model.generate(**source, max_new_tokens=max_new_tokens, **dict_output)
+    assert_same_decoding(greedy, reference_greedy(model, source, max_new_tokens))
+    beam = model.generate(**source, num_beams=4, max_new_tokens=max_new_tokens, length_penalty=0.8, **dict_output)
+    assert_beam_scores_match_full_forward(model, source, beam, length_penalty=0.8)
+    torch.manual_seed(seed)
+    sampled = model.generate(
+        **source, do_sample=True, top_k=top_k, max_new_tokens=max_new_tokens,
+        num_return_sequences=num_return_sequences, **dict_output,
+    )
+    assert_same_decoding(sampled, reference_sample(model, source, max_new_tokens, top_k, seed, num_return_sequences))
+    assert sampled.sequences.tolist() != greedy.sequences.repeat_interleave(num_return_sequences, dim=0).tolist()
+    return greedy.sequences, beam.sequences, sampled.sequences
+
+
+# --------------------------------------------------------------------------------------------- training
+def copy_task_rows(vocab_size: int, count: int = 4, seed: int = 7, first_token_id: int = 4, eos_token_id: int = 2):
+    """`count` copy-task examples of lengths 4, 5, ..., each ending in EOS (source = labels)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(count):
+        tokens = torch.randint(first_token_id, vocab_size, (3 + i,), generator=generator).tolist() + [eos_token_id]
+        rows.append({"input_ids": tokens, "labels": tokens})
+    return rows
+
+
+def collate_rows(features, pad_token_id: int = 1) -> dict:
+    """Right-pad sources with the pad id (and mask them) and labels with -100."""
+    from torch.nn.utils.rnn import pad_sequence
+
+    input_ids = pad_sequence([torch.tensor(f["input_ids"]) for f in features], batch_first=True, padding_value=pad_token_id)
+    labels = pad_sequence([torch.tensor(f["labels"]) for f in features], batch_first=True, padding_value=-100)
+    return {"input_ids": input_ids, "attention_mask": input_ids.ne(pad_token_id).long(), "labels": labels}
+
+
+def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, collate=collate_rows,
+                                         learning_rate: float = 0.05):
+    """One `LayerFusionSeq2SeqTrainer` step (SGD, constant learning rate, no gradient clipping: clipping would hide a
+    wrongly scaled loss) on one batch holding every row, against the step computed here on a copy of the model: every
+    parameter moves by `-lr * g`, g the gradient of the model's own loss on the collated batch, and the loss on that
+    batch goes down. Returns the trainer and the reference gradients by parameter name (None where the loss does not
+    reach a parameter)."""
+    from datasets import Dataset
+    from transformers import Seq2SeqTrainingArguments
+
+    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=len(rows), max_steps=1, optim="sgd",
+        learning_rate=learning_rate, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1, save_strategy="no",
+        report_to="none", disable_tqdm=True, use_cpu=True,
+    )
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model, args=args, data_collator=collate, train_dataset=Dataset.from_list(rows)
+    )
+    reference = copy.deepcopy(model).train()  # after the trainer set it up (label smoothing moved to the config)
+    batch = collate(rows)
+    loss_before = reference(**batch).loss
+    loss_before.backward()
+    named = dict(reference.named_parameters())  # tied / shared parameters once
+    gradients = {name: p.grad for name, p in named.items()}
+    trainer.train()
+    assert trainer.state.global_step == 1
+    moved = dict(model.named_parameters())
+    assert moved.keys() == named.keys()
+    for name, param in named.items():
+        expected = param if gradients[name] is None else param - learning_rate * gradients[name]
+        torch.testing.assert_close(moved[name], expected, atol=1e-6, rtol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    with torch.no_grad():
+        assert model.train()(**batch).loss < loss_before
+    return trainer, gradients
