@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None) -> dict:
             for name, split in splits.items()
         }
 
-    callbacks = [TimeBudgetCallback(run_args.max_train_minutes)]
+    time_budget = TimeBudgetCallback(run_args.max_train_minutes)
+    callbacks = [time_budget]
     if run_args.log_fusion_weights:
         callbacks += [FusionWeightsCallback(), LayerGradientNormCallback()]
     trainer = LayerFusionSeq2SeqTrainer(
@@ -468,7 +469,12 @@ def main(argv: list[str] | None = None) -> dict:
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()  # model, tokenizer and generation config
-        metrics = {**train_result.metrics, "global_step": trainer.state.global_step}
+        metrics = {
+            **train_result.metrics,
+            "global_step": trainer.state.global_step,
+            # printed with the metrics and saved in bleu_results.json: a run the clock cut short says so
+            "time_budget_ended_training": time_budget.ended_training,
+        }
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         trainer.save_state()
