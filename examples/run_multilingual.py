@@ -74,6 +74,7 @@ from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
+    check_distributed_launch,
     check_input_file,
     check_local_or_hub,
     check_model_type,
@@ -156,8 +157,13 @@ def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.Datas
     and the (high, low) resource thresholds scaled to them."""
     languages = (data_args.languages or "en,de,fr,cs").split(",")
     directory = Path(data_args.multi30k_dir)
-    if not (directory / f"train.{languages[0]}").is_file():
-        raise FileNotFoundError(f"Multi30k not found in {directory}; pass --multi30k_dir.")
+    missing = [language for language in languages if not (directory / f"train.{language}").is_file()]
+    if missing:
+        found = sorted(path.suffix[1:] for path in directory.glob("train.*"))
+        raise FileNotFoundError(
+            f"No Multi30k training file for the language(s) {missing} in {directory} (train.<lang> exists for "
+            f"{found}); check --languages and --multi30k_dir."
+        )
     pairs = {}
     for index, (first, second) in enumerate(itertools.combinations(languages, 2)):
         splits = load_parallel_text(directory, first, second)
@@ -189,6 +195,7 @@ def check_arguments(
     training_args: Seq2SeqTrainingArguments,
 ) -> dict:
     """Check every argument before any work or write; returns the parsed `--config_overrides`."""
+    check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
     check_model_type(model_args.model_type, "--model_type")
     if data_args.dataset == "opus100":
         if not data_args.languages:

@@ -31,7 +31,8 @@ Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (us
 `--train_sampling_strategy group_by_length`), no `warmup_ratio` (`--warmup_steps 0.1` is a ratio), no
 `evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`). Every argument is checked before any
 work or write; training into a non-empty `--output_dir` is refused unless `--overwrite_output_dir True` (this
-script's own flag: transformers 5 dropped it) or `--resume_from_checkpoint` continues the run there.
+script's own flag: transformers 5 dropped it; it replaces the run's files and keeps the others, and is refused while
+the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from hf_layerfusion.tokenization import (  # noqa: E402
 )
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
+    check_distributed_launch,
     check_local_or_hub,
     check_model_type,
     check_output_dir,
@@ -154,7 +156,11 @@ class RunArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Train into a non-empty --output_dir (its model and tokenizer files are replaced)."},
+        metadata={
+            "help": "Train into a non-empty --output_dir: the model, tokenizer and result files there are replaced, "
+            "other files are kept. Refused when it holds checkpoint-<step> dirs (they would mix with this run's): "
+            "resume with --resume_from_checkpoint last, or remove them yourself."
+        },
     )
 
 
@@ -224,6 +230,16 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output
     requested = training_args.resume_from_checkpoint
     if requested is None:
         if existing and training_args.do_train:
+            if overwrite_output_dir:
+                # never deleted for the user: a run's checkpoints may be all that is left of hours of training
+                raise ValueError(
+                    f"--overwrite_output_dir replaces the model, tokenizer and result files of {output_dir}, but it "
+                    f"also holds {len(existing)} checkpoint dir(s) of an earlier run (newest "
+                    f"{os.path.basename(existing[-1])}), which this run's checkpoints would mix with; they are never "
+                    "deleted for you. Pass "
+                    f"--resume_from_checkpoint {RESUME_LAST} to continue that run, delete the checkpoint-* dirs "
+                    "yourself, or choose another --output_dir."
+                )
             raise ValueError(
                 f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
                 f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
@@ -403,6 +419,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the script with `argv` (default: the command line). Returns `{"train": metrics, "<split>": BLEU
     results}` and writes them to `<output_dir>/bleu_results.json`."""
     model_args, data_args, run_args, training_args = parse_args(argv)
+    check_distributed_launch(training_args.use_cpu, "examples/run_translation.py")
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%H:%M:%S",
