@@ -90,7 +90,7 @@ def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Pat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/quickstart", type=Path)
     parser.add_argument("--steps", default=800, type=int, help="Training steps of each model (batches of 64).")
     args = parser.parse_args()

@@ -37,6 +37,7 @@ the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import json
@@ -164,8 +165,16 @@ class RunArguments:
     )
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help`: the module docstring as written (its example commands keep their lines) and every default."""
+
+
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments))
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     # BLEU needs generated translations
     parser.set_defaults(predict_with_generate=True)
     return parser.parse_args_into_dataclasses(args=argv)
