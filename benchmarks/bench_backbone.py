@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,9 @@ from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# a target's verdict (met / NOT met) needs at least this many samples of its ratio: from one or two noisy samples (a
+# --quick run) the verdict flips from run to run
+MIN_SAMPLES_FOR_VERDICT = 3
 
 
 @dataclass(frozen=True)
@@ -338,30 +342,39 @@ def memory_worker(args) -> None:
     print(json.dumps({"peak_increase_kib": increases}))
 
 
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and `taskset` narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def memory_workers_at_once(threads: int) -> int:
+    """How many memory subprocesses run side by side: as many as the CPUs hold at `threads` threads each. More only
+    queue for the cores (16 at once made a `--quick` run 5x slower, load average 20) and hold ~1 GiB each."""
+    return max(1, available_cpus() // threads)
+
+
 def measure_peak_memory(args, names, marian, training_batches) -> dict[str, list[float]]:
     """Peak-RSS increase (MiB) of each measured training step, each model in its own fresh subprocess.
 
-    The subprocesses run side by side (after the timings): a process's own peak RSS does not depend on others.
+    The subprocesses run after the timings, `memory_workers_at_once` at a time: a process's own peak RSS does not
+    depend on the others.
     """
-    peaks = {}
     with tempfile.TemporaryDirectory() as work:
         marian.save_pretrained(Path(work) / "marian")
         torch.save(training_batches, Path(work) / "train_batches.pt")
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        workers = {}
-        for name in names:
+
+        def run_worker(name: str) -> list[float]:
             command = [sys.executable, __file__, "--threads", str(args.threads), "--seed", str(args.seed)]
-            command += ["--memory-worker", work]
-            workers[name] = subprocess.Popen(
-                [*command, "--worker-model", name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        for name, worker in workers.items():
-            stdout, stderr = worker.communicate()
-            if worker.returncode:
-                raise RuntimeError(f"memory worker for {name} failed:\n{stderr[-3000:]}")
-            report = json.loads(stdout.strip().splitlines()[-1])
-            peaks[name] = [kib / 1024 for kib in report["peak_increase_kib"]]
-    return peaks
+            command += ["--memory-worker", work, "--worker-model", name]
+            result = subprocess.run(command, env=env, capture_output=True, text=True)
+            if result.returncode:
+                raise RuntimeError(f"memory worker for {name} failed:\n{result.stderr[-3000:]}")
+            report = json.loads(result.stdout.strip().splitlines()[-1])
+            return [kib / 1024 for kib in report["peak_increase_kib"]]
+
+        with ThreadPoolExecutor(max_workers=memory_workers_at_once(args.threads)) as pool:
+            return dict(zip(names, pool.map(run_worker, names)))
 
 
 def time_models(args, eval_models, generation_batches, training_batches) -> dict[str, dict[str, list[float]]]:
@@ -424,11 +437,16 @@ def print_report(args, command, setup, results, outputs_equal):
     )
     print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), torch threads: {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
-    print(f"- load average (1, 5, 15 min) at start: {setup['loadavg_start']}, at end: {loadavg()}")
-    if max(setup["loadavg_start_1min"], os.getloadavg()[0]) > os.cpu_count():
+    print(
+        f"- load average (1, 5, 15 min) at start: {setup['loadavg_start']}, at end: {loadavg()} (the end includes "
+        "this run's own processes)"
+    )
+    # only the load before this run started is other processes'
+    if setup["loadavg_start_1min"] + args.threads > available_cpus():
         print(
-            "- WARNING: load average above the CPU count: other processes compete for the cores, absolute numbers "
-            "are depressed and noisy; the side-by-side ratios are the more trustworthy figures"
+            f"- WARNING: other processes kept {setup['loadavg_start_1min']:.1f} CPUs busy when this run started "
+            f"({args.threads} threads, {available_cpus()} CPUs): they compete for the cores, absolute numbers are "
+            "depressed and noisy; the side-by-side ratios are the more trustworthy figures"
         )
     print(
         f"- model: Multi30k preset (d_model {setup['d_model']}, {setup['layers']} layers, {setup['heads']} heads, "
@@ -449,6 +467,12 @@ def print_report(args, command, setup, results, outputs_equal):
         f"- timings: {args.repeats} repeats, models alternated (order flipped every repeat); table = medians, "
         "ratios = median of the per-repeat ratios [min-max]"
     )
+    if args.repeats < MIN_SAMPLES_FOR_VERDICT:
+        print(
+            f"- UNRELIABLE: {args.repeats} repeat(s) per model (a smoke run such as --quick): the ratios below rest "
+            f"on {args.repeats} noisy sample(s), and no target is judged (a verdict needs --repeats "
+            f"{MIN_SAMPLES_FOR_VERDICT} or more; memory: --memory-steps {MIN_SAMPLES_FOR_VERDICT} or more)"
+        )
     print(
         "- peak memory: each model in a fresh subprocess; after a warm-up step (allocates the AdamW state), for each "
         f"of {args.memory_steps} training step(s): peak RSS during the step (VmHWM, reset by writing 5 to "
@@ -495,15 +519,24 @@ def print_report(args, command, setup, results, outputs_equal):
         print("| " + " | ".join(cells) + " |")
 
     print("\nTargets (median ratio to the reference):")
+    samples = {"greedy": args.repeats, "beam": args.repeats, "train": args.repeats, "memory": args.memory_steps}
     for name in names:
         for key, op, bound in MODELS[name].targets:
             if (key, name) not in ratios:
                 continue
-            met = ratios[key, name] >= bound if op == ">=" else ratios[key, name] <= bound
+            # parameter counts are exact: one sample suffices
+            verdict = target_verdict(ratios[key, name], op, bound, samples.get(key, MIN_SAMPLES_FOR_VERDICT))
             print(
                 f"- {MODELS[name].title} / {MODELS[reference_of(name)].title}, {key} {op} {bound}: "
-                f"{ratios[key, name]:.3f}x, {'met' if met else 'NOT met'}"
+                f"{ratios[key, name]:.3f}x, {verdict}"
             )
+
+
+def target_verdict(ratio: float, op: str, bound: float, samples: int) -> str:
+    """`met` / `NOT met`, or `not judged` when the ratio rests on fewer than `MIN_SAMPLES_FOR_VERDICT` samples."""
+    if samples < MIN_SAMPLES_FOR_VERDICT:
+        return f"not judged ({samples} sample(s): unreliable)"
+    return "met" if (ratio >= bound if op == ">=" else ratio <= bound) else "NOT met"
 
 
 def reference_of(name: str) -> str | None:
@@ -537,7 +570,9 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     if args.quick:
+        # one sample of everything, on small batches: checks that every model runs, measures nothing reliably
         args.repeats, args.max_new_tokens, args.train_steps, args.memory_steps = 1, 8, 1, 1
+        args.gen_batch_size, args.train_batch_size = 8, 16
     return args
 
 
