@@ -35,23 +35,26 @@ def test_memory_workers_fill_the_cpus_and_no_more(monkeypatch, cpus, threads, ex
     assert bench.memory_workers_at_once(threads) == expected
 
 
-def test_memory_subprocesses_run_a_bounded_number_at_a_time(monkeypatch):
-    """Eight models, CPUs for two workers at a time: never more than two subprocesses at once, every model's
-    result under its own name."""
+@pytest.mark.parametrize("models_per_process, processes", [(1, 8), (3, 3)])
+def test_memory_subprocesses_run_a_bounded_number_at_a_time(monkeypatch, models_per_process, processes):
+    """Eight models, CPUs for two workers at a time: never more than two subprocesses at once, each measuring
+    `--memory-models-per-process` models, every model's result under its own name."""
     monkeypatch.setattr(bench, "available_cpus", lambda: 4)
-    running, most = 0, 0
+    running, most, calls = 0, 0, []
     lock = threading.Lock()
 
     def fake_worker(command, **kwargs):
         nonlocal running, most
+        group = command[command.index("--worker-model") + 1 :]
         with lock:
             running += 1
             most = max(most, running)
+            calls.append(group)
         time.sleep(0.05)
         with lock:
             running -= 1
-        name = command[command.index("--worker-model") + 1]
-        return subprocess.CompletedProcess(command, 0, json.dumps({"peak_increase_kib": [len(name) * 1024]}), "")
+        report = {"peak_increase_kib": {name: [len(name) * 1024] for name in group}}
+        return subprocess.CompletedProcess(command, 0, json.dumps(report), "")
 
     monkeypatch.setattr(bench.subprocess, "run", fake_worker)
     marian = MarianMTModel(
@@ -60,6 +63,13 @@ def test_memory_subprocesses_run_a_bounded_number_at_a_time(monkeypatch):
                      pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
     )
     names = list(bench.MODELS)[:8]
-    peaks = bench.measure_peak_memory(SimpleNamespace(threads=2, seed=0), names, marian, [])
-    assert most == 2
+    args = SimpleNamespace(threads=2, seed=0, memory_models_per_process=models_per_process)
+    peaks = bench.measure_peak_memory(args, names, marian, [])
+    assert most == 2 and len(calls) == processes and sorted(name for group in calls for name in group) == sorted(names)
     assert peaks == {name: [float(len(name))] for name in names}
+
+
+def test_quick_measures_memory_in_as_few_processes_as_run_at_once(monkeypatch):
+    monkeypatch.setattr(bench, "available_cpus", lambda: 2)
+    assert bench.parse_args(["--quick"]).memory_models_per_process == len(bench.MODELS)  # one process
+    assert bench.parse_args([]).memory_models_per_process == 1  # a full run: every model alone
