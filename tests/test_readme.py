@@ -182,6 +182,8 @@ def test_readme_parsing_sees_every_block():
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The local Hub with tiny stand-ins of the repositories the README converts (see the module docstring)."""
+    if not (MULTI30K / "train.en").is_file():
+        pytest.skip(f"Multi30k not found at {MULTI30K}: the README's commands train on it")
     server = HubServer().start()
     root = tmp_path_factory.mktemp("hub_repos")
     api = HfApi(endpoint=server.endpoint, token="hf_readme_test")
@@ -248,8 +250,6 @@ def run_step(kind: str, code: str, repo: Path, env: dict, script: Path) -> subpr
 
 
 def test_readme_runs_as_pasted(hub, tmp_path):
-    if not (MULTI30K / "train.en").is_file():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
     repo = scratch_copy(tmp_path)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(
@@ -313,3 +313,18 @@ def test_readme_runs_as_pasted(hub, tmp_path):
         output = result.stdout + result.stderr
         assert result.returncode == 0 and "Traceback" not in output, f"model card block {index}:\n{output[-6000:]}"
         assert "Do you wish to run the custom code" not in output and "seem to have been set" not in output, output
+
+
+def test_main_jobs_check_without_the_package_ignores_pythonpath(tmp_path, monkeypatch):
+    """The first set-up command is not run here (see the module docstring); its last step, translating in a process
+    that cannot import hf_layerfusion, must hold with `PYTHONPATH` pointing at a checkout (it said "hf_layerfusion is
+    importable" and failed)."""
+    import quickstart
+    from test_hub import tiny_model, tiny_tokenizer
+
+    model, tokenizer = tiny_model("gtrans"), tiny_tokenizer()
+    model.save_pretrained(tmp_path / "gtrans")
+    tokenizer.save_pretrained(tmp_path / "gtrans")
+    monkeypatch.setenv("PYTHONPATH", str(REPO_ROOT))
+    translations = quickstart.translate_without_package(tmp_path / "gtrans", ["ab ba", "b"])
+    assert len(translations) == 2 and all(isinstance(text, str) for text in translations)
