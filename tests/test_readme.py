@@ -22,7 +22,8 @@ else (every substitution must match exactly once, so a README edit that removes 
 - `APPENDED_ARGUMENTS`: arguments appended to the shell command that contains the key (before a trailing comment);
   argparse keeps the last value of a repeated option, so they override the README's values.
 - `SETUP_COMMANDS`: the two set-up commands are checked verbatim and not run here: the first installs packages and
-  runs the 3-minute main job, the second is this test suite itself (`.ci/run` runs it).
+  runs the 3-minute main job (its step in a process without the package is tested below), the second is this test
+  suite itself (`.ci/run` runs it).
 - `EXPECTED_REFUSALS`: commands that must stop with a clear message on this machine (a multi-GPU launch without GPUs).
 """
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 import sysconfig
