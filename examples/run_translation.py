@@ -245,9 +245,8 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output
                     f"--overwrite_output_dir replaces the model, tokenizer and result files of {output_dir}, but it "
                     f"also holds {len(existing)} checkpoint dir(s) of an earlier run (newest "
                     f"{os.path.basename(existing[-1])}), which this run's checkpoints would mix with; they are never "
-                    "deleted for you. Pass "
-                    f"--resume_from_checkpoint {RESUME_LAST} to continue that run, delete the checkpoint-* dirs "
-                    "yourself, or choose another --output_dir."
+                    f"deleted for you. Pass --resume_from_checkpoint {RESUME_LAST} to continue that run, delete the "
+                    "checkpoint-* dirs yourself, or choose another --output_dir."
                 )
             raise ValueError(
                 f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "

@@ -158,13 +158,13 @@ def check_save_directory(save_directory) -> None:
         )
 
 
-def check_distributed_launch(use_cpu: bool, script: str, environ=os.environ) -> None:
+def check_distributed_launch(use_cpu: bool, script: str) -> None:
     """Refuse a multi-process launch (`accelerate launch`, `torchrun`: `LOCAL_WORLD_SIZE` > 1) on a machine with
     fewer GPUs than processes, unless the run is on CPUs (`--use_cpu True`, `accelerate launch --cpu`). Without a GPU
     each process sets itself up as a single-process run (accelerate only logs a warning), so N processes would
     train N separate models into the same output dir and exit successfully."""
-    processes = int(environ.get("LOCAL_WORLD_SIZE", "1"))
-    on_cpu = use_cpu or environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    on_cpu = use_cpu or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")
     if processes <= 1 or on_cpu:
         return
     gpus = torch.accelerator.device_count()
