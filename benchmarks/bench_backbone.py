@@ -15,7 +15,7 @@ passively (`OMP_WAIT_POLICY=PASSIVE` unless set): spin-waiting threads on oversu
 Peak memory is measured in a fresh subprocess per model: see `memory_worker`.
 
     python benchmarks/bench_backbone.py            # full run (~8 min with --repeats 3 on 2 cores, all 16 models)
-    python benchmarks/bench_backbone.py --quick    # smoke run
+    python benchmarks/bench_backbone.py --quick    # smoke run: 146 s (75 s of CPU) on 2 busy cores, see --quick
     python benchmarks/bench_backbone.py --models gtrans_td2 gtrans_td1   # a subset (marian and plain always run)
 """
 
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,9 @@ from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+# a target's verdict (met / NOT met) needs at least this many samples of its ratio: from one or two noisy samples (a
+# --quick run) the verdict flips from run to run
+MIN_SAMPLES_FOR_VERDICT = 3
 
 
 @dataclass(frozen=True)
@@ -312,56 +316,73 @@ def rss_kib(field: str) -> int:
 
 
 def memory_worker(args) -> None:
-    """Runs in a fresh subprocess: peak RSS increase of training steps of one model, printed as JSON.
+    """Runs in a fresh subprocess: peak RSS increase of training steps of each `--worker-model`, one model after the
+    other, printed as JSON `{"peak_increase_kib": {model: [KiB per step]}}`.
 
     After model, optimizer and batches are set up, one warm-up step allocates the AdamW state. Then, for each
     measured step, the kernel's peak-RSS counter is reset (`echo 5 > /proc/self/clear_refs`, Linux >= 4.0) and the
     step's cost is VmHWM (peak RSS during the step) minus VmRSS before it: activations, logits, gradients and
     temporaries, nothing allocated before. The parent sets MALLOC_MMAP_THRESHOLD_ so every tensor above 64 KiB is
-    mmap-ed and returned to the kernel when freed, making RSS follow live memory instead of malloc's free lists.
+    mmap-ed and returned to the kernel when freed, making RSS follow live memory instead of malloc's free lists
+    (so a model measured after others is measured as in a process of its own: within 1 MiB, measured on all models).
     """
     torch.set_num_threads(args.threads)
     work = Path(args.memory_worker)
     marian = MarianMTModel.from_pretrained(work / "marian")
-    model = build_model(args.worker_model, marian, args.seed)
-    model.train()
     batches = torch.load(work / "train_batches.pt")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    train_step(model, optimizer, batches[0])
-    increases = []
-    for batch in batches[1:]:
-        gc.collect()
-        Path("/proc/self/clear_refs").write_text("5")
-        before = rss_kib("VmRSS")
-        train_step(model, optimizer, batch)
-        increases.append(rss_kib("VmHWM") - before)
-    print(json.dumps({"peak_increase_kib": increases}))
+    peaks = {}
+    for name in args.worker_model:
+        model = build_model(name, marian, args.seed)
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        train_step(model, optimizer, batches[0])
+        peaks[name] = []
+        for batch in batches[1:]:
+            gc.collect()
+            Path("/proc/self/clear_refs").write_text("5")
+            before = rss_kib("VmRSS")
+            train_step(model, optimizer, batch)
+            peaks[name].append(rss_kib("VmHWM") - before)
+        del model, optimizer
+    print(json.dumps({"peak_increase_kib": peaks}))
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and `taskset` narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def memory_workers_at_once(threads: int) -> int:
+    """How many memory subprocesses run side by side: as many as the CPUs hold at `threads` threads each. More only
+    queue for the cores (all at once: `--quick` took 341-374 s at load average 20) and hold ~1 GiB each."""
+    return max(1, available_cpus() // threads)
 
 
 def measure_peak_memory(args, names, marian, training_batches) -> dict[str, list[float]]:
-    """Peak-RSS increase (MiB) of each measured training step, each model in its own fresh subprocess.
+    """Peak-RSS increase (MiB) of each measured training step, in fresh subprocesses of
+    `--memory-models-per-process` models each (1, the default: every model alone).
 
-    The subprocesses run side by side (after the timings): a process's own peak RSS does not depend on others.
+    The subprocesses run after the timings, `memory_workers_at_once` at a time: a process's own peak RSS does not
+    depend on the others.
     """
-    peaks = {}
     with tempfile.TemporaryDirectory() as work:
         marian.save_pretrained(Path(work) / "marian")
         torch.save(training_batches, Path(work) / "train_batches.pt")
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-        workers = {}
-        for name in names:
+
+        def run_worker(group: list[str]) -> dict[str, list[float]]:
             command = [sys.executable, __file__, "--threads", str(args.threads), "--seed", str(args.seed)]
-            command += ["--memory-worker", work]
-            workers[name] = subprocess.Popen(
-                [*command, "--worker-model", name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-        for name, worker in workers.items():
-            stdout, stderr = worker.communicate()
-            if worker.returncode:
-                raise RuntimeError(f"memory worker for {name} failed:\n{stderr[-3000:]}")
-            report = json.loads(stdout.strip().splitlines()[-1])
-            peaks[name] = [kib / 1024 for kib in report["peak_increase_kib"]]
-    return peaks
+            command += ["--memory-worker", work, "--worker-model", *group]
+            result = subprocess.run(command, env=env, capture_output=True, text=True)
+            if result.returncode:
+                raise RuntimeError(f"memory worker for {group} failed:\n{result.stderr[-3000:]}")
+            report = json.loads(result.stdout.strip().splitlines()[-1])
+            return {name: [kib / 1024 for kib in steps] for name, steps in report["peak_increase_kib"].items()}
+
+        size = args.memory_models_per_process
+        groups = [names[start : start + size] for start in range(0, len(names), size)]
+        with ThreadPoolExecutor(max_workers=memory_workers_at_once(args.threads)) as pool:
+            return {name: peaks for group in pool.map(run_worker, groups) for name, peaks in group.items()}
 
 
 def time_models(args, eval_models, generation_batches, training_batches) -> dict[str, dict[str, list[float]]]:
@@ -424,11 +445,16 @@ def print_report(args, command, setup, results, outputs_equal):
     )
     print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), torch threads: {torch.get_num_threads()}, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
-    print(f"- load average (1, 5, 15 min) at start: {setup['loadavg_start']}, at end: {loadavg()}")
-    if max(setup["loadavg_start_1min"], os.getloadavg()[0]) > os.cpu_count():
+    print(
+        f"- load average (1, 5, 15 min) at start: {setup['loadavg_start']}, at end: {loadavg()} (the end includes "
+        "this run's own processes)"
+    )
+    # only the load before this run started is other processes'
+    if setup["loadavg_start_1min"] + args.threads > available_cpus():
         print(
-            "- WARNING: load average above the CPU count: other processes compete for the cores, absolute numbers "
-            "are depressed and noisy; the side-by-side ratios are the more trustworthy figures"
+            f"- WARNING: other processes kept {setup['loadavg_start_1min']:.1f} CPUs busy when this run started "
+            f"({args.threads} threads, {available_cpus()} CPUs): they compete for the cores, absolute numbers are "
+            "depressed and noisy; the side-by-side ratios are the more trustworthy figures"
         )
     print(
         f"- model: Multi30k preset (d_model {setup['d_model']}, {setup['layers']} layers, {setup['heads']} heads, "
@@ -449,8 +475,15 @@ def print_report(args, command, setup, results, outputs_equal):
         f"- timings: {args.repeats} repeats, models alternated (order flipped every repeat); table = medians, "
         "ratios = median of the per-repeat ratios [min-max]"
     )
+    if args.repeats < MIN_SAMPLES_FOR_VERDICT:
+        print(
+            f"- UNRELIABLE: {args.repeats} repeat(s) per model (a smoke run such as --quick): the ratios below rest "
+            f"on {args.repeats} noisy sample(s), and no target is judged (a verdict needs --repeats "
+            f"{MIN_SAMPLES_FOR_VERDICT} or more; memory: --memory-steps {MIN_SAMPLES_FOR_VERDICT} or more)"
+        )
     print(
-        "- peak memory: each model in a fresh subprocess; after a warm-up step (allocates the AdamW state), for each "
+        f"- peak memory: {memory_processes(args.memory_models_per_process)}; after a warm-up step (allocates the "
+        "AdamW state), for each "
         f"of {args.memory_steps} training step(s): peak RSS during the step (VmHWM, reset by writing 5 to "
         "/proc/self/clear_refs) minus RSS just before it, with MALLOC_MMAP_THRESHOLD_=65536 so freed tensors leave "
         "RSS. Counts activations, logits, gradients and temporaries, not weights or optimizer state; median over "
@@ -495,15 +528,30 @@ def print_report(args, command, setup, results, outputs_equal):
         print("| " + " | ".join(cells) + " |")
 
     print("\nTargets (median ratio to the reference):")
+    samples = {"greedy": args.repeats, "beam": args.repeats, "train": args.repeats, "memory": args.memory_steps}
     for name in names:
         for key, op, bound in MODELS[name].targets:
             if (key, name) not in ratios:
                 continue
-            met = ratios[key, name] >= bound if op == ">=" else ratios[key, name] <= bound
+            # parameter counts are exact: one sample suffices
+            verdict = target_verdict(ratios[key, name], op, bound, samples.get(key, MIN_SAMPLES_FOR_VERDICT))
             print(
                 f"- {MODELS[name].title} / {MODELS[reference_of(name)].title}, {key} {op} {bound}: "
-                f"{ratios[key, name]:.3f}x, {'met' if met else 'NOT met'}"
+                f"{ratios[key, name]:.3f}x, {verdict}"
             )
+
+
+def target_verdict(ratio: float, op: str, bound: float, samples: int) -> str:
+    """`met` / `NOT met`, or `not judged` when the ratio rests on fewer than `MIN_SAMPLES_FOR_VERDICT` samples."""
+    if samples < MIN_SAMPLES_FOR_VERDICT:
+        return f"not judged ({samples} sample(s): unreliable)"
+    return "met" if (ratio >= bound if op == ">=" else ratio <= bound) else "NOT met"
+
+
+def memory_processes(models_per_process: int) -> str:
+    if models_per_process == 1:
+        return "each model in a fresh subprocess"
+    return f"fresh subprocesses of up to {models_per_process} models each, one model after the other"
 
 
 def reference_of(name: str) -> str | None:
@@ -526,9 +574,23 @@ def parse_args(argv=None):
     parser.add_argument("--train-steps", type=int, default=2, help="training batches per timing measurement")
     parser.add_argument("--memory-steps", type=int, default=3, help="measured training steps per memory worker")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="~1 minute smoke run (fewer repeats and tokens)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: one repeat, 8 new tokens, batches of 8 / 16 sentences, one memory step, the memory of all "
+        "models in as few processes as run at once; no target is judged. Measured: 146 s wall, 75 s of CPU time, "
+        "on 2 CPU cores that other processes kept busy (load average 4.8)",
+    )
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
-    parser.add_argument("--worker-model", choices=list(MODELS), help=argparse.SUPPRESS)
+    parser.add_argument("--worker-model", nargs="+", choices=list(MODELS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-models-per-process",
+        type=int,
+        default=1,
+        help="models whose peak memory one fresh subprocess measures, one after the other (default: %(default)s, "
+        "every model alone; --quick: all models spread over the processes that run at once, which saves a ~5 s process "
+        "start per model)",
+    )
     parser.add_argument(
         "--models",
         nargs="+",
@@ -537,7 +599,11 @@ def parse_args(argv=None):
     )
     args = parser.parse_args(argv)
     if args.quick:
+        # one sample of everything, on small batches: checks that every model runs, measures nothing reliably
         args.repeats, args.max_new_tokens, args.train_steps, args.memory_steps = 1, 8, 1, 1
+        args.gen_batch_size, args.train_batch_size = 8, 16
+        # all models in as few processes as run at once: a process start costs about as much as a model's steps
+        args.memory_models_per_process = -(-len(MODELS) // memory_workers_at_once(args.threads))
     return args
 
 

@@ -51,7 +51,7 @@ LENGTH_GROUP = 50  # batches per length-sorted chunk, as the Trainer's group_by_
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Multi30k directory (default: %(default)s)")
     parser.add_argument("--model_type", choices=sorted(hf_layerfusion.FAMILIES), default="plain_transformer")
     parser.add_argument("--config", default="{}", help="JSON config overrides, e.g. '{\"diversity_weight\": 0.0}'")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -90,7 +91,7 @@ def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Pat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/quickstart", type=Path)
     parser.add_argument("--steps", default=800, type=int, help="Training steps of each model (batches of 64).")
     args = parser.parse_args()
@@ -200,8 +201,10 @@ def translate_without_package(model_dir: Path, sources: list[str]) -> list[str]:
         purelib=sysconfig.get_paths()["purelib"], model_dir=str(model_dir.resolve()), sources=sources,
         batch_size=len(sources),
     )
+    # PYTHONPATH would still reach a checkout of the package (a developer's `PYTHONPATH=$PWD`)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-S", "-c", script], capture_output=True, text=True, cwd=model_dir.resolve().parent
+        [sys.executable, "-S", "-c", script], capture_output=True, text=True, cwd=model_dir.resolve().parent, env=env
     )
     if result.returncode != 0:
         raise RuntimeError(f"Loading {model_dir} without hf_layerfusion failed:\n{result.stderr[-4000:]}")

@@ -16,10 +16,10 @@ halving from pair to pair (`--standin_train_size` for en-de, then /2, /4, ...) s
 resource groups have something to act on (groups: >= size/2 high, < size/8 low), and a tiny random XLM-R whose
 tokenizer is trained on the stand-in's training text (`--tiny_random_xlmr DIR` builds and saves both in DIR):
 
-    python examples/run_multilingual.py --dataset multi30k --tiny_random_xlmr runs/tiny-xlmr \\
+    python examples/run_multilingual.py --dataset multi30k --tiny_random_xlmr runs/m30k-multilingual-xlmr \\
         --model_type gtrans --config_overrides "encoder_group_size=2,decoder_group_size=1" --init_decoder \\
-        --do_train --output_dir runs/m30k-gtrans --max_steps 300 --per_device_train_batch_size 32 --learning_rate 1e-3 \\
-        --warmup_steps 50 --lr_scheduler_type inverse_sqrt --max_eval_samples 100 --num_beams 1
+        --do_train --output_dir runs/m30k-multilingual --max_steps 300 --per_device_train_batch_size 32 \\
+        --learning_rate 1e-3 --warmup_steps 50 --lr_scheduler_type inverse_sqrt --max_eval_samples 100 --num_beams 1
 
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
 BLEU, training sizes, summary); pass that file of another run as `--baseline_scores` to get the win ratio.
@@ -51,7 +51,7 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from run_translation import parse_config_overrides  # noqa: E402  (same folder: one syntax for config overrides)
+from run_translation import HelpFormatter, parse_config_overrides  # noqa: E402  (same folder: same syntax and help)
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.data import load_parallel_text  # noqa: E402
@@ -74,6 +74,7 @@ from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
+    check_distributed_launch,
     check_input_file,
     check_local_or_hub,
     check_model_type,
@@ -156,8 +157,13 @@ def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.Datas
     and the (high, low) resource thresholds scaled to them."""
     languages = (data_args.languages or "en,de,fr,cs").split(",")
     directory = Path(data_args.multi30k_dir)
-    if not (directory / f"train.{languages[0]}").is_file():
-        raise FileNotFoundError(f"Multi30k not found in {directory}; pass --multi30k_dir.")
+    missing = [language for language in languages if not (directory / f"train.{language}").is_file()]
+    if missing:
+        found = sorted(path.suffix[1:] for path in directory.glob("train.*"))
+        raise FileNotFoundError(
+            f"No Multi30k training file for the language(s) {missing} in {directory} (train.<lang> exists for "
+            f"{found}); check --languages and --multi30k_dir."
+        )
     pairs = {}
     for index, (first, second) in enumerate(itertools.combinations(languages, 2)):
         splits = load_parallel_text(directory, first, second)
@@ -189,6 +195,7 @@ def check_arguments(
     training_args: Seq2SeqTrainingArguments,
 ) -> dict:
     """Check every argument before any work or write; returns the parsed `--config_overrides`."""
+    check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
     check_model_type(model_args.model_type, "--model_type")
     if data_args.dataset == "opus100":
         if not data_args.languages:
@@ -225,7 +232,11 @@ def check_arguments(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments))
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     config_overrides = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(

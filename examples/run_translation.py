@@ -33,11 +33,13 @@ Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (us
 `--train_sampling_strategy group_by_length`), no `warmup_ratio` (`--warmup_steps 0.1` is a ratio), no
 `evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`). Every argument is checked before any
 work or write; training into a non-empty `--output_dir` is refused unless `--overwrite_output_dir True` (this
-script's own flag: transformers 5 dropped it) or `--resume_from_checkpoint` continues the run there.
+script's own flag: transformers 5 dropped it; it replaces the run's files and keeps the others, and is refused while
+the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import json
@@ -81,6 +83,7 @@ from hf_layerfusion.tokenization import (  # noqa: E402
 )
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
+    check_distributed_launch,
     check_local_or_hub,
     check_model_type,
     check_output_dir,
@@ -168,12 +171,24 @@ class RunArguments:
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Train into a non-empty --output_dir (its model and tokenizer files are replaced)."},
+        metadata={
+            "help": "Train into a non-empty --output_dir: the model, tokenizer and result files there are replaced, "
+            "other files are kept. Refused when it holds checkpoint-<step> dirs (they would mix with this run's): "
+            "resume with --resume_from_checkpoint last, or remove them yourself."
+        },
     )
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help`: the module docstring as written (its example commands keep their lines) and every default."""
+
+
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments))
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
     # BLEU needs generated translations
     parser.set_defaults(predict_with_generate=True)
     return parser.parse_args_into_dataclasses(args=argv)
@@ -248,6 +263,15 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output
     requested = training_args.resume_from_checkpoint
     if requested is None:
         if existing and training_args.do_train:
+            if overwrite_output_dir:
+                # never deleted for the user: a run's checkpoints may be all that is left of hours of training
+                raise ValueError(
+                    f"--overwrite_output_dir replaces the model, tokenizer and result files of {output_dir}, but it "
+                    f"also holds {len(existing)} checkpoint dir(s) of an earlier run (newest "
+                    f"{os.path.basename(existing[-1])}), which this run's checkpoints would mix with; they are never "
+                    f"deleted for you. Pass --resume_from_checkpoint {RESUME_LAST} to continue that run, delete the "
+                    "checkpoint-* dirs yourself, or choose another --output_dir."
+                )
             raise ValueError(
                 f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
                 f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
@@ -432,6 +456,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the script with `argv` (default: the command line). Returns `{"train": metrics, "<split>": BLEU
     results}` and writes them to `<output_dir>/bleu_results.json`."""
     model_args, data_args, run_args, training_args = parse_args(argv)
+    check_distributed_launch(training_args.use_cpu, "examples/run_translation.py")
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%H:%M:%S",
@@ -479,7 +504,8 @@ def main(argv: list[str] | None = None) -> dict:
             for name, split in splits.items()
         }
 
-    callbacks = [TimeBudgetCallback(run_args.max_train_minutes)]
+    time_budget = TimeBudgetCallback(run_args.max_train_minutes)
+    callbacks = [time_budget]
     if run_args.log_fusion_weights:
         callbacks += [FusionWeightsCallback(), LayerGradientNormCallback()]
     trainer = LayerFusionSeq2SeqTrainer(
@@ -497,7 +523,12 @@ def main(argv: list[str] | None = None) -> dict:
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=checkpoint)
         trainer.save_model()  # model, tokenizer and generation config
-        metrics = {**train_result.metrics, "global_step": trainer.state.global_step}
+        metrics = {
+            **train_result.metrics,
+            "global_step": trainer.state.global_step,
+            # printed with the metrics and saved in bleu_results.json: a run the clock cut short says so
+            "time_budget_ended_training": time_budget.ended_training,
+        }
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         trainer.save_state()

@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Translate a file (one sentence per line) or stdin with a saved hf_layerfusion model.
 
-    python examples/translate.py runs/numbers-gtrans --input sentences.en --output sentences.de \\
+    # the German -> English number model that examples/quickstart.py saves
+    echo "dreihundertzwölf" | python examples/translate.py runs/quickstart/gtrans
+    printf "zweiundvierzig\\nneunzehnhundertsiebenundachtzig\\n" > numbers.de
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --output numbers.en \\
         --num_beams 4 --batch_size 64
-    echo "three hundred and twelve" | python examples/translate.py runs/numbers-gtrans
     # GTrans: mix only decoder groups 2..3 (paper Table VI); the layers above group 3 are not computed
-    python examples/translate.py runs/numbers-gtrans --input test.en --decoder_groups 2 3
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --decoder_groups 2 3
 
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
 sorted by length into batches (less padding), translated with `generate()` (beam search; transformers 5 removed
@@ -36,7 +38,7 @@ from hf_layerfusion.validation import (  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
     parser.add_argument("--input", help="Source sentences, one per line (default: stdin).")
     parser.add_argument("--output", help="Where to write the translations (default: stdout).")

@@ -18,6 +18,7 @@ of its callback list (`LOG_ENRICHING_CALLBACKS`); with a plain `Trainer`, integr
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import defaultdict
@@ -32,6 +33,8 @@ from transformers.trainer_utils import SaveStrategy
 FUSION_PREFIX = "fusion/"
 GRAD_NORM_PREFIX = "layer_grad_norm/"
 
+logger = logging.getLogger(__name__)
+
 
 class TimeBudgetCallback(TrainerCallback, ExportableState):
     """Stop training once `max_minutes` of training wall-clock time have passed (`None`: no budget, only measure).
@@ -40,7 +43,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     `trainer_state.json` under `stateful_callbacks`, and `on_train_begin` of a resumed run reads it back from there,
     so killing and resuming a run does not extend its budget. The budget itself is always the current run's
     argument (a resumed run may be given more time). When the budget stops training, a checkpoint is saved (unless
-    `save_strategy="no"`).
+    `save_strategy="no"`), a warning says so (step reached, time spent), and `ended_training` becomes true: a run
+    cut short by the clock must not pass for one that did all its steps.
     """
 
     def __init__(self, max_minutes: float | None = None):
@@ -50,6 +54,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self.elapsed_seconds = 0.0
         self._previous_seconds = 0.0
         self._session_start: float | None = None
+        self.ended_training = False
 
     def state(self) -> dict:
         return {"args": {"max_minutes": self.max_minutes}, "attributes": {"elapsed_seconds": self.elapsed_seconds}}
@@ -60,6 +65,7 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
         self._previous_seconds = stored["attributes"]["elapsed_seconds"] if stored else self.elapsed_seconds
         self.elapsed_seconds = self._previous_seconds
         self._session_start = time.monotonic()
+        self.ended_training = False
 
     def on_step_end(self, args, state, control, **kwargs):
         self.elapsed_seconds = self._previous_seconds + time.monotonic() - self._session_start
@@ -76,6 +82,15 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
             control.should_training_stop = True
             # a checkpoint where the budget ran out: resumable, and it records the time spent
             control.should_save = args.save_strategy != SaveStrategy.NO
+            self.ended_training = True
+            if state.is_world_process_zero:
+                logger.warning(
+                    "The time budget ended training: %.1f of %g minutes used at step %d of %d.",
+                    self.elapsed_seconds / 60,
+                    self.max_minutes,
+                    state.global_step,
+                    state.max_steps,
+                )
         return control
 
 

@@ -6,6 +6,7 @@ translation datasets (WMT, OPUS-100, ...), so that `preprocess_translation` and 
 them alike.
 """
 
+import difflib
 import json
 import os
 import random
@@ -194,10 +195,24 @@ def _read_lines(path: Path) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+def _languages_of(prefix: Path) -> list[str]:
+    """The language codes `<lang>` of the existing files `<prefix>.<lang>` (a code has no dot)."""
+    if not prefix.parent.is_dir():
+        return []
+    start = f"{prefix.name}."
+    suffixes = [path.name[len(start) :] for path in prefix.parent.iterdir() if path.name.startswith(start)]
+    return sorted(suffix for suffix in suffixes if suffix and "." not in suffix and Path(f"{prefix}.{suffix}").is_file())
+
+
 def _load_text_pair(source_file: Path, target_file: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
     missing = [str(path) for path in (source_file, target_file) if not path.is_file()]
     if missing:
-        raise FileNotFoundError(f"Missing parallel text file(s): {missing}.")
+        # a mistyped language code: say which ones the corpus has
+        prefix = source_file.with_name(source_file.name.removesuffix(f".{src_lang}"))
+        raise FileNotFoundError(
+            f"Missing parallel text file(s): {missing}; the files {prefix}.<lang> there have the languages "
+            f"{_languages_of(prefix)}."
+        )
     sources, targets = _read_lines(source_file), _read_lines(target_file)
     if len(sources) != len(targets):
         raise ValueError(
@@ -205,6 +220,23 @@ def _load_text_pair(source_file: Path, target_file: Path, src_lang: str, tgt_lan
             f"{target_file} has {len(targets)}."
         )
     return _dataset_from_pairs(sources, targets, src_lang, tgt_lang)
+
+
+def _no_corpus_message(path: Path, src_lang: str, tgt_lang: str) -> str:
+    """Why `path` is neither a corpus directory nor the prefix of parallel files: the first missing directory of
+    the path (a mistyped directory name), and the close names that do exist."""
+    missing = path
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    message = (
+        f"{str(path)!r} is neither a directory nor the prefix of {path.name}.{src_lang} / {path.name}.{tgt_lang}: "
+    )
+    if missing != path:
+        return message + f"no such directory {str(missing)!r} ({missing.absolute()})."
+    message += f"no such directory ({path.absolute()}) and no such files in {str(path.parent)!r}."
+    siblings = [child.name for child in path.parent.iterdir() if child.is_dir()] if path.parent.is_dir() else []
+    close = difflib.get_close_matches(path.name, siblings, n=3)
+    return message + (f" Did you mean {[str(path.with_name(name)) for name in close]}?" if close else "")
 
 
 def _split_name(stem: str) -> str:
@@ -260,13 +292,21 @@ def load_parallel_text(
         directory = Path(prefix_or_files)
         source_files = sorted(directory.glob(f"*.{src_lang}"))
         if not source_files:
-            raise FileNotFoundError(f"No '*.{src_lang}' files in directory {directory}.")
+            # the languages of the parallel files (a <name> with two or more <lang>), not of README.md & co.
+            per_name = [_languages_of(path.with_suffix("")) for path in directory.iterdir() if path.is_file()]
+            languages = sorted({language for found in per_name if len(found) > 1 for language in found})
+            raise FileNotFoundError(
+                f"No '*.{src_lang}' files in directory {directory}; its parallel <name>.<lang> files have the "
+                f"languages {languages}."
+            )
         for source_file in source_files:
             stem = source_file.name.removesuffix(f".{src_lang}")
             dataset = _load_text_pair(source_file, directory / f"{stem}.{tgt_lang}", src_lang, tgt_lang)
             _add_split(splits, _split_name(stem), dataset, str(source_file), origins)
     else:
         prefix = Path(prefix_or_files)
+        if not _languages_of(prefix):
+            raise FileNotFoundError(_no_corpus_message(prefix, src_lang, tgt_lang))
         dataset = _load_text_pair(Path(f"{prefix}.{src_lang}"), Path(f"{prefix}.{tgt_lang}"), src_lang, tgt_lang)
         splits[_split_name(prefix.name)] = dataset
     return _ordered(splits)

@@ -66,6 +66,10 @@ class LayerFusionTranslationPipeline(Pipeline):
             preprocess_params["max_source_length"] = max_source_length
         if decoder_groups is not None:
             generate_kwargs["decoder_groups"] = list(decoder_groups)
+        if generate_kwargs.get("max_new_tokens") is not None and "max_length" not in generate_kwargs:
+            # the call's limit replaces the `max_length` saved in the model's generation config (run_translation.py
+            # saves one) instead of competing with it: generate() warns about every call that has both
+            generate_kwargs["max_length"] = None
         return preprocess_params, generate_kwargs, {}
 
     def __call__(self, inputs: str | list[str], **kwargs):

@@ -158,6 +158,27 @@ def check_save_directory(save_directory) -> None:
         )
 
 
+def check_distributed_launch(use_cpu: bool, script: str) -> None:
+    """Refuse a multi-process launch (`accelerate launch`, `torchrun`: `LOCAL_WORLD_SIZE` > 1) on a machine with
+    fewer GPUs than processes, unless the run is on CPUs (`--use_cpu True`, `accelerate launch --cpu`). Without a GPU
+    each process sets itself up as a single-process run (accelerate only logs a warning), so N processes would
+    train N separate models into the same output dir and exit successfully."""
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    on_cpu = use_cpu or os.environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes")
+    if processes <= 1 or on_cpu:
+        return
+    gpus = torch.accelerator.device_count()
+    if gpus < processes:
+        raise ValueError(
+            f"Launched as {processes} processes on this machine (LOCAL_WORLD_SIZE={processes}, e.g. by `accelerate "
+            f"launch --config_file examples/accelerate_multigpu.yaml`) but {gpus} GPU(s) are visible: the processes "
+            f"would not form one distributed run but train {processes} separate models into the same --output_dir. "
+            f"Launch one process per GPU (`accelerate launch --num_processes N`), or train data-parallel on CPUs: "
+            f"`CUDA_VISIBLE_DEVICES= accelerate launch --multi_gpu --num_processes {processes} {script} ... "
+            "--use_cpu True`."
+        )
+
+
 # --------------------------------------------------------------------------------------------------- numbers
 
 

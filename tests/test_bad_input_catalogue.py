@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
+import os
 import re
 import sys
 import traceback
@@ -129,6 +131,10 @@ def ws(tmp_path_factory):
     (corpus / "latin1.en").write_bytes("caf\xe9\n".encode("latin-1"))
     (corpus / "latin1.de").write_text("cafe\n", encoding="utf-8")
     (corpus / "bad.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a"}\n', encoding="utf-8")
+    texts = root / "texts"  # plain text only (a corpus dir with *.jsonl files is read as JSON lines)
+    texts.mkdir()
+    for name, text in (("train.en", "a man\n"), ("train.de", "ein mann\n"), ("README.md", "not a language\n")):
+        (texts / name).write_text(text, encoding="utf-8")
     (root / "input.en").write_text("a man\ntwo dogs\n", encoding="utf-8")
     (root / "full").mkdir()
     (root / "full" / "notes.txt").write_text("keep me\n", encoding="utf-8")
@@ -139,7 +145,8 @@ def ws(tmp_path_factory):
     return SimpleNamespace(
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
-        input=root / "input.en", full=root / "full", a_file=root / "a_file", broken_config_dir=broken_config_dir,
+        texts=texts, input=root / "input.en", full=root / "full", a_file=root / "a_file",
+        broken_config_dir=broken_config_dir,
     )
 
 
@@ -188,6 +195,19 @@ def _ml_args(ws, *extra, output_dir=None):
 
 def _tr_args(ws, *extra):
     return [str(ws.gtrans_dir), f"--input={ws.input}", *extra]
+
+
+def _launched_on_gpus(main, argv):
+    """`main(argv)` in a process that a launcher (`accelerate launch`, `torchrun`) started as one of 64 processes
+    on this machine (LOCAL_WORLD_SIZE; no LOCAL_RANK, so nothing tries to join a process group): more than any
+    machine running the suite has GPUs. tests/test_readme.py runs the real `accelerate launch` command."""
+    with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": "64"}):
+        return main([arg for arg in argv if arg != "--use_cpu=True"])
+
+
+def _rt_data_args(ws, *extra):
+    """run_translation.py arguments with a local corpus instead of the built-in one."""
+    return [arg for arg in _rt_args(ws, "--model_type=gtrans") if "builtin" not in arg] + list(extra)
 
 
 
@@ -526,9 +546,30 @@ ROWS = [
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", output_dir=ws.a_file)),
         NotADirectoryError, r"a_file"),
     Row("train-cli-dataset-missing",
-        lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if "builtin" not in a]
-                                        + [f"--dataset_name={ws.root / 'no_corpus'}"]),
-        FileNotFoundError, r"no_corpus"),
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.root / 'no_corpus'}")),
+        FileNotFoundError, r"no_corpus'.*no such directory"),
+    Row("train-cli-dataset-dir-typo",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.root / 'corpsu'}")),
+        FileNotFoundError, r"corpsu'.*no such directory.*Did you mean \[.*/corpus'\]"),
+    Row("train-cli-dataset-parent-typo",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.root / 'no_dir' / 'corpus'}")),
+        FileNotFoundError, r"no such directory '[^']*/no_dir'"),
+    Row("train-cli-target-lang-typo",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.corpus}", "--target_lang=ge")),
+        FileNotFoundError, r"latin1\.ge.*languages \['de', 'en'\]"),
+    Row("train-cli-source-lang-typo",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.texts}", "--source_lang=eng")),
+        FileNotFoundError, r"'\*\.eng'.*languages \['de', 'en'\]"),
+    Row("train-cli-prefix-lang-typo",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--train_file={ws.corpus / 'train'}", "--target_lang=ge")),
+        FileNotFoundError, r"train\.ge.*languages \['de', 'en'\]"),
+    Row("train-cli-overwrite-with-checkpoints",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--overwrite_output_dir=True",
+                                                 output_dir=ws.checkpoints)),
+        ValueError, r"--overwrite_output_dir.*2 checkpoint dir\(s\).*checkpoint-2.*never deleted"),
+    Row("train-cli-multi-gpu-launch-without-gpus",
+        lambda ws: _launched_on_gpus(run_translation.main, _rt_args(ws, "--model_type=gtrans")),
+        ValueError, r"64 processes.*GPU\(s\) are visible.*--use_cpu True"),
     Row("train-cli-dataset-not-utf8",
         lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if "builtin" not in a]
                                         + [f"--train_file={ws.corpus / 'latin1'}"]),
@@ -558,6 +599,11 @@ ROWS = [
     Row("multilingual-cli-override-misspelt",
         lambda ws: run_multilingual.main(_ml_args(ws, "--config_overrides=decoder_grup_size=1")), ValueError,
         r"'decoder_grup_size'"),
+    Row("multilingual-cli-language-typo", lambda ws: run_multilingual.main(_ml_args(ws, "--languages=en,ge")),
+        FileNotFoundError, r"\['ge'\].*\['de', 'en'\]"),
+    Row("multilingual-cli-multi-gpu-launch-without-gpus",
+        lambda ws: _launched_on_gpus(run_multilingual.main, _ml_args(ws)),
+        ValueError, r"64 processes.*run_multilingual\.py .*--use_cpu True"),
     Row("multilingual-cli-corpus-missing",
         lambda ws: run_multilingual.main(_ml_args(ws, f"--multi30k_dir={ws.root / 'no_m30k'}")), FileNotFoundError,
         r"no_m30k"),
@@ -665,3 +711,19 @@ def test_checked_loading_keeps_legitimate_loads(ws):
     assert torch.equal(base.shared.weight, ws.gtrans.model.shared.weight)
     gtrans = GTransForConditionalGeneration.from_pretrained(ws.plain_dir, config=_tiny(GTransConfig, ws.vocab, **GROUPS))
     assert torch.equal(gtrans.model.shared.weight, ws.plain.model.shared.weight)
+
+
+def test_overwrite_output_dir_replaces_the_runs_files_and_keeps_the_others(ws, tmp_path):
+    """What `--overwrite_output_dir True` does (its help): a non-empty dir without checkpoints is trained into, the
+    run's own files are replaced, the user's other files stay."""
+    output_dir = tmp_path / "run"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep me\n", encoding="utf-8")
+    (output_dir / "config.json").write_text("{}\n", encoding="utf-8")  # an earlier run's file
+    with pytest.raises(FileExistsError, match="not empty"):
+        run_translation.main(_rt_args(ws, "--model_type=gtrans", "--save_strategy=no", output_dir=output_dir))
+    run_translation.main(
+        _rt_args(ws, "--model_type=gtrans", "--save_strategy=no", "--overwrite_output_dir=True", output_dir=output_dir)
+    )
+    assert (output_dir / "notes.txt").read_text(encoding="utf-8") == "keep me\n"
+    assert json.loads((output_dir / "config.json").read_text())["model_type"] == "gtrans"

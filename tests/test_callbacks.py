@@ -122,17 +122,29 @@ def test_layer_gradient_norms_equal_autograd(tmp_path, tiny_backbone):
     assert not (tmp_path / "plots" / "fusion_weights.png").exists()
 
 
-def test_time_budget_stops_training(tmp_path, tiny_backbone):
+def test_time_budget_stops_training_and_says_so(tmp_path, tiny_backbone, caplog):
     model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
-    trainer = LayerFusionSeq2SeqTrainer(
-        model=model,
-        args=training_args(tmp_path, max_steps=50),
-        data_collator=collate,
-        train_dataset=toy_dataset(model.config.vocab_size),
-        callbacks=[TimeBudgetCallback(max_minutes=1e-7)],  # 6 microseconds: over after the first step
-    )
-    trainer.train()
-    assert trainer.state.global_step == 1
+
+    def train(budget: TimeBudgetCallback, max_steps: int) -> int:
+        trainer = LayerFusionSeq2SeqTrainer(
+            model=model,
+            args=training_args(tmp_path, max_steps=max_steps),
+            data_collator=collate,
+            train_dataset=toy_dataset(model.config.vocab_size),
+            callbacks=[budget],
+        )
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hf_layerfusion.callbacks"):
+            trainer.train()
+        return trainer.state.global_step
+
+    budget = TimeBudgetCallback(max_minutes=1e-7)  # 6 microseconds: over after the first step
+    assert train(budget, max_steps=50) == 1 and budget.ended_training
+    assert "The time budget ended training" in caplog.text and "1e-07 minutes used at step 1 of 50" in caplog.text
+    # a budget that does not run out says nothing
+    roomy = TimeBudgetCallback(max_minutes=60)
+    assert train(roomy, max_steps=2) == 2 and not roomy.ended_training
+    assert "time budget" not in caplog.text
 
 
 def test_time_budget_continues_after_resume():

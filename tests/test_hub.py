@@ -112,7 +112,8 @@ CONSUMER = textwrap.dedent(
         results["main_sha"] = {{**results.get("main_sha", {{}}), repo_id: HfApi().model_info(repo_id).sha}}
         for label, revision in revisions.items():
             model = AutoModelForSeq2SeqLM.from_pretrained(repo_id, revision=revision, trust_remote_code=True)
-            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision)
+            # as the model card says: without the flag the tokenizer stops at an interactive prompt
+            tokenizer = AutoTokenizer.from_pretrained(repo_id, revision=revision, trust_remote_code=True)
             assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
             # the pipeline (one more model load) once per repository: the first revision listed
             with_pipeline = label == next(iter(revisions))

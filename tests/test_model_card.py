@@ -70,4 +70,6 @@ def test_every_family_has_a_card_template_with_its_paper(model_type, tmp_path):
     sections = family_sections(model_type)
     assert sections["citation"] in card.text and sections["paper"] in card.text
     assert "| validation | 28.25 |" in card.text and "trust_remote_code=True" in card.text
-    assert 'from_pretrained("someone/model", trust_remote_code=True)' in card.text
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("someone/model", trust_remote_code=True)' in card.text
+    # without it the tokenizer stops at an interactive "Do you wish to run the custom code? [y/N]"
+    assert 'AutoTokenizer.from_pretrained("someone/model", trust_remote_code=True)' in card.text

@@ -65,3 +65,22 @@ def test_bad_inputs_and_the_removed_task_name(tokenizer):
     # why the package's task has its own name: transformers 5 refuses "translation" before the registry
     with pytest.raises(KeyError, match="has been removed"):
         pipeline("translation", model=model, tokenizer=tokenizer)
+
+
+def test_max_new_tokens_replaces_the_saved_max_length_without_a_warning(tokenizer):
+    """run_translation.py saves `max_length` in the generation config; a call's `max_new_tokens` is the limit then,
+    and generate() must not warn that both are set (it used to, on every pipeline call)."""
+    from transformers.generation import utils as generation_utils
+    from transformers.testing_utils import CaptureLogger
+
+    model = tiny_model("gtrans")
+    model.generation_config.max_length = 6  # what run_translation.py saves (there: --max_target_length + 1)
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    with CaptureLogger(generation_utils.logger) as captured:
+        records = translator(SOURCES, batch_size=len(SOURCES), num_beams=2, max_new_tokens=3)
+    assert "max_length" not in captured.out, captured.out
+    expected = generate_texts(model, tokenizer, SOURCES, num_beams=2, max_new_tokens=3)
+    assert [r["translation_text"] for r in records] == expected
+    # the saved limit still applies to calls without max_new_tokens
+    records = translator(SOURCES, batch_size=len(SOURCES), num_beams=2)
+    assert [r["translation_text"] for r in records] == generate_texts(model, tokenizer, SOURCES, num_beams=2)

@@ -1,7 +1,7 @@
 """Average the weights of the last N Trainer checkpoints (fairseq's `average_checkpoints.py --num-update-checkpoints`).
 
-    python -m hf_layerfusion.checkpoint_averaging --checkpoint_dir runs/gtrans --num_checkpoints 5 \\
-        --output_dir runs/gtrans/averaged
+    python -m hf_layerfusion.checkpoint_averaging --checkpoint_dir runs/m30k-gtrans --num_checkpoints 5 \\
+        --output_dir runs/m30k-gtrans/averaged
 
 `checkpoint_dir` is a `Trainer` output dir holding `checkpoint-<step>` sub-directories; the N with the highest step
 numbers are averaged parameter by parameter (floating-point tensors, summed in float64 and cast back; other tensors
@@ -73,7 +73,11 @@ def average_last_checkpoints(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_layerfusion.checkpoint_averaging",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--checkpoint_dir", required=True, help="Trainer output dir with checkpoint-<step> dirs.")
     parser.add_argument("--num_checkpoints", type=int, default=5, help="How many of the newest checkpoints to average.")
     parser.add_argument("--output_dir", required=True, help="Where to save the averaged model and tokenizer.")
@@ -85,7 +89,3 @@ def main(argv: list[str] | None = None) -> None:
         args.checkpoint_dir, args.num_checkpoints, args.output_dir, overwrite=args.overwrite_output_dir
     )
     print(f"Averaged {', '.join(path.name for path in checkpoints)} into {args.output_dir}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,63 @@
+"""Every command-line script says what it does and how to call it: `--help` prints a description (the module
+docstring) and at least one example command line for that script."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(
+    path.relative_to(REPO_ROOT)
+    for folder in ("examples", "benchmarks")
+    for path in (REPO_ROOT / folder).glob("*.py")
+    if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
+)
+
+
+def first_docstring_line(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))).splitlines()[0]
+
+
+def has_example(help_text: str, command: str) -> bool:
+    """A line of the help that runs `command` (possibly after `cmd |` or before arguments)."""
+    return re.search(rf"^\s*(.*\|\s*)?{re.escape(command)}(\s|$)", help_text, flags=re.MULTILINE) is not None
+
+
+def test_every_script_is_checked():
+    assert {path.parts[0] for path in SCRIPTS} == {"examples", "benchmarks"} and len(SCRIPTS) >= 9
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=str)
+def test_help_has_a_description_and_an_example(script, monkeypatch, capsys):
+    # run as `python <script> --help` would, in this process (imports are shared: seconds instead of minutes):
+    # the script's folder first on sys.path, the script as __main__
+    monkeypatch.setattr(sys, "path", [str(REPO_ROOT / script.parent), *sys.path])
+    monkeypatch.setattr(sys, "argv", [str(REPO_ROOT / script), "--help"])
+    monkeypatch.chdir(REPO_ROOT)
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO_ROOT / script), run_name="__main__")
+    assert exit_info.value.code in (0, None)
+    help_text = capsys.readouterr().out
+    assert first_docstring_line(REPO_ROOT / script) in help_text
+    assert has_example(help_text, f"python {script}"), help_text[:3000]
+
+
+def test_checkpoint_averaging_module_help_without_runpy_warning():
+    """`python -m hf_layerfusion.checkpoint_averaging` runs the package's `__main__` module: no RuntimeWarning about
+    a module found in sys.modules before its execution (run with warnings as errors, in a fresh process)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "hf_layerfusion.checkpoint_averaging", "--help"],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=120,
+    )
+    assert result.returncode == 0 and "RuntimeWarning" not in result.stderr, result.stderr[-3000:]
+    assert "Average the weights of the last N Trainer checkpoints" in result.stdout
+    assert has_example(result.stdout, "python -m hf_layerfusion.checkpoint_averaging")
