@@ -926,6 +926,17 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self.final_logits_bias = nn.Buffer(new_bias)
         return embeddings
 
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search (`generate()` calls this hook when a model defines it): reorder the self-attention keys/values
+        only. The cross-attention slots hold keys/values computed from the encoder output alone, the same for every
+        beam of a sentence (beam indices never leave their sentence), so reordering them, as
+        `EncoderDecoderCache.reorder_cache` does, would copy every slot into an equal one at each step."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
