@@ -1,0 +1,173 @@
+"""The fast decoding loop (`hf_layerfusion.fast_generation`) against `generate()`, the reference: the same tokens for
+every family, greedy and beam search, with and without GTrans `decoder_groups`; rows leaving the batch; the fallback
+to `generate()`; the int8 copy."""
+
+import pytest
+import torch
+from conftest import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE
+from test_hub import FAMILIES, num_decoder_groups, tiny_model
+
+import hf_layerfusion
+from hf_layerfusion import fast_generation
+from hf_layerfusion.fast_generation import UnsupportedFastGeneration, fast_generate, prepare_for_inference
+
+SEARCHES = {
+    "greedy": dict(num_beams=1, max_new_tokens=10),
+    "beam": dict(num_beams=3, max_new_tokens=10),
+}
+
+
+@pytest.fixture
+def source() -> dict:
+    """Five right-padded sources of lengths 9, 7, 3, 9, 2 ending in EOS."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate([9, 7, 3, 9, 2]):
+        input_ids[row, length - 1] = EOS
+        input_ids[row, length:] = PAD
+        attention_mask[row, length:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def reference(model, source, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**source, **kwargs)
+
+
+def assert_same_tokens(model, source, **kwargs):
+    expected = reference(model, source, **kwargs)
+    actual = fast_generate(model, **source, fallback=False, **kwargs)
+    assert actual.shape == expected.shape and torch.equal(actual, expected), (kwargs, expected, actual)
+    return actual
+
+
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_family_generates_the_tokens_of_generate(model_type, search, source):
+    for seed in range(2):
+        model = tiny_model(model_type, seed)
+        assert_same_tokens(model, source, **SEARCHES[search])
+        groups = num_decoder_groups(model.config)
+        if groups > 1:
+            for subset in ([groups], [1]):
+                assert_same_tokens(model, source, decoder_groups=subset, **SEARCHES[search])
+
+
+# family settings that change what the decoder's attention reads or keeps (cache slots, per-layer memories, mixed
+# attention, trees, layouts) and the backbone's variants (pre-norm, learned positions, eager attention)
+VARIANTS = {
+    "deep_representations multi-layer attention, pre-norm": (
+        "deep_representations",
+        dict(encoder_aggregation="multi_layer_attention", decoder_aggregation="multi_layer_attention",
+             encoder_layers=4, decoder_layers=4, normalize_before=True),
+    ),
+    "deep_representations iterative": (
+        "deep_representations", dict(encoder_aggregation="iterative", decoder_aggregation="iterative")
+    ),
+    "deep_representations dense + linear": (
+        "deep_representations", dict(encoder_aggregation="dense", decoder_aggregation="linear")
+    ),
+    "layerwise_coordination without mixed attention": ("layerwise_coordination", dict(mixed_attention=False)),
+    "layerwise_coordination pre-norm": ("layerwise_coordination", dict(normalize_before=True)),
+    "rtal concat, children residual": ("rtal", dict(aggregation_function="concat_ffn", tree_residual="children")),
+    "re_transformer sff encoder, scf-sfc decoder": (
+        "re_transformer", dict(encoder_layout="s-sff", decoder_layout="scf-sfc")
+    ),
+    "gtrans learned positions": (
+        "gtrans",
+        dict(encoder_group_size=1, decoder_group_size=1, position_embedding_type="learned", layernorm_embedding=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_family_variants_generate_the_tokens_of_generate(variant, attention, source):
+    model_type, overrides = VARIANTS[variant]
+    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
+    torch.manual_seed(1)
+    model = model_class(config_class(**{**TINY_BACKBONE, **overrides})).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape) * 0.5)
+    model.set_attn_implementation(attention)
+    for search in SEARCHES.values():
+        assert_same_tokens(model, source, **search)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_beams=4, num_return_sequences=2),
+        dict(num_beams=3, early_stopping=True),
+        dict(num_beams=3, early_stopping="never", length_penalty=0.3),
+        dict(num_beams=3, length_penalty=-0.5),
+        dict(num_beams=1, min_new_tokens=6),
+        dict(num_beams=4, min_new_tokens=3, no_repeat_ngram_size=2, repetition_penalty=1.3),
+        dict(num_beams=1, bad_words_ids=[[5], [6, 7]], forced_eos_token_id=EOS),
+    ],
+    ids=lambda settings: ",".join(f"{key}={value}" for key, value in settings.items()),
+)
+def test_search_settings_are_those_of_generate(settings, source):
+    for model_type in ("gtrans", "plain_transformer"):
+        assert_same_tokens(tiny_model(model_type), source, max_new_tokens=9, **settings)
+
+
+def test_finished_rows_leave_the_batch_without_changing_tokens(source, monkeypatch):
+    """Sentences that end early stop being computed (greedy: finished rows; beam: items whose beams are final);
+    this model is biased towards EOS so that its translations end at different steps (one thread, as conftest sets
+    it: the bias is near a tipping point)."""
+    model = tiny_model("plain_transformer", seed=5)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = 4.0
+    kept_rows = []
+    select = fast_generation.DecoderSteps.select
+
+    def recording_select(self, index, rows_dropped):
+        if rows_dropped:
+            kept_rows.append(index.shape[0])
+        select(self, index, rows_dropped)
+
+    monkeypatch.setattr(fast_generation.DecoderSteps, "select", recording_select)
+    for settings in (dict(num_beams=1), dict(num_beams=2), dict(num_beams=2, early_stopping=True)):
+        kept_rows.clear()
+        assert_same_tokens(model, source, max_new_tokens=12, **settings)
+        assert kept_rows, f"no row left the batch with {settings}"
+
+
+def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
+    model = tiny_model("gtrans")
+    torch.manual_seed(3)
+    sampled = fast_generate(model, **source, do_sample=True, max_new_tokens=6)
+    torch.manual_seed(3)
+    assert torch.equal(sampled, reference(model, source, do_sample=True, max_new_tokens=6))
+    scores = fast_generate(model, **source, num_beams=2, max_new_tokens=4, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(scores.sequences, reference(model, source, num_beams=2, max_new_tokens=4))
+    with pytest.raises(UnsupportedFastGeneration, match="generation mode sample"):
+        fast_generate(model, **source, do_sample=True, max_new_tokens=6, fallback=False)
+    with pytest.raises(UnsupportedFastGeneration, match="streamer"):
+        fast_generate(model, **source, max_new_tokens=6, streamer=object(), fallback=False)
+    with pytest.raises(UnsupportedFastGeneration, match="training mode"):
+        fast_generate(model.train(), **source, max_new_tokens=6, fallback=False)
+
+
+def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_changes(source):
+    model = tiny_model("gtrans")
+    before = reference(model, source, num_beams=3, max_new_tokens=8)
+    engine = prepare_for_inference(model, "int8")
+    assert prepare_for_inference(model, "int8") is engine
+    assert isinstance(engine.model.decoder.layers[0].ffn.fc1, fast_generation.Int8Linear)
+    assert engine.model.shared.weight is model.model.shared.weight  # shared, not copied
+    assert type(model.model.decoder.layers[0].ffn.fc1) is torch.nn.Linear  # the float model is untouched
+    with torch.no_grad():
+        float_logits = model(**source, decoder_input_ids=before).logits
+        int8_logits = engine(**source, decoder_input_ids=before).logits
+    assert ((int8_logits - float_logits).norm() / float_logits.norm()) < 0.1
+    fast_generate(model, **source, num_beams=3, max_new_tokens=8, quantization="int8", fallback=False)
+    assert torch.equal(reference(model, source, num_beams=3, max_new_tokens=8), before)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(1.0)  # an in-place change: the copy is rebuilt
+    assert prepare_for_inference(model, "int8") is not engine
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        prepare_for_inference(model, "int4")
