@@ -171,3 +171,75 @@ def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_c
     assert prepare_for_inference(model, "int8") is not engine
     with pytest.raises(ValueError, match="Unknown quantization"):
         prepare_for_inference(model, "int4")
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_attention_over_keys_shared_by_groups_of_query_rows(attention):
+    """`MultiHeadAttention.attend_to` with one key row per group of 3 query rows (the beams of a sentence) equals
+    attention over the keys repeated for every query row, masks and weights included."""
+    model = tiny_model("plain_transformer")
+    model.set_attn_implementation(attention)
+    module = model.model.decoder.layers[0].encoder_attn
+    generator = torch.Generator().manual_seed(2)
+    queries = torch.randn(6, 1, TINY_BACKBONE["d_model"], generator=generator)
+    keys, values = (torch.randn(2, 2, 5, 8, generator=generator) for _ in range(2))
+    padding = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    if attention == "eager":
+        mask = torch.zeros(2, 1, 1, 5).masked_fill(~padding[:, None, None, :], torch.finfo(torch.float32).min)
+    else:
+        mask = padding[:, None, None, :]
+    with torch.no_grad():
+        grouped, grouped_weights = module.attend_to(queries, keys, values, mask)
+        expected, expected_weights = module.attend_to(
+            queries, keys.repeat_interleave(3, 0), values.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
+        )
+    torch.testing.assert_close(grouped, expected, rtol=0, atol=1e-6)
+    if attention == "eager":
+        torch.testing.assert_close(grouped_weights, expected_weights, rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ users
+@pytest.fixture(scope="module")
+def tokenizer():
+    from test_hub import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def test_translate_and_the_pipeline_decode_fast_by_default_and_can_fall_back(tokenizer):
+    from test_hub import SOURCES
+    from transformers import pipeline
+
+    model = tiny_model("gtrans")
+    settings = dict(num_beams=3, max_new_tokens=8)
+    reference = hf_layerfusion.translate(model, tokenizer, SOURCES, fast=False, **settings)
+    assert hf_layerfusion.translate(model, tokenizer, SOURCES, **settings) == reference
+    assert len(hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="int8", **settings)) == len(SOURCES)
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="fp8")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    texts = [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), fast=False, **settings)]
+    assert [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), **settings)] == texts
+    assert len(translator(SOURCES, quantization="int8", **settings)) == len(SOURCES)
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        translator(SOURCES, quantization="fp8")
+
+
+def test_translate_script_fast_generate_and_int8(tokenizer, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import translate as translate_script
+
+    model_dir, source = tmp_path / "model", tmp_path / "input.en"
+    tiny_model("gtrans").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    source.write_text("ab ba\nabba baab ab\nb\n", encoding="utf-8")
+    outputs = {}
+    for name, flags in {"fast": [], "generate": ["--generate"], "int8": ["--quantization", "int8"]}.items():
+        outputs[name] = tmp_path / f"{name}.de"
+        translate_script.main([str(model_dir), f"--input={source}", f"--output={outputs[name]}", "--num_beams=2",
+                               "--max_new_tokens=6", "--device=cpu", *flags])
+    assert outputs["fast"].read_text() == outputs["generate"].read_text()
+    assert len(outputs["int8"].read_text().splitlines()) == 3
