@@ -4,24 +4,29 @@
 beam search. It runs `generate()`'s own preparation (generation config, special tokens, encoder, beam expansion,
 logits processors, stopping criteria) and replaces only the decoding loop (transformers' `custom_generate` hook):
 
-- the decoder runs through the model's own stack (`LayerStack.run_layers`, the family's layers, connection, readout
+- the decoder runs through the model's own stack (`LayerStack.run_layers`: the family's layers, connection, readout
   and `output_head`), one position per step, without `forward()`'s per-step work (output-capture hooks, mask
   building, input checks, output dataclasses);
-- keys/values live in `DecodingCache`: preallocated per attention slot (a step writes one position in place instead
-  of concatenating the whole cache), cross-attention keys/values computed once per input, and beam search reorders
-  only the self-attention slots, and only their filled positions (the cross-attention keys/values of a sentence are
-  the same for all its beams);
+- keys/values live in `DecodingCache`: self-attention slots preallocated position-major (a step writes one block in
+  place instead of concatenating the whole cache), cross-attention keys/values computed once per input, kept
+  contiguous and, in beam search, once per sentence instead of once per beam (the backbone's attention folds a
+  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder copies the filled
+  self-attention positions only (`generate()` also reorders every cross-attention slot, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
   rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
   processors that are not known to act row by row, every row is kept, as `generate()` does;
 - beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
   scoring, length penalty and early stopping are those of `generate()` by construction.
 
+In float32 the numbers are `generate()`'s except for the order of some sums (beam search attends a sentence's beams
+together), so the tokens are the same unless two candidates tie to the last bits; tests/test_fast_generation.py checks
+the tokens against `generate()` for every family, greedy and beam, and `benchmarks/bench_inference.py` on every run.
+
 `prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: the model itself, or with
-`quantization="int8"` an inference copy whose linear layers are int8 (see its docstring). Anything the loop does not
+`quantization="int8"` an inference copy whose linear layers are int8 (see `Int8Linear`). Anything the loop does not
 cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping criteria, a prompt for the
-decoder, attention implementations other than eager and SDPA, ...) runs `generate()` itself, with one log message
-naming the reason; `fast_generate(..., fallback=False)` raises `UnsupportedFastGeneration` instead.
+decoder, attention implementations other than eager and SDPA, ...) runs `generate()` itself, with one warning naming
+the reason; `fast_generate(..., fallback=False)` raises `UnsupportedFastGeneration` instead.
 """
 
 from __future__ import annotations
@@ -563,10 +568,15 @@ QUANTIZATIONS = (None, "int8")
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output feature) and int8 activations quantized on
-    the fly (one scale per call), through torch's dynamically quantized linear kernel. The weights are packed for the
-    oneDNN backend where torch has it (int8 AMX/VNNI matrix multiplication, accumulating in int32, so the activations
-    keep all 8 bits), else for torch's current quantized engine (fbgemm accumulates pairs in int16 and needs
-    7-bit activations, `reduce_range`)."""
+    the fly, through torch's dynamically quantized linear kernel (`quantized::linear_dynamic`).
+
+    That kernel quantizes its whole input with one scale. Each row (token) is therefore first divided by its largest
+    magnitude, so that every row spans about [-1, 1] and is quantized with its own resolution (the result is
+    multiplied back and the bias added in float): one row with large activations (an outlier token, or another
+    sentence of the batch) would otherwise coarsen every other row's quantization, which measurably cost BLEU. The
+    weights are packed for oneDNN where torch has it (int8 AMX/VNNI matrix multiplication accumulating in int32, so
+    the activations keep all 8 bits), else for torch's current quantized engine (fbgemm accumulates pairs in int16
+    and needs 7-bit activations, `reduce_range`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -583,13 +593,16 @@ class Int8Linear(nn.Module):
         previous = torch.backends.quantized.engine
         torch.backends.quantized.engine = engine
         try:
-            self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
+            self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         finally:
             torch.backends.quantized.engine = previous
         self.reduce_range = engine != "onednn"
+        self.bias = None if bias is None else bias.detach().float()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(hidden_states, self.packed, self.reduce_range)
+        row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
+        output = torch.ops.quantized.linear_dynamic(hidden_states / row_scale, self.packed, self.reduce_range)
+        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
