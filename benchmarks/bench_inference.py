@@ -28,12 +28,14 @@ every fusion family's fast loop >= 1.8x its own `generate()`; the plain backbone
     python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
     python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
     python benchmarks/bench_inference.py --models plain gtrans_td2 --threads 1 --repeats 7
-    python benchmarks/bench_inference.py --speed none --bleu runs/multi30k/plain_transformer/seed_1   # int8 BLEU cost
+    # BLEU of generate(), the fast loop and int8 for a trained model (e.g. a bench_multi30k.py run directory)
+    python benchmarks/bench_inference.py --speed none --bleu runs/multi30k/plain_transformer/seed_1
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import platform
@@ -55,12 +57,17 @@ import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer,
 import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
+from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.fast_generation import fast_generate, prepare_for_inference  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
 SEARCHES = {"greedy": 1, "beam": 4}
 ENGINES = ("generate", "fast", "fast_int8")
+# beam search only: `generate()` as it was when issue 19 was filed, reordering every cache slot between steps (since
+# commit 717e790 the model's `_reorder_cache` leaves the cross-attention slots, equal across a sentence's beams, alone);
+# the issue's "its own generate() today". Greedy search reorders nothing: there it is `generate`.
+ISSUE_BASELINE = "generate_issue19"
 TARGETS = {
     "plain_fast_vs_marian": 2.0,
     "fusion_fast_vs_generate": 1.8,
@@ -137,10 +144,24 @@ def generation_kwargs(num_beams: int, new_tokens: int) -> dict:
                 early_stopping=False)
 
 
+@contextlib.contextmanager
+def full_cache_reorder():
+    """`generate()` without the backbone's `_reorder_cache` hook: transformers reorders every cache slot."""
+    hook = LayerFusionForConditionalGeneration.__dict__["_reorder_cache"]
+    del LayerFusionForConditionalGeneration._reorder_cache
+    try:
+        yield
+    finally:
+        LayerFusionForConditionalGeneration._reorder_cache = hook
+
+
 def run_engine(model, engine: str, batch, num_beams: int, new_tokens: int) -> torch.Tensor:
     kwargs = generation_kwargs(num_beams, new_tokens)
     if engine == "generate":
         with torch.inference_mode():
+            return model.generate(**batch, **kwargs)
+    if engine == ISSUE_BASELINE:
+        with torch.inference_mode(), full_cache_reorder():
             return model.generate(**batch, **kwargs)
     quantization = "int8" if engine == "fast_int8" else None
     return fast_generate(model, **batch, quantization=quantization, fallback=False, **kwargs)
@@ -156,7 +177,7 @@ def build_runs(args, models, translators, batch, source_tokens, num_beams: int, 
                 lambda t=translator: ctranslate2_tokens(t, source_tokens, num_beams, args.max_new_tokens)
             )
     for name in args.models:
-        for engine in ENGINES:
+        for engine in (ISSUE_BASELINE, *ENGINES) if num_beams > 1 and name != "plain" else ENGINES:
             runs[name, engine] = lambda m=models[name], e=engine: run_engine(m, e, batch, num_beams, args.max_new_tokens)
     return runs
 
@@ -206,27 +227,31 @@ def check_tokens(args, models, translators, tokenizer, batch, source_tokens) -> 
 
 
 # ------------------------------------------------------------------------------------------------ BLEU
-def measure_bleu(args) -> list[tuple[str, float, float, float, float]]:
-    """`(model dir, float32 BLEU, int8 BLEU, float32 s, int8 s)` on Multi30k test for each `--bleu` model."""
+def measure_bleu(args) -> list[dict]:
+    """For each `--bleu` model: Multi30k test BLEU (beam 4, `hf_layerfusion.translate`) of `generate()`, the fast
+    float32 loop and the fast int8 loop, their seconds, and how many sentences the fast float32 loop translated exactly
+    as `generate()` did."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_layerfusion.evaluation import corpus_bleu
 
     sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.bleu_sentences]
     references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.bleu_sentences]
+    torch.set_num_threads(args.threads[0])
     rows = []
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        scores, seconds = {}, {}
-        for quantization in (None, "int8"):
+        row = {"model": str(model_dir), "sentences": len(sources)}
+        translations = {}
+        for engine, options in {"generate": dict(fast=False), "fast": {}, "fast_int8": dict(quantization="int8")}.items():
             start = time.perf_counter()
-            translations = hf_layerfusion.translate(
-                model, tokenizer, sources, batch_size=32, num_beams=4, quantization=quantization
-            )
-            seconds[quantization] = time.perf_counter() - start
-            scores[quantization] = corpus_bleu(translations, references)[0]
-        rows.append((str(model_dir), scores[None], scores["int8"], seconds[None], seconds["int8"]))
+            translations[engine] = hf_layerfusion.translate(model, tokenizer, sources, batch_size=32, num_beams=4, **options)
+            row[f"{engine}_s"] = time.perf_counter() - start
+            row[f"{engine}_bleu"] = corpus_bleu(translations[engine], references)[0]
+        row["fast_equal"] = sum(a == b for a, b in zip(translations["fast"], translations["generate"]))
+        row["int8_equal"] = sum(a == b for a, b in zip(translations["fast_int8"], translations["fast"]))
+        rows.append(row)
     return rows
 
 
@@ -243,34 +268,44 @@ def row_title(key) -> str:
         return f"CTranslate2 {engine}"
     if name == "marian":
         return "MarianMTModel generate()"
-    return f"{backbone.MODELS[name].title}: {engine.replace('_', ' ')}"
+    title = {ISSUE_BASELINE: "generate() as at issue 19 (every cache slot reordered)"}.get(engine, engine)
+    return f"{backbone.MODELS[name].title}: {title.replace('_', ' ')}"
 
 
 def print_speed_table(args, results: dict, clock: str = "wall-clock") -> dict:
-    """One table per thread count; returns `{(target, row, search, threads): ratio}` for the target checks."""
+    """One table per thread count; returns `{(kind, row, search, threads): ratio}` for the target checks."""
     ratios = {}
     for threads in args.threads:
         print(f"\n### {threads} thread{'s' if threads > 1 else ''}, {clock} seconds\n")
         header = ["engine"]
         for search in SEARCHES:
             header += [f"{search} s", f"{search} vs Marian", f"{search} vs own generate()"]
+        header.append("beam vs own generate() at issue 19")
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))
-        keys = list(results[threads, "greedy"])
-        for key in keys:
+        for key in results[threads, "beam"]:  # the beam runs are a superset of the greedy ones
             cells = [row_title(key)]
             for search in SEARCHES:
                 samples = results[threads, search]
+                if key not in samples:
+                    cells += ["–"] * 3
+                    continue
                 cells.append(f"{statistics.median(samples[key]):.3f}")
                 value, cell = ratio_cell(samples, key, ("marian", "generate"))
                 cells.append(cell if key != ("marian", "generate") else "1")
                 ratios["vs_marian", key, search, threads] = value
-                if key[0] in backbone.MODELS and key[0] != "marian" and key[1] != "generate":
+                own = key[0] in backbone.MODELS and key[0] != "marian" and key[1] in ("fast", "fast_int8")
+                if own:
                     value, cell = ratio_cell(samples, key, (key[0], "generate"))
-                    ratios["vs_generate", key, search, threads] = value
-                    cells.append(cell)
-                else:
-                    cells.append("–")
+                    ratios["vs_generate", key, search, threads] = ratios["vs_issue", key, search, threads] = value
+                cells.append(cell if own else "–")
+            baseline = (key[0], ISSUE_BASELINE)
+            if key[1] in ("fast", "fast_int8") and baseline in results[threads, "beam"]:
+                value, cell = ratio_cell(results[threads, "beam"], key, baseline)
+                ratios["vs_issue", key, "beam", threads] = value
+                cells.append(cell)
+            else:
+                cells.append("–")
             print("| " + " | ".join(cells) + " |")
     return ratios
 
@@ -282,7 +317,7 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
         met = value >= bound if higher else value <= bound
         print(f"- {text} {'>=' if higher else '<='} {bound}{unit}: {value:.2f}{unit}, {'met' if met else 'NOT met'}")
 
-    for threads in args.threads:
+    for threads in args.threads if ratios else []:
         for search in SEARCHES:
             if "plain" in args.models:
                 report(f"plain backbone fast float32 / Marian, {search}, {threads} thread(s)",
@@ -290,12 +325,16 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
                 report(f"plain backbone fast int8 / Marian, {search}, {threads} thread(s)",
                        ratios["vs_marian", ("plain", "fast_int8"), search, threads], TARGETS["plain_int8_vs_marian"])
             for name in args.models:
-                if name != "plain":
-                    report(f"{backbone.MODELS[name].title} fast float32 / its generate(), {search}, {threads} thread(s)",
-                           ratios["vs_generate", (name, "fast"), search, threads], TARGETS["fusion_fast_vs_generate"])
-    for model_dir, float_bleu, int8_bleu, _, _ in bleu_rows:
-        report(f"int8 BLEU cost on Multi30k test ({model_dir}: float32 {float_bleu:.2f}, int8 {int8_bleu:.2f})",
-               float_bleu - int8_bleu, TARGETS["int8_bleu_cost"], higher=False, unit=" BLEU")
+                if name == "plain":
+                    continue
+                for engine in ("fast", "fast_int8"):
+                    report(f"{backbone.MODELS[name].title} {engine.replace('_', ' ')} / its generate() at issue 19, "
+                           f"{search}, {threads} thread(s)", ratios["vs_issue", (name, engine), search, threads],
+                           TARGETS["fusion_fast_vs_generate"])
+    for row in bleu_rows:
+        report(f"int8 BLEU cost on Multi30k test ({row['model']}: float32 {row['fast_bleu']:.2f}, int8 "
+               f"{row['fast_int8_bleu']:.2f})", row["fast_bleu"] - row["fast_int8_bleu"], TARGETS["int8_bleu_cost"],
+               higher=False, unit=" BLEU")
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -369,10 +408,15 @@ def main(argv=None):
               "time, so it measures work rather than speed; targets use the wall-clock table above):")
         print_speed_table(args, cpu_results, "process CPU")
     bleu_rows = measure_bleu(args) if args.bleu else []
-    for model_dir, float_bleu, int8_bleu, float_s, int8_s in bleu_rows:
-        print(f"\nBLEU on Multi30k test ({args.bleu_sentences or 'all'} sentences, beam 4, {torch.get_num_threads()} "
-              f"thread(s)), {model_dir}: float32 {float_bleu:.2f} ({float_s:.1f}s), int8 {int8_bleu:.2f} "
-              f"({int8_s:.1f}s), cost {float_bleu - int8_bleu:+.2f}")
+    for row in bleu_rows:
+        print(f"\nMulti30k test BLEU of {row['model']} ({row['sentences']} sentences, beam 4, batches of 32 sorted by "
+              f"length, `hf_layerfusion.translate`, {torch.get_num_threads()} thread(s)):\n")
+        print("| engine | BLEU | seconds |\n|---|---|---|")
+        for engine, title in (("generate", "generate()"), ("fast", "fast float32"), ("fast_int8", "fast int8")):
+            print(f"| {title} | {row[engine + '_bleu']:.2f} | {row[engine + '_s']:.1f} |")
+        print(f"\nfast float32 translations identical to generate()'s: {row['fast_equal']}/{row['sentences']}; "
+              f"int8 identical to float32: {row['int8_equal']}/{row['sentences']}; int8 BLEU cost "
+              f"{row['fast_bleu'] - row['fast_int8_bleu']:+.2f}")
     print_targets(args, ratios, bleu_rows)
     print(f"\n(load average at end {backbone.loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
 
