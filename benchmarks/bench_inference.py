@@ -127,14 +127,9 @@ def ctranslate2_engines(args, marian, tokenizer, work: Path) -> dict:
 
 
 def ctranslate2_tokens(translator, source_tokens, num_beams: int, new_tokens: int) -> list[list[str]]:
-    results = translator.translate_batch(
-        source_tokens,
-        beam_size=num_beams,
-        max_decoding_length=new_tokens,
-        min_decoding_length=new_tokens,
-        return_end_token=True,
-        max_batch_size=0,
-    )
+    """Exactly `new_tokens` tokens per sentence (minimum = maximum length), like `generation_kwargs`."""
+    length = dict(max_decoding_length=new_tokens, min_decoding_length=new_tokens)
+    results = translator.translate_batch(source_tokens, beam_size=num_beams, return_end_token=True, **length)
     return [result.hypotheses[0] for result in results]
 
 

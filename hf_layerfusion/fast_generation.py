@@ -395,11 +395,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
         else:
             next_token_hits_stopping_criteria = torch.zeros_like(topk_log_probs, dtype=torch.bool)
         running_sequences, running_beam_scores, running_beam_indices = model._get_running_beams_for_next_iteration(
-            topk_log_probs=topk_log_probs,
-            topk_running_sequences=topk_running_sequences,
-            topk_running_beam_indices=topk_running_beam_indices,
-            next_token_hits_stopping_criteria=next_token_hits_stopping_criteria,
-            num_beams=num_beams,
+            topk_log_probs, topk_running_sequences, topk_running_beam_indices, next_token_hits_stopping_criteria, num_beams
         )
         sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
             sequences=sequences,
