@@ -477,8 +477,6 @@ def unsupported_reason(model, input_ids, stopping_criteria, generation_config, m
     implementation = model.config._attn_implementation
     if implementation not in FAST_ATTENTION_IMPLEMENTATIONS:
         return f"attn_implementation={implementation!r}"
-    if not hasattr(model, "output_head") or not hasattr(model.get_decoder(), "run_layers"):
-        return f"{type(model).__name__} is not an hf_layerfusion model"
     if input_ids.shape[1] != 1:
         return "a decoder prompt (decoder_input_ids)"
     if model_kwargs.get("decoder_attention_mask") is not None or model_kwargs.get("decoder_inputs_embeds") is not None:
@@ -508,13 +506,17 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     (`prepare_for_inference`; not token-exact, see there). Settings the loop does not cover run `generate()` itself
     (a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
     engine = prepare_for_inference(model, quantization)
+    if inputs is not None:
+        kwargs["inputs"] = inputs
     covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
-    if covered:
-        reason = f"the generate() argument(s) {covered}"
+    reason = f"the generate() argument(s) {covered}" if covered else None
+    if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
+        reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
+    if reason is not None:
         if not fallback:
             raise UnsupportedFastGeneration(reason)
         report_fallback(reason)
-        return engine.generate(inputs, **kwargs)
+        return engine.generate(**kwargs)
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         reason = unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs)
@@ -550,12 +552,12 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
 
     try:
         with torch.inference_mode():
-            return engine.generate(inputs, custom_generate=decode, **kwargs)
+            return engine.generate(custom_generate=decode, **kwargs)
     except UnsupportedFastGeneration as error:
         if not fallback:
             raise
         report_fallback(str(error))
-        return engine.generate(inputs, **kwargs)
+        return engine.generate(**kwargs)
 
 
 # --------------------------------------------------------------------------------------------------- int8
