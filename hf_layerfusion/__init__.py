@@ -18,6 +18,7 @@ from .data import (
     preprocess_translation,
 )
 from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from .fast_generation import fast_generate, prepare_for_inference
 from .hub import generate_remote_code, push_to_hub
 from .model_card import write_model_card
 from .pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
@@ -107,6 +108,7 @@ __all__ = [
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
+    "fast_generate",
     "from_marian",
     "from_xlmr",
     "load_bleu_metric",
@@ -114,6 +116,7 @@ __all__ = [
     "load_parallel_text",
     "load_xlmr_tokenizer",
     "load_translation_dataset",
+    "prepare_for_inference",
     "preprocess_translation",
     "train_joint_tokenizer",
     "translate",

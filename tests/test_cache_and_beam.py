@@ -5,10 +5,12 @@ import itertools
 import pytest
 import torch
 from conftest import assert_incremental_decoding_matches_full_forward
+from test_hub import tiny_model
 
 from hf_layerfusion import (
     GTransConfig,
     GTransForConditionalGeneration,
+    LayerFusionForConditionalGeneration,
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
@@ -162,3 +164,19 @@ def test_beam_search_on_mixture_is_exhaustive_search(tiny_backbone):
             assert abs(float(scores[hypotheses.index(hypothesis)]) - float(returned_scores[rank])) < 1e-4
             if rank == 0:
                 assert hypothesis == best
+
+
+def test_beam_search_of_generate_reorders_only_self_attention(padded_batch, monkeypatch):
+    """`generate()`'s beam search leaves the cross-attention keys/values in place (a sentence's beams share them):
+    the same sequences and scores as reordering every cache slot."""
+    source = {key: padded_batch[key] for key in ("input_ids", "attention_mask")}
+    # layer-wise coordination's mixed attention keeps the source keys in the cross-attention slots
+    models = [tiny_model(model_type) for model_type in ("gtrans", "layerwise_coordination")]
+    kwargs = dict(num_beams=3, max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        partial = [model.generate(**source, **kwargs) for model in models]
+        monkeypatch.delattr(LayerFusionForConditionalGeneration, "_reorder_cache")
+        full = [model.generate(**source, **kwargs) for model in models]
+    for reordered_self_only, reordered_all in zip(partial, full):
+        assert torch.equal(reordered_self_only.sequences, reordered_all.sequences)
+        assert torch.equal(reordered_self_only.sequences_scores, reordered_all.sequences_scores)
