@@ -500,23 +500,12 @@ def report_fallback(reason: str) -> None:
     )
 
 
-def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
-    """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
-    greedy and beam search. `quantization="int8"` runs the int8 inference copy of the model
-    (`prepare_for_inference`; not token-exact, see there). Settings the loop does not cover run `generate()` itself
-    (a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
-    engine = prepare_for_inference(model, quantization)
-    if inputs is not None:
-        kwargs["inputs"] = inputs
-    covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
-    reason = f"the generate() argument(s) {covered}" if covered else None
-    if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
-        reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
-    if reason is not None:
-        if not fallback:
-            raise UnsupportedFastGeneration(reason)
-        report_fallback(reason)
-        return engine.generate(**kwargs)
+def fast_decoding_loop(fallback: bool = True):
+    """The decoding loop of `fast_generate` as a `generate(custom_generate=...)` callable, for callers that run
+    `generate()` themselves (`LayerFusionSeq2SeqTrainer`'s evaluation): greedy and beam search as `generate()` would
+    run them, token for token. A generation it does not cover runs transformers' own loop (a warning names the
+    reason once), or raises `UnsupportedFastGeneration` with `fallback=False`. `generate()` drops `synced_gpus` and
+    `streamer` when `custom_generate` is a callable, so callers that need them must not pass this loop."""
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         reason = unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs)
@@ -550,6 +539,28 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
             return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)
         return greedy_search(steps, input_ids, logits_processor, generation_config, max_length, compact)
 
+    return decode
+
+
+def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
+    """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
+    greedy and beam search. `quantization="int8"` runs the int8 inference copy of the model
+    (`prepare_for_inference`; not token-exact, see there). Settings the loop does not cover run `generate()` itself
+    (a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
+    engine = prepare_for_inference(model, quantization)
+    if inputs is not None:
+        kwargs["inputs"] = inputs
+    covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
+    reason = f"the generate() argument(s) {covered}" if covered else None
+    if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
+        reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
+    if reason is not None:
+        if not fallback:
+            raise UnsupportedFastGeneration(reason)
+        report_fallback(reason)
+        return engine.generate(**kwargs)
+
+    decode = fast_decoding_loop(fallback)
     try:
         with torch.inference_mode():
             return engine.generate(custom_generate=decode, **kwargs)

@@ -243,3 +243,34 @@ def test_translate_script_fast_generate_and_int8(tokenizer, tmp_path):
                                "--max_new_tokens=6", "--device=cpu", *flags])
     assert outputs["fast"].read_text() == outputs["generate"].read_text()
     assert len(outputs["int8"].read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("model_type, settings", [
+    ("plain_transformer", dict(num_beams=1, max_new_tokens=8)),
+    ("gtrans", dict(num_beams=3, max_new_tokens=8)),
+    ("gtrans", dict(num_beams=2, max_new_tokens=8, decoder_groups=[2])),
+])
+def test_trainer_predicts_with_the_fast_loop_the_tokens_of_generate(model_type, settings, source, tmp_path, monkeypatch):
+    import datasets
+    from transformers import Seq2SeqTrainingArguments
+
+    searches = []
+    for name in ("greedy_search", "beam_search"):
+        search = getattr(fast_generation, name)
+        monkeypatch.setattr(fast_generation, name, lambda *a, _search=search, _name=name, **k: (
+            searches.append(_name), _search(*a, **k))[1])
+    labels = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 4), generator=torch.Generator().manual_seed(1))
+    dataset = datasets.Dataset.from_dict({**{k: v.tolist() for k, v in source.items()}, "labels": labels.tolist()})
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, per_device_eval_batch_size=2,
+                                    report_to=[], use_cpu=True)
+    model, predictions = tiny_model(model_type), {}
+    for fast in (True, False):
+        searches.clear()
+        trainer = hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation=fast)
+        predictions[fast] = trainer.predict(dataset, **settings).predictions
+        assert len(searches) == (3 if fast else 0), searches  # 3 batches of at most 2 sentences
+    assert predictions[True].shape == predictions[False].shape
+    assert (predictions[True] == predictions[False]).all(), (predictions[True], predictions[False])
+    assert (predictions[True][:, 1] != PAD).all()  # translations, not padding, were compared
+    with pytest.raises(TypeError, match="fast_generation must be True or False, got 'yes'"):
+        hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation="yes")
