@@ -171,6 +171,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("steps", "warmup_steps", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    if args.steps < LOGGING_STEPS * FINAL_LOGS:
+        parser.error(f"--steps must be at least {LOGGING_STEPS * FINAL_LOGS} (the verdict reads the loss of the last "
+                     f"{FINAL_LOGS} logs, one every {LOGGING_STEPS} steps), got {args.steps}")
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup_steps ({args.warmup_steps}) must be below --steps ({args.steps}): the probe is about "
                      "what happens after the learning-rate peak")
