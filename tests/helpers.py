@@ -19,7 +19,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import os
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -386,3 +391,25 @@ def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, co
     with torch.no_grad():
         assert model.train()(**batch).loss < loss_before
     return trainer, gradients
+
+
+# --------------------------------------------------------------------------------------------- processes
+def run_python(arguments: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """`python <arguments>` in a fresh process without this session's Hub settings and `PYTHONPATH` (so that only the
+    installed packages are importable), one thread; a non-zero exit fails the test with the process's output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
+    result = subprocess.run([sys.executable, *arguments], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{arguments[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def without_package_preamble() -> str:
+    """The first lines of a script run with `python -S` (`run_python(["-S", "-c", script], ...)`): site-packages on
+    the path without their .pth files, which hold the editable install's import hook, so that hf_layerfusion cannot be
+    imported (asserted) and a model can only load through the Hub code it carries."""
+    return (
+        f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+        "try:\n    import hf_layerfusion\nexcept ModuleNotFoundError:\n    pass\n"
+        "else:\n    raise SystemExit('hf_layerfusion is importable in the process without the package')\n"
+    )

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
 import sys
-import sysconfig
 import textwrap
 import types
 from pathlib import Path
@@ -25,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_BACKBONE
+from helpers import run_python, without_package_preamble
 from hub_server import HubServer
 
 import hf_layerfusion
@@ -85,18 +83,11 @@ def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
     return outputs
 
 
-# The consumer: no hf_layerfusion on sys.path (python -S, site-packages added without its .pth files, which hold the
-# editable install's import hook), a fresh HF_HOME, everything through the Hub client.
+# The consumer: no hf_layerfusion on sys.path (`helpers.without_package_preamble`), a fresh HF_HOME, everything through
+# the Hub client.
 CONSUMER = textwrap.dedent(
     """
-    import json, os, sys
-    sys.path.append({purelib!r})
-    try:
-        import hf_layerfusion
-    except ModuleNotFoundError:
-        pass
-    else:
-        raise SystemExit("hf_layerfusion is importable in the consumer process")
+    import json, os
     import torch
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
@@ -174,14 +165,6 @@ def hub():
     server.stop()
 
 
-def run(script: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
-    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
-    result = subprocess.run([sys.executable, *script], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{script[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return result
-
-
 @pytest.fixture(scope="module")
 def published(hub, tmp_path_factory):
     """Save two versions per family, push them through the client, download and run them without the package."""
@@ -206,7 +189,7 @@ def published(hub, tmp_path_factory):
     plan = {"pushes": pushes, "transformers_push": [transformers_repo, pushes[f"{USER}/tiny-gtrans"]["v1"]]}
     (root / "publish.json").write_text(json.dumps(plan))
     hub_env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test_token"}
-    published = run(["-c", PUBLISHER, str(root / "publish.json")], {**hub_env, "HF_HOME": str(root / "publisher")}, root)
+    published = run_python(["-c", PUBLISHER, str(root / "publish.json")], {**hub_env, "HF_HOME": str(root / "publisher")}, root)
     shas = json.loads(published.stdout.strip().splitlines()[-1])
 
     consumer_home = root / "consumer_home"
@@ -217,8 +200,8 @@ def published(hub, tmp_path_factory):
     repos[transformers_repo] = {"main": "main"}
     consumer_plan = {"repos": repos, "output": str(root / "consumer.pt"), "resave_dir": str(root / "resaved")}
     (root / "consume.json").write_text(json.dumps(consumer_plan))
-    script = CONSUMER.format(purelib=sysconfig.get_paths()["purelib"], helpers=str(helpers), plan=str(root / "consume.json"))
-    run(["-S", "-c", script], {**hub_env, "HF_HOME": str(consumer_home)}, root)
+    script = without_package_preamble() + CONSUMER.format(helpers=str(helpers), plan=str(root / "consume.json"))
+    run_python(["-S", "-c", script], {**hub_env, "HF_HOME": str(consumer_home)}, root)
     return {
         "references": references,
         "remote": torch.load(root / "consumer.pt", weights_only=False),
