@@ -73,11 +73,11 @@ from hf_layerfusion.multilingual import (  # noqa: E402
 from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.registry import check_model_type  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
     check_distributed_launch,
     check_input_file,
     check_local_or_hub,
-    check_model_type,
     check_output_dir,
     check_positive_int,
 )

@@ -82,10 +82,10 @@ from hf_layerfusion.tokenization import (  # noqa: E402
     train_joint_tokenizer,
 )
 from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.registry import check_model_type  # noqa: E402
 from hf_layerfusion.validation import (  # noqa: E402
     check_distributed_launch,
     check_local_or_hub,
-    check_model_type,
     check_output_dir,
     check_positive_int,
     reraise_hub_error,

@@ -1,6 +1,7 @@
 """hf_layerfusion: layer-fusion encoder-decoder models for NMT, as Hugging Face Transformers models.
 
-`import hf_layerfusion` registers every family with AutoConfig, AutoModel and AutoModelForSeq2SeqLM.
+`import hf_layerfusion` registers every family of `FAMILIES` (`hf_layerfusion.registry`) with AutoConfig, AutoModel
+and AutoModelForSeq2SeqLM, and the translation pipeline with transformers' pipeline registry.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -26,46 +27,16 @@ from .trainer import LayerFusionSeq2SeqTrainer
 from .translation import translate
 from .xlmr import from_xlmr, load_xlmr_tokenizer
 from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
-from .models.deep_representations import (
-    DeepRepresentationsConfig,
-    DeepRepresentationsForConditionalGeneration,
-    DeepRepresentationsModel,
-)
-from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
-from .models.layerwise_coordination import (
-    LayerwiseCoordinationConfig,
-    LayerwiseCoordinationForConditionalGeneration,
-    LayerwiseCoordinationModel,
-)
-from .models.re_transformer import ReTransformerConfig, ReTransformerForConditionalGeneration, ReTransformerModel
-from .models.plain_transformer import (
-    PlainTransformerConfig,
-    PlainTransformerForConditionalGeneration,
-    PlainTransformerModel,
-)
-from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
+from . import models  # noqa: F401  (imports every family module; each registers itself in FAMILIES)
+from .registry import FAMILIES
 
-FAMILIES = {
-    "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
-    "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
-    "layerwise_coordination": (
-        LayerwiseCoordinationConfig,
-        LayerwiseCoordinationModel,
-        LayerwiseCoordinationForConditionalGeneration,
-    ),
-    "deep_representations": (
-        DeepRepresentationsConfig,
-        DeepRepresentationsModel,
-        DeepRepresentationsForConditionalGeneration,
-    ),
-    "re_transformer": (ReTransformerConfig, ReTransformerModel, ReTransformerForConditionalGeneration),
-    "rtal": (RTALConfig, RTALModel, RTALForConditionalGeneration),
-}
-
-for _model_type, (_config, _model, _lm) in FAMILIES.items():
-    AutoConfig.register(_model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+# every family's classes under their own names (`hf_layerfusion.GTransConfig`), and with the Auto classes
+_family_classes = {cls.__name__: cls for family in FAMILIES.values() for cls in family}
+globals().update(_family_classes)
+for _family in FAMILIES.values():
+    AutoConfig.register(_family.config.model_type, _family.config, exist_ok=True)
+    AutoModel.register(_family.config, _family.model, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(_family.config, _family.for_conditional_generation, exist_ok=True)
 
 # `pipeline("layerfusion-translation", model=...)`; transformers 5 refuses to resolve the task name "translation"
 PIPELINE_REGISTRY.register_pipeline(
@@ -82,28 +53,10 @@ __all__ = [
     "average_checkpoints",
     "average_last_checkpoints",
     "FAMILIES",
-    "GTransConfig",
-    "GTransForConditionalGeneration",
-    "GTransModel",
-    "LayerwiseCoordinationConfig",
-    "LayerwiseCoordinationForConditionalGeneration",
-    "LayerwiseCoordinationModel",
-    "DeepRepresentationsConfig",
-    "DeepRepresentationsForConditionalGeneration",
-    "DeepRepresentationsModel",
-    "ReTransformerConfig",
-    "ReTransformerForConditionalGeneration",
-    "ReTransformerModel",
     "LayerFusionConfig",
     "LayerFusionForConditionalGeneration",
     "LayerFusionModel",
     "LayerFusionPreTrainedModel",
-    "PlainTransformerConfig",
-    "PlainTransformerForConditionalGeneration",
-    "PlainTransformerModel",
-    "RTALConfig",
-    "RTALForConditionalGeneration",
-    "RTALModel",
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
@@ -121,4 +74,5 @@ __all__ = [
     "LayerFusionTranslationPipeline",
     "generate_remote_code",
     "push_to_hub",
+    *_family_classes,
 ]

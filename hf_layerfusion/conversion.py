@@ -14,7 +14,8 @@ import re
 import torch
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
-from .validation import check_local_or_hub, check_model_type, reraise_hub_error
+from .registry import check_model_type
+from .validation import check_local_or_hub, reraise_hub_error
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ def _load_report(model, state_dict: dict, source: str) -> dict:
 def build_with_weights(model_type: str, config_kwargs: dict, state_dict: dict, source: str):
     """A fresh `model_type` model with `config_kwargs`, loaded with `state_dict` (backbone names) via
     `_load_report`; `model.conversion_report` says what was loaded and what stays freshly initialised."""
-    import hf_layerfusion  # noqa: F401  (registers the families with AutoConfig)
-
     check_model_type(model_type)
     config = AutoConfig.for_model(model_type, **config_kwargs)
     model = AutoModelForSeq2SeqLM.from_config(config)

@@ -7,7 +7,7 @@ in the config. A user without hf_layerfusion then loads the directory or Hub rep
 `AutoModelForSeq2SeqLM.from_pretrained(repo_id, trust_remote_code=True)`.
 
 One source of truth: that file is *generated* from the package's own modules at save time, never kept by hand.
-`generate_remote_code()` starts from the classes of `hf_layerfusion.FAMILIES` and the pipeline class, and copies
+`generate_remote_code()` starts from the classes of every registered family (`hf_layerfusion.registry.FAMILIES`) and the pipeline class, and copies
 the top-level definitions they need, transitively through the package's own imports, into one flat module in
 dependency order; imports of torch, transformers, huggingface_hub and the standard library are kept, imports from
 the package are resolved to the inlined definitions. Anything it cannot inline (a package import of a whole module,
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .configuration_backbone import LayerFusionConfig
 from .pipeline import HUB_PIPELINE_TASK, LayerFusionTranslationPipeline
+from .registry import FAMILIES, Family, family_of
 
 PACKAGE = "hf_layerfusion"
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -264,8 +265,6 @@ class _Flattener:
 
 
 def _root_classes() -> list[type]:
-    from . import FAMILIES
-
     return [cls for classes in FAMILIES.values() for cls in classes] + [LayerFusionTranslationPipeline]
 
 
@@ -288,22 +287,22 @@ def generate_remote_code() -> str:
     return code
 
 
-def family_of(config: LayerFusionConfig) -> tuple[str, tuple[type, type, type]]:
-    from . import FAMILIES
-
-    for model_type, classes in FAMILIES.items():
-        if type(config) is classes[0]:
-            return model_type, classes
-    raise RemoteCodeError(
-        f"{type(config).__qualname__} is not the config class of a family in hf_layerfusion.FAMILIES "
-        f"({sorted(FAMILIES)}); register it there so that its Hub code can be generated."
-    )
+def registered_family(config: LayerFusionConfig) -> Family:
+    """The family whose config class is exactly `config`'s (its Hub code names those classes)."""
+    family = family_of(config)
+    if family is None or family.config is not type(config):
+        raise RemoteCodeError(
+            f"{type(config).__qualname__} is not the config class of a registered family ({sorted(FAMILIES)}); "
+            "register its family (`@register_family` in its module under hf_layerfusion/models/) so that its Hub "
+            "code can be generated."
+        )
+    return family
 
 
 def write_remote_code(config: LayerFusionConfig, save_directory: str | os.PathLike) -> Path:
     """Write `modeling_layerfusion.py` into `save_directory` and point `config.auto_map` / `config.custom_pipelines`
     at it (the caller then writes `config.json`). Called by `LayerFusionConfig.save_pretrained`."""
-    _, classes = family_of(config)
+    classes = registered_family(config)
     save_directory = Path(save_directory)
     save_directory.mkdir(parents=True, exist_ok=True)
     path = save_directory / REMOTE_CODE_FILE

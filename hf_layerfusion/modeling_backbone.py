@@ -42,6 +42,7 @@ from transformers.utils.import_utils import is_torchdynamo_compiling
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_backbone import LayerFusionConfig
+from .registry import family_of
 from .validation import CheckedSaveLoadMixin, check_decoder_groups, check_model_inputs
 
 
@@ -542,7 +543,13 @@ class LayerStack(LayerFusionPreTrainedModel):
         if layers is None:
             # a stack built from its config alone (`from_pretrained` of a saved `model.get_encoder()`): the family's
             # model builds both stacks (its builders may share modules between them), this one takes its own parts
-            built = getattr(LayerFusionModel.family_class(config)(config), self.stack_name)
+            family = family_of(config)
+            if family is None:
+                raise ValueError(
+                    f"{type(self).__name__} built from a {type(config).__name__} alone: its family's model builds "
+                    "the stacks, and that config is not the config of a registered family."
+                )
+            built = getattr(family.model(config), self.stack_name)
             embed_tokens, readout, layers, connection = built.embed_tokens, built.readout, built.layers, built.connection
         super().__init__(config)
         self.embed_tokens = embed_tokens
@@ -721,19 +728,6 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
     }
-
-    # the model class of every family, by its config class (filled as families subclass this class)
-    family_classes: dict[type, type] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "config_class" in cls.__dict__:
-            LayerFusionModel.family_classes[cls.config_class] = cls
-
-    @classmethod
-    def family_class(cls, config: LayerFusionConfig) -> type:
-        """The model class of `config`'s family (this base class for the backbone's own config)."""
-        return next((cls.family_classes[c] for c in type(config).__mro__ if c in cls.family_classes), LayerFusionModel)
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__(config)

@@ -16,20 +16,6 @@ from pathlib import Path
 
 import torch
 
-# --------------------------------------------------------------------------------------------------- families
-
-
-def check_model_type(model_type, what: str = "model_type") -> str:
-    """`model_type` if it is one of this package's families (`hf_layerfusion.FAMILIES`, read at call time so that
-    families registered later count), else a `ValueError` listing only those families."""
-    import hf_layerfusion
-
-    families = sorted(hf_layerfusion.FAMILIES)
-    if not isinstance(model_type, str) or model_type not in hf_layerfusion.FAMILIES:
-        raise ValueError(f"Unknown {what} {model_type!r}; hf_layerfusion families: {families}.")
-    return model_type
-
-
 # --------------------------------------------------------------------------------------------------- paths
 
 

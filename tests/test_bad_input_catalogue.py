@@ -58,11 +58,11 @@ from hf_layerfusion.data import (
     load_translation_dataset,
     preprocess_translation,
 )
+from hf_layerfusion.registry import check_model_type
 from hf_layerfusion.validation import (
     check_decoder_groups,
     check_local_or_hub,
     check_model_inputs,
-    check_model_type,
     check_output_dir,
     check_output_file,
     check_positive_int,

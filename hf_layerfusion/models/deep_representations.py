@@ -115,6 +115,7 @@ from ..modeling_backbone import (
     TopLayerDecoderReadout,
     TopLayerEncoderReadout,
 )
+from ..registry import register_family
 
 AGGREGATIONS = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 AGGREGATION_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": F.relu}
@@ -493,6 +494,7 @@ class DeepRepresentationsModel(LayerFusionModel):
         )
 
 
+@register_family
 class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """Deep representations with the layer-diversity objective (Eq. 9): with `labels` and `diversity_weight > 0`,
     `loss = CE - diversity_weight * D`; D, each stack's term and the memory's spread are in the output (see

@@ -44,6 +44,7 @@ from ..modeling_backbone import (
     TopLayerEncoderReadout,
     token_cross_entropy,
 )
+from ..registry import register_family
 from ..validation import check_decoder_groups
 
 
@@ -191,6 +192,7 @@ class GTransModel(LayerFusionModel):
         return GTransDecoderFusion(config) if config.decoder_fusion else TopLayerDecoderReadout()
 
 
+@register_family
 class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """GTrans with the probability-fusion output (Eq. 5-7). With several output groups, `logits` are `log P(y|x)`
     of the mixture, so greedy, beam search and sampling score hypotheses by the true mixture distribution. With a

@@ -79,6 +79,7 @@ from ..modeling_backbone import (
     MultiHeadAttention,
     TopLayerEncoderReadout,
 )
+from ..registry import register_family
 
 
 @strict
@@ -353,6 +354,7 @@ class LayerwiseCoordinationModel(LayerFusionModel):
         return tied
 
 
+@register_family
 class LayerwiseCoordinationForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """Layer-wise coordination with the tied output projection of the backbone (one output group)."""
 

@@ -9,6 +9,7 @@ from transformers.generation import GenerationMixin
 
 from ..configuration_backbone import LayerFusionConfig
 from ..modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..registry import register_family
 
 
 @strict
@@ -22,6 +23,7 @@ class PlainTransformerModel(LayerFusionModel):
     config_class = PlainTransformerConfig
 
 
+@register_family
 class PlainTransformerForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     config_class = PlainTransformerConfig
     model_class = PlainTransformerModel

@@ -37,6 +37,7 @@ from transformers.generation import GenerationMixin
 
 from ..configuration_backbone import LayerFusionConfig
 from ..modeling_backbone import SUBLAYER_KINDS, LayerFusionForConditionalGeneration, LayerFusionModel
+from ..registry import register_family
 
 LAYER_SEPARATOR = "-"
 ENCODER_SUBLAYERS = {"s": "self-attention", "f": "feed-forward"}
@@ -194,6 +195,7 @@ class ReTransformerModel(LayerFusionModel):
     config_class = ReTransformerConfig
 
 
+@register_family
 class ReTransformerForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     config_class = ReTransformerConfig
     model_class = ReTransformerModel

@@ -78,6 +78,7 @@ from ..modeling_backbone import (
     TopLayerDecoderReadout,
     TopLayerEncoderReadout,
 )
+from ..registry import register_family
 
 AGGREGATION_FUNCTIONS = ("mean", "concat_ffn", "ewp_ffn")
 TREE_RESIDUALS = ("block_input", "children", "none")
@@ -327,6 +328,7 @@ class RTALModel(LayerFusionModel):
         return RTALDecoderReadout(config) if config.decoder_aggregation else TopLayerDecoderReadout()
 
 
+@register_family
 class RTALForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """RTAL with the tied output projection reading the decoder tree's root; loss, logits and generation are the
     backbone's single-group ones."""
