@@ -69,11 +69,11 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import multi30k_ledger as ledger  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
-from hf_layerfusion.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
-from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_layerfusion.translation import translate  # noqa: E402
+from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SOURCE_LANG, TARGET_LANG = "en", "de"

@@ -1,34 +1,46 @@
 """hf_layerfusion: layer-fusion encoder-decoder models for NMT, as Hugging Face Transformers models.
 
-`import hf_layerfusion` registers every family of `FAMILIES` (`hf_layerfusion.registry`) with AutoConfig, AutoModel
-and AutoModelForSeq2SeqLM, and the translation pipeline with transformers' pipeline registry.
+The package, from the bottom up (each layer imports only from the ones below it):
+
+- `file_checks`: checks of the paths, files and launches a user gives;
+- `modeling/`: the shared backbone (configuration, embeddings, attention, layers, stacks, model, losses), its
+  extension points, the family registry and the converters from Marian and XLM-R checkpoints;
+- `models/`: the families, one module each, every one registered where it is defined;
+- `training/`: data, tokenizers, the trainer and its callbacks, BLEU, translation, multilingual training,
+  checkpoint averaging;
+- `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline.
+
+Importing the package registers every family of `FAMILIES` with AutoConfig, AutoModel and AutoModelForSeq2SeqLM,
+makes every saved model write its Hub code, and registers the translation pipeline with transformers.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
-from .checkpoint_averaging import average_checkpoints, average_last_checkpoints
-from .configuration_backbone import LayerFusionConfig
-from .conversion import from_marian
-from .data import (
+from . import models  # noqa: F401  (imports every family module; each registers itself in FAMILIES)
+from .hub.model_card import write_model_card
+from .hub.pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
+from .hub.remote_code import generate_remote_code, push_to_hub, write_remote_code
+from .modeling.configuration import LayerFusionConfig
+from .modeling.conversion import from_marian
+from .modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from .modeling.pretrained import LayerFusionPreTrainedModel
+from .modeling.registry import FAMILIES
+from .modeling.xlmr import from_xlmr, load_xlmr_tokenizer
+from .training.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from .training.checkpoint_averaging import average_checkpoints, average_last_checkpoints
+from .training.data import (
     builtin_number_corpus,
     load_json_lines_translation,
     load_parallel_text,
     load_translation_dataset,
     preprocess_translation,
 )
-from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
-from .hub import generate_remote_code, push_to_hub
-from .model_card import write_model_card
-from .pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
-from .tokenization import train_joint_tokenizer
-from .trainer import LayerFusionSeq2SeqTrainer
-from .translation import translate
-from .xlmr import from_xlmr, load_xlmr_tokenizer
-from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
-from . import models  # noqa: F401  (imports every family module; each registers itself in FAMILIES)
-from .registry import FAMILIES
+from .training.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from .training.tokenization import train_joint_tokenizer
+from .training.trainer import LayerFusionSeq2SeqTrainer
+from .training.translation import translate
+from .version import __version__
 
 # every family's classes under their own names (`hf_layerfusion.GTransConfig`), and with the Auto classes
 _family_classes = {cls.__name__: cls for family in FAMILIES.values() for cls in family}
@@ -38,12 +50,14 @@ for _family in FAMILIES.values():
     AutoModel.register(_family.config, _family.model, exist_ok=True)
     AutoModelForSeq2SeqLM.register(_family.config, _family.for_conditional_generation, exist_ok=True)
 
+# every config of the package writes the Hub code when saved (the classes of that code leave this unset: transformers'
+# `_auto_class` machinery copies their own file instead)
+LayerFusionConfig.hub_code_writer = write_remote_code
+
 # `pipeline("layerfusion-translation", model=...)`; transformers 5 refuses to resolve the task name "translation"
 PIPELINE_REGISTRY.register_pipeline(
     PIPELINE_TASK, pipeline_class=LayerFusionTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "FusionWeightsCallback",
@@ -74,5 +88,6 @@ __all__ = [
     "LayerFusionTranslationPipeline",
     "generate_remote_code",
     "push_to_hub",
+    "__version__",
     *_family_classes,
 ]

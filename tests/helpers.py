@@ -365,7 +365,7 @@ def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, co
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
-    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+    from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
     args = Seq2SeqTrainingArguments(
         output_dir=str(output_dir), per_device_train_batch_size=len(rows), max_steps=1, optim="sgd",

@@ -307,8 +307,8 @@ def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
         PlainTransformerConfig,
         PlainTransformerForConditionalGeneration,
     )
-    from hf_layerfusion.data import builtin_number_corpus
-    from hf_layerfusion.tokenization import train_joint_tokenizer
+    from hf_layerfusion.training.data import builtin_number_corpus
+    from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
     corpus = builtin_number_corpus("de", "en", 20, 4, 4)
     texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in ("de", "en")]

@@ -46,7 +46,7 @@ from hf_layerfusion.models.deep_representations import (
     layer_diversity,
     position_spread,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 OFF = dict(encoder_aggregation="none", decoder_aggregation="none", diversity_weight=0.0)
@@ -785,7 +785,7 @@ def test_trainer_warns_when_the_memory_collapses(tiny_backbone, padded_batch, tm
         top_node.layer_norm.weight.zero_()
         top_node.layer_norm.bias.fill_(0.5)
     trainer = one_step_trainer(model, padded_batch, tmp_path)
-    with caplog.at_level("WARNING", logger="hf_layerfusion.trainer"):
+    with caplog.at_level("WARNING", logger="hf_layerfusion.training.trainer"):
         trainer.train()
     (logged,) = [log for log in trainer.state.log_history if "memory_spread" in log]
     assert logged["memory_spread"] == pytest.approx(0.0, abs=1e-6)

@@ -14,7 +14,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 # encoder 3 layers / T_e = 2 -> 2 groups; decoder 3 layers / T_d = 2 -> groups {1, 2}, {3}
 SHAPE = dict(encoder_layers=3, decoder_layers=3, encoder_group_size=2, decoder_group_size=2)

@@ -26,7 +26,13 @@ from helpers import run_python, without_package_preamble
 from hub_server import HubServer
 
 import hf_layerfusion
-from hf_layerfusion.hub import REMOTE_CODE_FILE, RemoteCodeError, _Flattener, check_model_directory, generate_remote_code
+from hf_layerfusion.hub.remote_code import (
+    REMOTE_CODE_FILE,
+    RemoteCodeError,
+    _Flattener,
+    check_model_directory,
+    generate_remote_code,
+)
 
 FAMILIES = sorted(hf_layerfusion.FAMILIES)
 # Config keys a family needs at the tiny test size; a family not listed is built with its config's defaults.
@@ -239,14 +245,31 @@ def test_generated_code_is_self_contained_and_defines_every_family():
 @pytest.mark.parametrize(
     ("module", "name", "reason"),
     [
-        ("hf_layerfusion.conversion", "from_marian", "package import inside a function"),
-        ("hf_layerfusion.multilingual", "load_opus100", "comes from `datasets`"),
-        ("hf_layerfusion.modeling_backbone", "no_such_name", "has no top-level `no_such_name`"),
+        ("hf_layerfusion.training.multilingual", "load_opus100", "comes from `datasets`"),
+        ("hf_layerfusion.modeling.model", "no_such_name", "has no top-level `no_such_name`"),
     ],
 )
 def test_generator_refuses_what_it_cannot_inline(module, name, reason):
     with pytest.raises(RemoteCodeError, match=reason):
         _Flattener().require(module, name, "test")
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("def f():\n    from .other import g\n    return g\n", "module.py:2: a package import inside a function"),
+        ("from . import other\n\n\ndef f():\n    return other\n", "imports a package module as an object"),
+        ("print('side effect')\n\n\ndef f():\n    pass\n", "top-level Expr statement"),
+    ],
+)
+def test_generator_refuses_package_code_it_cannot_inline(source, reason, tmp_path):
+    """What no module of the package does (any longer), in a package written here."""
+    package = tmp_path / "hf_layerfusion"
+    package.mkdir()
+    (package / "module.py").write_text(source)
+    (package / "other.py").write_text("def g():\n    pass\n")
+    with pytest.raises(RemoteCodeError, match=reason):
+        _Flattener(package).require("hf_layerfusion.module", "f", "test")
 
 
 # ------------------------------------------------------------------------------------------------ saving

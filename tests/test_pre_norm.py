@@ -46,7 +46,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.conversion import _rename_marian_key, build_with_weights
+from hf_layerfusion.modeling.conversion import _rename_marian_key, build_with_weights
 
 MAX_POSITIONS = 64
 # the tiny sizes (MBartConfig has every backbone size key) with Marian's special ids of test_backbone_marian.py

@@ -308,7 +308,7 @@ def test_readme_runs_as_pasted(hub, tmp_path):
     card_blocks = [code for language, code in fenced_blocks(card) if language == "python"]
     assert len(card_blocks) == 2
     for index, code in enumerate(card_blocks):
-        kind = "python" if "import hf_layerfusion" in code else "python-without-package"
+        kind = "python" if "hf_layerfusion" in code else "python-without-package"
         result = run_step(kind, code, repo, env, tmp_path / f"card_block_{index}.py")
         output = result.stdout + result.stderr
         assert result.returncode == 0 and "Traceback" not in output, f"model card block {index}:\n{output[-6000:]}"

@@ -21,7 +21,7 @@ from hf_layerfusion import (
     RTALModel,
 )
 from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING
-from hf_layerfusion.presets import BACKBONE_PRESETS
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS
 
 FUNCTIONS = ["mean", "concat_ffn", "ewp_ffn"]
 RESIDUALS = ["block_input", "children", "none"]

@@ -4,7 +4,7 @@ import pytest
 from conftest import MULTI30K_DIR, require_shared
 from transformers import AutoTokenizer
 
-from hf_layerfusion.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
 TRAIN_LINES_PER_LANGUAGE = 3000
 CHECK_LINES_PER_LANGUAGE = 200

@@ -1,5 +1,5 @@
 """The families, one module each. Importing this package imports every module in it, so that each family registers
-itself (`hf_layerfusion.registry.register_family`) without being listed anywhere else."""
+itself (`hf_layerfusion.modeling.registry.register_family`) without being listed anywhere else."""
 
 import importlib
 import pkgutil

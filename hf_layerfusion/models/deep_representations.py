@@ -49,9 +49,9 @@ probe, so training never runs blind: in every training forward pass with `labels
 when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their
 mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source
 positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between
-two logs and warns once the memory's spread falls below `hf_layerfusion.trainer.COLLAPSE_SPREAD`. The collapse's
-signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the cross
-entropy).
+two logs and warns once the memory's spread falls below `hf_layerfusion.training.trainer.COLLAPSE_SPREAD`. The
+collapse's signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the
+cross entropy).
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
@@ -104,18 +104,13 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import can_return_tuple
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import (
-    CacheSlots,
-    LayerContext,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    LayerFusionSeq2SeqLMOutput,
-    MultiHeadAttention,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
-)
-from ..registry import register_family
+from ..modeling.attention import LayerContext, MultiHeadAttention
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import TopLayerDecoderReadout, TopLayerEncoderReadout
+from ..modeling.layers import CacheSlots
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.outputs import LayerFusionSeq2SeqLMOutput
+from ..modeling.registry import register_family
 
 AGGREGATIONS = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 AGGREGATION_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": F.relu}

@@ -35,17 +35,12 @@ from torch import nn
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..fused_cross_entropy import weighted_group_cross_entropy
-from ..modeling_backbone import (
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
-    token_cross_entropy,
-)
-from ..registry import register_family
-from ..validation import check_decoder_groups
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import TopLayerDecoderReadout, TopLayerEncoderReadout
+from ..modeling.fused_cross_entropy import weighted_group_cross_entropy
+from ..modeling.input_checks import check_decoder_groups
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel, token_cross_entropy
+from ..modeling.registry import register_family
 
 
 @strict

@@ -69,17 +69,13 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..presets import BACKBONE_PRESETS
-from ..modeling_backbone import (
-    CacheSlots,
-    LayerContext,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    MultiHeadAttention,
-    TopLayerEncoderReadout,
-)
-from ..registry import register_family
+from ..modeling.attention import LayerContext, MultiHeadAttention
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import TopLayerEncoderReadout
+from ..modeling.layers import CacheSlots
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.presets import BACKBONE_PRESETS
+from ..modeling.registry import register_family
 
 
 @strict

@@ -7,9 +7,9 @@ It is the baseline every paper compares against and is weight-for-weight equal t
 from huggingface_hub.dataclasses import strict
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel
-from ..registry import register_family
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 
 @strict

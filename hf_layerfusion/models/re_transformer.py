@@ -35,9 +35,10 @@ import re
 from huggingface_hub.dataclasses import strict
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import SUBLAYER_KINDS, LayerFusionForConditionalGeneration, LayerFusionModel
-from ..registry import register_family
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.layers import SUBLAYER_KINDS
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 LAYER_SEPARATOR = "-"
 ENCODER_SUBLAYERS = {"s": "self-attention", "f": "feed-forward"}

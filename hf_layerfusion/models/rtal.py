@@ -70,15 +70,11 @@ from torch import nn
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import (
-    FeedForward,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
-)
-from ..registry import register_family
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import TopLayerDecoderReadout, TopLayerEncoderReadout
+from ..modeling.layers import FeedForward
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 AGGREGATION_FUNCTIONS = ("mean", "concat_ffn", "ewp_ffn")
 TREE_RESIDUALS = ("block_input", "children", "none")

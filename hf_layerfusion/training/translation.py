@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
-from .validation import check_decoder_groups, check_positive_int
+from ..modeling.input_checks import check_decoder_groups, check_positive_int
 
 
 @torch.no_grad()

@@ -4,8 +4,9 @@ A family registers itself where it is defined, fairseq-style: its module under `
 its conditional-generation class with `@register_family`, which records the family's three classes (config, bare
 model, model with the LM head) under its `model_type`. `hf_layerfusion/models/` imports every module it holds, so
 a new module there is registered without being listed anywhere. Everything that needs the list of families reads
-`FAMILIES`: the Auto-class registration and the public names of `import hf_layerfusion`, the Hub code generator,
-the model-card template lookup, the checks of a `model_type` argument, the scripts, the benchmarks and the tests.
+`FAMILIES`: the Auto-class registration and the package's public names (`hf_layerfusion.GTransConfig`), the Hub code
+generator, the model-card template lookup, the checks of a `model_type` argument, the scripts, the benchmarks and the
+tests.
 """
 
 from __future__ import annotations

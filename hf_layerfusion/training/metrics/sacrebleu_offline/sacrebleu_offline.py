@@ -3,7 +3,7 @@
 `evaluate.load("sacrebleu")` fetches its script from the Hugging Face Hub. This module takes the same inputs and
 returns the same keys as that Hub metric (plus the sacreBLEU `signature`), so `evaluate.load(<path to this file>)`
 works offline (`HF_HUB_OFFLINE=1`, `HF_EVALUATE_OFFLINE=1`). It is loaded by path through
-`hf_layerfusion.evaluation.load_bleu_metric`; `evaluate` copies it into its module cache, so it imports only
+`hf_layerfusion.training.evaluation.load_bleu_metric`; `evaluate` copies it into its module cache, so it imports only
 installed packages.
 """
 

@@ -50,9 +50,9 @@ from transformers import (
 )
 from transformers.models.xlm_roberta.modeling_xlm_roberta import XLMRobertaPreTrainedModel
 
+from ..file_checks import check_local_or_hub, reraise_hub_error
 from .conversion import build_with_weights
 from .registry import check_model_type
-from .validation import check_local_or_hub, reraise_hub_error
 
 # XLM-R sub-module name -> backbone name inside one encoder/decoder layer (the self-attention and FFN sub-layers)
 _XLMR_LAYER_RENAMES = {

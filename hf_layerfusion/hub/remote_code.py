@@ -7,12 +7,12 @@ in the config. A user without hf_layerfusion then loads the directory or Hub rep
 `AutoModelForSeq2SeqLM.from_pretrained(repo_id, trust_remote_code=True)`.
 
 One source of truth: that file is *generated* from the package's own modules at save time, never kept by hand.
-`generate_remote_code()` starts from the classes of every registered family (`hf_layerfusion.registry.FAMILIES`) and the pipeline class, and copies
-the top-level definitions they need, transitively through the package's own imports, into one flat module in
-dependency order; imports of torch, transformers, huggingface_hub and the standard library are kept, imports from
-the package are resolved to the inlined definitions. Anything it cannot inline (a package import of a whole module,
-a package import inside a function, a dependency outside those libraries, two definitions of one name, a top-level
-statement that is not a definition) raises `RemoteCodeError` naming the file and line, so a new family or a
+`generate_remote_code()` starts from the classes of every registered family (`hf_layerfusion.modeling.registry`) and
+the pipeline class, and copies the top-level definitions they need, transitively through the package's own imports, into
+one flat module in dependency order; imports of torch, transformers, huggingface_hub and the standard library are kept,
+imports from the package are resolved to the inlined definitions. Anything it cannot inline (a package import of a whole
+module, a package import inside a function, a dependency outside those libraries, two definitions of one name, a
+top-level statement that is not a definition) raises `RemoteCodeError` naming the file and line, so a new family or a
 backbone change cannot silently ship broken Hub code.
 """
 
@@ -26,12 +26,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .configuration_backbone import LayerFusionConfig
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.registry import FAMILIES, Family, family_of
+from ..version import __version__
 from .pipeline import HUB_PIPELINE_TASK, LayerFusionTranslationPipeline
-from .registry import FAMILIES, Family, family_of
 
 PACKAGE = "hf_layerfusion"
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REMOTE_MODULE = "modeling_layerfusion"
 REMOTE_CODE_FILE = f"{REMOTE_MODULE}.py"
 # what the Hub code may import besides the standard library: transformers' own requirements
@@ -49,6 +50,7 @@ class _SourceModule:
 
     name: str
     path: Path
+    root: Path  # the directory holding the package (paths are shown relative to it)
     lines: list[str]
     # name -> ("package", module, name) | ("external", import line) | ("definition", statement index)
     bindings: dict[str, tuple] = field(default_factory=dict)
@@ -56,7 +58,7 @@ class _SourceModule:
     package_imports: set[str] = field(default_factory=set)
 
     def where(self, node: ast.AST) -> str:
-        return f"{self.path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
+        return f"{self.path.relative_to(self.root)}:{node.lineno}"
 
     def source_of(self, node: ast.stmt) -> str:
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
@@ -93,13 +95,13 @@ def _bound_names(node: ast.stmt) -> list[str]:
     return names
 
 
-def _parse_module(name: str) -> _SourceModule:
+def _parse_module(name: str, package_dir: Path) -> _SourceModule:
     relative = name.split(".")[1:]
-    path = PACKAGE_DIR.joinpath(*relative[:-1], f"{relative[-1]}.py") if relative else PACKAGE_DIR / "__init__.py"
+    path = package_dir.joinpath(*relative[:-1], f"{relative[-1]}.py") if relative else package_dir / "__init__.py"
     if not path.is_file():
         raise RemoteCodeError(f"Cannot inline {name}: no file {path} (only package modules can be inlined).")
     text = path.read_text(encoding="utf-8")
-    module = _SourceModule(name=name, path=path, lines=text.splitlines(keepends=True))
+    module = _SourceModule(name=name, path=path, root=package_dir.parent, lines=text.splitlines(keepends=True))
     tree = ast.parse(text, filename=str(path))
     for index, node in enumerate(tree.body):
         if index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -143,7 +145,8 @@ def _parse_module(name: str) -> _SourceModule:
 class _Flattener:
     """Collects the definitions the roots need, across package modules, and writes them as one module."""
 
-    def __init__(self):
+    def __init__(self, package_dir: Path = PACKAGE_DIR):
+        self.package_dir = package_dir
         self.modules: dict[str, _SourceModule] = {}
         self.needed: dict[str, set[int]] = {}  # module -> statement indices
         self.aliases: dict[str, list[str]] = {}  # module -> `alias = name` lines for `import ... as` renames
@@ -152,7 +155,7 @@ class _Flattener:
 
     def module(self, name: str) -> _SourceModule:
         if name not in self.modules:
-            self.modules[name] = _parse_module(name)
+            self.modules[name] = _parse_module(name, self.package_dir)
         return self.modules[name]
 
     def claim(self, flat_name: str, owner: tuple, where: str) -> bool:
@@ -241,13 +244,11 @@ class _Flattener:
         return order
 
     def render(self) -> str:
-        from . import __version__
-
         order = self.module_order()
-        sources = ", ".join(str(self.modules[m].path.relative_to(PACKAGE_DIR.parent)) for m in order)
+        sources = ", ".join(str(self.modules[m].path.relative_to(self.package_dir.parent)) for m in order)
         parts = [
             f'"""Self-contained Hub code of hf_layerfusion {__version__}: every family\'s config and model classes and '
-            "the translation pipeline.\n\nGenerated by `hf_layerfusion.hub.generate_remote_code()` from "
+            "the translation pipeline.\n\nGenerated by `hf_layerfusion.generate_remote_code()` from "
             f"{sources}.\nDo not edit: the package is the source of truth; `save_pretrained` rewrites this file.\n"
             '"""\n\nfrom __future__ import annotations\n\n',
             "".join(f"{line}\n" for line in sorted(set(self.external.values()))),
@@ -257,7 +258,7 @@ class _Flattener:
             indices = sorted(self.needed.get(module_name, ()))
             if not indices and module_name not in self.aliases:
                 continue
-            parts.append(f"\n\n# {'-' * 40} from {module.path.relative_to(PACKAGE_DIR.parent)}\n")
+            parts.append(f"\n\n# {'-' * 40} from {module.path.relative_to(self.package_dir.parent)}\n")
             parts.extend(self.aliases.get(module_name, []))
             for index in indices:
                 parts.append("\n\n" + module.source_of(module.statements[index]))
@@ -373,7 +374,3 @@ def push_to_hub(
         ignore_patterns=["checkpoint-*/**", "runs/**", "*.pt", "*.pth", "trainer_state.json", "training_args.bin"],
     )
 
-
-# every package config writes the Hub code when saved (classes loaded from that code leave this unset: transformers'
-# `_auto_class` machinery copies their own file instead)
-LayerFusionConfig.hub_code_writer = write_remote_code

@@ -1,13 +1,13 @@
 """Hub model cards for trained hf_layerfusion models, rendered from a run's results.
 
-`write_model_card(output_dir, model, ...)` renders `hf_layerfusion/model_card_templates/_base.md` (a huggingface_hub Jinja
-template: YAML metadata, use with and without the package, intended use and limits, training data, architecture,
-BLEU with the sacreBLEU signature, how to reproduce) with the family's own sections from
-`hf_layerfusion/model_card_templates/<model_type>.md` (what the model is, its limits, the paper and its BibTeX citation). The
-metadata (`language`, `license`, `tags` with `translation` and the family, `datasets`, `metrics`, `model-index`
-with the BLEU results) is built with huggingface_hub's `ModelCardData` and the rendered card is parsed back with
-`ModelCard` before it is written, so a card the Hub would reject is never written. An existing `README.md` is not
-replaced unless `overwrite=True`.
+`write_model_card(output_dir, model, ...)` renders `hf_layerfusion/hub/model_card_templates/_base.md` (a
+huggingface_hub Jinja template: YAML metadata, use with and without the package, intended use and limits, training
+data, architecture, BLEU with the sacreBLEU signature, how to reproduce) with the family's own sections from
+`hf_layerfusion/hub/model_card_templates/<model_type>.md` (what the model is, its limits, the paper and its BibTeX
+citation). The metadata (`language`, `license`, `tags` with `translation` and the family, `datasets`, `metrics`,
+`model-index` with the BLEU results) is built with huggingface_hub's `ModelCardData` and the rendered card is parsed
+back with `ModelCard` before it is written, so a card the Hub would reject is never written. An existing `README.md` is
+not replaced unless `overwrite=True`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+
+from ..modeling.configuration import LayerFusionConfig
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_card_templates"  # package data: works from a wheel too
 BASE_TEMPLATE = TEMPLATE_DIR / "_base.md"
@@ -109,8 +111,6 @@ def write_model_card(
     family = family_sections(model_type)
     architecture = {key: getattr(config, key) for key in ARCHITECTURE_KEYS if hasattr(config, key)}
     # the family's own knobs: whatever its config adds to the backbone's
-    from .configuration_backbone import LayerFusionConfig
-
     backbone_keys = set(LayerFusionConfig().to_dict())
     architecture.update({k: v for k, v in config.to_diff_dict().items() if k not in backbone_keys and _is_knob(k, v)})
     card = ModelCard.from_template(

@@ -16,7 +16,7 @@ from pathlib import Path
 import datasets
 from num2words import CONVERTER_CLASSES, num2words
 
-from .validation import looks_like_local_path, read_utf8
+from ..file_checks import looks_like_local_path, read_utf8
 
 # File-name stems of common corpus releases -> the split names used by `datasets` and the training scripts.
 # Multi30k (`train`, `val`, `test_2016_flickr`) maps to train / validation / test; other stems (e.g.

@@ -209,8 +209,9 @@ class LayerFusionConfig(PreTrainedConfig):
         this; by default a missing key takes its default."""
         return config_dict
 
-    # Set by `hf_layerfusion.hub`: writes the self-contained Hub code and `auto_map` next to config.json. Left unset
-    # in that Hub code, whose classes re-save their own file through transformers' `_auto_class` machinery.
+    # Set when hf_layerfusion is imported (`hf_layerfusion.hub.remote_code.write_remote_code`): writes the
+    # self-contained Hub code and `auto_map` next to config.json. Left unset in that Hub code, whose classes re-save
+    # their own file through transformers' `_auto_class` machinery.
     hub_code_writer = None
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
@@ -241,7 +242,7 @@ class LayerFusionConfig(PreTrainedConfig):
             raise ValueError(
                 f"This is a {saved_model_type!r} config with keys {unknown} that {cls.__name__} (model_type "
                 f"{cls.model_type!r}) does not have. Load it with its own family (AutoConfig / AutoModelForSeq2SeqLM "
-                "after `import hf_layerfusion`)."
+                "once hf_layerfusion is imported)."
             )
         fields = sorted(field.name for field in dataclasses.fields(cls))
         hints = "".join(

@@ -14,8 +14,9 @@ import re
 import torch
 from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
+from ..file_checks import check_local_or_hub, reraise_hub_error
+from .embeddings import SinusoidalPositionalEmbedding
 from .registry import check_model_type
-from .validation import check_local_or_hub, reraise_hub_error
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ def _rename_marian_key(key: str) -> str | None:
 
 
 def _is_computed_table(model, key: str) -> bool:
-    from .modeling_backbone import SinusoidalPositionalEmbedding
-
     module_name = key.rpartition(".")[0]
     return isinstance(model.get_submodule(module_name), SinusoidalPositionalEmbedding)
 

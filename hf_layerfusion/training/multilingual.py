@@ -202,8 +202,8 @@ def interleave_directions(
 def translate_to(
     model, tokenizer, sources: Sequence[str], target_lang: str, **translate_kwargs
 ) -> list[str]:
-    """Translate `sources` into `target_lang` (its tag prepended to each source) with
-    `hf_layerfusion.translation.translate`; keyword arguments go to it (batch size, beams, generate options)."""
+    """Translate `sources` into `target_lang` (its tag prepended to each source) with `translate`
+    (`hf_layerfusion.training.translation`); keyword arguments go to it (batch size, beams, generate options)."""
     check_language_tag(tokenizer, target_lang)
     return translate(model, tokenizer, [tag_source(text, target_lang) for text in sources], **translate_kwargs)
 

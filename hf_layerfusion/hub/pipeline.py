@@ -1,11 +1,12 @@
 """A translation pipeline for every hf_layerfusion family (transformers 5 removed the `translation` task).
 
-`import hf_layerfusion` registers it with transformers' `PIPELINE_REGISTRY` as `"layerfusion-translation"`:
+Importing hf_layerfusion registers it with transformers' `PIPELINE_REGISTRY` as `"layerfusion-translation"`:
 `pipeline("translation", ...)` itself cannot be registered, because transformers 5 resolves that name to a removal
 error before it looks at the registry. A saved model's config also names the pipeline under `custom_pipelines` as
 `"translation"`, the one place transformers still accepts that name, so that the Hub copy works without the
 package: `pipeline("translation", model=repo_id, trust_remote_code=True)`. This module is part of the
-self-contained Hub code (`hf_layerfusion.hub`), so it may import from the package only what that code can inline.
+self-contained Hub code (`hf_layerfusion.hub.remote_code`), so it may import from the package only what that code can
+inline.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Sequence
 
 from transformers import Pipeline
 
-from .multilingual import check_language_tag, language_tag, tag_source
+from ..training.multilingual import check_language_tag, language_tag, tag_source
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
 # with the Hub code alone.
@@ -30,8 +31,8 @@ class LayerFusionTranslationPipeline(Pipeline):
     when `num_return_sequences` is 1, like transformers 4's translation pipeline.
 
     Args (at construction or per call):
-        tgt_lang: multilingual models (`hf_layerfusion.multilingual`): the target language, whose `<2xx>` tag is
-            prepended to every source; a `ValueError` if the tokenizer has no such tag.
+        tgt_lang: multilingual models (`hf_layerfusion.training.multilingual`): the target language, whose `<2xx>` tag
+            is prepended to every source; a `ValueError` if the tokenizer has no such tag.
         src_lang: accepted for compatibility with transformers 4's translation pipeline; the tag scheme of Johnson
             et al. (2017) marks only the target, so the source language is validated as a language code and not fed
             to the model.

@@ -46,9 +46,9 @@ from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_group
 from transformers.trainer_utils import has_length
 from transformers.utils import logging
 
+from ..modeling.pretrained import LayerFusionPreTrainedModel
+from ..models.deep_representations import DIVERSITY_DIAGNOSTICS
 from .callbacks import LOG_ENRICHING_CALLBACKS
-from .modeling_backbone import LayerFusionPreTrainedModel
-from .models.deep_representations import DIVERSITY_DIAGNOSTICS
 
 logger = logging.get_logger(__name__)
 
@@ -65,8 +65,8 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
 
     Takes exactly `Seq2SeqTrainer`'s arguments. After construction, `trainer.model.config.label_smoothing` holds the
     smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
-    Callbacks that add values to the logs (`hf_layerfusion.callbacks.LOG_ENRICHING_CALLBACKS`) are run before the
-    reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
+    Callbacks that add values to the logs (`hf_layerfusion.training.callbacks.LOG_ENRICHING_CALLBACKS`) are run before
+    the reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
     returns (`TRAINING_DIAGNOSTICS`; deep_representations: each stack's layer diversity D of Eq. 10, their mean, and
     the memory's spread across source positions) are logged as their means over the training steps since the
     previous log, and a memory spread below `COLLAPSE_SPREAD` is warned about (once per run): the encoder states

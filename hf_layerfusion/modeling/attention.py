@@ -1,0 +1,162 @@
+"""Multi-head attention through transformers' attention interface, and what an attention sub-layer may read
+(`LayerContext`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration import LayerFusionConfig
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value).transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+@dataclass
+class LayerContext:
+    """What a layer's sub-layers may read besides their input, for one layer of one stack forward.
+
+    - `attention_mask`: the stack's self-attention mask (bidirectional in the encoder, causal in the decoder);
+    - `memory`, `memory_mask`: the encoder memory this decoder layer reads (None in the encoder, and in a decoder
+      called without encoder states), with its mask;
+    - `past_key_values`: the decoder's cache (None in the encoder);
+    - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
+      input), for attention that reads lower layers (multi-layer attention);
+    - `attention_kwargs`: passed through to the attention interface;
+    - `normalize`: what the running sub-layer's residual block does to its input before the sub-layer (its
+      LayerNorm in pre-norm models, the identity in post-norm ones), for attention that also reads states other than
+      its input (the memory, lower states) and must see them as it sees its input (set per sub-layer by the layer).
+    """
+
+    attention_mask: torch.Tensor | None
+    memory: torch.Tensor | None
+    memory_mask: torch.Tensor | None
+    past_key_values: Cache | None
+    lower_states: Sequence[torch.Tensor]
+    attention_kwargs: dict
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention through transformers' attention interface (eager, sdpa, flash, flex).
+
+    `attend(queries_from, keys_from)` is the primitive: keys/values of `keys_from` append to slot `layer_idx` of
+    `cache` (a `Cache`), or, with `static_keys=True` (keys that depend on the encoder only), are computed at the first
+    step and reused from that slot afterwards. `forward` is the `s` sub-layer: attention over its own input.
+    """
+
+    def __init__(self, config: LayerFusionConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
+        self.dropout = config.attention_dropout
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.out_proj = nn.Linear(config.d_model, config.d_model)
+
+    def project_keys_values(
+        self, keys_from: torch.Tensor, past_key_values: Cache | None, static_keys: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of `keys_from`, through this module's cache slot (see the class docstring)."""
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            if static_keys and past_key_values.is_updated.get(self.layer_idx, False):
+                layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+                return layer.keys, layer.values
+            cache = past_key_values.cross_attention_cache if static_keys else past_key_values.self_attention_cache
+        kv_shape = (*keys_from.shape[:-1], -1, self.head_dim)
+        key_states = self.k_proj(keys_from).view(kv_shape).transpose(1, 2)
+        value_states = self.v_proj(keys_from).view(kv_shape).transpose(1, 2)
+        if cache is not None:
+            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            if static_keys and isinstance(past_key_values, EncoderDecoderCache):
+                past_key_values.is_updated[self.layer_idx] = True
+        return key_states, value_states
+
+    def attend_to(
+        self,
+        queries_from: torch.Tensor,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attention of `queries_from` over given keys/values, output projection included."""
+        input_shape = queries_from.shape[:-1]
+        query_states = self.q_proj(queries_from).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = self.out_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        return attn_output, attn_weights
+
+    def attend(
+        self,
+        queries_from: torch.Tensor,
+        keys_from: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None = None,
+        static_keys: bool = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        key_states, value_states = self.project_keys_values(keys_from, past_key_values, static_keys)
+        return self.attend_to(queries_from, key_states, value_states, attention_mask, **kwargs)
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.attend(
+            hidden_states,
+            hidden_states,
+            context.attention_mask,
+            context.past_key_values,
+            **context.attention_kwargs,
+        )
+
+
+class CrossAttention(MultiHeadAttention):
+    """The `c` sub-layer: attention over the encoder memory, whose keys/values are computed once per input."""
+
+    def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.attend(
+            hidden_states,
+            context.memory,
+            context.memory_mask,
+            context.past_key_values,
+            static_keys=True,
+            **context.attention_kwargs,
+        )
