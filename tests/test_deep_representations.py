@@ -433,7 +433,7 @@ def test_added_parameters_match_table1():
         config = DeepRepresentationsConfig(**base, **overrides)
         total = 0
         for is_decoder in (False, True):
-            for module in (DeepRepresentationsModel.build_readout(config, is_decoder),
+            for module in (DeepRepresentationsModel.build_readout(None, config, is_decoder),
                            DeepRepresentationsModel.build_connection(None, config, is_decoder)):
                 total += sum(p.numel() for p in module.parameters()) if module is not None else 0
             for layer_idx in range(6):

@@ -1,10 +1,9 @@
-"""Multi-head attention through transformers' attention interface, and what an attention sub-layer may read
-(`LayerContext`)."""
+"""Multi-head attention through transformers' attention interface: the `s` and `c` sub-layers of the backbone, and the
+base of every family's attention."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,7 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration import LayerFusionConfig
+from .extension_points import AttentionSublayer, LayerContext
 
 
 def eager_attention_forward(
@@ -34,32 +34,7 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
-@dataclass
-class LayerContext:
-    """What a layer's sub-layers may read besides their input, for one layer of one stack forward.
-
-    - `attention_mask`: the stack's self-attention mask (bidirectional in the encoder, causal in the decoder);
-    - `memory`, `memory_mask`: the encoder memory this decoder layer reads (None in the encoder, and in a decoder
-      called without encoder states), with its mask;
-    - `past_key_values`: the decoder's cache (None in the encoder);
-    - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
-      input), for attention that reads lower layers (multi-layer attention);
-    - `attention_kwargs`: passed through to the attention interface;
-    - `normalize`: what the running sub-layer's residual block does to its input before the sub-layer (its
-      LayerNorm in pre-norm models, the identity in post-norm ones), for attention that also reads states other than
-      its input (the memory, lower states) and must see them as it sees its input (set per sub-layer by the layer).
-    """
-
-    attention_mask: torch.Tensor | None
-    memory: torch.Tensor | None
-    memory_mask: torch.Tensor | None
-    past_key_values: Cache | None
-    lower_states: Sequence[torch.Tensor]
-    attention_kwargs: dict
-    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
-
-
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionSublayer):
     """Multi-head attention through transformers' attention interface (eager, sdpa, flash, flex).
 
     `attend(queries_from, keys_from)` is the primitive: keys/values of `keys_from` append to slot `layer_idx` of

@@ -355,6 +355,19 @@ class LayerFusionConfig(PreTrainedConfig):
         return text_config
 
     @property
+    def num_decoder_groups(self) -> int:
+        """Output groups the decoder predicts from (`decoder_groups` selects among them); 1 unless a family's decoder
+        readout has several (GTrans)."""
+        return 1
+
+    @classmethod
+    def adapt_marian_checkpoint(cls, backbone: dict, overrides: dict, state_dict: dict) -> tuple[dict, dict, list[str]]:
+        """`from_marian` hook: the config keywords of the converted model, the part of the Marian checkpoint (backbone
+        names) it loads, and the checkpoint keys it leaves out. Default: the backbone keys with the overrides, the
+        whole checkpoint; a family whose layer layouts may have no place for some sub-layers picks what fits."""
+        return {**backbone, **overrides}, state_dict, []
+
+    @property
     def uses_position_embeddings(self) -> bool:
         """Whether the stacks add position embeddings to the token embeddings (a family's ablation may drop them)."""
         return True

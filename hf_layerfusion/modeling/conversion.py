@@ -12,11 +12,11 @@ import os
 import re
 
 import torch
-from transformers import CONFIG_MAPPING, AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 from ..file_checks import check_local_or_hub, reraise_hub_error
 from .embeddings import SinusoidalPositionalEmbedding
-from .registry import check_model_type
+from .registry import FAMILIES, check_model_type
 
 logger = logging.getLogger(__name__)
 
@@ -160,11 +160,9 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
         if new_key is not None and not new_key.startswith("lm_head"):
             state_dict[new_key] = value
     source = f"Marian checkpoint {mc.name_or_path or '(in memory)'}"
-    config_kwargs, not_loaded = {**backbone, **config_overrides}, []
-    # a family whose layer layouts may have no place for some checkpoint sub-layers picks what fits (Re-Transformer)
-    adapt = getattr(CONFIG_MAPPING[model_type], "adapt_marian_checkpoint", None)
-    if adapt is not None:
-        config_kwargs, state_dict, not_loaded = adapt(backbone, config_overrides, state_dict)
+    config_kwargs, state_dict, not_loaded = FAMILIES[model_type].config.adapt_marian_checkpoint(
+        backbone, config_overrides, state_dict
+    )
     model = build_with_weights(model_type, config_kwargs, state_dict, source)
     model.conversion_report["not_loaded"] = not_loaded
     model.generation_config = copy.deepcopy(marian.generation_config)

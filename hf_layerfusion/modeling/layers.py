@@ -12,8 +12,8 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from .attention import LayerContext
 from .configuration import LayerFusionConfig
+from .extension_points import AttentionSublayer, FeedForwardSublayer, LayerContext
 
 
 class ResidualSublayer(nn.Module):
@@ -38,7 +38,9 @@ class ResidualSublayer(nn.Module):
         return hidden_states if self.normalize_before else self.layer_norm(hidden_states)
 
 
-class FeedForward(nn.Module):
+class FeedForward(FeedForwardSublayer):
+    """The `f` sub-layer: `W_2 act(W_1 x + b_1) + b_2`, dropout after the activation."""
+
     def __init__(self, config: LayerFusionConfig, ffn_dim: int):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
@@ -84,7 +86,14 @@ class TransformerLayer(GradientCheckpointingLayer):
         self.layout = layout
         self.sublayers = sublayer_names(layout)
         for kind, name in self.sublayers:
-            self.add_module(name, build_sublayer(kind))
+            sublayer = build_sublayer(kind)
+            expected = FeedForwardSublayer if kind == "f" else AttentionSublayer
+            if not isinstance(sublayer, expected):
+                raise TypeError(
+                    f"The {kind!r} sub-layer {name} is a {type(sublayer).__name__}; a {kind!r} sub-layer must be a "
+                    f"{expected.__name__} (hf_layerfusion.modeling.extension_points)."
+                )
+            self.add_module(name, sublayer)
             self.add_module(f"{name}_block", ResidualSublayer(config))
 
     def forward(

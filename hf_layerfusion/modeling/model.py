@@ -4,6 +4,7 @@ encoder-decoder with the LM head (`LayerFusionForConditionalGeneration`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -16,9 +17,16 @@ from transformers.utils import can_return_tuple
 
 from .attention import CrossAttention, MultiHeadAttention
 from .configuration import LayerFusionConfig
-from .extension_points import TopLayerDecoderReadout, TopLayerEncoderReadout
+from .extension_points import (
+    AttentionSublayer,
+    Connection,
+    DecoderReadout,
+    EncoderReadout,
+    FeedForwardSublayer,
+    TopLayerReadout,
+)
 from .layers import CacheSlots, FeedForward, TransformerLayer
-from .outputs import LayerFusionEncoderOutput, LayerFusionSeq2SeqLMOutput, LayerFusionSeq2SeqModelOutput
+from .outputs import HeadOutput, LayerFusionEncoderOutput, LayerFusionSeq2SeqLMOutput, LayerFusionSeq2SeqModelOutput
 from .pretrained import LayerFusionPreTrainedModel
 from .stacks import LayerFusionDecoder, LayerFusionEncoder
 
@@ -32,7 +40,8 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 class LayerFusionModel(LayerFusionPreTrainedModel):
-    """Bare encoder-decoder (no LM head). A family overrides the builders below (see the module docstring)."""
+    """Bare encoder-decoder (no LM head). A family overrides the builders below; each returns a module of its extension
+    point (`hf_layerfusion.modeling.extension_points`), and the stacks check that it does."""
 
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
@@ -46,38 +55,33 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         self.encoder = LayerFusionEncoder(
             config,
             nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
-            self.build_encoder_readout(config),
+            self.build_readout(config, is_decoder=False),
             self.build_layers(config, is_decoder=False),
             self.build_connection(config, is_decoder=False),
         )
         self.decoder = LayerFusionDecoder(
             config,
             nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
-            self.build_decoder_readout(config),
+            self.build_readout(config, is_decoder=True),
             self.build_layers(config, is_decoder=True),
             self.build_connection(config, is_decoder=True),
         )
         self.post_init()
 
     # ---- family extension points
-    @classmethod
-    def build_encoder_readout(cls, config: LayerFusionConfig) -> nn.Module:
-        return TopLayerEncoderReadout()
+    def build_readout(self, config: LayerFusionConfig, is_decoder: bool) -> EncoderReadout | DecoderReadout:
+        """The `EncoderReadout` of the encoder or the `DecoderReadout` of the decoder (plain: the top layer)."""
+        return TopLayerReadout()
 
-    @classmethod
-    def build_decoder_readout(cls, config: LayerFusionConfig) -> nn.Module:
-        return TopLayerDecoderReadout()
-
-    def build_connection(self, config: LayerFusionConfig, is_decoder: bool) -> nn.Module | None:
-        """`connection(l, output, states) -> s_l`, or None for the plain stack (s_l = layer l's output)."""
+    def build_connection(self, config: LayerFusionConfig, is_decoder: bool) -> Connection | None:
+        """The stack's `Connection`, or None for the plain stack (s_l = layer l's output)."""
         return None
 
     def build_sublayer(
         self, config: LayerFusionConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
-    ) -> nn.Module:
-        """The module of one `s` / `c` / `f` sub-layer of layer `layer_idx` (0-based). Attention modules are called
-        as `module(normalised_input, context: LayerContext) -> (output, weights)`; decoder modules that keep
-        keys/values take their slot from `cache_slots`."""
+    ) -> AttentionSublayer | FeedForwardSublayer:
+        """The `AttentionSublayer` of an `s` / `c` sub-layer or the `FeedForwardSublayer` of an `f` sub-layer of layer
+        `layer_idx` (0-based); decoder attentions that keep keys/values take their slot from `cache_slots`."""
         heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
         if kind == "s":
             slot = cache_slots.next_self() if is_decoder else layer_idx
@@ -148,18 +152,24 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
             encoder_outputs = self.encoder(
                 input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple (`return_dict=False`)
             encoder_outputs = LayerFusionEncoderOutput(
                 last_hidden_state=encoder_outputs[0],
                 hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
                 attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        elif not isinstance(encoder_outputs, LayerFusionEncoderOutput):  # another encoder's: no per-layer memories
+            encoder_outputs = LayerFusionEncoderOutput(
+                last_hidden_state=encoder_outputs.last_hidden_state,
+                hidden_states=encoder_outputs.hidden_states,
+                attentions=encoder_outputs.attentions,
             )
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            encoder_layer_memories=getattr(encoder_outputs, "layer_memories", None),
+            encoder_layer_memories=encoder_outputs.layer_memories,
             past_key_values=past_key_values,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -202,11 +212,17 @@ def token_cross_entropy(
 class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, GenerationMixin):
     """Encoder-decoder with the tied output projection `W_o` and Marian's `final_logits_bias`.
 
-    `output_head` maps the decoder's output-group features to logits and loss; the base handles the single-group
-    (plain Transformer) case, families with several groups override it.
+    A family changes what this class computes through
+    - `output_head`, which maps the decoder's output-group features to a `HeadOutput` (logits and loss); the base
+      handles the single-group (plain Transformer) case, families with several groups override it;
+    - `extra_loss`, a term added to the head's loss when `labels` are given, with the diagnostics it reports
+      (fields of the family's `output_class`; `training_diagnostics` names the scalar ones the trainer logs).
     """
 
     model_class = LayerFusionModel
+    output_class: ClassVar[type[LayerFusionSeq2SeqLMOutput]] = LayerFusionSeq2SeqLMOutput
+    # scalar fields of `output_class` that `LayerFusionSeq2SeqTrainer` logs as their means between two logs
+    training_diagnostics: ClassVar[tuple[str, ...]] = ()
     _tied_weights_keys = {
         "lm_head.weight": "model.shared.weight",
         "model.encoder.embed_tokens.weight": "model.shared.weight",
@@ -254,6 +270,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         """`h W_o + b`: the vocabulary logits of one feature tensor."""
         return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
 
+    # ---- family extension points
     def output_head(
         self,
         group_features: tuple[torch.Tensor, ...],
@@ -261,16 +278,34 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         labels: torch.Tensor | None,
         num_items_in_batch: int | torch.Tensor | None,
         return_group_log_probs: bool,
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-        """Single output group: `(loss, logits, group_log_probs, group_weights)` of the plain Transformer."""
+    ) -> HeadOutput:
+        """Single output group: the loss, logits and (on request) group log-probabilities of the plain Transformer."""
         logits = self.project(group_features[0])
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, self.config.label_smoothing, num_items_in_batch)
-        group_log_probs = F.log_softmax(logits.float(), dim=-1).unsqueeze(0) if return_group_log_probs else None
-        group_weights = logits.new_ones(1) if return_group_log_probs else None
-        return loss, logits, group_log_probs, group_weights
+        if not return_group_log_probs:
+            return HeadOutput(loss=loss, logits=logits)
+        return HeadOutput(
+            loss=loss,
+            logits=logits,
+            group_log_probs=F.log_softmax(logits.float(), dim=-1).unsqueeze(0),
+            group_weights=logits.new_ones(1),
+        )
 
+    def extra_loss_needs_hidden_states(self) -> bool:
+        """Whether `extra_loss` reads the stacks' hidden states on this forward pass with `labels`: the forward then
+        collects them, and leaves them out of the output unless they were asked for. Default: no."""
+        return False
+
+    def extra_loss(
+        self, outputs: LayerFusionSeq2SeqModelOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A family's term of the training objective, added to the output head's loss on forward passes with `labels`,
+        and the diagnostics it reports (fields of `output_class`), from the bare model's `outputs`. Default: none."""
+        return None, {}
+
+    # ----
     @can_return_tuple
     def forward(
         self,
@@ -299,10 +334,14 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         num_items_in_batch: token count the loss sum is divided by (passed by the Trainer for gradient
             accumulation); default: this batch's non-pad label count.
         """
+        hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
+        collect_hidden_states = labels is not None and self.extra_loss_needs_hidden_states()
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if collect_hidden_states:
+            kwargs["output_hidden_states"] = True
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -319,19 +358,24 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         group_features = outputs.group_features
         if logits_to_keep:
             group_features = tuple(feature[:, -logits_to_keep:] for feature in group_features)
-        loss, logits, group_log_probs, group_weights = self.output_head(
-            group_features, decoder_groups, labels, num_items_in_batch, return_group_log_probs
-        )
-        return LayerFusionSeq2SeqLMOutput(
+        head = self.output_head(group_features, decoder_groups, labels, num_items_in_batch, return_group_log_probs)
+        loss, diagnostics = head.loss, {}
+        if labels is not None:
+            term, diagnostics = self.extra_loss(outputs, attention_mask, labels)
+            if term is not None:
+                loss = loss + term
+        keep_hidden_states = hidden_states_requested or not collect_hidden_states
+        return self.output_class(
             loss=loss,
-            logits=logits,
+            logits=head.logits,
             past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_hidden_states=outputs.decoder_hidden_states if keep_hidden_states else None,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_hidden_states=outputs.encoder_hidden_states if keep_hidden_states else None,
             encoder_attentions=outputs.encoder_attentions,
-            group_log_probs=group_log_probs,
-            group_weights=group_weights,
+            group_log_probs=head.group_log_probs,
+            group_weights=head.group_weights,
+            **diagnostics,
         )

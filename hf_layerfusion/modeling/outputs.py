@@ -1,4 +1,4 @@
-"""What the stacks and the models return."""
+"""What the stacks, the output head and the models return."""
 
 from __future__ import annotations
 
@@ -48,5 +48,18 @@ class LayerFusionSeq2SeqLMOutput(Seq2SeqLMOutput):
     """`Seq2SeqLMOutput` plus, on request (`return_group_log_probs=True`), each output group's log-probabilities
     (`group_log_probs`, shape `(groups, batch, length, vocab)`) and the mixture weights (`group_weights`)."""
 
+    group_log_probs: torch.Tensor | None = None
+    group_weights: torch.Tensor | None = None
+
+
+@dataclass
+class HeadOutput:
+    """What `LayerFusionForConditionalGeneration.output_head` returns: the loss (with `labels`), the logits (None
+    where a family's training loss needs no logits, e.g. GTrans' fused Eq. 7), and, on request
+    (`return_group_log_probs=True`), every output group's log-probabilities `(groups, batch, length, vocab)` and the
+    mixture weights."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
     group_log_probs: torch.Tensor | None = None
     group_weights: torch.Tensor | None = None

@@ -13,6 +13,7 @@ from transformers.modeling_utils import PreTrainedModel
 from ..file_checks import check_save_directory, checkpoint_model_type
 from .configuration import LayerFusionConfig
 from .embeddings import SinusoidalPositionalEmbedding
+from .extension_points import FusionParameters
 
 
 class CheckedSaveLoadMixin:
@@ -77,18 +78,18 @@ class LayerFusionPreTrainedModel(CheckedSaveLoadMixin, PreTrainedModel):
             super()._init_weights(module)
         if isinstance(module, SinusoidalPositionalEmbedding):
             init.copy_(module.weight, module.create_weight(*module.weight.shape, dtype=module.weight.dtype))
-        if hasattr(module, "init_fusion_weights"):
+        if isinstance(module, FusionParameters):
             # family modules own their fusion parameters and say how the paper initialises them
             module.init_fusion_weights()
 
     def fusion_parameter_names(self) -> list[str]:
         """Names (as `named_parameters()` gives them) of the fusion weights: the parameters held directly by the
-        modules that define `init_fusion_weights()` (gates, mixing weights, scales; their LayerNorms and feed-forward
-        layers are sub-modules, not counted). `LayerFusionSeq2SeqTrainer` keeps them out of weight decay unless
+        `FusionParameters` modules (gates, mixing weights, scales; their LayerNorms and feed-forward layers are
+        sub-modules, not counted). `LayerFusionSeq2SeqTrainer` keeps them out of weight decay unless
         `config.decay_fusion_weights`."""
         return [
             f"{module_name}.{name}" if module_name else name
             for module_name, module in self.named_modules()
-            if hasattr(module, "init_fusion_weights")
+            if isinstance(module, FusionParameters)
             for name, _ in module.named_parameters(recurse=False)
         ]

@@ -16,6 +16,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from .attention import MultiHeadAttention
 from .configuration import LayerFusionConfig
 from .embeddings import TokenAndPositionEmbedding
+from .extension_points import Connection, DecoderReadout, EncoderReadout
 from .input_checks import check_decoder_groups, check_model_inputs
 from .layers import TransformerLayer
 from .outputs import LayerFusionDecoderOutput, LayerFusionEncoderOutput
@@ -28,14 +29,15 @@ class LayerStack(LayerFusionPreTrainedModel):
     them, the final LayerNorm of pre-norm models, the readout, and the loop that collects every state."""
 
     stack_name = None  # "encoder" / "decoder": the attribute of `LayerFusionModel` holding this stack
+    readout_class = None  # the extension point of this stack's readout
 
     def __init__(
         self,
         config: LayerFusionConfig,
         embed_tokens: nn.Embedding | None = None,
-        readout: nn.Module | None = None,
+        readout: EncoderReadout | DecoderReadout | None = None,
         layers: list[TransformerLayer] | None = None,
-        connection: nn.Module | None = None,
+        connection: Connection | None = None,
     ):
         if layers is None:
             # a stack built from its config alone (`from_pretrained` of a saved `model.get_encoder()`): the family's
@@ -48,6 +50,16 @@ class LayerStack(LayerFusionPreTrainedModel):
                 )
             built = getattr(family.model(config), self.stack_name)
             embed_tokens, readout, layers, connection = built.embed_tokens, built.readout, built.layers, built.connection
+        if not isinstance(readout, self.readout_class):
+            raise TypeError(
+                f"The {self.stack_name} readout is a {type(readout).__name__}; it must be a "
+                f"{self.readout_class.__name__} (hf_layerfusion.modeling.extension_points)."
+            )
+        if connection is not None and not isinstance(connection, Connection):
+            raise TypeError(
+                f"The {self.stack_name} connection is a {type(connection).__name__}; it must be a Connection "
+                "(hf_layerfusion.modeling.extension_points) or None."
+            )
         super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embeddings = TokenAndPositionEmbedding(config)
@@ -108,6 +120,7 @@ class LayerFusionEncoder(LayerStack):
     """Embeddings, the encoder layers, and the readout that builds the cross-attention memory."""
 
     stack_name = "encoder"
+    readout_class = EncoderReadout
 
     _can_record_outputs = {"hidden_states": TransformerLayer, "attentions": attentions_recorder("self_attn")}
 
@@ -127,13 +140,12 @@ class LayerFusionEncoder(LayerStack):
         layer_states = self.run_layers(
             embeddings, self.layers, lambda layer_idx: None, {"attention_mask": mask, **kwargs}, normalize=False
         )
-        layer_memories = getattr(self.readout, "layer_memories", None)
         return LayerFusionEncoderOutput(
-            last_hidden_state=self.readout(self.readout_states(layer_states)),
+            last_hidden_state=self.readout.memory(self.readout_states(layer_states)),
             # per-decoder-layer memories parallel the inputs of the encoder layers, so they get the states as the
             # layers received them (pre-norm: before the final LayerNorm); the reading sub-layer normalises them
             # through `LayerContext.normalize`
-            layer_memories=layer_memories(layer_states) if layer_memories is not None else None,
+            layer_memories=self.readout.layer_memories(layer_states),
         )
 
 
@@ -144,6 +156,7 @@ class LayerFusionDecoder(LayerStack):
     """
 
     stack_name = "decoder"
+    readout_class = DecoderReadout
 
     _can_record_outputs = {
         "hidden_states": TransformerLayer,
@@ -168,7 +181,8 @@ class LayerFusionDecoder(LayerStack):
     ) -> LayerFusionDecoderOutput:
         r"""
         encoder_layer_memories: `(batch, decoder_layers, source, d_model)`, one memory per decoder layer, for
-            families whose encoder readout defines `layer_memories`; else every layer reads `encoder_hidden_states`.
+            families whose encoder readout gives them (`EncoderReadout.layer_memories`); else every layer reads
+            `encoder_hidden_states`.
         """
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
@@ -204,7 +218,7 @@ class LayerFusionDecoder(LayerStack):
             return encoder_hidden_states
 
         groups = check_decoder_groups(groups, self.readout.num_groups)
-        num_layers = self.readout.num_layers_needed(groups) or len(self.layers)
+        num_layers = self.readout.num_layers_needed(groups, len(self.layers))
         states = self.run_layers(
             embeddings,
             self.layers[:num_layers],
@@ -213,6 +227,6 @@ class LayerFusionDecoder(LayerStack):
         )
         return LayerFusionDecoderOutput(
             last_hidden_state=states[-1],
-            group_features=self.readout(states, groups),
+            group_features=self.readout.group_features(states, groups),
             past_key_values=past_key_values,
         )

@@ -71,7 +71,7 @@ from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
 from ..modeling.configuration import LayerFusionConfig
-from ..modeling.extension_points import TopLayerDecoderReadout, TopLayerEncoderReadout
+from ..modeling.extension_points import FusedStateReadout, FusionParameters, TopLayerReadout
 from ..modeling.layers import FeedForward
 from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
 from ..modeling.registry import register_family
@@ -189,7 +189,7 @@ class ConcatFFNAggregation(FeedForward):
         return super().forward(torch.cat([x, y], dim=-1))
 
 
-class ProductFFNAggregation(nn.Module):
+class ProductFFNAggregation(FusionParameters):
     """Eq. 9-10 as read in the module docstring: `m = x ⊙ y`, `z = LN(m + γ · Dropout(FFN(m)))`, γ a trainable
     scalar starting at 1."""
 
@@ -239,9 +239,11 @@ def post_order_tree(first: int, last: int, is_root: bool = True) -> list[TreeNod
     ]
 
 
-class ResidualTreeAggregation(nn.Module):
+class ResidualTreeAggregation(FusedStateReadout):
     """The residual tree over the top `config.tree_leaves(is_decoder)` states of a stack (Sec. 4.1); `nodes` lists
-    the tree in post-order, `functions[node.name]` is each node's aggregation function (Sec. 4.2)."""
+    the tree in post-order, `functions[node.name]` is each node's aggregation function (Sec. 4.2). Its root replaces
+    the top layer: the memory every cross-attention reads in the encoder, the feature the output projection reads in
+    the decoder (one output group)."""
 
     def __init__(self, config: RTALConfig, is_decoder: bool):
         super().__init__()
@@ -268,7 +270,7 @@ class ResidualTreeAggregation(nn.Module):
         scales = [f.scale for f in self.functions.values() if isinstance(f, ProductFFNAggregation)]
         return {"node_scale": torch.cat(scales)} if scales else {}
 
-    def aggregate(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+    def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         """The root from the states `[s_0 .. s_L]` (`states[l]` is the output of 1-based layer l)."""
         computed = {}  # (first, last) of a node -> its value
 
@@ -287,41 +289,12 @@ class ResidualTreeAggregation(nn.Module):
         return output if self.root_layer_norm is None else self.root_layer_norm(output)
 
 
-class RTALEncoderReadout(ResidualTreeAggregation):
-    """The tree's root is the memory every cross-attention reads."""
-
-    def __init__(self, config: RTALConfig):
-        super().__init__(config, is_decoder=False)
-
-    def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
-        return self.aggregate(states)
-
-
-class RTALDecoderReadout(ResidualTreeAggregation):
-    """One output group: the tree's root, which the output projection reads instead of the top layer."""
-
-    num_groups = 1
-
-    def __init__(self, config: RTALConfig):
-        super().__init__(config, is_decoder=True)
-
-    def num_layers_needed(self, groups: Sequence[int]) -> int | None:
-        return None  # all layers
-
-    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        return (self.aggregate(states),)
-
-
 class RTALModel(LayerFusionModel):
     config_class = RTALConfig
 
-    @classmethod
-    def build_encoder_readout(cls, config: RTALConfig) -> nn.Module:
-        return RTALEncoderReadout(config) if config.encoder_aggregation else TopLayerEncoderReadout()
-
-    @classmethod
-    def build_decoder_readout(cls, config: RTALConfig) -> nn.Module:
-        return RTALDecoderReadout(config) if config.decoder_aggregation else TopLayerDecoderReadout()
+    def build_readout(self, config: RTALConfig, is_decoder: bool) -> FusedStateReadout:
+        aggregation = config.decoder_aggregation if is_decoder else config.encoder_aggregation
+        return ResidualTreeAggregation(config, is_decoder) if aggregation else TopLayerReadout()
 
 
 @register_family

@@ -46,15 +46,12 @@ from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_group
 from transformers.trainer_utils import has_length
 from transformers.utils import logging
 
+from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
-from ..models.deep_representations import DIVERSITY_DIAGNOSTICS
 from .callbacks import LOG_ENRICHING_CALLBACKS
 
 logger = logging.get_logger(__name__)
 
-# scalar diagnostics a model may return in training, logged as their means between two logs: deep_representations'
-# D of Eq. 10 per stack and their mean, and the spread of the memory across source positions
-TRAINING_DIAGNOSTICS = DIVERSITY_DIAGNOSTICS
 # below this spread the memory is collapsed: measured on Multi30k, collapsed runs reach 0.03 within 50 steps while
 # healthy ones dip to ~0.2 early on and recover (docs/deep_representations.md)
 COLLAPSE_SPREAD = 0.05
@@ -67,8 +64,8 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
     Callbacks that add values to the logs (`hf_layerfusion.training.callbacks.LOG_ENRICHING_CALLBACKS`) are run before
     the reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
-    returns (`TRAINING_DIAGNOSTICS`; deep_representations: each stack's layer diversity D of Eq. 10, their mean, and
-    the memory's spread across source positions) are logged as their means over the training steps since the
+    returns (the output fields its class names in `training_diagnostics`; deep_representations: each stack's layer
+    diversity D of Eq. 10, their mean, and the memory's spread across source positions) are logged as their means over the training steps since the
     previous log, and a memory spread below `COLLAPSE_SPREAD` is warned about (once per run): the encoder states
     are then nearly the same vector at every position and the decoder can no longer read the source.
     """
@@ -78,7 +75,7 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(self.model, LayerFusionPreTrainedModel):
             move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
             self.label_smoother = None
-        # per diagnostic of TRAINING_DIAGNOSTICS: sum and count over the training steps since the last log
+        # per training diagnostic of the model: sum and count over the training steps since the last log
         self._diagnostics: dict[str, list] = {}
         self._collapse_warned = False
         self._run_log_enriching_callbacks_first()
@@ -89,8 +86,8 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
-        if isinstance(outputs, dict) and model.training:
-            for key in TRAINING_DIAGNOSTICS:
+        if isinstance(outputs, dict) and model.training and isinstance(self.model, LayerFusionForConditionalGeneration):
+            for key in self.model.training_diagnostics:
                 if outputs.get(key) is not None:
                     total = self._diagnostics.setdefault(key, [0.0, 0])
                     total[0] += outputs[key].detach()

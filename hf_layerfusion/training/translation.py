@@ -49,9 +49,7 @@ def translate(
         # replaces the saved `max_length` limit rather than competing with it
         generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
     if decoder_groups is not None:
-        # families without decoder groups predict from one group
-        num_groups = getattr(model.config, "num_decoder_groups", 1)
-        generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, num_groups)
+        generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
     max_source_length = max_source_length or model.config.max_position_embeddings
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
     translations: list[str] = [""] * len(sentences)
