@@ -69,7 +69,7 @@ from hf_layerfusion.training.data import (
     preprocess_translation,
 )
 
-from conftest import TINY_BACKBONE
+from helpers import TINY_BACKBONE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import sacrebleu
 import torch
-from conftest import MULTI30K_DIR, require_shared
+from helpers import MULTI30K_DIR, require_shared
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import EOS, FIRST_TOKEN_ID, PAD
+from helpers import EOS, FIRST_TOKEN_ID, PAD
 from datasets import Dataset
 from torch.nn.utils.rnn import pad_sequence
 from transformers import Seq2SeqTrainingArguments, TrainerControl, TrainerState

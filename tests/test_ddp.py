@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # the worker runs outside pytest
 
 import hf_layerfusion  # noqa: E402,F401
-from conftest import TINY_BACKBONE  # noqa: E402
+from helpers import TINY_BACKBONE  # noqa: E402
 from hf_layerfusion import (  # noqa: E402
     GTransConfig,
     GTransForConditionalGeneration,

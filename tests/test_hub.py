@@ -21,8 +21,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_BACKBONE
-from helpers import run_python, without_package_preamble
+from helpers import (
+    GENERATION,
+    REPO_ROOT,
+    SOURCES,
+    TINY_BACKBONE,
+    run_python,
+    tiny_model,
+    tiny_tokenizer,
+    without_package_preamble,
+)
 from hub_server import HubServer
 
 import hf_layerfusion
@@ -35,37 +43,7 @@ from hf_layerfusion.hub.remote_code import (
 )
 
 FAMILIES = sorted(hf_layerfusion.FAMILIES)
-# Config keys a family needs at the tiny test size; a family not listed is built with its config's defaults.
-FAMILY_TINY_OVERRIDES = {
-    "gtrans": dict(encoder_group_size=1, decoder_group_size=1),  # 2 decoder groups, so decoder_groups matters
-    "re_transformer": dict(encoder_layout="s-sf", decoder_layout="scf-scf"),  # 2 + 2 layers (default layouts: 6)
-}
-SOURCES = ["ab ba", "abba baab ab", "b", "baba ab aab"]
-GENERATION = dict(num_beams=4, max_new_tokens=8)
 USER = "test-user"
-
-
-def tiny_tokenizer():
-    return hf_layerfusion.train_joint_tokenizer(
-        ["ab ba abba", "baab ab b a", "abab baba aa bb"] * 5, vocab_size=24, model="bpe",
-        extra_special_tokens=["<2de>", "<2en>"],
-    )
-
-
-def tiny_model(model_type: str, seed: int = 0):
-    """A tiny model of `model_type` whose every weight is random (fusion weights start at 0 otherwise)."""
-    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
-    config = config_class(**TINY_BACKBONE, **FAMILY_TINY_OVERRIDES.get(model_type, {}))
-    model = model_class(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model
-
-
-def num_decoder_groups(config) -> int:
-    return getattr(config, "num_decoder_groups", 1)
 
 
 def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
@@ -77,7 +55,7 @@ def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
             "logits": model(**batch, decoder_input_ids=decoder_input_ids).logits,
             "beam": model.generate(**batch, **GENERATION),
         }
-        groups = num_decoder_groups(model.config)
+        groups = model.config.num_decoder_groups
         if groups > 1:
             outputs["logits_top_group"] = model(
                 **batch, decoder_input_ids=decoder_input_ids, decoder_groups=[groups]
@@ -156,11 +134,14 @@ PUBLISHER = textwrap.dedent(
 
 
 def helpers_source() -> str:
-    """The package-free helpers of this file, for the consumer process."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    wanted = {"SOURCES", "GENERATION", "num_decoder_groups", "model_outputs"}
-    nodes = [n for n in tree.body if getattr(n, "name", None) in wanted or (
-        isinstance(n, ast.Assign) and {t.id for t in n.targets if isinstance(t, ast.Name)} & wanted)]
+    """The package-free definitions the consumer process needs: `model_outputs` of this file, the inputs of
+    tests/helpers.py."""
+    nodes = []
+    for path, wanted in ((Path(__file__).with_name("helpers.py"), {"SOURCES", "GENERATION"}),
+                         (Path(__file__), {"model_outputs"})):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes += [n for n in tree.body if getattr(n, "name", None) in wanted or (
+            isinstance(n, ast.Assign) and {t.id for t in n.targets if isinstance(t, ast.Name)} & wanted)]
     return "\n\n".join(ast.unparse(n) for n in nodes)
 
 
@@ -195,7 +176,9 @@ def published(hub, tmp_path_factory):
     plan = {"pushes": pushes, "transformers_push": [transformers_repo, pushes[f"{USER}/tiny-gtrans"]["v1"]]}
     (root / "publish.json").write_text(json.dumps(plan))
     hub_env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test_token"}
-    published = run_python(["-c", PUBLISHER, str(root / "publish.json")], {**hub_env, "HF_HOME": str(root / "publisher")}, root)
+    # the publisher has this checkout's package (whatever is installed), the consumer none
+    publisher_env = {**hub_env, "HF_HOME": str(root / "publisher"), "PYTHONPATH": str(REPO_ROOT)}
+    published = run_python(["-c", PUBLISHER, str(root / "publish.json")], publisher_env, root)
     shas = json.loads(published.stdout.strip().splitlines()[-1])
 
     consumer_home = root / "consumer_home"
@@ -315,7 +298,7 @@ def test_remote_code_from_the_hub_matches_the_package(published, model_type, lab
             assert torch.equal(remote[key], reference[key]), key
     if label == "v1":  # the consumer ran the Hub pipeline on the first revision
         assert remote["pipeline"] == reference["pipeline"]
-    if num_decoder_groups(tiny_model(model_type).config) > 1:  # the decoder_groups path was really exercised
+    if tiny_model(model_type).config.num_decoder_groups > 1:  # the decoder_groups path was really exercised
         assert not torch.equal(reference["logits"], reference["logits_top_group"])
 
 
