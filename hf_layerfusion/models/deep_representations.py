@@ -34,24 +34,24 @@ the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity
 lambda = 1.0 and always starts from a trained model ("the parameters of the proposed models were initialized by the
 pre-trained model", Sec. 4.1). D has a degenerate maximum, every layer's output a constant vector orthogonal to its
 neighbours' (1 - cos^2 = 1 at every position, whatever the input), and a model trained from random initialisation
-with lambda = 1 (or 0.1) falls into it within ~50 steps and stops reading the source (docs/deep_representations.md).
-So `diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 when it loads a trained model:
+with lambda > 0 falls into it and stops reading the source (the measurements: docs/deep_representations.md). So
+`diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 when it loads a trained model:
 
     model = DeepRepresentationsForConditionalGeneration.from_pretrained(
         trained_checkpoint, encoder_aggregation="hierarchical", decoder_aggregation="hierarchical",
         diversity_weight=1.0)   # a plain Transformer checkpoint: the backbone loads, the AGG nodes start fresh
 
-(`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations
---config_overrides "diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed
-keeps its lambda: transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back.
-Even from a trained model the term pushed the layers that only feed AGG nodes towards constants in a Multi30k
-probe, so training never runs blind: in every training forward pass with `labels` (and in every pass with `labels`
-when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their
-mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source
-positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between
-two logs and warns once the memory's spread falls below `hf_layerfusion.training.trainer.COLLAPSE_SPREAD`. The
-collapse's signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the
-cross entropy).
+(`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations --config_overrides
+"diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed keeps its lambda:
+transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back. Even from a trained
+model the term can push the layers that only feed AGG nodes towards constants (measured in
+docs/deep_representations.md), so training never runs blind: in every training forward pass with `labels` (and in every
+pass with `labels` when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`,
+`decoder_layer_diversity`), their mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the
+cross-attention memory across source positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs
+their means over the steps between two logs and warns once the memory's spread falls below
+`hf_layerfusion.training.trainer.COLLAPSE_SPREAD`. The collapse's signature is D -> 1 with the spread -> 0. With lambda
+= 0 they are measured without gradient (the loss is the cross entropy).
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's

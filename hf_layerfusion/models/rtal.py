@@ -47,8 +47,8 @@ Choices where the paper is silent (tested in tests/test_rtal.py; measurements in
   layer ends in a LayerNorm, in pre-norm stacks the stack's final LayerNorm follows it (and normalises every leaf,
   see `LayerStack.readout_states`). `ewp_ffn`'s Eq. 10 ends in LN already; for `mean` and `concat_ffn` the root
   passes through a LayerNorm of its own (2d parameters per tree). Without it the `concat_ffn` root is a raw FFN
-  output, 1/7 of a normalised state's norm at initialisation and unbounded afterwards, and a post-norm model
-  collapsed on Multi30k (docs/rtal.md). `root_layer_norm=False` gives Eq. 7 / Eq. 8 exactly as printed at the
+  output, not normalised like the top layer it replaces, and a post-norm model collapsed (the measurements:
+  docs/rtal.md). `root_layer_norm=False` gives Eq. 7 / Eq. 8 exactly as printed at the
   root (no effect on `ewp_ffn`, whose LN is part of Eq. 10). A saved config without the key gets True, the
   behaviour of the checkpoints saved before the switch existed.
 - **FFN size**: `aggregation_ffn_dim` defaults to 2 * d_model. The paper's Table 1 gives +8M parameters for
