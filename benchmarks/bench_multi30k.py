@@ -217,6 +217,12 @@ FAMILY_ARMS = {
                             {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 4}),
 }
 MODELS.update({name: arm for name, arm in FAMILY_ARMS.items() if arm.model_type in hf_layerfusion.FAMILIES})
+# a registered family without an arm of its own gets one with its config's defaults (the registry is the family list)
+MODELS.update({
+    model_type: Arm(model_type, f"{model_type} with its config's defaults")
+    for model_type in hf_layerfusion.FAMILIES
+    if model_type not in {arm.model_type for arm in MODELS.values()}
+})
 
 # settings that change the numbers of a run: an output dir is only continued with the same ones
 RESULT_SETTINGS = (

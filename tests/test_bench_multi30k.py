@@ -340,3 +340,8 @@ def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
     assert len(logged) == 2
     for key in ("layer_diversity", "encoder_layer_diversity", "decoder_layer_diversity", "memory_spread"):
         assert all(0 < entry[key] <= 1 for entry in logged), key
+
+
+def test_every_registered_family_has_an_arm():
+    """The arms' families come from the registry: a family without an arm of its own gets one with its defaults."""
+    assert {arm.model_type for arm in bench.MODELS.values()} == set(hf_layerfusion.FAMILIES)
