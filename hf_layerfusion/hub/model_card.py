@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from ..modeling.configuration import LayerFusionConfig
+from ..version import TRANSFORMERS_REQUIREMENT
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_card_templates"  # package data: works from a wheel too
 BASE_TEMPLATE = TEMPLATE_DIR / "_base.md"
@@ -130,6 +131,7 @@ def write_model_card(
         bleu_scores=bleu_scores,
         bleu_signature=bleu_signature,
         training_command=training_command,
+        transformers_requirement=TRANSFORMERS_REQUIREMENT,
     )
     ModelCard(str(card), ignore_metadata_errors=False)  # the Hub's own parsing: raises on invalid metadata
     path.write_text(str(card), encoding="utf-8")
