@@ -111,7 +111,9 @@ class Arm:
 
 GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
 SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12-layer encoder)
-SHAPE_24X18 = dict(encoder_layers=24, decoder_layers=18)  # paper Table VIII: post-norm without fusion diverges
+# post-norm depths of the study's priority 2 (benchmarks/study.py DEEP_SHAPES); paper Table VIII: at 24 + 18 the
+# model without fusion "failed to train"
+DEEP_POST_NORM_SHAPES = ((12, 12), (18, 12), (24, 18))
 WEIGHT_DECAY = {"weight_decay": 0.1}  # AdamW decoupled decay; 0.1 shrinks an undriven weight by ~20% in 2k steps
 EMBED_INIT = {"embedding_init": "rsqrt_d_model"}  # fairseq / THUMT: embeddings N(0, d^-1/2) instead of N(0, 0.02)
 NO_LABEL_SMOOTHING = {"label_smoothing_factor": 0.0}
@@ -170,13 +172,26 @@ MODELS: dict[str, Arm] = {
     "gtrans_12x6": Arm(
         "gtrans", "12-layer encoder (OPUS-100 shape)", {**SHAPE_12X6, **GTRANS}, baseline="plain_transformer_12x6"
     ),
-    "plain_transformer_24x18": Arm("plain_transformer", "baseline, deep post-norm 24 + 18 layers", SHAPE_24X18,
-                                   baseline=None, show_loss_curve=True),
-    "gtrans_24x18": Arm(
-        "gtrans", "deep post-norm 24 + 18 layers (paper Table VIII: the plain model diverges there)",
-        {**SHAPE_24X18, **GTRANS}, baseline="plain_transformer_24x18", show_loss_curve=True,
-    ),
 }
+
+
+def deep_post_norm_arms(encoder_layers: int, decoder_layers: int) -> dict[str, Arm]:
+    """The plain model and GTrans at one post-norm depth of the study's priority 2 (loss curves in the report)."""
+    shape = dict(encoder_layers=encoder_layers, decoder_layers=decoder_layers)
+    plain = f"plain_transformer_{encoder_layers}x{decoder_layers}"
+    return {
+        plain: Arm("plain_transformer", f"baseline, deep post-norm {encoder_layers} + {decoder_layers} layers", shape,
+                   baseline=None, show_loss_curve=True),
+        f"gtrans_{encoder_layers}x{decoder_layers}": Arm(
+            "gtrans", f"deep post-norm {encoder_layers} + {decoder_layers} layers (paper Table VIII: without fusion "
+            "24 + 18 fails)", {**shape, **GTRANS}, baseline=plain, show_loss_curve=True,
+        ),
+    }
+
+
+for depth in DEEP_POST_NORM_SHAPES:
+    MODELS.update(deep_post_norm_arms(*depth))
+
 # the other families, with the settings their papers recommend (and the package's earlier Multi30k settings), once
 # they are part of the package
 FAMILY_ARMS = {
@@ -636,9 +651,18 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
     """The README's Multi30k results section, computed from the ledger (and the test references)."""
     import study  # benchmarks/study.py: the queue's next runs
 
-    pending = [f"`{run.arm}` seed {run.seed}" for run in study.pending_runs(ledger_dir)[:3]]
+    pending = [run.label for run in study.pending_runs(ledger_dir)[:3]]
     references = test_references(data_dir, max_predict_samples)
-    return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending)
+    depth_probes = [
+        "",
+        "Deep post-norm, priority 2 (`benchmarks/probe_post_norm_depth.py`, 600 steps, warm-up 400): does the plain "
+        "post-norm model train at this depth, and how long would a 1,000-step run take on one core?",
+        "",
+        *study.depth_probes.report(study.PROBE_DIR),
+        "",
+        f"Priority 2's pair (plain vs GTrans, 1,000 steps): {study.deep_post_norm_pair()[1]}.",
+    ]
+    return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending, depth_probes)
 
 
 def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,

@@ -182,9 +182,11 @@ def check_comparable(runs: dict) -> None:
             raise ValueError(f"The ledger mixes runs with different {key} ({sorted(values)}): not comparable.")
 
 
-def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_claims: dict, pending: list[str]) -> str:
+def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_claims: dict, pending: list[str],
+           other_results: list[str] = ()) -> str:
     """The README's Multi30k results section, as Markdown, from the ledger alone (plus the test references for the
-    paired bootstrap). `paper_claims` maps a family to what its paper claims; `pending` lists the queue's next runs."""
+    paired bootstrap). `paper_claims` maps a family to what its paper claims; `pending` lists the queue's next runs;
+    `other_results` (Markdown lines, e.g. the depth probes) go before them."""
     runs = read_ledger(ledger_dir)
     # baselines first, then the arms compared with them
     runs = dict(sorted(runs.items(), key=lambda item: (next(iter(item[1].values()))["baseline"] is not None, item[0])))
@@ -243,6 +245,7 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     lines += loss_curve_table(runs)
     lines += provenance(runs)
     lines += conclusions(runs, comparisons, paper_claims)
+    lines += other_results
     lines += next_runs
     return "\n".join(lines) + "\n"
 

@@ -104,8 +104,7 @@ def build_model(args, tokenizer):
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,  # the decoder starts with the family's start token (config default)
         **overrides,
     )
     return model_class(config)

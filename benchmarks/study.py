@@ -20,7 +20,12 @@ CPU threads); the ledger records the device.
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
-2. Deep post-norm, GTrans Table VIII's claim: `plain_transformer_24x18` vs `gtrans_24x18`, one seed, 1,000 steps.
+2. Deep post-norm, GTrans Table VIII's claim (24 + 18 post-norm layers "failed to train" without fusion): first the
+   depth probes of `probe_post_norm_depth.py` (the plain post-norm model at 6 + 6, 12 + 12, 18 + 12 and 24 + 18
+   layers, 600 steps: does it train, and how long would 1,000 steps take?), then one pair, plain vs GTrans, one
+   seed, 1,000 steps (warm-up 400): at 24 + 18 if its training fits `MAX_DEEP_TRAIN_MINUTES`, else at the shallowest
+   probed depth at which the plain model fails (if that fits), else, when the plain model trains at every probed
+   depth, at the deepest one that fits (`deep_post_norm_pair`).
 3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3): layer-wise coordination with
    14 shared layers (parameter-matched, paper Sec. 4.2), Re-Transformer-2 and -4 and
    deep representations' hierarchical aggregation from scratch against the plain 6 + 6 model of priority 1; RTAL
@@ -44,10 +49,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import probe_post_norm_depth as depth_probes  # noqa: E402  (no torch at import)
+
 LEDGER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k"
+PROBE_DIR = depth_probes.RESULTS_DIR
 WORK_DIR = REPO_ROOT / "runs" / "study"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SNAPSHOT_COMMIT_FILE = "SNAPSHOT_COMMIT"  # multi30k_ledger.SNAPSHOT_COMMIT_FILE (not imported: it needs torch)
+STANDARD_BUDGET = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 6 comparisons share
+# priority 2: a shorter warm-up, so that the learning rate peaks inside the budget (and inside the probes' 600 steps)
+DEEP_BUDGET = dict(max_steps=1000, warmup_steps=400)
+DEEP_SHAPES = ((12, 12), (18, 12), (24, 18))  # probed post-norm depths; the paper's 24 + 18 last
+# training minutes a deep run may take at the probe's speed: with its evaluation (beam 4 over val and test, the
+# GTrans decoder-group grid) it must fit ~90 minutes on one core
+MAX_DEEP_TRAIN_MINUTES = 60
 
 
 @dataclass(frozen=True)
@@ -59,19 +75,99 @@ class StudyRun:
     max_steps: int
     warmup_steps: int
 
-    def ledger_file(self, ledger_dir: Path = LEDGER_DIR) -> Path:
+    @property
+    def label(self) -> str:
+        return f"`{self.arm}` seed {self.seed}"
+
+    def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return Path(ledger_dir) / self.arm / f"seed_{self.seed}.json"
 
+    def run_dir(self) -> Path:
+        """bench_multi30k.py's run dir: under one --output_dir per budget (it refuses other settings in a dir)."""
+        return WORK_DIR / "runs" / f"steps_{self.max_steps}_warmup_{self.warmup_steps}" / self.arm / f"seed_{self.seed}"
 
-def study_queue() -> list[StudyRun]:
-    """Every run of the study, in the order they are run."""
-    standard = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 6 comparisons share
+    def command(self, snapshot: Path, args) -> list[str]:
+        return [
+            sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
+            "--models", self.arm, "--seeds", str(self.seed), "--run_only",
+            "--max_steps_per_model", str(self.max_steps), "--warmup_steps", str(self.warmup_steps),
+            "--output_dir", str(self.run_dir().parents[1]), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
+            "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
+        ]
+
+
+@dataclass(frozen=True)
+class DepthProbe:
+    """One shape of priority 2's depth probes (`probe_post_norm_depth.py`: the plain post-norm model, seed 1)."""
+
+    encoder_layers: int
+    decoder_layers: int
+
+    @property
+    def label(self) -> str:
+        return f"depth probe {self.encoder_layers} + {self.decoder_layers}"
+
+    def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
+        return depth_probes.result_file(Path(probe_dir), "plain_transformer",
+                                        (self.encoder_layers, self.decoder_layers), 1)
+
+    def run_dir(self) -> Path:
+        return WORK_DIR / "post_norm_depth" / f"plain_transformer_{self.encoder_layers}x{self.decoder_layers}_seed_1"
+
+    def command(self, snapshot: Path, args) -> list[str]:
+        return [
+            sys.executable, str(snapshot / "benchmarks" / "probe_post_norm_depth.py"),
+            "--shapes", f"{self.encoder_layers}x{self.decoder_layers}", "--threads", str(args.threads),
+            "--steps", "600", "--warmup_steps", str(DEEP_BUDGET["warmup_steps"]),
+            "--output_dir", str(self.run_dir().parent), "--results_dir", str(args.probe_dir),
+            "--tokenizer_dir", str(args.ledger_dir / "tokenizer"), "--data_dir", str(args.data_dir),
+        ]
+
+
+def deep_post_norm_pair(probe_dir: Path = PROBE_DIR) -> tuple[tuple[int, int] | None, str]:
+    """Priority 2's shape (encoder, decoder layers) from the depth probes, and why; (None, why) while probes are
+    missing or when no probed shape both answers the question and fits (see the module docstring)."""
+    results = depth_probes.read_results(probe_dir)
+    missing = [shape for shape in (depth_probes.REFERENCE_SHAPE, *DEEP_SHAPES) if shape not in results]
+    if missing:
+        return None, "decided by the depth probes, which have not all run yet"
+
+    def fits(shape):
+        return depth_probes.training_minutes(results[shape], DEEP_BUDGET["max_steps"]) <= MAX_DEEP_TRAIN_MINUTES
+
+    def name(shape):
+        return f"{shape[0]} + {shape[1]}"
+
+    reference = results[depth_probes.REFERENCE_SHAPE]
+    paper = DEEP_SHAPES[-1]
+    if fits(paper):
+        return paper, f"{name(paper)} (the paper's shape) fits"
+    failing = [shape for shape in DEEP_SHAPES if depth_probes.fails(results[shape], reference)]
+    if failing:
+        shallowest = min(failing, key=sum)
+        if fits(shallowest):
+            return shallowest, f"{name(paper)} does not fit; {name(shallowest)} is the shallowest failing depth"
+        return None, (f"neither {name(paper)} nor the shallowest failing depth ({name(shallowest)}) fits "
+                      f"{MAX_DEEP_TRAIN_MINUTES} training minutes on one core")
+    fitting = [shape for shape in DEEP_SHAPES if fits(shape)]
+    if not fitting:
+        return None, f"no probed depth fits {MAX_DEEP_TRAIN_MINUTES} training minutes on one core"
+    deepest = max(fitting, key=sum)
+    return deepest, (f"the plain model trains at every probed depth; {name(deepest)} is the deepest that fits "
+                     f"{MAX_DEEP_TRAIN_MINUTES} training minutes")
+
+
+def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe]:
+    """Every run of the study, in the order they are run (priority 2's pair once the depth probes decided it)."""
+    standard = STANDARD_BUDGET
     queue = []
     for seed in (1, 2, 3):  # priority 1
         queue += [StudyRun("plain_transformer", seed, **standard), StudyRun("gtrans", seed, **standard)]
-    # priority 2: deep post-norm; a shorter warm-up so that the learning rate peaks inside the budget
-    queue += [StudyRun(arm, 1, max_steps=1000, warmup_steps=400)
-              for arm in ("plain_transformer_24x18", "gtrans_24x18")]
+    queue += [DepthProbe(*shape) for shape in (depth_probes.REFERENCE_SHAPE, *DEEP_SHAPES)]  # priority 2
+    shape, _ = deep_post_norm_pair(probe_dir)
+    if shape is not None:
+        queue += [StudyRun(f"{family}_{shape[0]}x{shape[1]}", 1, **DEEP_BUDGET)
+                  for family in ("plain_transformer", "gtrans")]
     other_families = ("layerwise_coordination_14", "re_transformer_2", "re_transformer_4",
                       "deep_representations_no_diversity",
                       "plain_transformer_prenorm", "rtal_paper", "plain_transformer_continued",
@@ -85,8 +181,8 @@ def study_queue() -> list[StudyRun]:
     return queue
 
 
-def pending_runs(ledger_dir: Path = LEDGER_DIR) -> list[StudyRun]:
-    return [run for run in study_queue() if not run.ledger_file(ledger_dir).is_file()]
+def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe]:
+    return [run for run in study_queue(probe_dir) if not run.result_file(ledger_dir, probe_dir).is_file()]
 
 
 def git(*arguments: str) -> str:
@@ -107,15 +203,10 @@ def code_snapshot(commit: str) -> Path:
     return snapshot
 
 
-def output_dir(run: StudyRun) -> Path:
-    """bench_multi30k.py's --output_dir of a run: one per budget (it refuses other settings in the same dir)."""
-    return WORK_DIR / "runs" / f"steps_{run.max_steps}_warmup_{run.warmup_steps}"
-
-
-def discard_stale_run(run: StudyRun, commit: str) -> None:
+def discard_stale_run(run: StudyRun | DepthProbe, commit: str) -> None:
     """An unfinished run dir of another commit would resume with other code: start that run over. Finished runs
-    (bench_results.json written) are kept whatever their commit: their ledger entry records it."""
-    run_dir = output_dir(run) / run.arm / f"seed_{run.seed}"
+    (their result file written) are kept whatever their commit: their result records it."""
+    run_dir = run.run_dir()
     marker = run_dir / "STUDY_COMMIT"
     if run_dir.is_dir() and not (run_dir / "bench_results.json").is_file():
         made_by = marker.read_text().strip() if marker.is_file() else "an unknown commit"
@@ -127,25 +218,15 @@ def discard_stale_run(run: StudyRun, commit: str) -> None:
     marker.write_text(commit + "\n")
 
 
-def run_command(run: StudyRun, snapshot: Path, args) -> list[str]:
-    return [
-        sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
-        "--models", run.arm, "--seeds", str(run.seed), "--run_only",
-        "--max_steps_per_model", str(run.max_steps), "--warmup_steps", str(run.warmup_steps),
-        "--output_dir", str(output_dir(run)), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
-        "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
-    ]
-
-
-def execute(run: StudyRun, args) -> bool:
-    """Run one study run in a subprocess; True when its ledger file exists afterwards."""
+def execute(run: StudyRun | DepthProbe, args) -> bool:
+    """Run one study run in a subprocess; True when its result file exists afterwards."""
     commit = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
         print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
               flush=True)
     snapshot = code_snapshot(commit)
     discard_stale_run(run, commit)
-    command = run_command(run, snapshot, args)
+    command = run.command(snapshot, args)
     environment = {
         **os.environ,
         "PYTHONPATH": str(snapshot),  # before the editable install of the working tree
@@ -155,10 +236,9 @@ def execute(run: StudyRun, args) -> bool:
         "TOKENIZERS_PARALLELISM": "false",
         "PYTHONUNBUFFERED": "1",
     }
-    log = WORK_DIR / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{run.arm}_seed_{run.seed}.log"
+    log = WORK_DIR / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{run.run_dir().parent.name}_{run.run_dir().name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"study: {time.strftime('%H:%M:%S')} {run.arm} seed {run.seed}, {run.max_steps} steps, commit "
-          f"{commit[:12]}; log {log}", flush=True)
+    print(f"study: {time.strftime('%H:%M:%S')} {run.label}, commit {commit[:12]}; log {log}", flush=True)
     started = time.monotonic()
     with open(log, "w") as stream:
         stream.write(" ".join(command) + "\n")
@@ -166,8 +246,8 @@ def execute(run: StudyRun, args) -> bool:
         returncode = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=environment,
                                     cwd=snapshot).returncode
     minutes = (time.monotonic() - started) / 60
-    done = run.ledger_file(args.ledger_dir).is_file()
-    print(f"study: {time.strftime('%H:%M:%S')} {run.arm} seed {run.seed} "
+    done = run.result_file(args.ledger_dir, args.probe_dir).is_file()
+    print(f"study: {time.strftime('%H:%M:%S')} {run.label} "
           f"{'finished' if done else f'FAILED (exit {returncode})'} after {minutes:.0f} min"
           + ("" if done else f"; see {log}"), flush=True)
     return done
@@ -180,23 +260,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of a run (default: %(default)s).")
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
+    parser.add_argument("--probe_dir", type=Path, default=PROBE_DIR,
+                        help="Results of the depth probes (default: %(default)s)")
     parser.add_argument("--data_dir", type=Path, default=DEFAULT_DATA, help="Multi30k (default: %(default)s)")
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be positive, got {args.threads}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
-    args.ledger_dir, args.data_dir = args.ledger_dir.resolve(), args.data_dir.resolve()
+    args.ledger_dir, args.probe_dir, args.data_dir = (path.resolve() for path in
+                                                      (args.ledger_dir, args.probe_dir, args.data_dir))
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.list:
-        for number, run in enumerate(study_queue(), start=1):
-            done = "done" if run.ledger_file(args.ledger_dir).is_file() else "    "
-            print(f"{number:>3} {done} {run.arm:<34} seed {run.seed}  {run.max_steps} steps "
-                  f"(warm-up {run.warmup_steps})")
+        queue = study_queue(args.probe_dir)
+        for number, run in enumerate(queue, start=1):
+            done = "done" if run.result_file(args.ledger_dir, args.probe_dir).is_file() else "    "
+            budget = (f"{run.max_steps} steps (warm-up {run.warmup_steps})" if isinstance(run, StudyRun)
+                      else f"600 steps (warm-up {DEEP_BUDGET['warmup_steps']})")
+            print(f"{number:>3} {done} {run.label:<44} {budget}")
+            if run == DepthProbe(*DEEP_SHAPES[-1]):  # the last probe
+                print(f"         priority 2's pair: {deep_post_norm_pair(args.probe_dir)[1]}")
         return
     if not args.data_dir.is_dir():
         raise SystemExit(f"study: no Multi30k directory at {args.data_dir} (--data_dir)")
@@ -207,7 +294,7 @@ def main(argv=None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise SystemExit("study: another study.py is running in this checkout (runs/study/lock)") from None
-    while pending := pending_runs(args.ledger_dir):
+    while pending := pending_runs(args.ledger_dir, args.probe_dir):
         if not execute(pending[0], args):
             raise SystemExit(1)  # a failing run is not retried in a loop: read its log
         if args.once:

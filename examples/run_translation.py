@@ -178,6 +178,13 @@ class RunArguments:
     log_fusion_weights: bool = field(
         default=True, metadata={"help": "Log and plot fusion weights and per-layer gradient norms."}
     )
+    fast_generation: bool = field(
+        default=True,
+        metadata={
+            "help": "Translate the validation / test sets with hf_layerfusion's fast decoding loop (the tokens of "
+            "generate(), faster); false: generate()'s own loop."
+        },
+    )
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -526,6 +533,7 @@ def main(argv: list[str] | None = None) -> dict:
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         compute_metrics=compute_translation_metrics(tokenizer) if training_args.eval_strategy != "no" else None,
         callbacks=callbacks,
+        fast_generation=run_args.fast_generation,
     )
 
     results = {}

@@ -8,10 +8,14 @@
         --num_beams 4 --batch_size 64
     # GTrans: mix only decoder groups 2..3 (paper Table VI); the layers above group 3 are not computed
     python examples/translate.py runs/quickstart/gtrans --input numbers.de --decoder_groups 2 3
+    # int8 on CPU (faster, not token-exact), or generate() itself instead of the fast decoding loop
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --quantization int8
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --generate
 
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
-sorted by length into batches (less padding), translated with `generate()` (beam search; transformers 5 removed
-the `translation` pipeline) and written back in input order.
+sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
+`hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
+pipeline; the package registers its own) and written back in input order.
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ def main(argv: list[str] | None = None) -> None:
         "--decoder_groups", type=int, nargs="+", default=None, help="GTrans: 1-based decoder groups to mix."
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--quantization", choices=["int8"], default=None, help="int8 linear layers (CPU only; faster, not token-exact)."
+    )
+    parser.add_argument(
+        "--generate", action="store_true", help="Decode with generate() itself instead of the fast decoding loop."
+    )
     args = parser.parse_args(argv)
 
     # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file
@@ -52,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     input_file = check_input_file(args.input, "--input") if args.input else None
     if args.output:
         check_output_file(args.output, [input_file, model_dir], what="--output")
+    if args.quantization and args.device != "cpu":
+        parser.error(f"--quantization {args.quantization} runs on the CPU; pass --device cpu.")
     config = AutoConfig.from_pretrained(model_dir)
     if args.decoder_groups is not None:
         check_decoder_groups(args.decoder_groups, getattr(config, "num_decoder_groups", 1), "--decoder_groups")
@@ -71,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         max_new_tokens=args.max_new_tokens,
         decoder_groups=args.decoder_groups,
         progress=True,
+        fast=not args.generate,
+        quantization=args.quantization,
     )
     text = "".join(f"{line}\n" for line in translations)
     if args.output:

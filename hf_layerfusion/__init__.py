@@ -6,6 +6,7 @@ The package, from the bottom up (each layer imports only from the ones below it)
 - `modeling/`: the shared backbone (configuration, embeddings, attention, layers, stacks, model, losses), its
   extension points, the family registry and the converters from Marian and XLM-R checkpoints;
 - `models/`: the families, one module each, every one registered where it is defined;
+- `inference/`: the fast decoding loop (`fast_generate`) and the int8 inference copy (`prepare_for_inference`);
 - `training/`: data, tokenizers, the trainer and its callbacks, BLEU, translation, multilingual training,
   checkpoint averaging;
 - `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline.
@@ -21,6 +22,7 @@ from . import models  # noqa: F401  (imports every family module; each registers
 from .hub.model_card import write_model_card
 from .hub.pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
 from .hub.remote_code import generate_remote_code, push_to_hub, write_remote_code
+from .inference import fast_generate, prepare_for_inference
 from .modeling.configuration import LayerFusionConfig
 from .modeling.conversion import from_marian
 from .modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
@@ -74,6 +76,7 @@ __all__ = [
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
+    "fast_generate",
     "from_marian",
     "from_xlmr",
     "load_bleu_metric",
@@ -81,6 +84,7 @@ __all__ = [
     "load_parallel_text",
     "load_xlmr_tokenizer",
     "load_translation_dataset",
+    "prepare_for_inference",
     "preprocess_translation",
     "train_joint_tokenizer",
     "translate",

@@ -212,8 +212,65 @@ def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
     assert "| `plain_transformer_24x18` | 1 | 9.00 | 7.50 | – |" in text
 
 
+def probe_result(directory, shape, seconds_per_step, final_loss):
+    """A depth-probe result file with what the queue and the report read."""
+    entry = {"family": "plain_transformer", "encoder_layers": shape[0], "decoder_layers": shape[1], "seed": 1,
+             "steps": 600, "warmup_steps": 400, "seconds_per_step": seconds_per_step, "commit": "abcdef0123",
+             "loss_curve": [{"step": 25 * i, "loss": 9.0 if i < 20 else final_loss} for i in range(1, 25)]}
+    path = study.depth_probes.result_file(directory, "plain_transformer", shape, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(entry))
+
+
+@pytest.mark.parametrize("probes, pair", [
+    # (seconds per step, final loss) per shape; the 6 + 6 reference ends at loss 4.0
+    ({(24, 18): (3.0, 4.2), (18, 12): (2.0, 6.0), (12, 12): (1.5, 4.1)}, (24, 18)),  # 24 + 18 fits 60 min
+    ({(24, 18): (4.0, 7.0), (18, 12): (3.0, 6.0), (12, 12): (2.0, 4.1)}, (18, 12)),  # shallowest failing, fits
+    ({(24, 18): (4.0, 7.0), (18, 12): (3.0, 6.0), (12, 12): (2.0, float("nan"))}, (12, 12)),  # NaN fails too
+    ({(24, 18): (4.0, 4.3), (18, 12): (3.0, 4.2), (12, 12): (2.0, 4.1)}, (18, 12)),  # all train: deepest that fits
+    ({(24, 18): (4.0, 7.0), (18, 12): (4.0, 6.0), (12, 12): (3.7, 4.1)}, None),  # shallowest failing does not fit
+    ({(24, 18): (4.0, 7.0), (18, 12): (2.0, 6.0)}, None),  # a probe has not run
+])
+def test_priority_2_pair_follows_the_depth_probes(tmp_path, probes, pair):
+    probe_result(tmp_path, (6, 6), 1.0, 4.0)
+    for shape, (seconds, loss) in probes.items():
+        probe_result(tmp_path, shape, seconds, loss)
+    shape, why = study.deep_post_norm_pair(tmp_path)
+    assert shape == pair, why
+    queue = study.study_queue(tmp_path)
+    deep = [(run.arm, run.max_steps, run.warmup_steps) for run in queue if isinstance(run, study.StudyRun)
+            and run.max_steps == 1000]
+    expected = [] if pair is None else [(f"{family}_{pair[0]}x{pair[1]}", 1000, 400)
+                                        for family in ("plain_transformer", "gtrans")]
+    assert deep == expected
+    probes_queued = [(run.encoder_layers, run.decoder_layers) for run in queue if isinstance(run, study.DepthProbe)]
+    assert probes_queued == [(6, 6), *study.DEEP_SHAPES]
+    last_probe = queue.index(study.DepthProbe(24, 18))
+    assert all(queue.index(run) > last_probe for run in queue if isinstance(run, study.StudyRun) and run.max_steps == 1000)
+    table = "\n".join(study.depth_probes.report(tmp_path))
+    assert "| 6 + 6 | 600 (400) | 4.00 | reference |" in table
+    if (18, 12) in probes and probes[(18, 12)][1] == 6.0:
+        assert f"| 18 + 12 | 600 (400) | 6.00 | fails (+2.00 nats) | {probes[(18, 12)][0]:.2f} |" in table
+
+
+def test_depth_probe_rejects_bad_shapes_and_schedules():
+    with pytest.raises(SystemExit):
+        study.depth_probes.parse_args(["--shapes", "24-18"])
+    with pytest.raises(SystemExit):
+        study.depth_probes.parse_args(["--steps", "300", "--warmup_steps", "400"])
+    with pytest.raises(__import__("argparse").ArgumentTypeError, match="'0x6'"):
+        study.depth_probes.parse_shape("0x6")
+
+
+def test_the_probed_depths_have_their_arms():
+    assert study.DEEP_SHAPES == bench.DEEP_POST_NORM_SHAPES
+    for encoder, decoder in study.DEEP_SHAPES:
+        assert bench.MODELS[f"gtrans_{encoder}x{decoder}"].baseline == f"plain_transformer_{encoder}x{decoder}"
+        assert bench.MODELS[f"gtrans_{encoder}x{decoder}"].config["encoder_layers"] == encoder
+
+
 def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike():
-    queue = study.study_queue()
+    queue = [run for run in study.study_queue() if isinstance(run, study.StudyRun)]
     assert len({(run.arm, run.seed) for run in queue}) == len(queue)  # one ledger file per arm and seed
     budget = {(run.arm, run.seed): (run.max_steps, run.warmup_steps) for run in queue}
     for run in queue:

@@ -1,6 +1,6 @@
 """Incremental decoding with the KV cache equals the full forward for GTrans's group subsets and the backbone's modes
 (pre-norm, learned positions; every family's default is in tests/test_family_contract.py); beam search on the GTrans
-mixture is exact."""
+mixture is exact, and leaves the cross-attention keys/values in place."""
 
 import itertools
 
@@ -10,9 +10,10 @@ from helpers import (
     assert_cached_search_is_uncached_search,
     assert_incremental_decoding_matches_full_forward,
     source_of,
+    tiny_model,
 )
 
-from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
+from hf_layerfusion import GTransConfig, GTransForConditionalGeneration, LayerFusionForConditionalGeneration
 
 GTRANS_SIZES = dict(encoder_layers=3, decoder_layers=5, encoder_group_size=2, decoder_group_size=2)
 
@@ -143,3 +144,19 @@ def test_beam_search_on_mixture_is_exhaustive_search(tiny_backbone):
             assert abs(float(scores[hypotheses.index(hypothesis)]) - float(returned_scores[rank])) < 1e-4
             if rank == 0:
                 assert hypothesis == best
+
+
+def test_beam_search_of_generate_reorders_only_self_attention(padded_batch, monkeypatch):
+    """`generate()`'s beam search leaves the cross-attention keys/values in place (a sentence's beams share them):
+    the same sequences and scores as reordering every cache slot."""
+    source = source_of(padded_batch)
+    # layer-wise coordination's mixed attention keeps the source keys in the cross-attention slots
+    models = [tiny_model(model_type) for model_type in ("gtrans", "layerwise_coordination")]
+    kwargs = dict(num_beams=3, max_new_tokens=8, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        partial = [model.generate(**source, **kwargs) for model in models]
+        monkeypatch.delattr(LayerFusionForConditionalGeneration, "_reorder_cache")
+        full = [model.generate(**source, **kwargs) for model in models]
+    for reordered_self_only, reordered_all in zip(partial, full):
+        assert torch.equal(reordered_self_only.sequences, reordered_all.sequences)
+        assert torch.equal(reordered_self_only.sequences_scores, reordered_all.sequences_scores)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from transformers import Pipeline
 
+from ..inference.fast_generation import fast_generate
+from ..inference.quantization import QUANTIZATIONS, prepare_for_inference
 from ..training.multilingual import check_language_tag, language_tag, tag_source
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
@@ -24,7 +26,9 @@ HUB_PIPELINE_TASK = "translation"
 
 
 class LayerFusionTranslationPipeline(Pipeline):
-    """Translate sentences with an hf_layerfusion encoder-decoder (beam search etc. through `generate()`).
+    """Translate sentences with an hf_layerfusion encoder-decoder (greedy and beam search through the fast decoding
+    loop of `hf_layerfusion.inference`, which gives the tokens of `generate()`; other settings run
+    `generate()`).
 
     Call it on a string or a list of strings; `batch_size=` batches the inputs (padded per batch). Each input gives
     `[{"translation_text": ...}]` (one record per returned sequence); a list of inputs gives one record per input
@@ -38,6 +42,9 @@ class LayerFusionTranslationPipeline(Pipeline):
             to the model.
         max_source_length: truncation length of the sources (default: the model's position table).
         decoder_groups: GTrans, 1-based decoder groups to mix (paper Table VI).
+        fast: decode with `fast_generate` (default True); False calls `generate()` itself.
+        quantization: `"int8"` translates with the model's int8 copy (`prepare_for_inference`: faster on CPU, not
+            token-exact); default None (float).
         any other keyword (`num_beams`, `max_new_tokens`, ...): passed to `generate()`.
     """
 
@@ -53,9 +60,17 @@ class LayerFusionTranslationPipeline(Pipeline):
         tgt_lang: str | None = None,
         max_source_length: int | None = None,
         decoder_groups: Sequence[int] | None = None,
+        fast: bool | None = None,
+        quantization: str | None = None,
         **generate_kwargs,
     ):
         preprocess_params = {}
+        if fast is not None:
+            generate_kwargs["fast"] = bool(fast)
+        if quantization is not None:
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(f"Unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}.")
+            generate_kwargs["quantization"] = quantization
         if src_lang is not None:
             language_tag(src_lang)  # a clear error for a malformed code
         if tgt_lang is not None:
@@ -91,9 +106,13 @@ class LayerFusionTranslationPipeline(Pipeline):
             return_tensors="pt",
         )
 
-    def _forward(self, model_inputs, **generate_kwargs):
+    def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        engine = prepare_for_inference(self.model, quantization)
+        if fast:
+            output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)
+        else:
+            output_ids = engine.generate(**model_inputs, **generate_kwargs)
         # one row per returned sequence: keep the input as the leading axis so that batches split per input
         return {"output_ids": output_ids.reshape(model_inputs["input_ids"].shape[0], -1, output_ids.shape[-1])}
 

@@ -40,7 +40,14 @@ class MultiHeadAttention(AttentionSublayer):
     `attend(queries_from, keys_from)` is the primitive: keys/values of `keys_from` append to slot `layer_idx` of
     `cache` (a `Cache`), or, with `static_keys=True` (keys that depend on the encoder only), are computed at the first
     step and reused from that slot afterwards. `forward` is the `s` sub-layer: attention over its own input.
+
+    Keys/values with fewer rows than the queries are shared by groups of consecutive query rows (a decoding loop that
+    keeps one copy of the encoder's keys per sentence for all its beams, `hf_layerfusion.inference`): each group's
+    rows are attended as extra query positions. Modules whose attention combines such keys with per-row keys set
+    `accepts_key_groups = False`, and are then always given one key row per query row.
     """
+
+    accepts_key_groups = True
 
     def __init__(self, config: LayerFusionConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -82,9 +89,17 @@ class MultiHeadAttention(AttentionSublayer):
         attention_mask: torch.Tensor | None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention of `queries_from` over given keys/values, output projection included."""
+        """Attention of `queries_from` over given keys/values, output projection included (keys shared by groups of
+        query rows: see the class docstring)."""
         input_shape = queries_from.shape[:-1]
         query_states = self.q_proj(queries_from).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        rows, heads, length, head_dim = query_states.shape
+        groups = rows // key_states.shape[0]
+        if groups > 1:  # (rows, heads, length, d) -> (rows / groups, heads, groups * length, d)
+            query_states = query_states.reshape(-1, groups, heads, length, head_dim).transpose(1, 2)
+            query_states = query_states.reshape(-1, heads, groups * length, head_dim)
+            if attention_mask is not None and attention_mask.shape[2] != 1:
+                attention_mask = attention_mask.repeat(1, 1, groups, 1)
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
         )
@@ -98,6 +113,11 @@ class MultiHeadAttention(AttentionSublayer):
             scaling=self.scaling,
             **kwargs,
         )
+        if groups > 1:  # back to one row per query row: (rows / groups, groups * length, heads, d) -> (rows, length, ...)
+            attn_output = attn_output.reshape(rows, length, heads, head_dim)
+            if attn_weights is not None:
+                attn_weights = attn_weights.reshape(-1, heads, groups, length, attn_weights.shape[-1]).transpose(1, 2)
+                attn_weights = attn_weights.reshape(rows, heads, length, -1)
         attn_output = self.out_proj(attn_output.reshape(*input_shape, -1).contiguous())
         return attn_output, attn_weights
 

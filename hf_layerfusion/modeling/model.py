@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import can_return_tuple
@@ -262,6 +262,17 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         new_bias[:, : min(new_size, old_bias.shape[1])] = old_bias[:, :new_size]
         self.final_logits_bias = nn.Buffer(new_bias)
         return embeddings
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search (`generate()` calls this hook when a model defines it): reorder the self-attention keys/values
+        only. The cross-attention slots hold keys/values computed from the encoder output alone, the same for every
+        beam of a sentence (beam indices never leave their sentence), so reordering them, as
+        `EncoderDecoderCache.reorder_cache` does, would copy every slot into an equal one at each step."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -228,6 +228,8 @@ class MixedAttention(MultiHeadAttention):
     and kept in this module's cross-attention cache slot; the target part grows in its self-attention slot.
     """
 
+    accepts_key_groups = False  # the source keys are concatenated with each row's own target keys
+
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if context.memory is None:
             raise ValueError(

@@ -32,6 +32,11 @@ Learning-rate schedule: fairseq's `inverse_sqrt` (Vaswani et al.; used by the pa
 `1 / sqrt((step + timescale - W) / timescale) = sqrt(W / step)` (tests/test_training_pipeline.py checks it step by
 step), so no custom scheduler is needed. Note it needs `warmup_steps >= 1`: with no warm-up transformers falls back
 to `timescale=10000`, which is not fairseq's schedule.
+
+Evaluation with `predict_with_generate`: hf_layerfusion models translate with the fast decoding loop
+(`hf_layerfusion.inference.fast_decoding_loop`: the tokens of `generate()`, faster) unless
+`fast_generation=False`; models from outside the package, and DeepSpeed ZeRO-3 / FSDP runs (whose `generate()`
+must keep the processes in step, which the loop does not do), use `generate()`'s own loop.
 """
 
 from __future__ import annotations
@@ -39,10 +44,13 @@ from __future__ import annotations
 import torch
 from torch.utils.data import SequentialSampler
 from transformers import Seq2SeqTrainer
+from transformers.integrations import is_deepspeed_zero3_enabled
+from transformers.integrations.fsdp import is_fsdp_managed_module
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 from transformers.trainer_utils import has_length
 from transformers.utils import logging
 
+from ..inference.fast_generation import fast_decoding_loop
 from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
 from .callbacks import LOG_ENRICHING_CALLBACKS
@@ -57,7 +65,8 @@ COLLAPSE_SPREAD = 0.05
 class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` whose `label_smoothing_factor` is applied by the model's loss (see the module docstring).
 
-    Takes exactly `Seq2SeqTrainer`'s arguments. After construction, `trainer.model.config.label_smoothing` holds the
+    Takes `Seq2SeqTrainer`'s arguments, and `fast_generation` (default True): translate with the fast decoding loop
+    in evaluation and prediction (see the module docstring). After construction, `trainer.model.config.label_smoothing` holds the
     smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
     Callbacks that add values to the logs (`hf_layerfusion.training.callbacks.LOG_ENRICHING_CALLBACKS`) are run before
     the reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
@@ -67,8 +76,11 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     are then nearly the same vector at every position and the decoder can no longer read the source.
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, fast_generation: bool = True, **kwargs):
+        if not isinstance(fast_generation, bool):
+            raise TypeError(f"fast_generation must be True or False, got {fast_generation!r}.")
         super().__init__(*args, **kwargs)
+        self.fast_generation = fast_generation
         if isinstance(self.model, LayerFusionPreTrainedModel):
             move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
             self.label_smoother = None
@@ -107,6 +119,18 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
                     "fine-tune a trained model, as the paper does (see hf_layerfusion.models.deep_representations)."
                 )
         super().log(logs, start_time)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        if (
+            self.fast_generation
+            and self.args.predict_with_generate
+            and not prediction_loss_only
+            and isinstance(self.model, LayerFusionPreTrainedModel)
+            and not (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self.model))
+        ):
+            # `Seq2SeqTrainer` falls back to the `evaluate()` / `predict()` kwargs only when none are passed
+            gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {})), "custom_generate": fast_decoding_loop()}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
 
     def _run_log_enriching_callbacks_first(self):
         # stable sort: the relative order within each of the two sets is kept

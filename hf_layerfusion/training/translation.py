@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from tqdm.auto import tqdm
 
+from ..inference.fast_generation import fast_generate
+from ..inference.quantization import prepare_for_inference
 from ..modeling.input_checks import check_decoder_groups, check_positive_int
 
 
@@ -22,12 +24,19 @@ def translate(
     decoder_groups: Sequence[int] | None = None,
     max_source_length: int | None = None,
     progress: bool = False,
+    fast: bool = True,
+    quantization: str | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
     config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
     `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
-    `generate()`. Sentences are sorted by length into batches (less padding) and returned in input order."""
+    `generate()`. Sentences are sorted by their token count into batches (less padding) and returned in input order.
+
+    `fast=True` (default) decodes with `hf_layerfusion.inference.fast_generate`: the tokens of `generate()`
+    for greedy and beam search, faster (settings it does not cover run `generate()`); `fast=False` calls
+    `generate()` itself. `quantization="int8"` translates with the model's int8 copy (faster on CPU, not
+    token-exact; see `hf_layerfusion.inference.prepare_for_inference`)."""
     if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
         # a bare string is a sequence of characters: it would be translated character by character
         raise TypeError(
@@ -51,7 +60,9 @@ def translate(
     if decoder_groups is not None:
         generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
     max_source_length = max_source_length or model.config.max_position_embeddings
-    order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]), reverse=True)
+    engine = prepare_for_inference(model, quantization)
+    lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
+    order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
     translations: list[str] = [""] * len(sentences)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
@@ -62,7 +73,7 @@ def translate(
             max_length=max_source_length,
             return_tensors="pt",
         ).to(model.device)
-        outputs = model.generate(**inputs, **generate_kwargs)
+        outputs = fast_generate(engine, **inputs, **generate_kwargs) if fast else engine.generate(**inputs, **generate_kwargs)
         # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
         for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
             translations[i] = text.strip()

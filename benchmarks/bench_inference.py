@@ -1,0 +1,420 @@
+"""CPU translation speed of every family: `generate()` vs the fast decoding loop (float32 and int8), beside
+`MarianMTModel` and CTranslate2 (issue 19).
+
+The setting of `bench_backbone.py` (and of the issue's table): the Multi30k preset (d_model 256, 6 + 6 layers unless a
+family changes the wiring, FFN 1024, 4 heads), a joint 8k BPE vocabulary trained on the train split, random weights
+(`MarianMTModel` and the plain backbone share theirs through `from_marian`; the other families are random-init from the
+same seed), one batch of 32 `test_2016_flickr.en` sentences, exactly 32 new tokens (`min_new_tokens` =
+`max_new_tokens`, so every engine does the same number of decoder steps whatever its weights predict), greedy and
+beam-4, at each `--threads` count. Engines:
+
+- `MarianMTModel.generate()`: the reference of every "vs Marian" ratio;
+- CTranslate2 float32 and int8 (`ctranslate2`, the `benchmark` extra of setup.cfg), converted from the same Marian
+  weights (its decoder starting from the real start token, as Marian's `generate()` does); skipped with a message
+  when the package is missing;
+- per family: `generate()`, `fast_generate()` (`hf_layerfusion.inference`, float32) and
+  `fast_generate(..., quantization="int8")`.
+
+Timed calls alternate between engines (the order flips every repeat); the table gives medians, each ratio is the
+median of the per-repeat ratios with its [min-max] range, so it holds up under other load on shared cores.
+`OMP_WAIT_POLICY=PASSIVE` is set unless the environment sets it (spin-waiting threads on shared cores are very slow).
+Checked, not timed: the fast loop's float32 tokens equal `generate()`'s for every family and search, the plain
+backbone's equal Marian's, CTranslate2 float32's equal Marian's (reported); int8 tokens are compared with float32.
+
+Targets (issue 19; printed as met / NOT met): the plain backbone's fast float32 loop >= 2.0x Marian (greedy and beam);
+every fusion family's fast loop >= 1.8x its own `generate()`; the plain backbone's int8 loop >= 2.8x Marian; with
+`--bleu MODEL_DIR`, the int8 BLEU cost on Multi30k test (beam 4, `hf_layerfusion.translate`) <= 0.2.
+
+    python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
+    python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
+    python benchmarks/bench_inference.py --models plain gtrans_td2 --threads 1 --repeats 7
+    # BLEU of generate(), the fast loop and int8 for a trained model (e.g. a bench_multi30k.py run directory)
+    python benchmarks/bench_inference.py --speed none --bleu runs/multi30k/plain_transformer/seed_1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
+
+import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer, Marian, family settings)
+import transformers  # noqa: E402
+
+import hf_layerfusion  # noqa: E402
+from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
+from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
+
+# one setting per family (names of bench_backbone.MODELS); `--models` picks others
+DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
+SEARCHES = {"greedy": 1, "beam": 4}
+ENGINES = ("generate", "fast", "fast_int8")
+# beam search only: `generate()` as it was when issue 19 was filed, reordering every cache slot between steps (since
+# commit 717e790 the model's `_reorder_cache` leaves the cross-attention slots, equal across a sentence's beams, alone);
+# the issue's "its own generate() today". Greedy search reorders nothing: there it is `generate`.
+ISSUE_BASELINE = "generate_issue19"
+TARGETS = {
+    "plain_fast_vs_marian": 2.0,
+    "fusion_fast_vs_generate": 1.8,
+    "plain_int8_vs_marian": 2.8,
+    "int8_bleu_cost": 0.2,
+}
+
+
+# ------------------------------------------------------------------------------------------------ CTranslate2
+def convert_to_ctranslate2(marian, tokenizer, output_dir: Path, quantization: str | None):
+    """CTranslate2 model of `marian` (a copy: the converter may change the tensors it reads). transformers'
+    `MarianMTModel` starts decoding from the embedding of `decoder_start_token_id` (here EOS) and has no extra pad row,
+    so the conversion uses CTranslate2's BART rules for both instead of its Marian ones (zero start embedding, last
+    vocabulary row dropped), which would change the tokens."""
+    import ctranslate2
+    from ctranslate2.converters import transformers as ct2_transformers
+
+    class MarianAsInTransformers(ct2_transformers.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2_transformers.BartLoader.get_model_spec(self, model)
+
+        def set_decoder(self, spec, decoder):
+            ct2_transformers.BartLoader.set_decoder(self, spec, decoder)
+
+        def set_config(self, config, model, tokenizer):
+            ct2_transformers.BartLoader.set_config(self, config, model, tokenizer)
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2_transformers.BartLoader.get_vocabulary(self, model, tokenizer)
+
+    class InMemoryConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            with torch.no_grad():
+                return MarianAsInTransformers()(copy.deepcopy(marian), tokenizer)
+
+    InMemoryConverter().convert(str(output_dir), quantization=quantization, force=True)
+    return output_dir
+
+
+def ctranslate2_engines(args, marian, tokenizer, work: Path) -> dict:
+    """`{(quantization, threads): ctranslate2.Translator}`, or {} (with a message) without the package."""
+    try:
+        import ctranslate2
+    except ImportError:
+        print("- CTranslate2 skipped: `pip install ctranslate2` (or `pip install -e .[benchmark]`) to compare with it")
+        return {}
+    translators = {}
+    for quantization in ("float32", "int8"):
+        model_dir = convert_to_ctranslate2(marian, tokenizer, work / quantization, None if quantization == "float32" else quantization)
+        for threads in args.threads:
+            translators[quantization, threads] = ctranslate2.Translator(
+                str(model_dir), device="cpu", intra_threads=threads, inter_threads=1
+            )
+    return translators
+
+
+def ctranslate2_tokens(translator, source_tokens, num_beams: int, new_tokens: int) -> list[list[str]]:
+    """Exactly `new_tokens` tokens per sentence (minimum = maximum length), like `generation_kwargs`."""
+    length = dict(max_decoding_length=new_tokens, min_decoding_length=new_tokens)
+    results = translator.translate_batch(source_tokens, beam_size=num_beams, return_end_token=True, **length)
+    return [result.hypotheses[0] for result in results]
+
+
+# ------------------------------------------------------------------------------------------------ engines
+def generation_kwargs(num_beams: int, new_tokens: int) -> dict:
+    return dict(num_beams=num_beams, do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                early_stopping=False)
+
+
+@contextlib.contextmanager
+def full_cache_reorder():
+    """`generate()` without the backbone's `_reorder_cache` hook: transformers reorders every cache slot."""
+    hook = LayerFusionForConditionalGeneration.__dict__["_reorder_cache"]
+    del LayerFusionForConditionalGeneration._reorder_cache
+    try:
+        yield
+    finally:
+        LayerFusionForConditionalGeneration._reorder_cache = hook
+
+
+def run_engine(model, engine: str, batch, num_beams: int, new_tokens: int) -> torch.Tensor:
+    kwargs = generation_kwargs(num_beams, new_tokens)
+    if engine == "generate":
+        with torch.inference_mode():
+            return model.generate(**batch, **kwargs)
+    if engine == ISSUE_BASELINE:
+        with torch.inference_mode(), full_cache_reorder():
+            return model.generate(**batch, **kwargs)
+    quantization = "int8" if engine == "fast_int8" else None
+    return fast_generate(model, **batch, quantization=quantization, fallback=False, **kwargs)
+
+
+def build_runs(args, models, translators, batch, source_tokens, num_beams: int, threads: int) -> dict:
+    """`{row key: callable}` of every timed engine for one search and thread count."""
+    runs = {("marian", "generate"): lambda: run_engine(models["marian"], "generate", batch, num_beams, args.max_new_tokens)}
+    for quantization in ("float32", "int8"):
+        translator = translators.get((quantization, threads))
+        if translator is not None:
+            runs["ctranslate2", quantization] = (
+                lambda t=translator: ctranslate2_tokens(t, source_tokens, num_beams, args.max_new_tokens)
+            )
+    for name in args.models:
+        for engine in (ISSUE_BASELINE, *ENGINES) if num_beams > 1 and name != "plain" else ENGINES:
+            runs[name, engine] = lambda m=models[name], e=engine: run_engine(m, e, batch, num_beams, args.max_new_tokens)
+    return runs
+
+
+def interleaved_seconds(runs: dict, repeats: int) -> tuple[dict, dict]:
+    """Wall-clock and process CPU seconds of every run, engines alternated (order flipped every repeat)."""
+    keys = list(runs)
+    for key in keys:  # warm-up: first calls, thread pools
+        runs[key]()
+    wall, cpu = {key: [] for key in keys}, {key: [] for key in keys}
+    for repeat in range(repeats):
+        for key in keys if repeat % 2 == 0 else reversed(keys):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            runs[key]()
+            wall[key].append(time.perf_counter() - start)
+            cpu[key].append(time.process_time() - start_cpu)
+    return wall, cpu
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def check_tokens(args, models, translators, tokenizer, batch, source_tokens) -> list[str]:
+    """The equalities the fast path promises (float32) and how close int8 stays, as report lines."""
+    lines = []
+    for search, num_beams in SEARCHES.items():
+        marian = run_engine(models["marian"], "generate", batch, num_beams, args.max_new_tokens)
+        for name in args.models:
+            reference = run_engine(models[name], "generate", batch, num_beams, args.max_new_tokens)
+            fast = run_engine(models[name], "fast", batch, num_beams, args.max_new_tokens)
+            int8 = run_engine(models[name], "fast_int8", batch, num_beams, args.max_new_tokens)
+            equal = reference.shape == fast.shape and torch.equal(reference, fast)
+            same_rows = (int8 == fast).all(dim=1).sum().item() if int8.shape == fast.shape else 0
+            lines.append(
+                f"- {search}, {backbone.MODELS[name].title}: fast float32 tokens == generate(): "
+                f"{'yes' if equal else 'NO'}; int8 rows equal to float32: {same_rows}/{len(fast)}"
+            )
+            if not equal:
+                raise AssertionError(f"{name} {search}: the fast loop's tokens differ from generate()")
+            if name == "plain":
+                lines.append(f"- {search}: plain backbone == MarianMTModel tokens: {'yes' if torch.equal(reference, marian) else 'NO'}")
+        translator = translators.get(("float32", args.threads[0]))
+        if translator is not None:
+            hypotheses = ctranslate2_tokens(translator, source_tokens, num_beams, args.max_new_tokens)
+            expected = [tokenizer.convert_ids_to_tokens(row[1:].tolist()) for row in marian]
+            same = sum(h == e for h, e in zip(hypotheses, expected))
+            lines.append(f"- {search}: CTranslate2 float32 == MarianMTModel tokens: {same}/{len(expected)} sentences")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ BLEU
+def measure_bleu(args) -> list[dict]:
+    """For each `--bleu` model: Multi30k test BLEU (beam 4, `hf_layerfusion.translate`) of `generate()`, the fast
+    float32 loop and the fast int8 loop, their seconds, and how many sentences the fast float32 loop translated exactly
+    as `generate()` did."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.bleu_sentences]
+    references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.bleu_sentences]
+    torch.set_num_threads(args.threads[0])
+    rows = []
+    for model_dir in args.bleu:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        row = {"model": str(model_dir), "sentences": len(sources)}
+        translations = {}
+        for engine, options in {"generate": dict(fast=False), "fast": {}, "fast_int8": dict(quantization="int8")}.items():
+            start = time.perf_counter()
+            translations[engine] = hf_layerfusion.translate(model, tokenizer, sources, batch_size=32, num_beams=4, **options)
+            row[f"{engine}_s"] = time.perf_counter() - start
+            row[f"{engine}_bleu"] = corpus_bleu(translations[engine], references)[0]
+        row["fast_equal"] = sum(a == b for a, b in zip(translations["fast"], translations["generate"]))
+        row["int8_equal"] = sum(a == b for a, b in zip(translations["fast_int8"], translations["fast"]))
+        rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------ report
+def ratio_cell(samples: dict, key, reference) -> tuple[float, str]:
+    ratios = [b / a for a, b in zip(samples[key], samples[reference])]  # speed ratio = reference time / time
+    median = statistics.median(ratios)
+    return median, f"{median:.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+def row_title(key) -> str:
+    name, engine = key
+    if name == "ctranslate2":
+        return f"CTranslate2 {engine}"
+    if name == "marian":
+        return "MarianMTModel generate()"
+    title = {ISSUE_BASELINE: "generate() as at issue 19 (every cache slot reordered)"}.get(engine, engine)
+    return f"{backbone.MODELS[name].title}: {title.replace('_', ' ')}"
+
+
+def print_speed_table(args, results: dict, clock: str = "wall-clock") -> dict:
+    """One table per thread count; returns `{(kind, row, search, threads): ratio}` for the target checks."""
+    ratios = {}
+    for threads in args.threads:
+        print(f"\n### {threads} thread{'s' if threads > 1 else ''}, {clock} seconds\n")
+        header = ["engine"]
+        for search in SEARCHES:
+            header += [f"{search} s", f"{search} vs Marian", f"{search} vs own generate()"]
+        header.append("beam vs own generate() at issue 19")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for key in results[threads, "beam"]:  # the beam runs are a superset of the greedy ones
+            cells = [row_title(key)]
+            for search in SEARCHES:
+                samples = results[threads, search]
+                if key not in samples:
+                    cells += ["–"] * 3
+                    continue
+                cells.append(f"{statistics.median(samples[key]):.3f}")
+                value, cell = ratio_cell(samples, key, ("marian", "generate"))
+                cells.append(cell if key != ("marian", "generate") else "1")
+                ratios["vs_marian", key, search, threads] = value
+                own = key[0] in backbone.MODELS and key[0] != "marian" and key[1] in ("fast", "fast_int8")
+                if own:
+                    value, cell = ratio_cell(samples, key, (key[0], "generate"))
+                    ratios["vs_generate", key, search, threads] = ratios["vs_issue", key, search, threads] = value
+                cells.append(cell if own else "–")
+            baseline = (key[0], ISSUE_BASELINE)
+            if key[1] in ("fast", "fast_int8") and baseline in results[threads, "beam"]:
+                value, cell = ratio_cell(results[threads, "beam"], key, baseline)
+                ratios["vs_issue", key, "beam", threads] = value
+                cells.append(cell)
+            else:
+                cells.append("–")
+            print("| " + " | ".join(cells) + " |")
+    return ratios
+
+
+def print_targets(args, ratios: dict, bleu_rows) -> None:
+    print("\nTargets (issue 19; median ratios of this run):")
+
+    def report(text: str, value: float, bound: float, higher: bool = True, unit: str = "x"):
+        met = value >= bound if higher else value <= bound
+        print(f"- {text} {'>=' if higher else '<='} {bound}{unit}: {value:.2f}{unit}, {'met' if met else 'NOT met'}")
+
+    for threads in args.threads if ratios else []:
+        for search in SEARCHES:
+            if "plain" in args.models:
+                report(f"plain backbone fast float32 / Marian, {search}, {threads} thread(s)",
+                       ratios["vs_marian", ("plain", "fast"), search, threads], TARGETS["plain_fast_vs_marian"])
+                report(f"plain backbone fast int8 / Marian, {search}, {threads} thread(s)",
+                       ratios["vs_marian", ("plain", "fast_int8"), search, threads], TARGETS["plain_int8_vs_marian"])
+            for name in args.models:
+                if name == "plain":
+                    continue
+                for engine in ("fast", "fast_int8"):
+                    report(f"{backbone.MODELS[name].title} {engine.replace('_', ' ')} / its generate() at issue 19, "
+                           f"{search}, {threads} thread(s)", ratios["vs_issue", (name, engine), search, threads],
+                           TARGETS["fusion_fast_vs_generate"])
+    for row in bleu_rows:
+        report(f"int8 BLEU cost on Multi30k test ({row['model']}: float32 {row['fast_bleu']:.2f}, int8 "
+               f"{row['fast_int8_bleu']:.2f})", row["fast_bleu"] - row["fast_int8_bleu"], TARGETS["int8_bleu_cost"],
+               higher=False, unit=" BLEU")
+
+
+# ------------------------------------------------------------------------------------------------ main
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA, help="Multi30k directory")
+    parser.add_argument("--models", nargs="+", choices=[name for name in backbone.MODELS if name != "marian"],
+                        default=None, help=f"family settings of bench_backbone.py (default: {' '.join(DEFAULT_MODELS)})")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--sentences", type=int, default=32, help="source sentences in the batch")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed", choices=["all", "none"], default="all", help="`none`: only --bleu")
+    parser.add_argument("--bleu", type=Path, nargs="+", default=[],
+                        help="trained model dirs: int8 vs float32 BLEU on Multi30k test (beam 4)")
+    parser.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for --bleu (default: all)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: one repeat, 8 new tokens, 1 thread")
+    args = parser.parse_args(argv)
+    args.models = list(dict.fromkeys(["plain", *(args.models or DEFAULT_MODELS)]))
+    if args.quick:
+        args.repeats, args.max_new_tokens, args.threads = 1, 8, [1]
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    start, loadavg_start = time.perf_counter(), backbone.loadavg()
+    print("## hf_layerfusion CPU inference benchmark (issue 19)\n")
+    print(f"- command (from the repository root): `{command}`")
+    print(f"- torch {torch.__version__}, transformers {transformers.__version__}, hf_layerfusion "
+          f"{hf_layerfusion.__version__} (git {backbone.git_revision()}), Python {platform.python_version()}")
+    print(f"- CPU: {backbone.cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
+          f"{os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg_start}")
+    lines, ratios, results, cpu_results = [], {}, {}, {}
+    if args.speed == "all":
+        tokenizer = backbone.train_tokenizer(args.data, args.vocab_size)
+        sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.sentences]
+        batch = backbone.encode_batch(tokenizer, sources)
+        source_tokens = [
+            tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+            for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
+        ]
+        marian = backbone.build_marian(len(tokenizer), args.seed)
+        models = {name: backbone.build_model(name, marian, args.seed).eval() for name in ["marian", *args.models]}
+        print(f"- setting: Multi30k preset, vocab {len(tokenizer)}, random weights (seed {args.seed}; Marian and the "
+              f"plain backbone share theirs), {len(sources)} test_2016_flickr.en sentences ({batch['input_ids'].shape[1]} "
+              f"positions padded), exactly {args.max_new_tokens} new tokens, greedy and beam-{SEARCHES['beam']}, "
+              f"{args.repeats} repeats, engines alternated; ratios = median of per-repeat ratios [min-max]")
+        with tempfile.TemporaryDirectory() as work:
+            translators = ctranslate2_engines(args, marian, tokenizer, Path(work))
+            prepare = time.perf_counter()
+            for name in args.models:
+                prepare_for_inference(models[name], "int8")
+            print(f"- int8 copies of {len(args.models)} models made in {time.perf_counter() - prepare:.1f}s (not timed below)")
+            torch.set_num_threads(args.threads[0])
+            lines = check_tokens(args, models, translators, tokenizer, batch, source_tokens)
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for search, num_beams in SEARCHES.items():
+                    runs = build_runs(args, models, translators, batch, source_tokens, num_beams, threads)
+                    results[threads, search], cpu_results[threads, search] = interleaved_seconds(runs, args.repeats)
+        print("\nChecks:")
+        print("\n".join(lines))
+        ratios = print_speed_table(args, results)
+        print("\nThe same runs in process CPU time (less sensitive to other load; with 2 threads it adds both threads' "
+              "time, so it measures work rather than speed; targets use the wall-clock table above):")
+        print_speed_table(args, cpu_results, "process CPU")
+    bleu_rows = measure_bleu(args) if args.bleu else []
+    for row in bleu_rows:
+        print(f"\nMulti30k test BLEU of {row['model']} ({row['sentences']} sentences, beam 4, batches of 32 sorted by "
+              f"length, `hf_layerfusion.translate`, {torch.get_num_threads()} thread(s)):\n")
+        print("| engine | BLEU | seconds |\n|---|---|---|")
+        for engine, title in (("generate", "generate()"), ("fast", "fast float32"), ("fast_int8", "fast int8")):
+            print(f"| {title} | {row[engine + '_bleu']:.2f} | {row[engine + '_s']:.1f} |")
+        print(f"\nfast float32 translations identical to generate()'s: {row['fast_equal']}/{row['sentences']}; "
+              f"int8 identical to float32: {row['int8_equal']}/{row['sentences']}; int8 BLEU cost "
+              f"{row['fast_bleu'] - row['fast_int8_bleu']:+.2f}")
+    print_targets(args, ratios, bleu_rows)
+    print(f"\n(load average at end {backbone.loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()

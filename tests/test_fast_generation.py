@@ -1,0 +1,278 @@
+"""The fast decoding loop (`hf_layerfusion.inference`) against `generate()`, the reference: the same tokens for
+every family, greedy and beam search, with and without GTrans `decoder_groups`; rows leaving the batch; the fallback
+to `generate()`; the int8 copy."""
+
+import pytest
+import torch
+from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, tiny_model
+
+import hf_layerfusion
+from hf_layerfusion.inference import UnsupportedFastGeneration, fast_generate, fast_generation, prepare_for_inference
+from hf_layerfusion.inference.decoding import DecoderSteps
+from hf_layerfusion.inference.quantization import Int8Linear
+
+FAMILIES = sorted(hf_layerfusion.FAMILIES)
+
+SEARCHES = {
+    "greedy": dict(num_beams=1, max_new_tokens=10),
+    "beam": dict(num_beams=3, max_new_tokens=10),
+}
+
+
+@pytest.fixture
+def source() -> dict:
+    """Five right-padded sources of lengths 9, 7, 3, 9, 2 ending in EOS."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate([9, 7, 3, 9, 2]):
+        input_ids[row, length - 1] = EOS
+        input_ids[row, length:] = PAD
+        attention_mask[row, length:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def reference(model, source, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(**source, **kwargs)
+
+
+def assert_same_tokens(model, source, **kwargs):
+    expected = reference(model, source, **kwargs)
+    actual = fast_generate(model, **source, fallback=False, **kwargs)
+    assert actual.shape == expected.shape and torch.equal(actual, expected), (kwargs, expected, actual)
+    return actual
+
+
+@pytest.mark.parametrize("search", sorted(SEARCHES))
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_family_generates_the_tokens_of_generate(model_type, search, source):
+    for seed in range(2):
+        model = tiny_model(model_type, seed)
+        assert_same_tokens(model, source, **SEARCHES[search])
+        groups = model.config.num_decoder_groups
+        if groups > 1:
+            for subset in ([groups], [1]):
+                assert_same_tokens(model, source, decoder_groups=subset, **SEARCHES[search])
+
+
+# family settings that change what the decoder's attention reads or keeps (cache slots, per-layer memories, mixed
+# attention, trees, layouts) and the backbone's variants (pre-norm, learned positions, eager attention)
+VARIANTS = {
+    "deep_representations multi-layer attention, pre-norm": (
+        "deep_representations",
+        dict(encoder_aggregation="multi_layer_attention", decoder_aggregation="multi_layer_attention",
+             encoder_layers=4, decoder_layers=4, normalize_before=True),
+    ),
+    "deep_representations iterative": (
+        "deep_representations", dict(encoder_aggregation="iterative", decoder_aggregation="iterative")
+    ),
+    "deep_representations dense + linear": (
+        "deep_representations", dict(encoder_aggregation="dense", decoder_aggregation="linear")
+    ),
+    "layerwise_coordination without mixed attention": ("layerwise_coordination", dict(mixed_attention=False)),
+    "layerwise_coordination pre-norm": ("layerwise_coordination", dict(normalize_before=True)),
+    "rtal concat, children residual": ("rtal", dict(aggregation_function="concat_ffn", tree_residual="children")),
+    "re_transformer sff encoder, scf-sfc decoder": (
+        "re_transformer", dict(encoder_layout="s-sff", decoder_layout="scf-sfc")
+    ),
+    "gtrans learned positions": (
+        "gtrans",
+        dict(encoder_group_size=1, decoder_group_size=1, position_embedding_type="learned", layernorm_embedding=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_family_variants_generate_the_tokens_of_generate(variant, attention, source):
+    model_type, overrides = VARIANTS[variant]
+    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
+    torch.manual_seed(1)
+    model = model_class(config_class(**{**TINY_BACKBONE, **overrides})).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape) * 0.5)
+    model.set_attn_implementation(attention)
+    for search in SEARCHES.values():
+        assert_same_tokens(model, source, **search)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(num_beams=4, num_return_sequences=2),
+        dict(num_beams=3, early_stopping=True),
+        dict(num_beams=3, early_stopping="never", length_penalty=0.3),
+        dict(num_beams=3, length_penalty=-0.5),
+        dict(num_beams=1, min_new_tokens=6),
+        dict(num_beams=4, min_new_tokens=3, no_repeat_ngram_size=2, repetition_penalty=1.3),
+        dict(num_beams=1, bad_words_ids=[[5], [6, 7]], forced_eos_token_id=EOS),
+    ],
+    ids=lambda settings: ",".join(f"{key}={value}" for key, value in settings.items()),
+)
+def test_search_settings_are_those_of_generate(settings, source):
+    for model_type in ("gtrans", "plain_transformer"):
+        assert_same_tokens(tiny_model(model_type), source, max_new_tokens=9, **settings)
+
+
+def test_finished_rows_leave_the_batch_without_changing_tokens(source, monkeypatch):
+    """Sentences that end early stop being computed (greedy: finished rows; beam: items whose beams are final);
+    this model is biased towards EOS so that its translations end at different steps (one thread, as conftest sets
+    it: the bias is near a tipping point)."""
+    model = tiny_model("plain_transformer", seed=5)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = 4.0
+    kept_rows = []
+    select = DecoderSteps.select
+
+    def recording_select(self, index, rows_dropped):
+        if rows_dropped:
+            kept_rows.append(index.shape[0])
+        select(self, index, rows_dropped)
+
+    monkeypatch.setattr(DecoderSteps, "select", recording_select)
+    for settings in (dict(num_beams=1), dict(num_beams=2), dict(num_beams=2, early_stopping=True)):
+        kept_rows.clear()
+        assert_same_tokens(model, source, max_new_tokens=12, **settings)
+        assert kept_rows, f"no row left the batch with {settings}"
+
+
+def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
+    model = tiny_model("gtrans")
+    torch.manual_seed(3)
+    sampled = fast_generate(model, **source, do_sample=True, max_new_tokens=6)
+    torch.manual_seed(3)
+    assert torch.equal(sampled, reference(model, source, do_sample=True, max_new_tokens=6))
+    scores = fast_generate(model, **source, num_beams=2, max_new_tokens=4, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(scores.sequences, reference(model, source, num_beams=2, max_new_tokens=4))
+    with pytest.raises(UnsupportedFastGeneration, match="generation mode sample"):
+        fast_generate(model, **source, do_sample=True, max_new_tokens=6, fallback=False)
+    with pytest.raises(UnsupportedFastGeneration, match="streamer"):
+        fast_generate(model, **source, max_new_tokens=6, streamer=object(), fallback=False)
+    with pytest.raises(UnsupportedFastGeneration, match="training mode"):
+        fast_generate(model.train(), **source, max_new_tokens=6, fallback=False)
+
+
+def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_changes(source):
+    model = tiny_model("gtrans")
+    before = reference(model, source, num_beams=3, max_new_tokens=8)
+    engine = prepare_for_inference(model, "int8")
+    assert prepare_for_inference(model, "int8") is engine
+    assert isinstance(engine.model.decoder.layers[0].ffn.fc1, Int8Linear)
+    assert engine.model.shared.weight is model.model.shared.weight  # shared, not copied
+    assert type(model.model.decoder.layers[0].ffn.fc1) is torch.nn.Linear  # the float model is untouched
+    with torch.no_grad():
+        float_logits = model(**source, decoder_input_ids=before).logits
+        int8_logits = engine(**source, decoder_input_ids=before).logits
+    assert ((int8_logits - float_logits).norm() / float_logits.norm()) < 0.1
+    fast_generate(model, **source, num_beams=3, max_new_tokens=8, quantization="int8", fallback=False)
+    assert torch.equal(reference(model, source, num_beams=3, max_new_tokens=8), before)
+    with torch.no_grad():
+        model.model.shared.weight.mul_(1.0)  # an in-place change: the copy is rebuilt
+    assert prepare_for_inference(model, "int8") is not engine
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        prepare_for_inference(model, "int4")
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_attention_over_keys_shared_by_groups_of_query_rows(attention):
+    """`MultiHeadAttention.attend_to` with one key row per group of 3 query rows (the beams of a sentence) equals
+    attention over the keys repeated for every query row, masks and weights included."""
+    model = tiny_model("plain_transformer")
+    model.set_attn_implementation(attention)
+    module = model.model.decoder.layers[0].encoder_attn
+    generator = torch.Generator().manual_seed(2)
+    queries = torch.randn(6, 1, TINY_BACKBONE["d_model"], generator=generator)
+    keys, values = (torch.randn(2, 2, 5, 8, generator=generator) for _ in range(2))
+    padding = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    if attention == "eager":
+        mask = torch.zeros(2, 1, 1, 5).masked_fill(~padding[:, None, None, :], torch.finfo(torch.float32).min)
+    else:
+        mask = padding[:, None, None, :]
+    with torch.no_grad():
+        grouped, grouped_weights = module.attend_to(queries, keys, values, mask)
+        expected, expected_weights = module.attend_to(
+            queries, keys.repeat_interleave(3, 0), values.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
+        )
+    torch.testing.assert_close(grouped, expected, rtol=0, atol=1e-6)
+    if attention == "eager":
+        torch.testing.assert_close(grouped_weights, expected_weights, rtol=0, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ users
+@pytest.fixture(scope="module")
+def tokenizer():
+    from test_hub import tiny_tokenizer
+
+    return tiny_tokenizer()
+
+
+def test_translate_and_the_pipeline_decode_fast_by_default_and_can_fall_back(tokenizer):
+    from test_hub import SOURCES
+    from transformers import pipeline
+
+    model = tiny_model("gtrans")
+    settings = dict(num_beams=3, max_new_tokens=8)
+    reference = hf_layerfusion.translate(model, tokenizer, SOURCES, fast=False, **settings)
+    assert hf_layerfusion.translate(model, tokenizer, SOURCES, **settings) == reference
+    assert len(hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="int8", **settings)) == len(SOURCES)
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="fp8")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    texts = [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), fast=False, **settings)]
+    assert [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), **settings)] == texts
+    assert len(translator(SOURCES, quantization="int8", **settings)) == len(SOURCES)
+    with pytest.raises(ValueError, match="Unknown quantization"):
+        translator(SOURCES, quantization="fp8")
+
+
+def test_translate_script_fast_generate_and_int8(tokenizer, tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import translate as translate_script
+
+    model_dir, source = tmp_path / "model", tmp_path / "input.en"
+    tiny_model("gtrans").save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    source.write_text("ab ba\nabba baab ab\nb\n", encoding="utf-8")
+    outputs = {}
+    for name, flags in {"fast": [], "generate": ["--generate"], "int8": ["--quantization", "int8"]}.items():
+        outputs[name] = tmp_path / f"{name}.de"
+        translate_script.main([str(model_dir), f"--input={source}", f"--output={outputs[name]}", "--num_beams=2",
+                               "--max_new_tokens=6", "--device=cpu", *flags])
+    assert outputs["fast"].read_text() == outputs["generate"].read_text()
+    assert len(outputs["int8"].read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("model_type, settings", [
+    ("plain_transformer", dict(num_beams=1, max_new_tokens=8)),
+    ("gtrans", dict(num_beams=3, max_new_tokens=8)),
+    ("gtrans", dict(num_beams=2, max_new_tokens=8, decoder_groups=[2])),
+])
+def test_trainer_predicts_with_the_fast_loop_the_tokens_of_generate(model_type, settings, source, tmp_path, monkeypatch):
+    import datasets
+    from transformers import Seq2SeqTrainingArguments
+
+    searches = []
+    for name in ("greedy_search", "beam_search"):
+        search = getattr(fast_generation, name)
+        monkeypatch.setattr(fast_generation, name, lambda *a, _search=search, _name=name, **k: (
+            searches.append(_name), _search(*a, **k))[1])
+    labels = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 4), generator=torch.Generator().manual_seed(1))
+    dataset = datasets.Dataset.from_dict({**{k: v.tolist() for k, v in source.items()}, "labels": labels.tolist()})
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, per_device_eval_batch_size=2,
+                                    report_to=[], use_cpu=True)
+    model, predictions = tiny_model(model_type), {}
+    for fast in (True, False):
+        searches.clear()
+        trainer = hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation=fast)
+        predictions[fast] = trainer.predict(dataset, **settings).predictions
+        assert len(searches) == (3 if fast else 0), searches  # 3 batches of at most 2 sentences
+    assert predictions[True].shape == predictions[False].shape
+    assert (predictions[True] == predictions[False]).all(), (predictions[True], predictions[False])
+    assert (predictions[True][:, 1] != PAD).all()  # translations, not padding, were compared
+    with pytest.raises(TypeError, match="fast_generation must be True or False, got 'yes'"):
+        hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation="yes")
