@@ -53,7 +53,7 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel  # n
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 # a target's verdict (met / NOT met) needs at least this many samples of its ratio: from one or two noisy samples (a

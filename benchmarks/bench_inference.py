@@ -12,7 +12,7 @@ beam-4, at each `--threads` count. Engines:
 - CTranslate2 float32 and int8 (`ctranslate2`, the `benchmark` extra of setup.cfg), converted from the same Marian
   weights (its decoder starting from the real start token, as Marian's `generate()` does); skipped with a message
   when the package is missing;
-- per family: `generate()`, `fast_generate()` (`hf_layerfusion.fast_generation`, float32) and
+- per family: `generate()`, `fast_generate()` (`hf_layerfusion.inference`, float32) and
   `fast_generate(..., quantization="int8")`.
 
 Timed calls alternate between engines (the order flips every repeat); the table gives medians, each ratio is the
@@ -58,7 +58,7 @@ import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
-from hf_layerfusion.fast_generation import fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
@@ -228,7 +228,7 @@ def measure_bleu(args) -> list[dict]:
     as `generate()` did."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hf_layerfusion.evaluation import corpus_bleu
+    from hf_layerfusion.training.evaluation import corpus_bleu
 
     sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.bleu_sentences]
     references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.bleu_sentences]

@@ -69,11 +69,11 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import multi30k_ledger as ledger  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
-from hf_layerfusion.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
-from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_layerfusion.translation import translate  # noqa: E402
+from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SOURCE_LANG, TARGET_LANG = "en", "de"
@@ -232,6 +232,12 @@ FAMILY_ARMS = {
                             {"encoder_layout": "s-sf-s-sf-s-sf", "encoder_layers": None, "decoder_layers": 4}),
 }
 MODELS.update({name: arm for name, arm in FAMILY_ARMS.items() if arm.model_type in hf_layerfusion.FAMILIES})
+# a registered family without an arm of its own gets one with its config's defaults (the registry is the family list)
+MODELS.update({
+    model_type: Arm(model_type, f"{model_type} with its config's defaults")
+    for model_type in hf_layerfusion.FAMILIES
+    if model_type not in {arm.model_type for arm in MODELS.values()}
+})
 
 # settings that change the numbers of a run: an output dir is only continued with the same ones
 RESULT_SETTINGS = (

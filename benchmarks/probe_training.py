@@ -39,10 +39,11 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from transformers import AutoTokenizer  # noqa: E402
+
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion.models.deep_representations import position_spread  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 PROBE_PAIRS = 128

@@ -5,7 +5,7 @@ translate with the saved GTrans. A few minutes on 2 CPU cores, no download.
     python examples/quickstart.py              # 800 training steps per model
     python examples/quickstart.py --steps 300  # faster, lower BLEU
 
-The corpus (`hf_layerfusion.data.builtin_number_corpus`) verbalises numbers in German and English
+The corpus (`hf_layerfusion.training.data.builtin_number_corpus`) verbalises numbers in German and English
 ("dreihunderteinundzwanzig" -> "three hundred and twenty-one"); German writes most numbers as one compound word,
 so we translate German -> English, where BLEU's n-grams have words to match. Both models get the same size,
 vocabulary, hyper-parameters, data order and number of training steps, through `examples/run_translation.py`
@@ -36,11 +36,11 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
-from hf_layerfusion.translation import translate  # noqa: E402
 
-from hf_layerfusion.data import builtin_number_corpus  # noqa: E402
-from hf_layerfusion.hub import check_model_directory  # noqa: E402
-from hf_layerfusion.model_card import write_model_card  # noqa: E402
+from hf_layerfusion.hub.model_card import write_model_card  # noqa: E402
+from hf_layerfusion.hub.remote_code import check_model_directory  # noqa: E402
+from hf_layerfusion.training.data import builtin_number_corpus  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
 
 SOURCE_LANG, TARGET_LANG = "de", "en"
 CORPUS = dict(builtin_num_train=20000, builtin_num_valid=200, builtin_num_test=300)

@@ -2,7 +2,8 @@
 """Many-to-many multilingual NMT in the OPUS-100 setting of GTrans Table V: encoder (and shared vocabulary)
 initialised from XLM-R (`hf_layerfusion.from_xlmr`, XLM-T style), a target-language tag `<2xx>` prepended to every
 source, English-centric data mixed with temperature sampling (T = 5), per-direction BLEU summarised per resource
-group (high / medium / low) with averages and the win ratio against a baseline run (`hf_layerfusion.multilingual`).
+group (high / medium / low) with averages and the win ratio against a baseline run
+(`hf_layerfusion.training.multilingual`).
 
 Full setting (XLM-R base from the Hub, OPUS-100 from the Hub; the "opus100" preset is checked against XLM-R):
 
@@ -54,9 +55,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from run_translation import HelpFormatter, parse_config_overrides  # noqa: E402  (same folder: same syntax and help)
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
-from hf_layerfusion.data import load_parallel_text  # noqa: E402
-from hf_layerfusion.evaluation import corpus_bleu  # noqa: E402
-from hf_layerfusion.multilingual import (  # noqa: E402
+from hf_layerfusion.file_checks import (  # noqa: E402
+    check_distributed_launch,
+    check_input_file,
+    check_local_or_hub,
+    check_output_dir,
+)
+from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
+from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
+from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
+from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
     add_language_tags,
     both_directions,
@@ -70,18 +81,8 @@ from hf_layerfusion.multilingual import (  # noqa: E402
     tokenize_direction,
     translation_side,
 )
-from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
-from hf_layerfusion.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
-from hf_layerfusion.validation import (  # noqa: E402
-    check_distributed_launch,
-    check_input_file,
-    check_local_or_hub,
-    check_model_type,
-    check_output_dir,
-    check_positive_int,
-)
-from hf_layerfusion.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

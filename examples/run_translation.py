@@ -68,12 +68,28 @@ from transformers.trainer_utils import sort_checkpoints
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
-from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback  # noqa: E402
-from hf_layerfusion.configuration_backbone import declared_field_types  # noqa: E402
-from hf_layerfusion.data import builtin_number_corpus, load_translation_dataset, preprocess_translation  # noqa: E402
-from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
-from hf_layerfusion.presets import BACKBONE_PRESETS  # noqa: E402
-from hf_layerfusion.tokenization import (  # noqa: E402
+from hf_layerfusion.file_checks import (  # noqa: E402
+    check_distributed_launch,
+    check_local_or_hub,
+    check_output_dir,
+    reraise_hub_error,
+)
+from hf_layerfusion.modeling.configuration import declared_field_types  # noqa: E402
+from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
+from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
+from hf_layerfusion.training.callbacks import (  # noqa: E402
+    FusionWeightsCallback,
+    LayerGradientNormCallback,
+    TimeBudgetCallback,
+)
+from hf_layerfusion.training.data import (  # noqa: E402
+    builtin_number_corpus,
+    load_translation_dataset,
+    preprocess_translation,
+)
+from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
+from hf_layerfusion.training.tokenization import (  # noqa: E402
     BOS_TOKEN,
     EOS_TOKEN,
     PAD_TOKEN,
@@ -81,15 +97,7 @@ from hf_layerfusion.tokenization import (  # noqa: E402
     SUBWORD_MODELS,
     train_joint_tokenizer,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
-from hf_layerfusion.validation import (  # noqa: E402
-    check_distributed_launch,
-    check_local_or_hub,
-    check_model_type,
-    check_output_dir,
-    check_positive_int,
-    reraise_hub_error,
-)
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +120,8 @@ class ModelArguments:
     preset: str | None = field(
         default=None,
         metadata={
-            "help": "Backbone size preset (hf_layerfusion.presets), e.g. 'multi30k', 'iwslt', or a setting of the "
-            "family (e.g. 'layerwise_paper_small', 're_transformer_2')."
+            "help": "Backbone size preset (hf_layerfusion.modeling.presets), e.g. 'multi30k', 'iwslt', or a setting "
+            "of the family (e.g. 'layerwise_paper_small', 're_transformer_2')."
         },
     )
     config_overrides: str | None = field(
@@ -143,7 +151,8 @@ class DataArguments:
     validation_file: str | None = field(default=None, metadata={"help": "JSON lines file or parallel-text prefix."})
     test_file: str | None = field(default=None, metadata={"help": "JSON lines file or parallel-text prefix."})
     builtin_corpus: bool = field(
-        default=False, metadata={"help": "Use the built-in number corpus (hf_layerfusion.data.builtin_number_corpus)."}
+        default=False,
+        metadata={"help": "Use the built-in number corpus (hf_layerfusion.training.data.builtin_number_corpus)."},
     )
     builtin_num_train: int = field(default=10000, metadata={"help": "Training pairs of the built-in corpus."})
     builtin_num_valid: int = field(default=500, metadata={"help": "Validation pairs of the built-in corpus."})

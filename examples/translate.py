@@ -14,7 +14,7 @@
 
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
-`hf_layerfusion.fast_generation`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
+`hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
 pipeline; the package registers its own) and written back in input order.
 """
 
@@ -30,15 +30,9 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
-from hf_layerfusion.translation import translate  # noqa: E402
-from hf_layerfusion.validation import (  # noqa: E402
-    check_decoder_groups,
-    check_input_file,
-    check_local_or_hub,
-    check_output_file,
-    check_positive_int,
-    read_utf8,
-)
+from hf_layerfusion.file_checks import check_input_file, check_local_or_hub, check_output_file, read_utf8  # noqa: E402
+from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,79 +1,65 @@
 """hf_layerfusion: layer-fusion encoder-decoder models for NMT, as Hugging Face Transformers models.
 
-`import hf_layerfusion` registers every family with AutoConfig, AutoModel and AutoModelForSeq2SeqLM.
+The package, from the bottom up (each layer imports only from the ones below it):
+
+- `file_checks`: checks of the paths, files and launches a user gives;
+- `modeling/`: the shared backbone (configuration, embeddings, attention, layers, stacks, model, losses), its
+  extension points, the family registry and the converters from Marian and XLM-R checkpoints;
+- `models/`: the families, one module each, every one registered where it is defined;
+- `inference/`: the fast decoding loop (`fast_generate`) and the int8 inference copy (`prepare_for_inference`);
+- `training/`: data, tokenizers, the trainer and its callbacks, BLEU, translation, multilingual training,
+  checkpoint averaging;
+- `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline.
+
+Importing the package registers every family of `FAMILIES` with AutoConfig, AutoModel and AutoModelForSeq2SeqLM,
+makes every saved model write its Hub code, and registers the translation pipeline with transformers.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
-from .checkpoint_averaging import average_checkpoints, average_last_checkpoints
-from .configuration_backbone import LayerFusionConfig
-from .conversion import from_marian
-from .data import (
+from . import models  # noqa: F401  (imports every family module; each registers itself in FAMILIES)
+from .hub.model_card import write_model_card
+from .hub.pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
+from .hub.remote_code import generate_remote_code, push_to_hub, write_remote_code
+from .inference import fast_generate, prepare_for_inference
+from .modeling.configuration import LayerFusionConfig
+from .modeling.conversion import from_marian
+from .modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from .modeling.pretrained import LayerFusionPreTrainedModel
+from .modeling.registry import FAMILIES
+from .modeling.xlmr import from_xlmr, load_xlmr_tokenizer
+from .training.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from .training.checkpoint_averaging import average_checkpoints, average_last_checkpoints
+from .training.data import (
     builtin_number_corpus,
     load_json_lines_translation,
     load_parallel_text,
     load_translation_dataset,
     preprocess_translation,
 )
-from .evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
-from .fast_generation import fast_generate, prepare_for_inference
-from .hub import generate_remote_code, push_to_hub
-from .model_card import write_model_card
-from .pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
-from .tokenization import train_joint_tokenizer
-from .trainer import LayerFusionSeq2SeqTrainer
-from .translation import translate
-from .xlmr import from_xlmr, load_xlmr_tokenizer
-from .modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel, LayerFusionPreTrainedModel
-from .models.deep_representations import (
-    DeepRepresentationsConfig,
-    DeepRepresentationsForConditionalGeneration,
-    DeepRepresentationsModel,
-)
-from .models.gtrans import GTransConfig, GTransForConditionalGeneration, GTransModel
-from .models.layerwise_coordination import (
-    LayerwiseCoordinationConfig,
-    LayerwiseCoordinationForConditionalGeneration,
-    LayerwiseCoordinationModel,
-)
-from .models.re_transformer import ReTransformerConfig, ReTransformerForConditionalGeneration, ReTransformerModel
-from .models.plain_transformer import (
-    PlainTransformerConfig,
-    PlainTransformerForConditionalGeneration,
-    PlainTransformerModel,
-)
-from .models.rtal import RTALConfig, RTALForConditionalGeneration, RTALModel
+from .training.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from .training.tokenization import train_joint_tokenizer
+from .training.trainer import LayerFusionSeq2SeqTrainer
+from .training.translation import translate
+from .version import __version__
 
-FAMILIES = {
-    "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
-    "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
-    "layerwise_coordination": (
-        LayerwiseCoordinationConfig,
-        LayerwiseCoordinationModel,
-        LayerwiseCoordinationForConditionalGeneration,
-    ),
-    "deep_representations": (
-        DeepRepresentationsConfig,
-        DeepRepresentationsModel,
-        DeepRepresentationsForConditionalGeneration,
-    ),
-    "re_transformer": (ReTransformerConfig, ReTransformerModel, ReTransformerForConditionalGeneration),
-    "rtal": (RTALConfig, RTALModel, RTALForConditionalGeneration),
-}
+# every family's classes under their own names (`hf_layerfusion.GTransConfig`), and with the Auto classes
+_family_classes = {cls.__name__: cls for family in FAMILIES.values() for cls in family}
+globals().update(_family_classes)
+for _family in FAMILIES.values():
+    AutoConfig.register(_family.config.model_type, _family.config, exist_ok=True)
+    AutoModel.register(_family.config, _family.model, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(_family.config, _family.for_conditional_generation, exist_ok=True)
 
-for _model_type, (_config, _model, _lm) in FAMILIES.items():
-    AutoConfig.register(_model_type, _config, exist_ok=True)
-    AutoModel.register(_config, _model, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(_config, _lm, exist_ok=True)
+# every config of the package writes the Hub code when saved (the classes of that code leave this unset: transformers'
+# `_auto_class` machinery copies their own file instead)
+LayerFusionConfig.hub_code_writer = write_remote_code
 
 # `pipeline("layerfusion-translation", model=...)`; transformers 5 refuses to resolve the task name "translation"
 PIPELINE_REGISTRY.register_pipeline(
     PIPELINE_TASK, pipeline_class=LayerFusionTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "FusionWeightsCallback",
@@ -83,28 +69,10 @@ __all__ = [
     "average_checkpoints",
     "average_last_checkpoints",
     "FAMILIES",
-    "GTransConfig",
-    "GTransForConditionalGeneration",
-    "GTransModel",
-    "LayerwiseCoordinationConfig",
-    "LayerwiseCoordinationForConditionalGeneration",
-    "LayerwiseCoordinationModel",
-    "DeepRepresentationsConfig",
-    "DeepRepresentationsForConditionalGeneration",
-    "DeepRepresentationsModel",
-    "ReTransformerConfig",
-    "ReTransformerForConditionalGeneration",
-    "ReTransformerModel",
     "LayerFusionConfig",
     "LayerFusionForConditionalGeneration",
     "LayerFusionModel",
     "LayerFusionPreTrainedModel",
-    "PlainTransformerConfig",
-    "PlainTransformerForConditionalGeneration",
-    "PlainTransformerModel",
-    "RTALConfig",
-    "RTALForConditionalGeneration",
-    "RTALModel",
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
@@ -124,4 +92,6 @@ __all__ = [
     "LayerFusionTranslationPipeline",
     "generate_remote_code",
     "push_to_hub",
+    "__version__",
+    *_family_classes,
 ]

@@ -1,10 +1,18 @@
-"""Independent references shared by the test files: the Transformer computed from its definitions, generation
-written as loops over full forward passes, and a Trainer step computed as plain SGD.
+"""What the test files share, in one plain module (`from helpers import ...`; pytest puts tests/ on the path):
 
-Nothing here calls the code under test except to read its weights (`module.q_proj.weight`, ...) and, for the
-generation and training references, the model's full forward pass and loss (what `generate()` and the Trainer must
-agree with). The layer functions take the layout string of the test, not the module's own, and apply every sub-layer
-as the papers define it:
+- the tiny sizes and special ids every test builds with, each family's tiny test config (tests/tiny_configs), tiny
+  models and a tiny tokenizer, a tiny random MarianMTModel and its batch, the shared data of ../shared;
+- the family contract (`assert_...`): the checks tests/test_family_contract.py runs on every registered family and
+  the family files run on their papers' settings (KV cache, cached search, eager == SDPA, gradient checkpointing,
+  save / load, gradients of every parameter);
+- independent references: the Transformer computed from its definitions, generation written as loops over full
+  forward passes, and a Trainer step computed as plain SGD;
+- processes without the package (the Hub code alone).
+
+Nothing in the references calls the code under test except to read its weights (`module.q_proj.weight`, ...) and,
+for the generation and training references, the model's full forward pass and loss (what `generate()` and the Trainer
+must agree with). The layer functions take the layout string of the test, not the module's own, and apply every
+sub-layer as the papers define it:
 
 - post-norm (Vaswani et al.): `x <- LN(x + f(x))`;
 - pre-norm: `x <- x + f(LN(x))`, and the stack's final LayerNorm on top;
@@ -18,10 +26,157 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import pytest
 import torch
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+import hf_layerfusion
+
+# --------------------------------------------------------------------------------------------- sizes, data
+# Special ids of every hf_layerfusion config (fairseq convention); ordinary tokens start at FIRST_TOKEN_ID.
+BOS, PAD, EOS, UNK = 0, 1, 2, 3
+FIRST_TOKEN_ID = 4
+
+TINY_BACKBONE = dict(
+    vocab_size=24,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=2,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=32,
+    decoder_ffn_dim=32,
+    max_position_embeddings=32,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DIR = REPO_ROOT.parent / "shared"
+MULTI30K_DIR = SHARED_DIR / "data" / "multi30k"
+
+
+def require_shared(path: Path, what: str) -> None:
+    """Skip a test whose data from ../shared is missing, except in CI (`CI=true`), where a missing dataset is a
+    failure: there the skip would silently hide the tests that need it."""
+    if path.exists():
+        return
+    message = f"{what} not found at {path}"
+    if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
+        pytest.fail(f"{message}; CI=true: the tests that need ../shared must run, not skip", pytrace=False)
+    pytest.skip(message)
+
+
+# --------------------------------------------------------------------------------------------- tiny models
+# one file per family: the config keywords that make it valid, with its fusion active, at 2 + 2 layers
+TINY_CONFIGS_DIR = Path(__file__).resolve().parent / "tiny_configs"
+SOURCES = ["ab ba", "abba baab ab", "b", "baba ab aab"]  # texts of `tiny_tokenizer`
+GENERATION = dict(num_beams=4, max_new_tokens=8)
+
+
+def tiny_config_overrides(model_type: str) -> dict:
+    """The family's tiny test config, `tests/tiny_configs/<model_type>.json`."""
+    return json.loads((TINY_CONFIGS_DIR / f"{model_type}.json").read_text(encoding="utf-8"))["config"]
+
+
+def tiny_config(model_type: str, **overrides):
+    """The family's config at the tiny sizes of `TINY_BACKBONE` with its tiny test config and `overrides`."""
+    config_class = hf_layerfusion.FAMILIES[model_type].config
+    return config_class(**{**TINY_BACKBONE, **tiny_config_overrides(model_type), **overrides})
+
+
+def tiny_model(model_type: str, seed: int = 0, **overrides):
+    """A tiny model of `model_type` in eval mode whose every weight is random (fusion weights start at 0 otherwise)."""
+    model = hf_layerfusion.FAMILIES[model_type].for_conditional_generation(tiny_config(model_type, **overrides)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
+
+
+def source_of(batch: dict) -> dict:
+    """The source half of a batch: `input_ids` and `attention_mask`."""
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def seeded_decoder_inputs(model, batch_size: int = 3, length: int = 5) -> torch.Tensor:
+    """Random teacher-forced decoder inputs (a fixed seed) that start with the model's decoder start token."""
+    ids = torch.randint(4, model.config.vocab_size, (batch_size, length), generator=torch.Generator().manual_seed(9))
+    ids[:, 0] = model.config.decoder_start_token_id
+    return ids
+
+
+def tiny_tokenizer():
+    """A BPE tokenizer of `SOURCES`' letters with the package's special tokens and two language tags."""
+    return hf_layerfusion.train_joint_tokenizer(
+        ["ab ba abba", "baab ab b a", "abab baba aa bb"] * 5, vocab_size=24, model="bpe",
+        extra_special_tokens=["<2de>", "<2en>"],
+    )
+
+
+# --------------------------------------------------------------------------------------------- Marian
+MARIAN_VOCAB = 60
+MARIAN_PAD = MARIAN_VOCAB - 1  # Marian puts <pad> last and starts decoding from it
+MARIAN_EOS = 0
+
+
+def tiny_marian(attn_implementation: str, scale_embedding: bool = True) -> MarianMTModel:
+    """A random tiny Marian; `scale_embedding=True` as in the opus-mt checkpoints (MarianConfig's default is False)."""
+    config = MarianConfig(
+        **{**TINY_BACKBONE, "vocab_size": MARIAN_VOCAB, "max_position_embeddings": 64},  # MarianConfig's key names
+        decoder_vocab_size=MARIAN_VOCAB,
+        pad_token_id=MARIAN_PAD,
+        decoder_start_token_id=MARIAN_PAD,
+        eos_token_id=MARIAN_EOS,
+        forced_eos_token_id=MARIAN_EOS,
+        scale_embedding=scale_embedding,
+        attn_implementation=attn_implementation,
+    )
+    model = MarianMTModel(config).eval()
+    # Marian's 0.02-std init gives near-uniform logits on which beam search would be decided by rounding; larger
+    # random weights (LayerNorms and the logits bias included) make every weight matter and the argmax robust.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "embed_positions" not in name:
+                param.copy_(
+                    torch.randn(param.shape, generator=generator) * 0.5 + (1.0 if "layer_norm.weight" in name else 0.0)
+                )
+        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator))
+    return model
+
+
+def padded_source():
+    """A batch for `tiny_marian` (and the models converted from it): 3 padded sources, padded decoder inputs."""
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(1, MARIAN_VOCAB - 1, (3, 8), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate([8, 5, 2]):
+        input_ids[row, length - 1] = MARIAN_EOS
+        input_ids[row, length:] = MARIAN_PAD
+        attention_mask[row, length:] = 0
+    decoder_input_ids = torch.randint(1, MARIAN_VOCAB - 1, (3, 6), generator=generator)
+    decoder_input_ids[:, 0] = MARIAN_PAD
+    decoder_attention_mask = torch.ones_like(decoder_input_ids)
+    decoder_input_ids[2, 4:] = MARIAN_PAD
+    decoder_attention_mask[2, 4:] = 0
+    return dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=decoder_input_ids,
+        decoder_attention_mask=decoder_attention_mask,
+    )
 
 
 # --------------------------------------------------------------------------------------------- building blocks
@@ -237,6 +392,155 @@ def assert_same_logits_and_beam_search(reference_model, model, batch: dict, atol
     torch.testing.assert_close(generated.sequences_scores, expected.sequences_scores, atol=atol, rtol=0)
 
 
+def pre_norm_readout_states(model, batch: dict, targets: torch.Tensor, memory_from: Callable) -> tuple:
+    """The hand-written pre-norm encoder and decoder states of a model with plain layers as readouts see them: s_0 as
+    it is, s_1..s_L through the stack's final LayerNorm. `memory_from(encoder states)` is the memory every
+    cross-attention reads. Returns the memory and the decoder states."""
+    config, encoder, decoder = model.config, model.model.encoder, model.model.decoder
+    source_mask = batch["attention_mask"]
+
+    def readout_states(stack, ids, attend, layout):
+        states = reference_stack(stack.layers, [layout] * len(stack.layers), embed(model, ids), True, lambda l, below: attend)
+        return states[:1] + [layer_norm(state, stack.layer_norm) for state in states[1:]]
+
+    encoder_attend = plain_attend(config.encoder_attention_heads, padding_allowed(source_mask, source_mask.shape[1]))
+    memory = memory_from(readout_states(encoder, batch["input_ids"], encoder_attend, "sf"))
+    decoder_attend = plain_attend(
+        config.decoder_attention_heads, causal_allowed(*targets.shape), memory,
+        padding_allowed(source_mask, targets.shape[1]),
+    )
+    return memory, readout_states(decoder, targets, decoder_attend, "scf")
+
+
+# --------------------------------------------------------------------------------------------- family contract
+def assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids, atol=1e-5, **forward_kwargs):
+    """Feeds the target one token at a time through the KV cache (the encoder run once) and checks every step's
+    logits against the full forward pass over the whole target, and that the cache grew by one position per step.
+    Returns the final cache."""
+    with torch.no_grad():
+        full = model(**source, decoder_input_ids=decoder_input_ids, **forward_kwargs).logits
+        encoder_outputs = model.get_encoder()(**source)
+        past_key_values = None
+        for step in range(decoder_input_ids.shape[1]):
+            out = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=source["attention_mask"],
+                decoder_input_ids=decoder_input_ids[:, step : step + 1],
+                past_key_values=past_key_values,
+                use_cache=True,
+                **forward_kwargs,
+            )
+            past_key_values = out.past_key_values
+            assert past_key_values.get_seq_length() == step + 1
+            torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=atol, rtol=0, msg=f"step {step}")
+    return past_key_values
+
+
+def assert_cached_search_is_uncached_search(model, source: dict, num_beams: int, max_new_tokens: int = 6, **kwargs):
+    """`generate()` with the KV cache (reordered between beams) returns the sequences, and in beam search the scores,
+    that it returns without the cache."""
+    searches = [
+        model.generate(
+            **source, num_beams=num_beams, max_new_tokens=max_new_tokens, use_cache=use_cache, output_scores=True,
+            return_dict_in_generate=True, **kwargs,
+        )
+        for use_cache in (True, False)
+    ]
+    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
+    if num_beams > 1:
+        torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+
+
+def assert_eager_equals_sdpa(model, batch: dict, atol: float = 1e-5, rtol: float = 0.0) -> None:
+    """The logits of `model` with eager attention and with SDPA (the same weights) agree."""
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(**batch).logits
+        model.set_attn_implementation("sdpa")
+        assert model.config._attn_implementation == "sdpa"
+        sdpa = model(**batch).logits
+    torch.testing.assert_close(sdpa, eager, atol=atol, rtol=rtol)
+
+
+def assert_gradient_checkpointing_same_gradients(model, batch: dict, use_reentrant: bool, atol=1e-6, rtol=1e-5):
+    """With activation checkpointing every layer of both stacks is checkpointed (counted: hooks do not see the
+    recompute), the same parameters get gradients, and the gradients are those without it. Returns them."""
+    model.train()
+
+    def gradients():
+        model.zero_grad(set_to_none=True)
+        model(**batch).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    reference = gradients()
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        assert model.is_activation_checkpointing
+    else:  # transformers before 5.23 (the supported range starts earlier) calls it gradient checkpointing
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+        assert model.is_gradient_checkpointing
+    layers = [*model.model.encoder.layers, *model.model.decoder.layers]
+    checkpoint_calls = []
+    for index, layer in enumerate(layers):
+        checkpoint = layer._gradient_checkpointing_func
+        layer._gradient_checkpointing_func = lambda *a, c=checkpoint, i=index, **k: (
+            checkpoint_calls.append(i) or c(*a, **k)
+        )
+    checkpointed = gradients()
+    assert sorted(checkpoint_calls) == list(range(len(layers)))
+    assert checkpointed.keys() == reference.keys()
+    for name in reference:
+        torch.testing.assert_close(checkpointed[name], reference[name], atol=atol, rtol=rtol, msg=name)
+    return checkpointed
+
+
+def assert_save_load_round_trip(model, batch: dict, directory: Path):
+    """`save_pretrained` then `AutoModelForSeq2SeqLM.from_pretrained` give the same family (AutoConfig and AutoModel
+    load its classes), config, weights (the embeddings and the output projection still one matrix), generation config
+    special ids, logits and loss bit for bit, and beam search. Returns the loaded model."""
+    model.eval().save_pretrained(directory)
+    family = hf_layerfusion.FAMILIES[model.config.model_type]
+    assert (directory / "model.safetensors").is_file()
+    generation_config = json.loads((directory / "generation_config.json").read_text())
+    for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id"):
+        assert generation_config[key] == getattr(model.config, key), key
+    assert type(AutoConfig.from_pretrained(directory)) is family.config
+    assert type(AutoModel.from_pretrained(directory)) is family.model
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(directory, attn_implementation=model.config._attn_implementation)
+    loaded.eval()
+    assert type(loaded) is type(model) is family.for_conditional_generation
+    assert loaded.config.to_dict() == {**model.config.to_dict(), "_name_or_path": str(directory)}
+    shared = loaded.model.shared.weight
+    for tied in (loaded.model.encoder.embed_tokens.weight, loaded.model.decoder.embed_tokens.weight, loaded.lm_head.weight):
+        assert tied is shared
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    with torch.no_grad():
+        expected, actual = model(**batch), loaded(**batch)
+    assert torch.equal(actual.logits, expected.logits)
+    assert torch.equal(actual.loss, expected.loss)
+    generate_kwargs = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=3,
+                           max_new_tokens=6)
+    assert torch.equal(loaded.generate(**generate_kwargs), model.generate(**generate_kwargs))
+    return loaded
+
+
+def assert_every_parameter_gets_a_gradient(model, batch: dict) -> dict[str, torch.Tensor]:
+    """One training-mode loss on `batch` gives every parameter a finite gradient that is not all zero. Returns the
+    gradients by name."""
+    model.train().zero_grad(set_to_none=True)
+    loss = model(**batch).loss
+    assert torch.isfinite(loss)
+    loss.backward()
+    gradients = {}
+    for name, param in model.named_parameters():
+        assert param.grad is not None, f"no gradient reached {name}"
+        assert torch.isfinite(param.grad).all(), f"non-finite gradient in {name}"
+        assert param.grad.abs().sum() > 0, f"zero gradient in {name}"
+        gradients[name] = param.grad
+    return gradients
+
+
 # --------------------------------------------------------------------------------------------- generation
 def _decode_loop(model, source: dict, max_new_tokens: int, process: Callable[[torch.Tensor], torch.Tensor],
                  pick: Callable[[torch.Tensor], torch.Tensor]):
@@ -360,7 +664,7 @@ def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, co
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
-    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+    from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
     args = Seq2SeqTrainingArguments(
         output_dir=str(output_dir), per_device_train_batch_size=len(rows), max_steps=1, optim="sgd",
@@ -386,3 +690,26 @@ def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, co
     with torch.no_grad():
         assert model.train()(**batch).loss < loss_before
     return trainer, gradients
+
+
+# --------------------------------------------------------------------------------------------- processes
+def run_python(arguments: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """`python <arguments>` in a fresh process without this session's Hub settings and `PYTHONPATH` (so that only the
+    installed packages are importable; `env_updates={"PYTHONPATH": str(REPO_ROOT)}` gives it this checkout's package),
+    one thread; a non-zero exit fails the test with the process's output."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
+    result = subprocess.run([sys.executable, *arguments], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{arguments[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def without_package_preamble() -> str:
+    """The first lines of a script run with `python -S` (`run_python(["-S", "-c", script], ...)`): site-packages on
+    the path without their .pth files, which hold the editable install's import hook, so that hf_layerfusion cannot be
+    imported (asserted) and a model can only load through the Hub code it carries."""
+    return (
+        f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+        "try:\n    import hf_layerfusion\nexcept ModuleNotFoundError:\n    pass\n"
+        "else:\n    raise SystemExit('hf_layerfusion is importable in the process without the package')\n"
+    )

@@ -2,73 +2,10 @@
 
 import pytest
 import torch
-from transformers import MarianConfig, MarianMTModel
+from helpers import MARIAN_EOS, MARIAN_PAD, assert_every_parameter_gets_a_gradient, padded_source, tiny_marian
 
 import hf_layerfusion
 from hf_layerfusion import GTransConfig, PlainTransformerConfig
-
-VOCAB = 60
-MARIAN_PAD = VOCAB - 1  # Marian puts <pad> last and starts decoding from it
-MARIAN_EOS = 0
-
-
-def tiny_marian(attn_implementation: str, scale_embedding: bool = True) -> MarianMTModel:
-    """A random tiny Marian; `scale_embedding=True` as in the opus-mt checkpoints (MarianConfig's default is False)."""
-    config = MarianConfig(
-        vocab_size=VOCAB,
-        decoder_vocab_size=VOCAB,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        max_position_embeddings=64,
-        pad_token_id=MARIAN_PAD,
-        decoder_start_token_id=MARIAN_PAD,
-        eos_token_id=MARIAN_EOS,
-        forced_eos_token_id=MARIAN_EOS,
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
-        scale_embedding=scale_embedding,
-        attn_implementation=attn_implementation,
-    )
-    model = MarianMTModel(config).eval()
-    # Marian's 0.02-std init gives near-uniform logits on which beam search would be decided by rounding; larger
-    # random weights (LayerNorms and the logits bias included) make every weight matter and the argmax robust.
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "embed_positions" not in name:
-                param.copy_(
-                    torch.randn(param.shape, generator=generator) * 0.5 + (1.0 if "layer_norm.weight" in name else 0.0)
-                )
-        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator))
-    return model
-
-
-def padded_source():
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(1, VOCAB - 1, (3, 8), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    for row, length in enumerate([8, 5, 2]):
-        input_ids[row, length - 1] = MARIAN_EOS
-        input_ids[row, length:] = MARIAN_PAD
-        attention_mask[row, length:] = 0
-    decoder_input_ids = torch.randint(1, VOCAB - 1, (3, 6), generator=generator)
-    decoder_input_ids[:, 0] = MARIAN_PAD
-    decoder_attention_mask = torch.ones_like(decoder_input_ids)
-    decoder_input_ids[2, 4:] = MARIAN_PAD
-    decoder_attention_mask[2, 4:] = 0
-    return dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        decoder_input_ids=decoder_input_ids,
-        decoder_attention_mask=decoder_attention_mask,
-    )
-
 
 CONVERSIONS = {
     "plain_transformer": dict(model_type="plain_transformer"),
@@ -137,16 +74,9 @@ def test_from_marian_directory_and_position_tables(tmp_path):
 def test_pre_norm_forward_backward(config_class, tiny_backbone, padded_batch):
     extra = dict(encoder_group_size=1, decoder_group_size=1) if config_class is GTransConfig else {}
     config = config_class(**tiny_backbone, normalize_before=True, **extra)
-    model = hf_layerfusion.FAMILIES[config.model_type][2](config).train()
+    model = hf_layerfusion.FAMILIES[config.model_type].for_conditional_generation(config)
     assert model.model.encoder.layer_norm is not None and model.model.decoder.layer_norm is not None
-    loss = model(**padded_batch).loss
-    assert torch.isfinite(loss)
-    loss.backward()
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            assert param.grad is not None, f"no gradient reached {name}"
-            assert torch.isfinite(param.grad).all(), f"non-finite gradient in {name}"
-            assert param.grad.abs().sum() > 0, f"zero gradient in {name}"
+    assert_every_parameter_gets_a_gradient(model, padded_batch)
 
 
 def test_attentions_and_hidden_states_match_marian():

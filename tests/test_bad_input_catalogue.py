@@ -48,29 +48,28 @@ from hf_layerfusion import (
     train_joint_tokenizer,
     translate,
 )
-from hf_layerfusion import checkpoint_averaging
-from hf_layerfusion import validation as validation_module
-from hf_layerfusion.checkpoint_averaging import average_last_checkpoints, last_checkpoints
-from hf_layerfusion.data import (
+from hf_layerfusion import file_checks
+from hf_layerfusion.file_checks import (
+    check_local_or_hub,
+    check_output_dir,
+    check_output_file,
+    check_save_directory,
+    read_utf8,
+)
+from hf_layerfusion.modeling import input_checks
+from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_model_inputs, check_positive_int
+from hf_layerfusion.modeling.registry import check_model_type
+from hf_layerfusion.training import checkpoint_averaging
+from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
+from hf_layerfusion.training.data import (
     builtin_number_corpus,
     load_json_lines_translation,
     load_parallel_text,
     load_translation_dataset,
     preprocess_translation,
 )
-from hf_layerfusion.validation import (
-    check_decoder_groups,
-    check_local_or_hub,
-    check_model_inputs,
-    check_model_type,
-    check_output_dir,
-    check_output_file,
-    check_positive_int,
-    check_save_directory,
-    read_utf8,
-)
 
-from conftest import TINY_BACKBONE
+from helpers import TINY_BACKBONE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -673,11 +672,16 @@ def raise_site(error: BaseException) -> tuple[str, str] | None:
     return str(Path(frames[-1].filename).resolve().relative_to(root)), frames[-1].name
 
 
-def test_every_check_of_the_validation_module_has_a_row(ws):
+# the modules of input checks: every function of theirs that can raise must be where some row's error comes from
+CHECK_MODULES = (file_checks, input_checks)
+
+
+def test_every_check_of_the_check_modules_has_a_row(ws):
     """The catalogue against the code, not against itself: every row is refused by this package (its innermost
-    package frame is where the error comes from, not a library underneath), and every function of
-    hf_layerfusion/validation.py that can raise is where at least one row's error comes from, so a new check without
-    a row, or a row whose check went missing, fails here. Row ids are unique (they are the test ids)."""
+    package frame is where the error comes from, not a library underneath), and every function of the check modules
+    (hf_layerfusion/file_checks.py, hf_layerfusion/modeling/input_checks.py) that can raise is where at least one
+    row's error comes from, so a new check without a row, or a row whose check went missing, fails here. Row ids are
+    unique (they are the test ids)."""
     assert len({row.id for row in ROWS}) == len(ROWS)
     sites = set()
     for row in ROWS:
@@ -686,10 +690,16 @@ def test_every_check_of_the_validation_module_has_a_row(ws):
         site = raise_site(raised.value)
         assert site is not None, f"{row.id}: raised outside hf_layerfusion and examples/"
         sites.add(site)
-    validators = raising_functions(validation_module)
-    assert validators >= {"check_model_inputs", "check_decoder_groups", "read_utf8"}  # the parse found them
-    missing = sorted(name for name in validators if ("hf_layerfusion/validation.py", name) not in sites)
-    assert not missing, f"checks of hf_layerfusion/validation.py that no row reaches: {missing}"
+    root = Path(hf_layerfusion.__file__).resolve().parents[1]
+    checks = {
+        (str(Path(module.__file__).resolve().relative_to(root)), name)
+        for module in CHECK_MODULES
+        for name in raising_functions(module)
+    }
+    found = {name for _, name in checks}
+    assert found >= {"check_model_inputs", "check_decoder_groups", "read_utf8", "check_output_dir"}  # parse found them
+    missing = sorted(checks - sites)
+    assert not missing, f"checks that no row reaches: {missing}"
 
 
 @pytest.mark.parametrize("row", [_param(row) for row in ROWS])

@@ -366,8 +366,8 @@ def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
         PlainTransformerConfig,
         PlainTransformerForConditionalGeneration,
     )
-    from hf_layerfusion.data import builtin_number_corpus
-    from hf_layerfusion.tokenization import train_joint_tokenizer
+    from hf_layerfusion.training.data import builtin_number_corpus
+    from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
     corpus = builtin_number_corpus("de", "en", 20, 4, 4)
     texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in ("de", "en")]
@@ -399,3 +399,8 @@ def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
     assert len(logged) == 2
     for key in ("layer_diversity", "encoder_layer_diversity", "decoder_layer_diversity", "memory_spread"):
         assert all(0 < entry[key] <= 1 for entry in logged), key
+
+
+def test_every_registered_family_has_an_arm():
+    """The arms' families come from the registry: a family without an arm of its own gets one with its defaults."""
+    assert {arm.model_type for arm in bench.MODELS.values()} == set(hf_layerfusion.FAMILIES)

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import sacrebleu
 import torch
-from conftest import MULTI30K_DIR, require_shared
+from helpers import MULTI30K_DIR, require_shared
 from transformers import DataCollatorForSeq2Seq, EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration
-from hf_layerfusion.data import builtin_number_corpus, preprocess_translation
-from hf_layerfusion.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
-from hf_layerfusion.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.data import builtin_number_corpus, preprocess_translation
+from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_KEYS = ["score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len"]
@@ -83,7 +83,7 @@ def test_evaluate_module_loads_offline(references, hypotheses, tmp_path):
     """A fresh interpreter with the Hub switched off (the flags are read at import time) and an empty module cache."""
     script = (
         "import json, sys\n"
-        "from hf_layerfusion.evaluation import load_bleu_metric\n"
+        "from hf_layerfusion.training.evaluation import load_bleu_metric\n"
         "data = json.load(sys.stdin)\n"
         "print(json.dumps(load_bleu_metric().compute(predictions=data['hyps'], references=data['refs'])))\n"
     )

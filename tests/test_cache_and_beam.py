@@ -1,32 +1,28 @@
-"""Incremental decoding with the KV cache equals the full forward; beam search on the GTrans mixture is exact."""
+"""Incremental decoding with the KV cache equals the full forward for GTrans's group subsets and the backbone's modes
+(pre-norm, learned positions; every family's default is in tests/test_family_contract.py); beam search on the GTrans
+mixture is exact, and leaves the cross-attention keys/values in place."""
 
 import itertools
 
 import pytest
 import torch
-from conftest import assert_incremental_decoding_matches_full_forward
-from test_hub import tiny_model
-
-from hf_layerfusion import (
-    GTransConfig,
-    GTransForConditionalGeneration,
-    LayerFusionForConditionalGeneration,
-    PlainTransformerConfig,
-    PlainTransformerForConditionalGeneration,
+from helpers import (
+    assert_cached_search_is_uncached_search,
+    assert_incremental_decoding_matches_full_forward,
+    source_of,
+    tiny_model,
 )
+
+from hf_layerfusion import GTransConfig, GTransForConditionalGeneration, LayerFusionForConditionalGeneration
 
 GTRANS_SIZES = dict(encoder_layers=3, decoder_layers=5, encoder_group_size=2, decoder_group_size=2)
 
+# config overrides and the decoder groups mixed
 CACHE_CASES = {
-    "plain": (PlainTransformerConfig, {}, None),
-    "gtrans_all_groups": (GTransConfig, GTRANS_SIZES, None),
-    "gtrans_group_subset": (GTransConfig, GTRANS_SIZES, [1, 2]),
-    "gtrans_pre_norm": (GTransConfig, dict(GTRANS_SIZES, normalize_before=True), None),
-    "gtrans_learned_positions": (
-        GTransConfig,
-        dict(GTRANS_SIZES, position_embedding_type="learned", layernorm_embedding=True),
-        None,
-    ),
+    "gtrans_all_groups": (GTRANS_SIZES, None),
+    "gtrans_group_subset": (GTRANS_SIZES, [1, 2]),
+    "gtrans_pre_norm": (dict(GTRANS_SIZES, normalize_before=True), None),
+    "gtrans_learned_positions": (dict(GTRANS_SIZES, position_embedding_type="learned", layernorm_embedding=True), None),
 }
 
 
@@ -41,14 +37,11 @@ def randomize_fusion(model, scale=1.0):
 
 @pytest.mark.parametrize("case", sorted(CACHE_CASES))
 def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_batch):
-    config_class, overrides, groups = CACHE_CASES[case]
-    config = config_class(**{**tiny_backbone, "init_std": 0.3, **overrides})
-    model_class = (
-        GTransForConditionalGeneration if config_class is GTransConfig else PlainTransformerForConditionalGeneration
-    )
-    model = model_class(config).eval()
+    overrides, groups = CACHE_CASES[case]
+    config = GTransConfig(**{**tiny_backbone, "init_std": 0.3, **overrides})
+    model = GTransForConditionalGeneration(config).eval()
     randomize_fusion(model)
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     decoder_input_ids = torch.randint(4, config.vocab_size, (3, 6))
     decoder_input_ids[:, 0] = config.decoder_start_token_id
 
@@ -56,20 +49,7 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
 
     # generate() reorders the cache between beams: with and without it the search must agree
     group_kwargs = {} if groups is None else {"decoder_groups": groups}
-    searches = [
-        model.generate(
-            **source,
-            num_beams=3,
-            max_new_tokens=6,
-            use_cache=use_cache,
-            output_scores=True,
-            return_dict_in_generate=True,
-            **group_kwargs,
-        )
-        for use_cache in (True, False)
-    ]
-    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
-    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+    assert_cached_search_is_uncached_search(model, source, num_beams=3, **group_kwargs)
 
 
 # ------------------------------------------------------------------------------------------- exhaustive beam
@@ -169,7 +149,7 @@ def test_beam_search_on_mixture_is_exhaustive_search(tiny_backbone):
 def test_beam_search_of_generate_reorders_only_self_attention(padded_batch, monkeypatch):
     """`generate()`'s beam search leaves the cross-attention keys/values in place (a sentence's beams share them):
     the same sequences and scores as reordering every cache slot."""
-    source = {key: padded_batch[key] for key in ("input_ids", "attention_mask")}
+    source = source_of(padded_batch)
     # layer-wise coordination's mixed attention keeps the source keys in the cross-attention slots
     models = [tiny_model(model_type) for model_type in ("gtrans", "layerwise_coordination")]
     kwargs = dict(num_beams=3, max_new_tokens=8, output_scores=True, return_dict_in_generate=True)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import EOS, FIRST_TOKEN_ID, PAD
+from helpers import EOS, FIRST_TOKEN_ID, PAD
 from datasets import Dataset
 from torch.nn.utils.rnn import pad_sequence
 from transformers import Seq2SeqTrainingArguments, TrainerControl, TrainerState
@@ -17,8 +17,8 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 
 def toy_dataset(vocab_size: int, num_examples: int = 8) -> Dataset:
@@ -134,7 +134,7 @@ def test_time_budget_stops_training_and_says_so(tmp_path, tiny_backbone, caplog)
             callbacks=[budget],
         )
         caplog.clear()
-        with caplog.at_level("WARNING", logger="hf_layerfusion.callbacks"):
+        with caplog.at_level("WARNING", logger="hf_layerfusion.training.callbacks"):
             trainer.train()
         return trainer.state.global_step
 

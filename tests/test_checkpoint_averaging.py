@@ -9,7 +9,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
-from hf_layerfusion.checkpoint_averaging import last_checkpoints, main
+from hf_layerfusion.training.checkpoint_averaging import last_checkpoints, main
 
 
 def tiny_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:

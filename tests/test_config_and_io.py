@@ -1,29 +1,18 @@
-"""Configs, Auto-class registration, save/load, weight tying, initialisation and input validation."""
+"""Configs, Auto-class registration, weight tying, initialisation and input validation (saving and loading of every
+family is in tests/test_family_contract.py)."""
 
-import json
 import math
 
 import pytest
 import torch
-from test_hub import FAMILY_TINY_OVERRIDES
+from helpers import TINY_BACKBONE, tiny_config_overrides
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_layerfusion
+from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
 
-from hf_layerfusion import (
-    GTransConfig,
-    GTransForConditionalGeneration,
-    GTransModel,
-    PlainTransformerConfig,
-    PlainTransformerForConditionalGeneration,
-    PlainTransformerModel,
-)
-
-FAMILY_CLASSES = {
-    "gtrans": (GTransConfig, GTransModel, GTransForConditionalGeneration),
-    "plain_transformer": (PlainTransformerConfig, PlainTransformerModel, PlainTransformerForConditionalGeneration),
-}
+FAMILIES = sorted(hf_layerfusion.FAMILIES)
 GTRANS_SIZES = dict(encoder_layers=3, decoder_layers=3, encoder_group_size=2, decoder_group_size=1)
 
 
@@ -32,77 +21,28 @@ def family_config(model_type, tiny_backbone, **overrides):
     return AutoConfig.for_model(model_type, **{**tiny_backbone, **sizes, **overrides})
 
 
-def randomize_non_embedding_state(model):
-    """Random fusion weights and logits bias, so that a load that dropped them would change the outputs."""
-    generator = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "readout" in name:
-                param.copy_(torch.randn(param.shape, generator=generator))
-        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=generator))
-
-
-@pytest.mark.parametrize("model_type", sorted(FAMILY_CLASSES))
-def test_auto_classes_resolve_family(model_type, tiny_backbone, tmp_path):
-    config_class, base_class, lm_class = FAMILY_CLASSES[model_type]
-    config = family_config(model_type, tiny_backbone)
-    assert type(config) is config_class and config.model_type == model_type
-    assert type(AutoModel.from_config(config)) is base_class
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_auto_classes_resolve_family(model_type, tmp_path):
+    family = hf_layerfusion.FAMILIES[model_type]
+    config = AutoConfig.for_model(model_type, **TINY_BACKBONE, **tiny_config_overrides(model_type))
+    assert type(config) is family.config and config.model_type == model_type
+    assert type(AutoModel.from_config(config)) is family.model
     model = AutoModelForSeq2SeqLM.from_config(config)
-    assert type(model) is lm_class
+    assert type(model) is family.for_conditional_generation
     model.save_pretrained(tmp_path)
-    assert type(AutoConfig.from_pretrained(tmp_path)) is config_class
-    assert type(AutoModel.from_pretrained(tmp_path)) is base_class
+    assert type(AutoConfig.from_pretrained(tmp_path)) is family.config
+    assert type(AutoModel.from_pretrained(tmp_path)) is family.model
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILY_CLASSES))
-def test_save_load_round_trip(model_type, tiny_backbone, padded_batch, tmp_path):
-    model = AutoModelForSeq2SeqLM.from_config(family_config(model_type, tiny_backbone)).eval()
-    randomize_non_embedding_state(model)
-    model.save_pretrained(tmp_path)
-    assert (tmp_path / "model.safetensors").is_file()
-    generation_config = json.loads((tmp_path / "generation_config.json").read_text())
-    assert generation_config["decoder_start_token_id"] == model.config.decoder_start_token_id
-    assert generation_config["eos_token_id"] == model.config.eos_token_id
-    assert generation_config["pad_token_id"] == model.config.pad_token_id
-
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is type(model)
-    saved_keys = {key: value for key, value in model.config.to_dict().items() if key != "_name_or_path"}
-    assert {key: loaded.config.to_dict()[key] for key in saved_keys} == saved_keys
-    # one shared matrix: encoder and decoder embeddings and the output projection
-    shared = loaded.model.shared.weight
-    for tied in (
-        loaded.model.encoder.embed_tokens.weight,
-        loaded.model.decoder.embed_tokens.weight,
-        loaded.lm_head.weight,
-    ):
-        assert tied is shared
-    for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-
-    with torch.no_grad():
-        expected, actual = model(**padded_batch), loaded(**padded_batch)
-    assert torch.equal(actual.logits, expected.logits)
-    assert torch.equal(actual.loss, expected.loss)
-    generate_kwargs = dict(
-        input_ids=padded_batch["input_ids"],
-        attention_mask=padded_batch["attention_mask"],
-        num_beams=3,
-        max_new_tokens=6,
-    )
-    assert torch.equal(loaded.generate(**generate_kwargs), model.generate(**generate_kwargs))
-
-
-def test_tied_weights_keys_cover_shared_embeddings():
-    for lm_class in (GTransForConditionalGeneration, PlainTransformerForConditionalGeneration):
-        tied = lm_class._tied_weights_keys
-        assert set(tied) == {
-            "lm_head.weight",
-            "model.encoder.embed_tokens.weight",
-            "model.decoder.embed_tokens.weight",
-        }
-        assert set(tied.values()) == {"model.shared.weight"}
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_tied_weights_keys_cover_shared_embeddings(model_type):
+    tied = hf_layerfusion.FAMILIES[model_type].for_conditional_generation._tied_weights_keys
+    assert set(tied) == {
+        "lm_head.weight",
+        "model.encoder.embed_tokens.weight",
+        "model.decoder.embed_tokens.weight",
+    }
+    assert set(tied.values()) == {"model.shared.weight"}
 
 
 def assert_paper_fusion_init(model):
@@ -149,7 +89,7 @@ def test_init_weights(tiny_backbone, padded_batch):
 @pytest.mark.parametrize("embedding_init", ["init_std", "rsqrt_d_model"])
 @pytest.mark.parametrize(
     "model_type, overrides",
-    [(model_type, {}) for model_type in sorted(hf_layerfusion.FAMILIES)]
+    [(model_type, {}) for model_type in FAMILIES]
     + [("plain_transformer", dict(position_embedding_type="learned"))],
 )
 def test_embedding_init_statistics_of_a_fresh_model(model_type, overrides, embedding_init, tiny_backbone):
@@ -162,7 +102,7 @@ def test_embedding_init_statistics_of_a_fresh_model(model_type, overrides, embed
     config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
     sizes = dict(vocab_size=400, d_model=d, encoder_ffn_dim=64, decoder_ffn_dim=64, init_std=init_std)
     config = config_class(
-        **{**tiny_backbone, **sizes, **FAMILY_TINY_OVERRIDES.get(model_type, {}), **overrides},
+        **{**tiny_backbone, **sizes, **tiny_config_overrides(model_type), **overrides},
         embedding_init=embedding_init,
     )
     model = model_class(config)

@@ -6,7 +6,7 @@ import datasets
 import pytest
 from num2words import num2words
 
-from hf_layerfusion.data import (
+from hf_layerfusion.training.data import (
     YEAR_RANGE,
     builtin_number_corpus,
     load_json_lines_translation,
@@ -14,7 +14,7 @@ from hf_layerfusion.data import (
     load_translation_dataset,
     preprocess_translation,
 )
-from hf_layerfusion.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
 MAX_DIGITS = 3
 

@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # the worker runs outside pytest
 
 import hf_layerfusion  # noqa: E402,F401
-from conftest import TINY_BACKBONE  # noqa: E402
+from helpers import TINY_BACKBONE  # noqa: E402
 from hf_layerfusion import (  # noqa: E402
     GTransConfig,
     GTransForConditionalGeneration,
@@ -84,7 +84,7 @@ def worker(argv: list[str]) -> None:
     from datasets import Dataset
     from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments
 
-    from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+    from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
@@ -201,10 +201,10 @@ def test_run_translation_on_two_processes(tmp_path):
     copies of the first examples that filled the last round of batches)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hf_layerfusion.data import builtin_number_corpus
+    from hf_layerfusion.training.data import builtin_number_corpus
 
     sys.path.insert(0, str(REPO_ROOT / "examples"))
-    from hf_layerfusion.translation import translate
+    from hf_layerfusion.training.translation import translate
 
     output_dir = tmp_path / "run"
     corpus = dict(builtin_num_train=600, builtin_num_valid=10, builtin_num_test=21)  # 21: not a multiple of 2 x 8

@@ -7,9 +7,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_incremental_decoding_matches_full_forward
 from helpers import (
+    assert_cached_search_is_uncached_search,
     assert_generate_matches_references,
+    assert_gradient_checkpointing_same_gradients,
+    assert_incremental_decoding_matches_full_forward,
+    assert_save_load_round_trip,
     assert_trainer_step_is_hand_computed,
     attention,
     causal_allowed,
@@ -17,12 +20,14 @@ from helpers import (
     float64_default,
     layer_norm,
     output_logits,
+    padded_source,
     padding_allowed,
     plain_attend,
     randomize_layer_norms,
     reference_stack,
+    source_of,
+    tiny_marian,
 )
-from test_backbone_marian import padded_source, tiny_marian
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -46,7 +51,7 @@ from hf_layerfusion.models.deep_representations import (
     layer_diversity,
     position_spread,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 STRATEGIES = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 OFF = dict(encoder_aggregation="none", decoder_aggregation="none", diversity_weight=0.0)
@@ -407,7 +412,7 @@ def test_both_stacks_equal_hand_written_model(case, normalize_before, tiny_backb
     randomize_layer_norms(model)
     targets = torch.randint(4, 24, (3, 5), generator=torch.Generator().manual_seed(5))
     targets[:, 0] = model.config.decoder_start_token_id
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     with torch.no_grad():
         memory, expected = reference_deep_logits(model, source, targets)
         out = model(**source, decoder_input_ids=targets)
@@ -433,7 +438,7 @@ def test_added_parameters_match_table1():
         config = DeepRepresentationsConfig(**base, **overrides)
         total = 0
         for is_decoder in (False, True):
-            for module in (DeepRepresentationsModel.build_readout(config, is_decoder),
+            for module in (DeepRepresentationsModel.build_readout(None, config, is_decoder),
                            DeepRepresentationsModel.build_connection(None, config, is_decoder)):
                 total += sum(p.numel() for p in module.parameters()) if module is not None else 0
             for layer_idx in range(6):
@@ -468,24 +473,17 @@ CACHE_CASES = {
 @pytest.mark.parametrize("case", sorted(CACHE_CASES))
 def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_batch):
     model = make_model(tiny_backbone, encoder_aggregation="hierarchical", **CACHE_CASES[case])
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     decoder_input_ids = torch.randint(4, 24, (3, 6), generator=torch.Generator().manual_seed(5))
     decoder_input_ids[:, 0] = model.config.decoder_start_token_id
     assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
-
-    searches = [
-        model.generate(**source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True,
-                       return_dict_in_generate=True)
-        for use_cache in (True, False)
-    ]
-    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
-    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+    assert_cached_search_is_uncached_search(model, source, num_beams=4)
 
 
 def test_generate_greedy_beam_sampling(tiny_backbone, padded_batch):
     """Greedy, beam search and sampling against step-by-step decoding over full forward passes (tests/helpers.py)."""
     model = make_model(tiny_backbone, encoder_aggregation="iterative", decoder_aggregation="multi_layer_attention")
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     for sequences in assert_generate_matches_references(model, source)[::2]:
         assert (sequences[:, 0] == model.config.decoder_start_token_id).all()
 
@@ -663,29 +661,22 @@ def test_diversity_needs_encoder_layers(tiny_backbone, padded_batch):
 
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
+    """Multi-layer attention, the hierarchical feedback and the diversity term under the family contract's
+    checkpointing check (tests/helpers.py); the diversity term reaches the layers' weights with checkpointing too."""
     model = make_model(tiny_backbone, encoder_aggregation="multi_layer_attention",
-                       decoder_aggregation="hierarchical", diversity_weight=1.0).train()
-
-    def gradients():
-        model.zero_grad()
-        model(**padded_batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    expected = gradients()
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    actual = gradients()
-    assert actual.keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
-    # the diversity term reaches the layers' weights (Eq. 9 is part of the loss) with checkpointing too
-    model.config.diversity_weight = 0.0
-    without_diversity = gradients()
+                       decoder_aggregation="hierarchical", diversity_weight=1.0)
+    with_diversity = assert_gradient_checkpointing_same_gradients(model, padded_batch, use_reentrant, 1e-5, 1e-4)
+    model.config.diversity_weight = 0.0  # Eq. 9 is part of the loss: without it the layers' gradients change
+    model.zero_grad(set_to_none=True)
+    model(**padded_batch).loss.backward()
     name = "model.encoder.layers.0.self_attn.q_proj.weight"
-    assert not torch.allclose(without_diversity[name], actual[name])
+    assert not torch.allclose(model.get_parameter(name).grad, with_diversity[name])
 
 
 # ----------------------------------------------------------------------------------------- HF plumbing
 def test_auto_classes_and_save_load(tiny_backbone, padded_batch, tmp_path):
+    """A config built by name with a readout and a multi-layer attention, through the family contract's round trip
+    (tests/helpers.py)."""
     config = AutoConfig.for_model("deep_representations", **{**tiny_backbone, "decoder_layers": 3},
                                   encoder_aggregation="linear", decoder_aggregation="multi_layer_attention")
     assert type(config) is DeepRepresentationsConfig
@@ -693,17 +684,8 @@ def test_auto_classes_and_save_load(tiny_backbone, padded_batch, tmp_path):
     model = AutoModelForSeq2SeqLM.from_config(config).eval()
     assert type(model) is DeepRepresentationsForConditionalGeneration
     randomize_fusion(model)
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    loaded = assert_save_load_round_trip(model, padded_batch, tmp_path)
     assert loaded.config.to_dict()["decoder_aggregation"] == "multi_layer_attention"
-    for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-    with torch.no_grad():
-        expected, actual = model(**padded_batch), loaded(**padded_batch)
-    assert torch.equal(actual.logits, expected.logits) and torch.equal(actual.loss, expected.loss)
-    kwargs = dict(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"], num_beams=3,
-                  max_new_tokens=5)
-    assert torch.equal(loaded.generate(**kwargs), model.generate(**kwargs))
 
 
 def test_paper_recipe_fine_tunes_a_trained_plain_checkpoint(tiny_backbone, padded_batch, tmp_path):
@@ -785,7 +767,7 @@ def test_trainer_warns_when_the_memory_collapses(tiny_backbone, padded_batch, tm
         top_node.layer_norm.weight.zero_()
         top_node.layer_norm.bias.fill_(0.5)
     trainer = one_step_trainer(model, padded_batch, tmp_path)
-    with caplog.at_level("WARNING", logger="hf_layerfusion.trainer"):
+    with caplog.at_level("WARNING", logger="hf_layerfusion.training.trainer"):
         trainer.train()
     (logged,) = [log for log in trainer.state.log_history if "memory_spread" in log]
     assert logged["memory_spread"] == pytest.approx(0.0, abs=1e-6)

@@ -1,15 +1,17 @@
-"""The fast decoding loop (`hf_layerfusion.fast_generation`) against `generate()`, the reference: the same tokens for
+"""The fast decoding loop (`hf_layerfusion.inference`) against `generate()`, the reference: the same tokens for
 every family, greedy and beam search, with and without GTrans `decoder_groups`; rows leaving the batch; the fallback
 to `generate()`; the int8 copy."""
 
 import pytest
 import torch
-from conftest import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE
-from test_hub import FAMILIES, num_decoder_groups, tiny_model
+from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, tiny_model
 
 import hf_layerfusion
-from hf_layerfusion import fast_generation
-from hf_layerfusion.fast_generation import UnsupportedFastGeneration, fast_generate, prepare_for_inference
+from hf_layerfusion.inference import UnsupportedFastGeneration, fast_generate, fast_generation, prepare_for_inference
+from hf_layerfusion.inference.decoding import DecoderSteps
+from hf_layerfusion.inference.quantization import Int8Linear
+
+FAMILIES = sorted(hf_layerfusion.FAMILIES)
 
 SEARCHES = {
     "greedy": dict(num_beams=1, max_new_tokens=10),
@@ -48,7 +50,7 @@ def test_every_family_generates_the_tokens_of_generate(model_type, search, sourc
     for seed in range(2):
         model = tiny_model(model_type, seed)
         assert_same_tokens(model, source, **SEARCHES[search])
-        groups = num_decoder_groups(model.config)
+        groups = model.config.num_decoder_groups
         if groups > 1:
             for subset in ([groups], [1]):
                 assert_same_tokens(model, source, decoder_groups=subset, **SEARCHES[search])
@@ -122,14 +124,14 @@ def test_finished_rows_leave_the_batch_without_changing_tokens(source, monkeypat
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = 4.0
     kept_rows = []
-    select = fast_generation.DecoderSteps.select
+    select = DecoderSteps.select
 
     def recording_select(self, index, rows_dropped):
         if rows_dropped:
             kept_rows.append(index.shape[0])
         select(self, index, rows_dropped)
 
-    monkeypatch.setattr(fast_generation.DecoderSteps, "select", recording_select)
+    monkeypatch.setattr(DecoderSteps, "select", recording_select)
     for settings in (dict(num_beams=1), dict(num_beams=2), dict(num_beams=2, early_stopping=True)):
         kept_rows.clear()
         assert_same_tokens(model, source, max_new_tokens=12, **settings)
@@ -157,7 +159,7 @@ def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_c
     before = reference(model, source, num_beams=3, max_new_tokens=8)
     engine = prepare_for_inference(model, "int8")
     assert prepare_for_inference(model, "int8") is engine
-    assert isinstance(engine.model.decoder.layers[0].ffn.fc1, fast_generation.Int8Linear)
+    assert isinstance(engine.model.decoder.layers[0].ffn.fc1, Int8Linear)
     assert engine.model.shared.weight is model.model.shared.weight  # shared, not copied
     assert type(model.model.decoder.layers[0].ffn.fc1) is torch.nn.Linear  # the float model is untouched
     with torch.no_grad():

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from hf_layerfusion.fused_cross_entropy import weighted_group_cross_entropy
+from hf_layerfusion.modeling.fused_cross_entropy import weighted_group_cross_entropy
 
 
 def reference_loss(features, weight, bias, psi, labels, label_smoothing, num_items_in_batch):

@@ -9,6 +9,14 @@ import math
 
 import pytest
 import torch
+from helpers import (
+    assert_every_parameter_gets_a_gradient,
+    float64_default,
+    pre_norm_readout_states,
+    randomize_layer_norms,
+    seeded_decoder_inputs,
+    source_of,
+)
 
 from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
 
@@ -273,9 +281,9 @@ def test_gtrans_training_gradients_equal_unfused_path(tiny_backbone, padded_batc
 
 
 def test_gradients_reach_every_parameter(tiny_backbone, padded_batch):
-    model = build_gtrans(tiny_backbone, label_smoothing=0.1).train()
-    model(**padded_batch).loss.backward()
-    fusion = [name for name, _ in model.named_parameters() if "readout" in name]
+    model = build_gtrans(tiny_backbone, label_smoothing=0.1)
+    gradients = assert_every_parameter_gets_a_gradient(model, padded_batch)
+    fusion = [name for name in gradients if "readout" in name]
     assert sorted(fusion) == [
         "model.decoder.readout.group_weight",
         "model.decoder.readout.layer_weight",
@@ -283,13 +291,29 @@ def test_gradients_reach_every_parameter(tiny_backbone, padded_batch):
         "model.encoder.readout.layer_norm.weight",
         "model.encoder.readout.weight",
     ]
-    for name, param in model.named_parameters():
-        if not param.requires_grad:  # the fixed sinusoidal tables
-            assert "embed_positions" in name, name
-            continue
-        assert param.grad is not None, f"no gradient reached {name}"
-        assert torch.isfinite(param.grad).all(), f"non-finite gradient in {name}"
-        if "readout" in name and "layer_norm" not in name:
-            assert (param.grad != 0).all(), f"some fusion weight of {name} gets no gradient: {param.grad}"
-        else:
-            assert param.grad.abs().sum() > 0, f"zero gradient in {name}"
+    for name in fusion:
+        if "layer_norm" not in name:
+            assert (gradients[name] != 0).all(), f"some fusion weight of {name} gets no gradient: {gradients[name]}"
+
+
+# ------------------------------------------------------------------------------------------- pre-norm
+def test_gtrans_pre_norm_eq2_eq4_eq5_on_normalised_states(tiny_backbone, padded_batch):
+    """Eq. 2's memory fuses the final-LayerNorm'd encoder group outputs; Eq. 4's group features fuse the
+    final-LayerNorm'd decoder layers; the logits are log of the Eq. 5 mixture."""
+    with float64_default():
+        model = build_gtrans(tiny_backbone, normalize_before=True)
+    randomize_layer_norms(model)
+    targets = seeded_decoder_inputs(model)
+    with torch.no_grad():
+        memory, decoder_states = pre_norm_readout_states(
+            model, padded_batch, targets, lambda states: reference_memory(model, states)  # Eq. 2
+        )
+        groups = [1, 2, 3]
+        group_log_probs = reference_group_log_probs(model, decoder_states, groups)  # Eq. 4
+        psi = reference_psi(model, groups)
+        mixture = torch.log((psi[:, None, None, None] * group_log_probs.exp()).sum(0))  # Eq. 5
+        out = model(**source_of(padded_batch), decoder_input_ids=targets)
+    assert (group_log_probs[0] - group_log_probs[1]).abs().max() > 0.5  # the groups disagree
+    torch.testing.assert_close(out.encoder_last_hidden_state, memory, atol=1e-10, rtol=0)
+    # GTrans mixes the group softmaxes in float32 whatever the model's dtype
+    torch.testing.assert_close(out.logits.double(), mixture, atol=1e-5, rtol=0)

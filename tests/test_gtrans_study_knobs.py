@@ -14,7 +14,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 # encoder 3 layers / T_e = 2 -> 2 groups; decoder 3 layers / T_d = 2 -> groups {1, 2}, {3}
 SHAPE = dict(encoder_layers=3, decoder_layers=3, encoder_group_size=2, decoder_group_size=2)
@@ -113,7 +113,7 @@ def test_fusion_weight_init_scales_decoder_groups_but_not_the_normalised_memory(
     states = list(out.decoder_hidden_states)  # [s_0 (embeddings), s_1, s_2, s_3]: post-norm, no connection
     assert len(states) == 4
     for model, w in ((reference, 0.0), (shifted, 1.0)):
-        features = model.model.decoder.readout(states, [1, 2])
+        features = model.model.decoder.readout.group_features(states, [1, 2])
         sigma = 1 / (1 + math.exp(-w))
         torch.testing.assert_close(features[0], sigma * (states[1] + states[2]))
         torch.testing.assert_close(features[1], sigma * states[3])
@@ -144,8 +144,8 @@ def test_fused_state_dropout_drops_memory_and_group_features(tiny_backbone, padd
 
     states = [torch.randn(3, 4, 64) for _ in range(4)]
     readout = model.model.decoder.readout
-    clean_features = readout.eval()(states, [1, 2])
-    for feature, clean_feature in zip(readout.train()(states, [1, 2]), clean_features):
+    clean_features = readout.eval().group_features(states, [1, 2])
+    for feature, clean_feature in zip(readout.train().group_features(states, [1, 2]), clean_features):
         kept = feature != 0
         assert 0.35 < 1 - kept.float().mean().item() < 0.65
         torch.testing.assert_close(feature[kept], clean_feature[kept] / (1 - p))

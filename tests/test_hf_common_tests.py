@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import transformers
-from conftest import require_shared
+from helpers import TINY_CONFIGS_DIR, require_shared
 
 HF_COMMON_TESTS = Path(__file__).resolve().parents[2] / "shared" / "hf-common-tests"
 HARNESS = Path(__file__).resolve().parent / "hf_common" / "test_external_layerfusion.py"
@@ -39,6 +39,7 @@ def test_transformers_common_tests_pass_for_every_family(tmp_path):
     (tree / "src" / "transformers").symlink_to(Path(transformers.__file__).parent)
     (tree / "external").mkdir()
     shutil.copy(HARNESS, tree / "external")
+    shutil.copytree(TINY_CONFIGS_DIR, tree / "external" / TINY_CONFIGS_DIR.name)
     env = dict(os.environ, HF_HUB_OFFLINE="1", RUN_PIPELINE_TESTS="0")
     report = tmp_path / "report.xml"
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfE", "--timeout=600", "-n", "2"]

@@ -14,54 +14,36 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import subprocess
 import sys
-import sysconfig
 import textwrap
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_BACKBONE
+from helpers import (
+    GENERATION,
+    REPO_ROOT,
+    SOURCES,
+    TINY_BACKBONE,
+    run_python,
+    tiny_model,
+    tiny_tokenizer,
+    without_package_preamble,
+)
 from hub_server import HubServer
 
 import hf_layerfusion
-from hf_layerfusion.hub import REMOTE_CODE_FILE, RemoteCodeError, _Flattener, check_model_directory, generate_remote_code
+from hf_layerfusion.hub.remote_code import (
+    REMOTE_CODE_FILE,
+    RemoteCodeError,
+    _Flattener,
+    check_model_directory,
+    generate_remote_code,
+)
 
 FAMILIES = sorted(hf_layerfusion.FAMILIES)
-# Config keys a family needs at the tiny test size; a family not listed is built with its config's defaults.
-FAMILY_TINY_OVERRIDES = {
-    "gtrans": dict(encoder_group_size=1, decoder_group_size=1),  # 2 decoder groups, so decoder_groups matters
-    "re_transformer": dict(encoder_layout="s-sf", decoder_layout="scf-scf"),  # 2 + 2 layers (default layouts: 6)
-}
-SOURCES = ["ab ba", "abba baab ab", "b", "baba ab aab"]
-GENERATION = dict(num_beams=4, max_new_tokens=8)
 USER = "test-user"
-
-
-def tiny_tokenizer():
-    return hf_layerfusion.train_joint_tokenizer(
-        ["ab ba abba", "baab ab b a", "abab baba aa bb"] * 5, vocab_size=24, model="bpe",
-        extra_special_tokens=["<2de>", "<2en>"],
-    )
-
-
-def tiny_model(model_type: str, seed: int = 0):
-    """A tiny model of `model_type` whose every weight is random (fusion weights start at 0 otherwise)."""
-    config_class, _, model_class = hf_layerfusion.FAMILIES[model_type]
-    config = config_class(**TINY_BACKBONE, **FAMILY_TINY_OVERRIDES.get(model_type, {}))
-    model = model_class(config).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    return model
-
-
-def num_decoder_groups(config) -> int:
-    return getattr(config, "num_decoder_groups", 1)
 
 
 def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
@@ -73,7 +55,7 @@ def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
             "logits": model(**batch, decoder_input_ids=decoder_input_ids).logits,
             "beam": model.generate(**batch, **GENERATION),
         }
-        groups = num_decoder_groups(model.config)
+        groups = model.config.num_decoder_groups
         if groups > 1:
             outputs["logits_top_group"] = model(
                 **batch, decoder_input_ids=decoder_input_ids, decoder_groups=[groups]
@@ -85,18 +67,11 @@ def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
     return outputs
 
 
-# The consumer: no hf_layerfusion on sys.path (python -S, site-packages added without its .pth files, which hold the
-# editable install's import hook), a fresh HF_HOME, everything through the Hub client.
+# The consumer: no hf_layerfusion on sys.path (`helpers.without_package_preamble`), a fresh HF_HOME, everything through
+# the Hub client.
 CONSUMER = textwrap.dedent(
     """
-    import json, os, sys
-    sys.path.append({purelib!r})
-    try:
-        import hf_layerfusion
-    except ModuleNotFoundError:
-        pass
-    else:
-        raise SystemExit("hf_layerfusion is importable in the consumer process")
+    import json, os
     import torch
     from huggingface_hub import HfApi, hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
@@ -159,11 +134,14 @@ PUBLISHER = textwrap.dedent(
 
 
 def helpers_source() -> str:
-    """The package-free helpers of this file, for the consumer process."""
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    wanted = {"SOURCES", "GENERATION", "num_decoder_groups", "model_outputs"}
-    nodes = [n for n in tree.body if getattr(n, "name", None) in wanted or (
-        isinstance(n, ast.Assign) and {t.id for t in n.targets if isinstance(t, ast.Name)} & wanted)]
+    """The package-free definitions the consumer process needs: `model_outputs` of this file, the inputs of
+    tests/helpers.py."""
+    nodes = []
+    for path, wanted in ((Path(__file__).with_name("helpers.py"), {"SOURCES", "GENERATION"}),
+                         (Path(__file__), {"model_outputs"})):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        nodes += [n for n in tree.body if getattr(n, "name", None) in wanted or (
+            isinstance(n, ast.Assign) and {t.id for t in n.targets if isinstance(t, ast.Name)} & wanted)]
     return "\n\n".join(ast.unparse(n) for n in nodes)
 
 
@@ -172,14 +150,6 @@ def hub():
     server = HubServer().start()
     yield server
     server.stop()
-
-
-def run(script: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
-    env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
-    result = subprocess.run([sys.executable, *script], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{script[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +176,9 @@ def published(hub, tmp_path_factory):
     plan = {"pushes": pushes, "transformers_push": [transformers_repo, pushes[f"{USER}/tiny-gtrans"]["v1"]]}
     (root / "publish.json").write_text(json.dumps(plan))
     hub_env = {"HF_ENDPOINT": hub.endpoint, "HF_TOKEN": "hf_test_token"}
-    published = run(["-c", PUBLISHER, str(root / "publish.json")], {**hub_env, "HF_HOME": str(root / "publisher")}, root)
+    # the publisher has this checkout's package (whatever is installed), the consumer none
+    publisher_env = {**hub_env, "HF_HOME": str(root / "publisher"), "PYTHONPATH": str(REPO_ROOT)}
+    published = run_python(["-c", PUBLISHER, str(root / "publish.json")], publisher_env, root)
     shas = json.loads(published.stdout.strip().splitlines()[-1])
 
     consumer_home = root / "consumer_home"
@@ -217,8 +189,8 @@ def published(hub, tmp_path_factory):
     repos[transformers_repo] = {"main": "main"}
     consumer_plan = {"repos": repos, "output": str(root / "consumer.pt"), "resave_dir": str(root / "resaved")}
     (root / "consume.json").write_text(json.dumps(consumer_plan))
-    script = CONSUMER.format(purelib=sysconfig.get_paths()["purelib"], helpers=str(helpers), plan=str(root / "consume.json"))
-    run(["-S", "-c", script], {**hub_env, "HF_HOME": str(consumer_home)}, root)
+    script = without_package_preamble() + CONSUMER.format(helpers=str(helpers), plan=str(root / "consume.json"))
+    run_python(["-S", "-c", script], {**hub_env, "HF_HOME": str(consumer_home)}, root)
     return {
         "references": references,
         "remote": torch.load(root / "consumer.pt", weights_only=False),
@@ -256,14 +228,31 @@ def test_generated_code_is_self_contained_and_defines_every_family():
 @pytest.mark.parametrize(
     ("module", "name", "reason"),
     [
-        ("hf_layerfusion.conversion", "from_marian", "package import inside a function"),
-        ("hf_layerfusion.multilingual", "load_opus100", "comes from `datasets`"),
-        ("hf_layerfusion.modeling_backbone", "no_such_name", "has no top-level `no_such_name`"),
+        ("hf_layerfusion.training.multilingual", "load_opus100", "comes from `datasets`"),
+        ("hf_layerfusion.modeling.model", "no_such_name", "has no top-level `no_such_name`"),
     ],
 )
 def test_generator_refuses_what_it_cannot_inline(module, name, reason):
     with pytest.raises(RemoteCodeError, match=reason):
         _Flattener().require(module, name, "test")
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("def f():\n    from .other import g\n    return g\n", "module.py:2: a package import inside a function"),
+        ("from . import other\n\n\ndef f():\n    return other\n", "imports a package module as an object"),
+        ("print('side effect')\n\n\ndef f():\n    pass\n", "top-level Expr statement"),
+    ],
+)
+def test_generator_refuses_package_code_it_cannot_inline(source, reason, tmp_path):
+    """What no module of the package does (any longer), in a package written here."""
+    package = tmp_path / "hf_layerfusion"
+    package.mkdir()
+    (package / "module.py").write_text(source)
+    (package / "other.py").write_text("def g():\n    pass\n")
+    with pytest.raises(RemoteCodeError, match=reason):
+        _Flattener(package).require("hf_layerfusion.module", "f", "test")
 
 
 # ------------------------------------------------------------------------------------------------ saving
@@ -309,7 +298,7 @@ def test_remote_code_from_the_hub_matches_the_package(published, model_type, lab
             assert torch.equal(remote[key], reference[key]), key
     if label == "v1":  # the consumer ran the Hub pipeline on the first revision
         assert remote["pipeline"] == reference["pipeline"]
-    if num_decoder_groups(tiny_model(model_type).config) > 1:  # the decoder_groups path was really exercised
+    if tiny_model(model_type).config.num_decoder_groups > 1:  # the decoder_groups path was really exercised
         assert not torch.equal(reference["logits"], reference["logits_top_group"])
 
 

@@ -1,16 +1,41 @@
 """Layer-wise coordination (He et al. 2018): Eq. 3 mask and mixed attention against brute force, the separated
 attention of Table 3's "w/o mixed attention" against a whole decoder computed by hand, resettable positions, the
 source/target and position embedding switches, layer sharing and the Sec. 4.2 / Table 3 parameter arithmetic, decoder
-layer i reading encoder state s_{i-1} (pre-norm too), gradients of every parameter, the start token, cache, beam
-search, save/load (old config.json files too), eager/SDPA, checkpointing, Trainer, Marian."""
+layer i reading encoder state s_{i-1} (pre-norm too), gradients of every parameter, the start token, the whole paper
+model written out in both norms, and the family contract (tests/helpers.py) on every ablation: cache, beam search,
+save/load (old config.json files too), eager/SDPA; Trainer, Marian."""
 
 import json
 import math
 
 import pytest
 import torch
-from conftest import BOS, EOS, FIRST_TOKEN_ID, PAD, assert_incremental_decoding_matches_full_forward
-from helpers import assert_generate_matches_references, assert_trainer_step_is_hand_computed, copy_task_rows
+from helpers import (
+    BOS,
+    EOS,
+    FIRST_TOKEN_ID,
+    PAD,
+    assert_cached_search_is_uncached_search,
+    assert_eager_equals_sdpa,
+    assert_generate_matches_references,
+    assert_incremental_decoding_matches_full_forward,
+    assert_save_load_round_trip,
+    assert_trainer_step_is_hand_computed,
+    attention,
+    causal_allowed,
+    copy_task_rows,
+    embed,
+    feed_forward,
+    float64_default,
+    layer_norm,
+    output_logits,
+    padding_allowed,
+    plain_attend,
+    randomize_layer_norms,
+    reference_stack,
+    seeded_decoder_inputs,
+    source_of,
+)
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -37,10 +62,6 @@ def build(tiny_backbone, attn_implementation="eager", **overrides):
     config = LayerwiseCoordinationConfig(**{**tiny_backbone, "init_std": 0.3, **overrides})
     config._attn_implementation = attn_implementation
     return LayerwiseCoordinationForConditionalGeneration(config).eval()
-
-
-def source_of(batch):
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
 def decoder_inputs(config, batch_size=3, length=6):
@@ -83,34 +104,17 @@ def test_eq3_mask_explicit_matrix():
     assert torch.equal(chunk[0, 0], torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
 
 
-def reference_attention(attention, queries_from, keys_from, allowed, num_heads):
-    """Eq. 1 by hand with `attention`'s projections: one softmax over the keys of `keys_from`, the entries where
-    `allowed` (batch, 1, queries, keys) is False masked out."""
-    batch, m, d = queries_from.shape
-    head_dim = d // num_heads
-
-    def heads(x):
-        return x.view(batch, -1, num_heads, head_dim).transpose(1, 2)
-
-    q = heads(queries_from @ attention.q_proj.weight.T + attention.q_proj.bias)
-    k = heads(keys_from @ attention.k_proj.weight.T + attention.k_proj.bias)
-    v = heads(keys_from @ attention.v_proj.weight.T + attention.v_proj.bias)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(head_dim)
-    weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
-    context = (weights @ v).transpose(1, 2).reshape(batch, m, d)
-    return context @ attention.out_proj.weight.T + attention.out_proj.bias
-
-
-def reference_mixed_attention(attention, queries_from, source, target, source_keep, num_heads):
-    """Eq. 1 + 3 by hand: one softmax over [source ; target] keys, source padding and future targets masked."""
+def reference_mixed_attention(module, queries_from, source, target, source_keep, num_heads):
+    """Eq. 1 + 3 by hand (`helpers.attention`, Eq. 1 with `module`'s projections): one softmax over [source ; target]
+    keys, source padding and future targets masked."""
     batch, m = queries_from.shape[:2]
     n = source.shape[1]
-    allowed = torch.zeros(batch, 1, m, n + m, dtype=torch.bool)
+    allowed = torch.zeros(batch, m, n + m, dtype=torch.bool)
     for b in range(batch):
         for t in range(m):
             for j in range(n + m):
-                allowed[b, 0, t, j] = bool(source_keep[b, j]) if j < n else j <= t + n
-    return reference_attention(attention, queries_from, torch.cat([source, target], dim=1), allowed, num_heads)
+                allowed[b, t, j] = bool(source_keep[b, j]) if j < n else j <= t + n
+    return attention(module, queries_from, torch.cat([source, target], dim=1), allowed, num_heads)
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -144,18 +148,6 @@ def test_mixed_attention_equals_brute_force_and_reads_encoder_layer_inputs(
         torch.testing.assert_close(output, expected, atol=1e-5, rtol=1e-5, msg=f"decoder layer {i}")
 
 
-def layer_norm(x, norm):
-    """LayerNorm by its definition: (x - mean) / sqrt(var + eps) * gain + bias, over the last dimension."""
-    mean = x.mean(-1, keepdim=True)
-    variance = ((x - mean) ** 2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(variance + norm.eps) * norm.weight + norm.bias
-
-
-def feed_forward(ffn, x):
-    """W_2 relu(W_1 x + b_1) + b_2."""
-    return torch.relu(x @ ffn.fc1.weight.T + ffn.fc1.bias) @ ffn.fc2.weight.T + ffn.fc2.bias
-
-
 def reference_separated_decoder_layer(shared, x, source, source_keep, pre_norm, num_heads):
     """Table 3's "w/o mixed attention" decoder layer i from its definition: the mixed attention separated "into
     self-attention and source-target attention as usual" inside the shared layer `shared` (= encoder layer i):
@@ -163,21 +155,21 @@ def reference_separated_decoder_layer(shared, x, source, source_keep, pre_norm, 
     padding masked), then the FFN, each a residual block; both attentions use the layer's one set of attention
     parameters and its attention block's LayerNorm (pre-norm: which also normalises s_{i-1}, as for the encoder's
     self-attention), so the model has no parameter the full model lacks."""
-    attention, attention_norm = shared.self_attn, shared.self_attn_block.layer_norm
+    shared_attention, attention_norm = shared.self_attn, shared.self_attn_block.layer_norm
     ffn, ffn_norm = shared.ffn, shared.ffn_block.layer_norm
     batch, m = x.shape[:2]
-    causal = torch.ones(m, m, dtype=torch.bool).tril().expand(batch, 1, m, m)
-    source_allowed = source_keep.bool()[:, None, None, :].expand(batch, 1, m, source.shape[1])
+    causal = causal_allowed(batch, m)
+    source_allowed = padding_allowed(source_keep, m)
 
     def residual_block(h, sublayer, norm):
         return h + sublayer(layer_norm(h, norm)) if pre_norm else layer_norm(h + sublayer(h), norm)
 
     memory = layer_norm(source, attention_norm) if pre_norm else source
-    h = residual_block(x, lambda y: reference_attention(attention, y, y, causal, num_heads), attention_norm)
+    h = residual_block(x, lambda y: attention(shared_attention, y, y, causal, num_heads), attention_norm)
     h = residual_block(
-        h, lambda y: reference_attention(attention, y, memory, source_allowed, num_heads), attention_norm
+        h, lambda y: attention(shared_attention, y, memory, source_allowed, num_heads), attention_norm
     )
-    return residual_block(h, lambda y: feed_forward(ffn, y), ffn_norm)
+    return residual_block(h, lambda y: feed_forward(y, ffn), ffn_norm)
 
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
@@ -382,16 +374,8 @@ def test_without_sharing_only_the_unread_top_encoder_layer_gets_no_gradient(
 def test_incremental_decoding_and_beam_search(ablation, attn_implementation, tiny_backbone, padded_batch):
     model = build(tiny_backbone, attn_implementation, **ABLATIONS[ablation])
     source = source_of(padded_batch)
-    decoder_input_ids = decoder_inputs(model.config)
-    assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
-    searches = [
-        model.generate(
-            **source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True, return_dict_in_generate=True
-        )
-        for use_cache in (True, False)
-    ]
-    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
-    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+    assert_incremental_decoding_matches_full_forward(model, source, decoder_inputs(model.config))
+    assert_cached_search_is_uncached_search(model, source, num_beams=4)
 
 
 def test_source_keys_cached_once_target_keys_grow(tiny_backbone, padded_batch):
@@ -432,8 +416,10 @@ def test_generate_greedy_beam_sampling_and_start_token(tiny_backbone, padded_bat
 # ------------------------------------------------------------------------------------------------ io, impls
 @pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention", "unshared_cross_attention", "pre_norm"])
 def test_save_load_round_trip(ablation, tiny_backbone, padded_batch, tmp_path):
+    """The family contract's round trip (tests/helpers.py) of each ablation, and how its shared layers are stored and
+    tied back."""
     model = build(tiny_backbone, **ABLATIONS[ablation])
-    model.save_pretrained(tmp_path)
+    loaded = assert_save_load_round_trip(model, padded_batch, tmp_path)
     stored = load_file(tmp_path / "model.safetensors")
     # every tied tensor is stored once, under its source's name: with sharing a decoder layer stores nothing but an
     # unshared cross-attention, and the decoder's final LayerNorm (pre-norm) is the encoder's
@@ -442,9 +428,6 @@ def test_save_load_round_trip(ablation, tiny_backbone, padded_batch, tmp_path):
     assert decoder_sublayers == own
     assert not any(key.startswith("model.decoder.layer_norm.") for key in stored)
     assert "model.encoder.connection.language_embedding.weight" in stored
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(loaded) is LayerwiseCoordinationForConditionalGeneration
-    assert loaded.config.to_dict() == {**model.config.to_dict(), "_name_or_path": str(tmp_path)}
     loaded_encoder, loaded_decoder = loaded.model.encoder, loaded.model.decoder
     assert loaded_decoder.layers[1].ffn.fc2.weight is loaded_encoder.layers[1].ffn.fc2.weight
     assert loaded_decoder.layers[1].self_attn.q_proj.weight is loaded_encoder.layers[1].self_attn.q_proj.weight
@@ -452,10 +435,6 @@ def test_save_load_round_trip(ablation, tiny_backbone, padded_batch, tmp_path):
         assert loaded_decoder.layers[1].encoder_attn.q_proj.weight is loaded_encoder.layers[1].self_attn.q_proj.weight
     if model.config.normalize_before:
         assert loaded_decoder.layer_norm.weight is loaded_encoder.layer_norm.weight
-    for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-    with torch.no_grad():
-        torch.testing.assert_close(loaded(**padded_batch).logits, model(**padded_batch).logits, atol=0, rtol=0)
 
 
 def test_config_saved_before_the_new_switches_loads_as_it_was_trained(tiny_backbone, padded_batch, tmp_path):
@@ -483,34 +462,13 @@ def test_config_saved_before_the_new_switches_loads_as_it_was_trained(tiny_backb
 
 @pytest.mark.parametrize("ablation", ["paper", "no_mixed_attention", "unshared_cross_attention"])
 def test_eager_equals_sdpa(ablation, tiny_backbone, padded_batch):
-    eager = build(tiny_backbone, "eager", **ABLATIONS[ablation])
-    sdpa = build(tiny_backbone, "sdpa", **ABLATIONS[ablation])
-    sdpa.load_state_dict(eager.state_dict())
-    with torch.no_grad():
-        torch.testing.assert_close(sdpa(**padded_batch).logits, eager(**padded_batch).logits, atol=1e-5, rtol=1e-5)
+    assert_eager_equals_sdpa(build(tiny_backbone, **ABLATIONS[ablation]), padded_batch, rtol=1e-5)
 
 
 def test_flash_attention_refused(tiny_backbone):
     config = LayerwiseCoordinationConfig(**tiny_backbone)
     with pytest.raises(ValueError, match="[Ff]lash"):
         LayerwiseCoordinationForConditionalGeneration._from_config(config, attn_implementation="flash_attention_2")
-
-
-@pytest.mark.parametrize("use_reentrant", [True, False])
-def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
-    model = build(tiny_backbone).train()
-
-    def gradients():
-        model.zero_grad(set_to_none=True)
-        model(**padded_batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    reference = gradients()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    checkpointed = gradients()
-    assert checkpointed.keys() == reference.keys() == {name for name, _ in model.named_parameters()}
-    for name in reference:
-        torch.testing.assert_close(checkpointed[name], reference[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_trainer_one_step(tmp_path, tiny_backbone):
@@ -575,3 +533,48 @@ def test_from_marian_plain_configuration_matches_marian(attn_implementation, pad
         expected = marian(**source_of(padded_batch), decoder_input_ids=decoder_input_ids).logits
         actual = model(**source_of(padded_batch), decoder_input_ids=decoder_input_ids).logits
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- pre-norm
+@pytest.mark.parametrize("normalize_before", [True, False])
+def test_layerwise_coordination_matches_hand_written_model(normalize_before, tiny_backbone, padded_batch):
+    """The paper's model (shared layers, mixed attention, language embeddings) written out: decoder layer i's one
+    attention reads [encoder state s_{i-1} ; the decoder layer's input], both through the block's input normalisation
+    (pre-norm: its LayerNorm), with source padding and future targets masked (Eq. 3); the decoder reads the encoder
+    states before the encoder's final LayerNorm and ends in its own."""
+    with float64_default():
+        config = LayerwiseCoordinationConfig(
+            **{**tiny_backbone, "encoder_layers": 3, "decoder_layers": 3}, init_std=0.3,
+            normalize_before=normalize_before, attn_implementation="eager",
+        )
+        model = LayerwiseCoordinationForConditionalGeneration(config).eval()
+    randomize_layer_norms(model)
+    config, encoder, decoder = model.config, model.model.encoder, model.model.decoder
+    source_mask = padded_batch["attention_mask"]
+    source_allowed = padding_allowed(source_mask, source_mask.shape[1])
+    targets = seeded_decoder_inputs(model)
+    with torch.no_grad():
+        source_0 = embed(model, padded_batch["input_ids"]) + encoder.connection.language_embedding.weight[0]
+        encoder_states = reference_stack(
+            encoder.layers, ["sf"] * 3, source_0, normalize_before,
+            lambda l, below: plain_attend(config.encoder_attention_heads, source_allowed),
+        )
+        mixed_allowed = torch.cat([padding_allowed(source_mask, targets.shape[1]), causal_allowed(*targets.shape)], -1)
+
+        def mixed_attend(layer_index):
+            def attend(kind, module, x, normalize):
+                assert kind == "s"
+                keys_from = torch.cat([normalize(encoder_states[layer_index - 1]), x], dim=1)
+                return attention(module, x, keys_from, mixed_allowed, config.decoder_attention_heads)
+
+            return attend
+
+        target_0 = embed(model, targets) + decoder.connection.language_embedding.weight[0]
+        decoder_states = reference_stack(
+            decoder.layers, ["sf"] * 3, target_0, normalize_before, lambda l, below: mixed_attend(l)
+        )
+        top = layer_norm(decoder_states[-1], decoder.layer_norm) if normalize_before else decoder_states[-1]
+        expected = output_logits(model, top)
+        logits = model(**source_of(padded_batch), decoder_input_ids=targets).logits
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(logits, expected, atol=1e-10, rtol=0)

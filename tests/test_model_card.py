@@ -1,9 +1,11 @@
 """The model card carries the Hub metadata a user needs, parsed back with huggingface_hub's own ModelCard."""
 
 import pytest
+from helpers import tiny_model
 from huggingface_hub import ModelCard
 
 import hf_layerfusion
+from hf_layerfusion.hub.model_card import family_sections
 
 
 def test_model_card_metadata_and_scores(tmp_path):
@@ -22,7 +24,7 @@ def test_model_card_metadata_and_scores(tmp_path):
     assert "gtrans" in card.data.tags and card.data.pipeline_tag == "translation"
     result = card.data.eval_results[0]
     assert result.metric_type == "bleu" and result.metric_value == pytest.approx(31.25)
-    assert "import hf_layerfusion" in card.text and "nrefs:1|tok:13a" in card.text
+    assert "from hf_layerfusion import PIPELINE_TASK" in card.text and "nrefs:1|tok:13a" in card.text
 
 
 def test_model_card_needs_saved_model(tmp_path):
@@ -54,10 +56,6 @@ def test_model_card_never_silently_replaces_a_readme(tmp_path):
 
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_every_family_has_a_card_template_with_its_paper(model_type, tmp_path):
-    from test_hub import tiny_model
-
-    from hf_layerfusion.model_card import family_sections
-
     model = tiny_model(model_type)
     path = hf_layerfusion.write_model_card(
         tmp_path, model, "de", "en", "multi30k", bleu_scores={"test": 27.5, "validation": 28.25},

@@ -10,7 +10,7 @@ from datasets import Dataset
 from transformers import XLMRobertaTokenizer
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration
-from hf_layerfusion.multilingual import (
+from hf_layerfusion.training.multilingual import (
     add_language_tags,
     both_directions,
     evaluate_directions,

@@ -3,7 +3,7 @@ on the same padded batch (the Hub-code pipeline is compared in tests/test_hub.py
 
 import pytest
 import torch
-from test_hub import FAMILIES, GENERATION, SOURCES, num_decoder_groups, tiny_model, tiny_tokenizer
+from helpers import GENERATION, SOURCES, tiny_model, tiny_tokenizer
 from transformers import pipeline
 
 import hf_layerfusion
@@ -21,7 +21,7 @@ def generate_texts(model, tokenizer, sources, **kwargs) -> list[str]:
     return [text.strip() for text in tokenizer.batch_decode(output, skip_special_tokens=True)]
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_pipeline_is_batched_generate_with_kwargs_passed_through(model_type, tokenizer):
     model = tiny_model(model_type)
     translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
@@ -34,7 +34,7 @@ def test_pipeline_is_batched_generate_with_kwargs_passed_through(model_type, tok
     pairs = translator(SOURCES, batch_size=len(SOURCES), num_return_sequences=2, **GENERATION)
     expected = generate_texts(model, tokenizer, SOURCES, num_return_sequences=2, **GENERATION)
     assert [[r["translation_text"] for r in records] for records in pairs] == [expected[i : i + 2] for i in range(0, 8, 2)]
-    groups = num_decoder_groups(model.config)
+    groups = model.config.num_decoder_groups
     if groups > 1:
         top = translator(SOURCES, batch_size=len(SOURCES), decoder_groups=[groups], **GENERATION)
         assert [r["translation_text"] for r in top] == generate_texts(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_layerfusion import RTALConfig
-from hf_layerfusion.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
 PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_training.py"
 spec = importlib.util.spec_from_file_location("probe_training", PROBE)

@@ -4,21 +4,27 @@ backbone and MarianMTModel for the baseline layout, and the Marian sub-layer map
 
 import pytest
 import torch
-from conftest import FIRST_TOKEN_ID, assert_incremental_decoding_matches_full_forward
 from helpers import (
+    FIRST_TOKEN_ID,
+    assert_cached_search_is_uncached_search,
+    assert_eager_equals_sdpa,
     assert_generate_matches_references,
+    assert_gradient_checkpointing_same_gradients,
+    assert_incremental_decoding_matches_full_forward,
+    assert_save_load_round_trip,
     assert_trainer_step_is_hand_computed,
     copy_task_rows,
     embed,
     float64_default,
+    padded_source,
     padding_allowed,
     plain_attend,
     randomize_layer_norms,
     reference_encoder_decoder_logits,
     reference_stack,
+    source_of,
+    tiny_marian,
 )
-from test_backbone_marian import padded_source, tiny_marian
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -309,7 +315,7 @@ def test_incremental_decoding_matches_full_forward(decoder_layout, tiny_backbone
     layouts = decoder_layout.split("-")
     expected_slots = max(sum(l.count("s") for l in layouts), sum(l.count("c") for l in layouts))
     assert model.config.decoder_cache_layers == expected_slots
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     decoder_input_ids = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3, 6))
     decoder_input_ids[:, 0] = model.config.decoder_start_token_id
     past_key_values = assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids)
@@ -318,15 +324,7 @@ def test_incremental_decoding_matches_full_forward(decoder_layout, tiny_backbone
         6
     ] * sum(l.count("s") for l in layouts)
 
-    searches = [
-        model.generate(
-            **source, num_beams=4, max_new_tokens=6, use_cache=use_cache, output_scores=True,
-            return_dict_in_generate=True,
-        )
-        for use_cache in (True, False)
-    ]
-    assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
-    torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+    assert_cached_search_is_uncached_search(model, source, num_beams=4)
 
 
 @pytest.mark.parametrize("decoder_layout", ["scf", "s-csff-scf"])
@@ -334,7 +332,7 @@ def test_greedy_beam_and_sampling_generate(decoder_layout, tiny_backbone, padded
     """Greedy, beam search and sampling (2 samples per source, no top-k) against step-by-step decoding over full
     forward passes (tests/helpers.py); greedy with and without the cache agree."""
     model = build(tiny_backbone, encoder_layout="s-sf", decoder_layout=decoder_layout)
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     greedy = [model.generate(**source, max_new_tokens=6, use_cache=c) for c in (True, False)]
     assert torch.equal(greedy[0], greedy[1])
     assert_generate_matches_references(model, source, max_new_tokens=6, top_k=0, num_return_sequences=2)
@@ -342,48 +340,25 @@ def test_greedy_beam_and_sampling_generate(decoder_layout, tiny_backbone, padded
 
 # ------------------------------------------------------------------------------------------- HF integration
 def test_save_load_round_trip_and_auto_classes(tiny_backbone, padded_batch, tmp_path):
+    """The family contract's round trip (tests/helpers.py) with layouts of the paper's kinds; they come back as they were
+    saved, and so do the layer counts that follow them."""
     model = build(tiny_backbone, encoder_layout="s-s-sff", decoder_layout="s-scf")
-    model.save_pretrained(tmp_path)
-    assert type(AutoConfig.from_pretrained(tmp_path)) is ReTransformerConfig
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is ReTransformerForConditionalGeneration
+    loaded = assert_save_load_round_trip(model, padded_batch, tmp_path)
     assert (loaded.config.encoder_layout, loaded.config.decoder_layout) == ("s-s-sff", "s-scf")
     assert (loaded.config.encoder_layers, loaded.config.decoder_layers) == (3, 2)
-    for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-    assert loaded.lm_head.weight is loaded.model.shared.weight
-    with torch.no_grad():
-        assert torch.equal(loaded(**padded_batch).logits, model(**padded_batch).logits)
-    generate_kwargs = dict(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"],
-                           num_beams=3, max_new_tokens=5)
-    assert torch.equal(loaded.generate(**generate_kwargs), model.generate(**generate_kwargs))
 
 
 def test_eager_equals_sdpa(tiny_backbone, padded_batch):
-    eager = build(tiny_backbone, encoder_layout="s-sf-sff", decoder_layout="scf-sscf", attn_implementation="eager")
-    sdpa = build(tiny_backbone, encoder_layout="s-sf-sff", decoder_layout="scf-sscf", attn_implementation="sdpa")
-    sdpa.load_state_dict(eager.state_dict())
-    assert sdpa.config._attn_implementation == "sdpa"
-    with torch.no_grad():
-        torch.testing.assert_close(sdpa(**padded_batch).logits, eager(**padded_batch).logits, atol=1e-5, rtol=0)
+    assert_eager_equals_sdpa(build(tiny_backbone, encoder_layout="s-sf-sff", decoder_layout="scf-sscf"), padded_batch)
 
 
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
-    model = build(tiny_backbone, encoder_layout="s-sf-sff", decoder_layout="scf-sscf").train()
-
-    def gradients():
-        model.zero_grad()
-        model(**padded_batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    expected = gradients()
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    assert model.is_gradient_checkpointing
-    actual = gradients()
-    assert set(actual) == set(expected) and len(expected) == len(list(model.parameters()))
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    """Layers of the paper's kinds (self-attention only, two feed-forward blocks, two self-attentions) checkpoint like
+    the others: the family contract's check (tests/helpers.py), every parameter getting a gradient."""
+    model = build(tiny_backbone, encoder_layout="s-sf-sff", decoder_layout="scf-sscf")
+    gradients = assert_gradient_checkpointing_same_gradients(model, padded_batch, use_reentrant)
+    assert len(gradients) == len(list(model.parameters()))
 
 
 def test_trainer_one_step(tiny_backbone, tmp_path):

@@ -34,12 +34,12 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model, tiny_tokenizer, without_package_preamble
 from huggingface_hub import HfApi
 from hub_server import HubServer
 from transformers import MarianConfig, MarianMTModel
@@ -221,24 +221,13 @@ def scratch_copy(root: Path) -> Path:
     return repo
 
 
-# the python-without-package steps: site-packages without their .pth files (the editable install of
-# hf_layerfusion is one), and a check that the package is out of reach
-WITHOUT_PACKAGE = f"""import sys
-sys.path.append({sysconfig.get_paths()["purelib"]!r})
-try:
-    import hf_layerfusion
-except ModuleNotFoundError:
-    pass
-else:
-    raise SystemExit("hf_layerfusion is importable: this README block must run without the package")
-"""
-
-
 def run_step(kind: str, code: str, repo: Path, env: dict, script: Path) -> subprocess.CompletedProcess:
     if kind == "bash":
         command = ["bash", "-o", "pipefail", "-c", code]
     else:
-        script.write_text((WITHOUT_PACKAGE if kind == "python-without-package" else "") + code, encoding="utf-8")
+        # the python-without-package steps cannot import hf_layerfusion (checked)
+        preamble = without_package_preamble() if kind == "python-without-package" else ""
+        script.write_text(preamble + code, encoding="utf-8")
         command = [sys.executable, *(["-S"] if kind == "python-without-package" else []), str(script)]
         if kind == "python-without-package":
             env = {key: value for key, value in env.items() if key != "PYTHONPATH"}
@@ -308,7 +297,7 @@ def test_readme_runs_as_pasted(hub, tmp_path):
     card_blocks = [code for language, code in fenced_blocks(card) if language == "python"]
     assert len(card_blocks) == 2
     for index, code in enumerate(card_blocks):
-        kind = "python" if "import hf_layerfusion" in code else "python-without-package"
+        kind = "python" if "hf_layerfusion" in code else "python-without-package"
         result = run_step(kind, code, repo, env, tmp_path / f"card_block_{index}.py")
         output = result.stdout + result.stderr
         assert result.returncode == 0 and "Traceback" not in output, f"model card block {index}:\n{output[-6000:]}"
@@ -320,7 +309,6 @@ def test_main_jobs_check_without_the_package_ignores_pythonpath(tmp_path, monkey
     that cannot import hf_layerfusion, must hold with `PYTHONPATH` pointing at a checkout (it said "hf_layerfusion is
     importable" and failed)."""
     import quickstart
-    from test_hub import tiny_model, tiny_tokenizer
 
     model, tokenizer = tiny_model("gtrans"), tiny_tokenizer()
     model.save_pretrained(tmp_path / "gtrans")

@@ -7,10 +7,23 @@ import json
 
 import pytest
 import torch
-from conftest import FIRST_TOKEN_ID, assert_incremental_decoding_matches_full_forward
-from helpers import assert_generate_matches_references, assert_trainer_step_is_hand_computed, copy_task_rows
-from test_backbone_marian import padded_source, tiny_marian
-from transformers import AutoModel, AutoModelForSeq2SeqLM
+from helpers import (
+    FIRST_TOKEN_ID,
+    assert_cached_search_is_uncached_search,
+    assert_generate_matches_references,
+    assert_incremental_decoding_matches_full_forward,
+    assert_save_load_round_trip,
+    assert_trainer_step_is_hand_computed,
+    copy_task_rows,
+    float64_default,
+    output_logits,
+    padded_source,
+    pre_norm_readout_states,
+    randomize_layer_norms,
+    seeded_decoder_inputs,
+    source_of,
+    tiny_marian,
+)
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -18,10 +31,9 @@ from hf_layerfusion import (
     PlainTransformerForConditionalGeneration,
     RTALConfig,
     RTALForConditionalGeneration,
-    RTALModel,
 )
 from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING
-from hf_layerfusion.presets import BACKBONE_PRESETS
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS
 
 FUNCTIONS = ["mean", "concat_ffn", "ewp_ffn"]
 RESIDUALS = ["block_input", "children", "none"]
@@ -375,74 +387,24 @@ def test_incremental_decoding_matches_full_forward(case, tiny_backbone, padded_b
     # float64: the LayerNorm of Eq. 10 over a product of states amplifies float32 rounding to ~1e-5, while a
     # cache bug shows at 1e-2 and more
     model = build_rtal(tiny_backbone, **CACHE_CASES[case]).double()
-    source = {"input_ids": padded_batch["input_ids"], "attention_mask": padded_batch["attention_mask"]}
+    source = source_of(padded_batch)
     decoder_input_ids = torch.randint(FIRST_TOKEN_ID, model.config.vocab_size, (3, 6))
     decoder_input_ids[:, 0] = model.config.decoder_start_token_id
     assert_incremental_decoding_matches_full_forward(model, source, decoder_input_ids, atol=1e-10)
 
     # beam 4 and greedy: cache reordering between beams must not change the search
     for num_beams in (4, 1):
-        searches = [
-            model.generate(
-                **source, num_beams=num_beams, max_new_tokens=6, use_cache=use_cache,
-                output_scores=True, return_dict_in_generate=True,
-            )
-            for use_cache in (True, False)
-        ]
-        assert searches[0].sequences.tolist() == searches[1].sequences.tolist()
-        if num_beams > 1:
-            torch.testing.assert_close(searches[0].sequences_scores, searches[1].sequences_scores, atol=1e-5, rtol=0)
+        assert_cached_search_is_uncached_search(model, source, num_beams)
     # and against step-by-step decoding over full forward passes: greedy, beam scores, seeded sampling
     assert_generate_matches_references(model, source, max_new_tokens=6)
 
 
-def test_eager_equals_sdpa(tiny_backbone, padded_batch):
-    model = build_rtal(tiny_backbone)
-    with torch.no_grad():
-        model.set_attn_implementation("eager")
-        eager = model(**padded_batch).logits
-        model.set_attn_implementation("sdpa")
-        sdpa = model(**padded_batch).logits
-    torch.testing.assert_close(eager, sdpa, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("use_reentrant", [True, False])
-def test_gradient_checkpointing_same_gradients(use_reentrant, tiny_backbone, padded_batch):
-    model = build_rtal(tiny_backbone).train()
-
-    def gradients():
-        model.zero_grad(set_to_none=True)
-        model(**padded_batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-
-    reference = gradients()
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
-    layers = [*model.model.encoder.layers, *model.model.decoder.layers]
-    checkpoint_calls = []
-    for index, layer in enumerate(layers):  # count the checkpointed layer calls (hooks do not see the recompute)
-        checkpoint = layer._gradient_checkpointing_func
-        layer._gradient_checkpointing_func = lambda *a, c=checkpoint, i=index, **k: (
-            checkpoint_calls.append(i) or c(*a, **k)
-        )
-    checkpointed = gradients()
-    assert sorted(checkpoint_calls) == list(range(len(layers)))
-    assert checkpointed.keys() == reference.keys()
-    for name in reference:
-        torch.testing.assert_close(checkpointed[name], reference[name], atol=1e-6, rtol=1e-5, msg=name)
-
-
 def test_save_load_round_trip(tiny_backbone, padded_batch, tmp_path):
+    """The family contract's round trip (tests/helpers.py) of a tree with the non-default knobs saved in config.json."""
     model = build_rtal(tiny_backbone, aggregation_function="concat_ffn", decoder_tree_leaves=2, aggregation_ffn_dim=8)
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
-    assert type(loaded) is RTALForConditionalGeneration and type(loaded.config) is RTALConfig
+    loaded = assert_save_load_round_trip(model, padded_batch, tmp_path)
     for key in ("aggregation_function", "decoder_tree_leaves", "aggregation_ffn_dim", "tree_residual"):
         assert getattr(loaded.config, key) == getattr(model.config, key)
-    for key, value in model.state_dict().items():
-        assert torch.equal(loaded.state_dict()[key], value), key
-    with torch.no_grad():
-        assert torch.equal(loaded(**padded_batch).logits, model(**padded_batch).logits)
-    assert type(AutoModel.from_pretrained(tmp_path)) is RTALModel
 
 
 def test_plain_checkpoint_loads_with_fresh_tree(tiny_backbone, tmp_path):
@@ -499,3 +461,24 @@ def test_one_trainer_step(tiny_backbone, tmp_path):
     assert model.config.label_smoothing == 0.1
     tree = [name for name in gradients if "readout" in name]
     assert tree and all(gradients[name] is not None and gradients[name].abs().sum() > 0 for name in tree)
+
+
+# ------------------------------------------------------------------------------------------- pre-norm
+@pytest.mark.parametrize("function_name", FUNCTIONS)
+def test_rtal_pre_norm_tree_on_normalised_states(function_name, tiny_backbone, padded_batch):
+    """The trees of both stacks over the final-LayerNorm'd layer outputs: encoder leaves 3..6 (residual of the first
+    node: s_2 normalised), decoder leaves 1..4 (residual of the first node: s_0, the embeddings, as they are)."""
+    with float64_default():
+        model = build_rtal(tiny_backbone, aggregation_function=function_name, normalize_before=True)
+    randomize_layer_norms(model)
+    encoder, decoder = model.model.encoder, model.model.decoder
+    targets = seeded_decoder_inputs(model)
+    with torch.no_grad():
+        memory, decoder_states = pre_norm_readout_states(
+            model, padded_batch, targets,
+            lambda states: reference_tree(encoder.readout, function_name, "block_input", states, 3, 6),
+        )
+        root = reference_tree(decoder.readout, function_name, "block_input", decoder_states, 1, 4)
+        out = model(**source_of(padded_batch), decoder_input_ids=targets)
+    torch.testing.assert_close(out.encoder_last_hidden_state, memory, atol=1e-10, rtol=0)
+    torch.testing.assert_close(out.logits, output_logits(model, root), atol=1e-10, rtol=0)

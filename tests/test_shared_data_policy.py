@@ -1,7 +1,7 @@
 """Tests that need ../shared (Multi30k, transformers' common tests) skip where it is missing, but fail in CI."""
 
 import pytest
-from conftest import require_shared
+from helpers import require_shared
 
 
 def test_missing_shared_data_skips_locally_and_fails_in_ci(monkeypatch, tmp_path):

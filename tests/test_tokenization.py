@@ -1,10 +1,10 @@
 """Joint tokenizers on real Multi30k text: exact round trip, Marian's `</s>` convention, ids, save/load."""
 
 import pytest
-from conftest import MULTI30K_DIR, require_shared
+from helpers import MULTI30K_DIR, require_shared
 from transformers import AutoTokenizer
 
-from hf_layerfusion.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
 
 TRAIN_LINES_PER_LANGUAGE = 3000
 CHECK_LINES_PER_LANGUAGE = 200

@@ -25,14 +25,14 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 import run_translation  # noqa: E402
 
-from hf_layerfusion.translation import translate  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
 
 EPSILON = 0.1
 

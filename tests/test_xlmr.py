@@ -13,8 +13,8 @@ from transformers import (
 
 import hf_layerfusion
 from hf_layerfusion import GTransConfig
-from hf_layerfusion.presets import BACKBONE_PRESETS
-from hf_layerfusion.xlmr import backbone_config_from_xlmr, from_xlmr, load_xlmr_tokenizer
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS
+from hf_layerfusion.modeling.xlmr import backbone_config_from_xlmr, from_xlmr, load_xlmr_tokenizer
 
 TINY_XLMR = dict(
     vocab_size=40,

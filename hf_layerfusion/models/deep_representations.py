@@ -34,24 +34,24 @@ the training loss is `CE - lambda * D` (Eq. 9 maximises likelihood and diversity
 lambda = 1.0 and always starts from a trained model ("the parameters of the proposed models were initialized by the
 pre-trained model", Sec. 4.1). D has a degenerate maximum, every layer's output a constant vector orthogonal to its
 neighbours' (1 - cos^2 = 1 at every position, whatever the input), and a model trained from random initialisation
-with lambda = 1 (or 0.1) falls into it within ~50 steps and stops reading the source (docs/deep_representations.md).
-So `diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 when it loads a trained model:
+with lambda > 0 falls into it and stops reading the source (the measurements: docs/deep_representations.md). So
+`diversity_weight` defaults to 0.0, and the paper's recipe sets lambda = 1.0 when it loads a trained model:
 
     model = DeepRepresentationsForConditionalGeneration.from_pretrained(
         trained_checkpoint, encoder_aggregation="hierarchical", decoder_aggregation="hierarchical",
         diversity_weight=1.0)   # a plain Transformer checkpoint: the backbone loads, the AGG nodes start fresh
 
-(`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations
---config_overrides "diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed
-keeps its lambda: transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back.
-Even from a trained model the term pushed the layers that only feed AGG nodes towards constants in a Multi30k
-probe, so training never runs blind: in every training forward pass with `labels` (and in every pass with `labels`
-when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`, `decoder_layer_diversity`), their
-mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the cross-attention memory across source
-positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs their means over the steps between
-two logs and warns once the memory's spread falls below `hf_layerfusion.trainer.COLLAPSE_SPREAD`. The collapse's
-signature is D -> 1 with the spread -> 0. With lambda = 0 they are measured without gradient (the loss is the cross
-entropy).
+(`examples/run_translation.py --model_name_or_path <checkpoint> --model_type deep_representations --config_overrides
+"diversity_weight=1.0"` from the command line). A checkpoint saved before this default changed keeps its lambda:
+transformers writes every family key into config.json, so its `diversity_weight: 1.0` loads back. Even from a trained
+model the term can push the layers that only feed AGG nodes towards constants (measured in
+docs/deep_representations.md), so training never runs blind: in every training forward pass with `labels` (and in every
+pass with `labels` when lambda > 0) the output carries each stack's D (`encoder_layer_diversity`,
+`decoder_layer_diversity`), their mean `layer_diversity` (the D of Eq. 9) and `memory_spread`, the spread of the
+cross-attention memory across source positions (`position_spread`); `hf_layerfusion.LayerFusionSeq2SeqTrainer` logs
+their means over the steps between two logs and warns once the memory's spread falls below
+`hf_layerfusion.training.trainer.COLLAPSE_SPREAD`. The collapse's signature is D -> 1 with the spread -> 0. With lambda
+= 0 they are measured without gradient (the loss is the cross entropy).
 
 Choices where the paper is ambiguous (all tested in tests/test_deep_representations.py):
 - **Table 4 residual** (`aggregation_residual`): `"all"` (the paper's default) adds every input of AGG to FF's
@@ -99,22 +99,22 @@ import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.modeling_outputs import BaseModelOutput
-from transformers.utils import can_return_tuple
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import (
-    CacheSlots,
-    LayerContext,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    LayerFusionSeq2SeqLMOutput,
-    MultiHeadAttention,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
+from ..modeling.attention import LayerContext, MultiHeadAttention
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import (
+    AttentionSublayer,
+    Connection,
+    FeedForwardSublayer,
+    FusedStateReadout,
+    FusionParameters,
+    TopLayerReadout,
 )
+from ..modeling.layers import CacheSlots
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.outputs import LayerFusionSeq2SeqLMOutput, LayerFusionSeq2SeqModelOutput
+from ..modeling.registry import register_family
 
 AGGREGATIONS = ("none", "dense", "linear", "iterative", "hierarchical", "multi_layer_attention")
 AGGREGATION_ACTIVATIONS = {"sigmoid": torch.sigmoid, "relu": F.relu}
@@ -247,30 +247,23 @@ class LayerAggregation(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------- readouts
-class AggregationReadout(nn.Module):
-    """A fused stack output used as the encoder memory (`is_decoder=False`) or as the decoder's single output
-    feature (`is_decoder=True`, one output group)."""
+class LayerAggregationReadout(FusedStateReadout):
+    """A readout that fuses the paper's layer representations H^1..H^L into one tensor (`aggregate`): the encoder
+    memory, or the decoder's single output feature."""
 
-    num_groups = 1
-
-    def __init__(self, is_decoder: bool):
-        super().__init__()
-        self.is_decoder = is_decoder
-
-    def num_layers_needed(self, groups: Sequence[int]) -> int | None:
-        return None  # all layers
-
-    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int] | None = None):
+    def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         # states[0] is the embedding output; the paper's H^1..H^L are states[1:]
-        fused = self.aggregate(states[1:])
-        return (fused,) if self.is_decoder else fused
+        return self.aggregate(states[1:])
+
+    def aggregate(self, layers: Sequence[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
 
 
-class LinearCombination(AggregationReadout):
+class LinearCombination(LayerAggregationReadout, FusionParameters):
     """Eq. 5: `Ĥ = sum_{l=1}^{L} W_l H^l`, trainable d x d matrices W_l (no normalisation, no bias)."""
 
-    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, is_decoder: bool):
-        super().__init__(is_decoder)
+    def __init__(self, config: DeepRepresentationsConfig, num_layers: int):
+        super().__init__()
         self.weight = nn.Parameter(self.top_layer_identity(num_layers, config.d_model))  # weight[l-1] = W_l
 
     @staticmethod
@@ -292,11 +285,11 @@ class LinearCombination(AggregationReadout):
         return torch.einsum("lbtd,led->bte", torch.stack(list(layers)), self.weight.to(layers[0].dtype))
 
 
-class IterativeAggregation(AggregationReadout):
+class IterativeAggregation(LayerAggregationReadout):
     """Eq. 6: `Ĥ^1 = H^1`, `Ĥ^l = AGG(H^l, Ĥ^{l-1})` for l = 2..L; the output is Ĥ^L. `nodes[l-2]` computes Ĥ^l."""
 
-    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, ffn_dim: int, is_decoder: bool):
-        super().__init__(is_decoder)
+    def __init__(self, config: DeepRepresentationsConfig, num_layers: int, ffn_dim: int):
+        super().__init__()
         # Eq. 6's x = H^l is the input from the higher layer: "top" for Table 4's residual
         self.nodes = nn.ModuleList(LayerAggregation(config, 2, ffn_dim, top_input=0) for _ in range(num_layers - 1))
 
@@ -312,7 +305,7 @@ class IterativeAggregation(AggregationReadout):
 
 
 # --------------------------------------------------------------------------------------------------- connections
-class DenseConnection(nn.Module):
+class DenseConnection(Connection):
     """Eq. 4: `H^l = Layer(H^{l-1}) + sum_{i=1}^{l-1} H^i` (H^0, the embeddings, is not added)."""
 
     def forward(self, layer_idx: int, output: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -320,7 +313,7 @@ class DenseConnection(nn.Module):
         return output + sum(states[1:layer_idx]) if layer_idx >= 2 else output
 
 
-class HierarchicalAggregation(nn.Module):
+class HierarchicalAggregation(Connection):
     """Fig. 2 / Sec. 3.1.1: after layer 2i, node `Ĥ^i = AGG(H^{2i-1}, H^{2i}[, Ĥ^{i-1}])` replaces H^{2i} as the
     state of the stack, so layer 2i+1 (the next sub-tree) reads Ĥ^i and the top state is Ĥ^{L/2}. `nodes[i-1]`
     computes Ĥ^i; `node_inputs()` names what each node combines."""
@@ -448,24 +441,15 @@ class DeepRepresentationsSeq2SeqLMOutput(LayerFusionSeq2SeqLMOutput):
 class DeepRepresentationsModel(LayerFusionModel):
     config_class = DeepRepresentationsConfig
 
-    @classmethod
-    def build_readout(cls, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
+    def build_readout(self, config: DeepRepresentationsConfig, is_decoder: bool) -> FusedStateReadout:
         strategy, layers, ffn_dim = config.stack_settings(is_decoder)
         if strategy == "linear":
-            return LinearCombination(config, layers, is_decoder)
+            return LinearCombination(config, layers)
         if strategy == "iterative":
-            return IterativeAggregation(config, layers, ffn_dim, is_decoder)
-        return None
+            return IterativeAggregation(config, layers, ffn_dim)
+        return TopLayerReadout()
 
-    @classmethod
-    def build_encoder_readout(cls, config: DeepRepresentationsConfig) -> nn.Module:
-        return cls.build_readout(config, is_decoder=False) or TopLayerEncoderReadout()
-
-    @classmethod
-    def build_decoder_readout(cls, config: DeepRepresentationsConfig) -> nn.Module:
-        return cls.build_readout(config, is_decoder=True) or TopLayerDecoderReadout()
-
-    def build_connection(self, config: DeepRepresentationsConfig, is_decoder: bool) -> nn.Module | None:
+    def build_connection(self, config: DeepRepresentationsConfig, is_decoder: bool) -> Connection | None:
         strategy, layers, ffn_dim = config.stack_settings(is_decoder)
         if strategy == "dense":
             return DenseConnection()
@@ -475,7 +459,7 @@ class DeepRepresentationsModel(LayerFusionModel):
 
     def build_sublayer(
         self, config: DeepRepresentationsConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
-    ) -> nn.Module:
+    ) -> AttentionSublayer | FeedForwardSublayer:
         if kind != "s" or not config.attends_lower_layers(is_decoder, layer_idx):
             return super().build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)
         k = config.multi_layer_attention_k
@@ -493,6 +477,7 @@ class DeepRepresentationsModel(LayerFusionModel):
         )
 
 
+@register_family
 class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """Deep representations with the layer-diversity objective (Eq. 9): with `labels` and `diversity_weight > 0`,
     `loss = CE - diversity_weight * D`; D, each stack's term and the memory's spread are in the output (see
@@ -500,72 +485,37 @@ class DeepRepresentationsForConditionalGeneration(LayerFusionForConditionalGener
 
     config_class = DeepRepresentationsConfig
     model_class = DeepRepresentationsModel
+    output_class = DeepRepresentationsSeq2SeqLMOutput
+    training_diagnostics = DIVERSITY_DIAGNOSTICS
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        decoder_input_ids: torch.LongTensor | None = None,
-        decoder_attention_mask: torch.Tensor | None = None,
-        encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        decoder_inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        decoder_groups: Sequence[int] | None = None,
-        return_group_log_probs: bool = False,
-        logits_to_keep: int = 0,
-        num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
-    ) -> DeepRepresentationsSeq2SeqLMOutput:
-        r"""`LayerFusionForConditionalGeneration.forward`, plus the diversity term of Eq. 9 when `labels` are given
-        (and the diagnostics of `DeepRepresentationsSeq2SeqLMOutput`)."""
-        weight = self.config.diversity_weight
-        # Eq. 10 needs two layers per stack (the config refuses weight > 0 with fewer)
+    def measures_diversity(self) -> bool:
+        """Whether a forward pass with `labels` computes D: when it is part of the loss (lambda > 0), and in training
+        for the logs (Eq. 10 needs two layers per stack; the config refuses lambda > 0 with fewer)."""
         logged = self.training and min(self.config.encoder_layers, self.config.decoder_layers) >= 2
-        with_diversity = labels is not None and (weight > 0 or logged)
-        hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
-        if with_diversity:
-            kwargs["output_hidden_states"] = True  # the layer outputs h^l of both stacks
-        outputs = super().forward(
-            input_ids,
-            attention_mask=attention_mask,
-            decoder_input_ids=decoder_input_ids,
-            decoder_attention_mask=decoder_attention_mask,
-            encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            decoder_inputs_embeds=decoder_inputs_embeds,
-            labels=labels,
-            use_cache=use_cache,
-            decoder_groups=decoder_groups,
-            return_group_log_probs=return_group_log_probs,
-            logits_to_keep=logits_to_keep,
-            num_items_in_batch=num_items_in_batch,
-            **kwargs,
-        )
-        fields = dict(outputs)
-        if with_diversity:
-            if outputs.encoder_hidden_states:
-                # lambda = 0: measured for the logs only, without gradient
-                with torch.set_grad_enabled(torch.is_grad_enabled() and weight > 0):
-                    fields.update(self.diversity_diagnostics(outputs, attention_mask, labels))
-                if weight > 0:
-                    fields["loss"] = outputs.loss - weight * fields["layer_diversity"]  # Eq. 9
-            elif weight > 0:
+        return self.config.diversity_weight > 0 or logged
+
+    def extra_loss_needs_hidden_states(self) -> bool:
+        return self.measures_diversity()  # the layer outputs h^l of both stacks
+
+    def extra_loss(self, outputs, attention_mask, labels) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """`-lambda * D` (Eq. 9) and the diagnostics of `DeepRepresentationsSeq2SeqLMOutput`."""
+        weight = self.config.diversity_weight
+        if not self.measures_diversity():
+            return None, {}
+        if not outputs.encoder_hidden_states:
+            if weight > 0:
                 raise ValueError(
                     "Layer diversity (Eq. 10) needs the encoder's layer outputs: pass `input_ids` with the labels, or "
                     "`encoder_outputs` computed with `output_hidden_states=True` (or set diversity_weight=0)."
                 )
-            if not hidden_states_requested:
-                fields.pop("encoder_hidden_states", None)
-                fields.pop("decoder_hidden_states", None)
-        return DeepRepresentationsSeq2SeqLMOutput(**fields)
+            return None, {}
+        # lambda = 0: measured for the logs only, without gradient
+        with torch.set_grad_enabled(torch.is_grad_enabled() and weight > 0):
+            diagnostics = self.diversity_diagnostics(outputs, attention_mask, labels)
+        return (-(weight * diagnostics["layer_diversity"]) if weight > 0 else None), diagnostics
 
     def diversity_diagnostics(
-        self, outputs: LayerFusionSeq2SeqLMOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
+        self, outputs: LayerFusionSeq2SeqModelOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Each stack's Eq. 10 over its layer representations, their mean D, and the memory's spread."""
         encoder = layer_diversity(

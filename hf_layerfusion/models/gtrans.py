@@ -35,16 +35,13 @@ from torch import nn
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..fused_cross_entropy import weighted_group_cross_entropy
-from ..modeling_backbone import (
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
-    token_cross_entropy,
-)
-from ..validation import check_decoder_groups
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import DecoderReadout, EncoderReadout, FusionParameters, TopLayerReadout
+from ..modeling.fused_cross_entropy import weighted_group_cross_entropy
+from ..modeling.input_checks import check_decoder_groups
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel, token_cross_entropy
+from ..modeling.outputs import HeadOutput
+from ..modeling.registry import register_family
 
 
 @strict
@@ -106,7 +103,7 @@ class GTransConfig(LayerFusionConfig):
         return math.ceil(self.decoder_layers / self.decoder_group_size) if self.decoder_fusion else 1
 
 
-class GTransEncoderFusion(nn.Module):
+class GTransEncoderFusion(EncoderReadout, FusionParameters):
     """Eq. 1-2: `h^{ef} = LN(1/M * sum_{i=1..M} sigma(w_i^e) h_{alpha_i})`, alpha_i = min(i T_e, L_e)."""
 
     def __init__(self, config: GTransConfig):
@@ -126,13 +123,13 @@ class GTransEncoderFusion(nn.Module):
         """sigma(w_i^e) of each encoder group (Eq. 2; GTrans Fig. 8 plots these)."""
         return {"encoder_group_gate": torch.sigmoid(self.weight)}
 
-    def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+    def memory(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         gates = torch.sigmoid(self.weight).to(states[0].dtype)
         fused = sum(gate * states[alpha] for gate, alpha in zip(gates, self.group_last_layers))
         return F.dropout(self.layer_norm(fused / len(self.group_last_layers)), self.dropout, self.training)
 
 
-class GTransDecoderFusion(nn.Module):
+class GTransDecoderFusion(DecoderReadout, FusionParameters):
     """Eq. 3-4: group k fuses its layers `h_k^{df} = sum_{i in group k} sigma(w_i^{dr}) h_i`; also holds the
     probability-fusion weights `w^{dp}` of Eq. 5-6."""
 
@@ -162,10 +159,10 @@ class GTransDecoderFusion(nn.Module):
         """0-based layer indices of 1-based group k: layers (k-1)T_d+1 .. min(k T_d, L_d) of the paper."""
         return range((group - 1) * self.group_size, min(group * self.group_size, self.num_layers))
 
-    def num_layers_needed(self, groups: Sequence[int]) -> int:
+    def num_layers_needed(self, groups: Sequence[int], num_layers: int) -> int:
         return self.group_layers(max(groups)).stop
 
-    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    def group_features(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
         gates = torch.sigmoid(self.layer_weight).to(states[0].dtype)
         # states[i + 1] is the output of 0-based layer i (states[0] is the embedding output)
         return tuple(
@@ -182,15 +179,13 @@ class GTransDecoderFusion(nn.Module):
 class GTransModel(LayerFusionModel):
     config_class = GTransConfig
 
-    @classmethod
-    def build_encoder_readout(cls, config: GTransConfig) -> nn.Module:
-        return GTransEncoderFusion(config) if config.encoder_fusion else TopLayerEncoderReadout()
-
-    @classmethod
-    def build_decoder_readout(cls, config: GTransConfig) -> nn.Module:
-        return GTransDecoderFusion(config) if config.decoder_fusion else TopLayerDecoderReadout()
+    def build_readout(self, config: GTransConfig, is_decoder: bool) -> EncoderReadout | DecoderReadout:
+        if is_decoder:
+            return GTransDecoderFusion(config) if config.decoder_fusion else TopLayerReadout()
+        return GTransEncoderFusion(config) if config.encoder_fusion else TopLayerReadout()
 
 
+@register_family
 class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """GTrans with the probability-fusion output (Eq. 5-7). With several output groups, `logits` are `log P(y|x)`
     of the mixture, so greedy, beam search and sampling score hypotheses by the true mixture distribution. With a
@@ -200,7 +195,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
     config_class = GTransConfig
     model_class = GTransModel
 
-    def output_head(self, group_features, groups, labels, num_items_in_batch, return_group_log_probs):
+    def output_head(self, group_features, groups, labels, num_items_in_batch, return_group_log_probs) -> HeadOutput:
         if len(group_features) == 1:  # decoder fusion off, or one group mixed: a single softmax
             return super().output_head(group_features, groups, labels, num_items_in_batch, return_group_log_probs)
         if self.training and labels is None and torch.is_grad_enabled() and not self.config.allow_external_loss:
@@ -241,7 +236,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
                     [token_cross_entropy(g, labels, self.config.label_smoothing, num_items_in_batch) for g in group_logits]
                 )
                 loss = (psi * group_ce).sum()  # Eq. 7
-        return loss, logits, group_log_probs, (psi if return_group_log_probs else None)
+        return HeadOutput(loss, logits, group_log_probs, psi if return_group_log_probs else None)
 
     def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
         """`generate()` that may mix a subset of decoder groups (paper Table VI: mixing groups 3..6 of 6 is close

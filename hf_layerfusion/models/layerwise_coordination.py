@@ -69,16 +69,13 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..presets import BACKBONE_PRESETS
-from ..modeling_backbone import (
-    CacheSlots,
-    LayerContext,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    MultiHeadAttention,
-    TopLayerEncoderReadout,
-)
+from ..modeling.attention import LayerContext, MultiHeadAttention
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import AttentionSublayer, Connection, FeedForwardSublayer, TopLayerReadout
+from ..modeling.layers import CacheSlots
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.presets import BACKBONE_PRESETS
+from ..modeling.registry import register_family
 
 
 @strict
@@ -273,14 +270,14 @@ class LayerwiseCrossAttention(MultiHeadAttention):
         return self.attend_to(hidden_states, keys, values, context.memory_mask, **context.attention_kwargs)
 
 
-class LayerwiseMemoryReadout(TopLayerEncoderReadout):
+class LayerwiseMemoryReadout(TopLayerReadout):
     """Decoder layer i (1-based) reads encoder state s_{i-1}, the input of encoder layer i."""
 
     def layer_memories(self, states: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(states[:-1], dim=1)
 
 
-class LanguageEmbedding(nn.Module):
+class LanguageEmbedding(Connection):
     """The connection at l = 0: adds the learned source (encoder) or target (decoder) embedding to every position
     (Sec. 3, "Source/Target Embedding"); position-wise, so KV caching is unaffected. Initialised like the token
     embeddings (an `nn.Embedding` with one row)."""
@@ -306,16 +303,15 @@ class LayerwiseCoordinationModel(LayerFusionModel):
     _supports_flash_attn = False
     _supports_flex_attn = False
 
-    @classmethod
-    def build_encoder_readout(cls, config: LayerwiseCoordinationConfig) -> nn.Module:
-        return LayerwiseMemoryReadout() if config.layerwise_memory else TopLayerEncoderReadout()
+    def build_readout(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> TopLayerReadout:
+        return LayerwiseMemoryReadout() if config.layerwise_memory and not is_decoder else TopLayerReadout()
 
-    def build_connection(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> nn.Module | None:
+    def build_connection(self, config: LayerwiseCoordinationConfig, is_decoder: bool) -> Connection | None:
         return LanguageEmbedding(config) if config.language_embeddings else None
 
     def build_sublayer(
         self, config: LayerwiseCoordinationConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
-    ) -> nn.Module:
+    ) -> AttentionSublayer | FeedForwardSublayer:
         if is_decoder and kind == "s" and config.mixed_attention:
             return MixedAttention(config, config.decoder_attention_heads, is_causal=True, layer_idx=cache_slots.next_self())
         if is_decoder and kind == "c" and config.layerwise_memory:
@@ -355,6 +351,7 @@ class LayerwiseCoordinationModel(LayerFusionModel):
         return tied
 
 
+@register_family
 class LayerwiseCoordinationForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """Layer-wise coordination with the tied output projection of the backbone (one output group)."""
 

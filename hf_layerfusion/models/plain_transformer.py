@@ -7,8 +7,9 @@ It is the baseline every paper compares against and is weight-for-weight equal t
 from huggingface_hub.dataclasses import strict
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 
 @strict
@@ -22,6 +23,7 @@ class PlainTransformerModel(LayerFusionModel):
     config_class = PlainTransformerConfig
 
 
+@register_family
 class PlainTransformerForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     config_class = PlainTransformerConfig
     model_class = PlainTransformerModel

@@ -35,8 +35,10 @@ import re
 from huggingface_hub.dataclasses import strict
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import SUBLAYER_KINDS, LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.layers import SUBLAYER_KINDS
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 LAYER_SEPARATOR = "-"
 ENCODER_SUBLAYERS = {"s": "self-attention", "f": "feed-forward"}
@@ -194,6 +196,7 @@ class ReTransformerModel(LayerFusionModel):
     config_class = ReTransformerConfig
 
 
+@register_family
 class ReTransformerForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     config_class = ReTransformerConfig
     model_class = ReTransformerModel

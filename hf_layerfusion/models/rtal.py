@@ -47,8 +47,8 @@ Choices where the paper is silent (tested in tests/test_rtal.py; measurements in
   layer ends in a LayerNorm, in pre-norm stacks the stack's final LayerNorm follows it (and normalises every leaf,
   see `LayerStack.readout_states`). `ewp_ffn`'s Eq. 10 ends in LN already; for `mean` and `concat_ffn` the root
   passes through a LayerNorm of its own (2d parameters per tree). Without it the `concat_ffn` root is a raw FFN
-  output, 1/7 of a normalised state's norm at initialisation and unbounded afterwards, and a post-norm model
-  collapsed on Multi30k (docs/rtal.md). `root_layer_norm=False` gives Eq. 7 / Eq. 8 exactly as printed at the
+  output, not normalised like the top layer it replaces, and a post-norm model collapsed (the measurements:
+  docs/rtal.md). `root_layer_norm=False` gives Eq. 7 / Eq. 8 exactly as printed at the
   root (no effect on `ewp_ffn`, whose LN is part of Eq. 10). A saved config without the key gets True, the
   behaviour of the checkpoints saved before the switch existed.
 - **FFN size**: `aggregation_ffn_dim` defaults to 2 * d_model. The paper's Table 1 gives +8M parameters for
@@ -70,14 +70,11 @@ from torch import nn
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
-from ..configuration_backbone import LayerFusionConfig
-from ..modeling_backbone import (
-    FeedForward,
-    LayerFusionForConditionalGeneration,
-    LayerFusionModel,
-    TopLayerDecoderReadout,
-    TopLayerEncoderReadout,
-)
+from ..modeling.configuration import LayerFusionConfig
+from ..modeling.extension_points import FusedStateReadout, FusionParameters, TopLayerReadout
+from ..modeling.layers import FeedForward
+from ..modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from ..modeling.registry import register_family
 
 AGGREGATION_FUNCTIONS = ("mean", "concat_ffn", "ewp_ffn")
 TREE_RESIDUALS = ("block_input", "children", "none")
@@ -192,7 +189,7 @@ class ConcatFFNAggregation(FeedForward):
         return super().forward(torch.cat([x, y], dim=-1))
 
 
-class ProductFFNAggregation(nn.Module):
+class ProductFFNAggregation(FusionParameters):
     """Eq. 9-10 as read in the module docstring: `m = x ⊙ y`, `z = LN(m + γ · Dropout(FFN(m)))`, γ a trainable
     scalar starting at 1."""
 
@@ -242,9 +239,11 @@ def post_order_tree(first: int, last: int, is_root: bool = True) -> list[TreeNod
     ]
 
 
-class ResidualTreeAggregation(nn.Module):
+class ResidualTreeAggregation(FusedStateReadout):
     """The residual tree over the top `config.tree_leaves(is_decoder)` states of a stack (Sec. 4.1); `nodes` lists
-    the tree in post-order, `functions[node.name]` is each node's aggregation function (Sec. 4.2)."""
+    the tree in post-order, `functions[node.name]` is each node's aggregation function (Sec. 4.2). Its root replaces
+    the top layer: the memory every cross-attention reads in the encoder, the feature the output projection reads in
+    the decoder (one output group)."""
 
     def __init__(self, config: RTALConfig, is_decoder: bool):
         super().__init__()
@@ -271,7 +270,7 @@ class ResidualTreeAggregation(nn.Module):
         scales = [f.scale for f in self.functions.values() if isinstance(f, ProductFFNAggregation)]
         return {"node_scale": torch.cat(scales)} if scales else {}
 
-    def aggregate(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+    def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         """The root from the states `[s_0 .. s_L]` (`states[l]` is the output of 1-based layer l)."""
         computed = {}  # (first, last) of a node -> its value
 
@@ -290,43 +289,15 @@ class ResidualTreeAggregation(nn.Module):
         return output if self.root_layer_norm is None else self.root_layer_norm(output)
 
 
-class RTALEncoderReadout(ResidualTreeAggregation):
-    """The tree's root is the memory every cross-attention reads."""
-
-    def __init__(self, config: RTALConfig):
-        super().__init__(config, is_decoder=False)
-
-    def forward(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
-        return self.aggregate(states)
-
-
-class RTALDecoderReadout(ResidualTreeAggregation):
-    """One output group: the tree's root, which the output projection reads instead of the top layer."""
-
-    num_groups = 1
-
-    def __init__(self, config: RTALConfig):
-        super().__init__(config, is_decoder=True)
-
-    def num_layers_needed(self, groups: Sequence[int]) -> int | None:
-        return None  # all layers
-
-    def forward(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
-        return (self.aggregate(states),)
-
-
 class RTALModel(LayerFusionModel):
     config_class = RTALConfig
 
-    @classmethod
-    def build_encoder_readout(cls, config: RTALConfig) -> nn.Module:
-        return RTALEncoderReadout(config) if config.encoder_aggregation else TopLayerEncoderReadout()
-
-    @classmethod
-    def build_decoder_readout(cls, config: RTALConfig) -> nn.Module:
-        return RTALDecoderReadout(config) if config.decoder_aggregation else TopLayerDecoderReadout()
+    def build_readout(self, config: RTALConfig, is_decoder: bool) -> FusedStateReadout:
+        aggregation = config.decoder_aggregation if is_decoder else config.encoder_aggregation
+        return ResidualTreeAggregation(config, is_decoder) if aggregation else TopLayerReadout()
 
 
+@register_family
 class RTALForConditionalGeneration(LayerFusionForConditionalGeneration, GenerationMixin):
     """RTAL with the tied output projection reading the decoder tree's root; loss, logits and generation are the
     backbone's single-group ones."""

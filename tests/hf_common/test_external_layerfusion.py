@@ -9,23 +9,26 @@ builds and runs as part of the project's test command. By hand:
     d=$(mktemp -d) && cp -r ../shared/hf-common-tests/. "$d" && chmod -R u+w "$d"
     mkdir -p "$d/src" && ln -s "$(python -c 'import transformers, os; print(os.path.dirname(transformers.__file__))')" "$d/src/transformers"
     mkdir -p "$d/external" && cp tests/hf_common/test_external_layerfusion.py "$d/external/"
+    cp -r tests/tiny_configs "$d/external/"
     cd "$d" && HF_HUB_OFFLINE=1 RUN_PIPELINE_TESTS=0 python -m pytest -p no:cacheprovider -q -rfEs --timeout=600 external/
 
-One test class per family is generated from `FAMILY_TESTS` below. A new family needs one entry there: the
-config keywords that make it valid (and its fusion active) at the testers' tiny size, 2 encoder + 2 decoder
-layers (the mixins use `num_hidden_layers` for both stacks and want it <= 2). A family of `FAMILIES` without an
-entry still gets its class, built from the family's defaults, plus a failing `test_family_has_harness_entry`.
+One test class per registered family, built with the family's tiny test config (`tiny_configs/<model_type>.json`,
+copied next to this file from tests/tiny_configs): the config keywords that make it valid (and its fusion active)
+at the testers' tiny size, 2 encoder + 2 decoder layers (the mixins use `num_hidden_layers` for both stacks and
+want it <= 2).
 
-Where a family deliberately differs from what a common test assumes, its entry names a mixin class whose
+Where a family deliberately differs from what a common test assumes, `DESIGN_CHOICES` names a mixin class whose
 override of that test says why in its docstring and runs an equivalent check of the family's own contract
 (never a bare skip).
 """
 
 import contextlib
 import copy
+import json
 import os
 import tempfile
 import unittest
+from pathlib import Path
 from unittest import mock
 
 from transformers import is_torch_available, set_seed
@@ -412,7 +415,6 @@ class _LayerFusionCommonTests(BackboneDesignChoices, ModelTesterMixin, Generatio
     """Shared body; the concrete unittest.TestCase subclass of each family is generated below."""
 
     model_type = None
-    has_harness_entry = True
     tester_kwargs = {}
     is_encoder_decoder = True
     test_missing_keys = False  # same as Marian: tied/shared embeddings are reported as missing
@@ -425,12 +427,12 @@ class _LayerFusionCommonTests(BackboneDesignChoices, ModelTesterMixin, Generatio
         self.model_tester = LayerFusionModelTester(self, config_class, base, lm, **self.tester_kwargs)
         self.config_tester = ConfigTester(self, config_class=config_class)
 
-    def test_family_has_harness_entry(self):
-        self.assertTrue(
-            self.has_harness_entry,
-            f"family {self.model_type!r} has no entry in FAMILY_TESTS of tests/hf_common/test_external_layerfusion.py"
-            " (its tiny-config keywords, and a mixin for deliberate differences if it has any)",
-        )
+    def test_tester_config_is_the_tiny_config(self):
+        """The testers build the family's own config class with its tiny test config (tests/tiny_configs)."""
+        config = self.model_tester.get_config()
+        self.assertIs(type(config), FAMILIES[self.model_type][0])
+        tiny = tiny_config_overrides(self.model_type)
+        self.assertEqual({key: getattr(config, key) for key in tiny}, tiny)
 
     def test_config(self):
         self.config_tester.run_common_tests()
@@ -681,20 +683,17 @@ class LayerwiseCoordinationDesignChoices:
             super().test_decoder_model_past_with_large_inputs()
 
 
-# one entry per family: (tiny-config keywords, mixin of deliberate differences or None)
-FAMILY_TESTS = {
-    "plain_transformer": ({}, None),
-    # 2 encoder groups of 1 layer, 2 decoder groups of 1 layer: encoder fusion + probability mixture active
-    "gtrans": ({"encoder_group_size": 1, "decoder_group_size": 1}, GTransDesignChoices),
-    # the defaults fit 2 + 2 layers: hierarchical aggregation of the 2 layers of each stack, diversity term on
-    "deep_representations": ({}, None),
-    # a tree over both layers (2 leaves) of each stack, EWP + FFN nodes
-    "rtal": ({}, None),
-    # shared encoder/decoder layers, mixed attention, language embeddings, layer-wise memory
-    "layerwise_coordination": ({}, LayerwiseCoordinationDesignChoices),
-    # the Re-Transformer's re-arranged encoder at 2 layers: a self-attention-only layer, then a full one
-    "re_transformer": ({"encoder_layout": "s-sf"}, None),
+# the families that deliberately differ from what some common test assumes: the mixin of their overrides
+DESIGN_CHOICES = {
+    "gtrans": GTransDesignChoices,
+    "layerwise_coordination": LayerwiseCoordinationDesignChoices,
 }
+TINY_CONFIGS = Path(__file__).resolve().parent / "tiny_configs"
+
+
+def tiny_config_overrides(model_type: str) -> dict:
+    """The family's tiny test config (tests/tiny_configs/<model_type>.json, copied next to this file)."""
+    return json.loads((TINY_CONFIGS / f"{model_type}.json").read_text(encoding="utf-8"))["config"]
 
 
 def _class_name(model_type: str) -> str:
@@ -702,15 +701,14 @@ def _class_name(model_type: str) -> str:
 
 
 def _make_test_class(model_type: str):
-    config_kwargs, design_choices = FAMILY_TESTS.get(model_type, ({}, None))
+    design_choices = DESIGN_CHOICES.get(model_type)
     _config_class, base, lm = FAMILIES[model_type]
     bases = ((design_choices,) if design_choices else ()) + (_LayerFusionCommonTests, unittest.TestCase)
     body = {
         "model_type": model_type,
-        "has_harness_entry": model_type in FAMILY_TESTS,
         "all_model_classes": (base, lm),
         "pipeline_model_mapping": {"feature-extraction": base},
-        "tester_kwargs": {"extra_config_kwargs": config_kwargs},
+        "tester_kwargs": {"extra_config_kwargs": tiny_config_overrides(model_type)},
         "__module__": __name__,
     }
     return require_torch(type(_class_name(model_type), bases, body))

@@ -1,0 +1,123 @@
+"""A translation pipeline for every hf_layerfusion family (transformers 5 removed the `translation` task).
+
+Importing hf_layerfusion registers it with transformers' `PIPELINE_REGISTRY` as `"layerfusion-translation"`:
+`pipeline("translation", ...)` itself cannot be registered, because transformers 5 resolves that name to a removal
+error before it looks at the registry. A saved model's config also names the pipeline under `custom_pipelines` as
+`"translation"`, the one place transformers still accepts that name, so that the Hub copy works without the
+package: `pipeline("translation", model=repo_id, trust_remote_code=True)`. This module is part of the
+self-contained Hub code (`hf_layerfusion.hub.remote_code`), so it may import from the package only what that code can
+inline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import Pipeline
+
+from ..inference.fast_generation import fast_generate
+from ..inference.quantization import QUANTIZATIONS, prepare_for_inference
+from ..training.multilingual import check_language_tag, language_tag, tag_source
+
+# `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
+# with the Hub code alone.
+PIPELINE_TASK = "layerfusion-translation"
+HUB_PIPELINE_TASK = "translation"
+
+
+class LayerFusionTranslationPipeline(Pipeline):
+    """Translate sentences with an hf_layerfusion encoder-decoder (greedy and beam search through the fast decoding
+    loop of `hf_layerfusion.inference`, which gives the tokens of `generate()`; other settings run
+    `generate()`).
+
+    Call it on a string or a list of strings; `batch_size=` batches the inputs (padded per batch). Each input gives
+    `[{"translation_text": ...}]` (one record per returned sequence); a list of inputs gives one record per input
+    when `num_return_sequences` is 1, like transformers 4's translation pipeline.
+
+    Args (at construction or per call):
+        tgt_lang: multilingual models (`hf_layerfusion.training.multilingual`): the target language, whose `<2xx>` tag
+            is prepended to every source; a `ValueError` if the tokenizer has no such tag.
+        src_lang: accepted for compatibility with transformers 4's translation pipeline; the tag scheme of Johnson
+            et al. (2017) marks only the target, so the source language is validated as a language code and not fed
+            to the model.
+        max_source_length: truncation length of the sources (default: the model's position table).
+        decoder_groups: GTrans, 1-based decoder groups to mix (paper Table VI).
+        fast: decode with `fast_generate` (default True); False calls `generate()` itself.
+        quantization: `"int8"` translates with the model's int8 copy (`prepare_for_inference`: faster on CPU, not
+            token-exact); default None (float).
+        any other keyword (`num_beams`, `max_new_tokens`, ...): passed to `generate()`.
+    """
+
+    _pipeline_calls_generate = True
+    _load_tokenizer = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+
+    def _sanitize_parameters(
+        self,
+        src_lang: str | None = None,
+        tgt_lang: str | None = None,
+        max_source_length: int | None = None,
+        decoder_groups: Sequence[int] | None = None,
+        fast: bool | None = None,
+        quantization: str | None = None,
+        **generate_kwargs,
+    ):
+        preprocess_params = {}
+        if fast is not None:
+            generate_kwargs["fast"] = bool(fast)
+        if quantization is not None:
+            if quantization not in QUANTIZATIONS:
+                raise ValueError(f"Unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}.")
+            generate_kwargs["quantization"] = quantization
+        if src_lang is not None:
+            language_tag(src_lang)  # a clear error for a malformed code
+        if tgt_lang is not None:
+            check_language_tag(self.tokenizer, tgt_lang)
+            preprocess_params["tgt_lang"] = tgt_lang
+        if max_source_length is not None:
+            if max_source_length < 1:
+                raise ValueError(f"`max_source_length` must be positive, got {max_source_length}.")
+            preprocess_params["max_source_length"] = max_source_length
+        if decoder_groups is not None:
+            generate_kwargs["decoder_groups"] = list(decoder_groups)
+        if generate_kwargs.get("max_new_tokens") is not None and "max_length" not in generate_kwargs:
+            # the call's limit replaces the `max_length` saved in the model's generation config (run_translation.py
+            # saves one) instead of competing with it: generate() warns about every call that has both
+            generate_kwargs["max_length"] = None
+        return preprocess_params, generate_kwargs, {}
+
+    def __call__(self, inputs: str | list[str], **kwargs):
+        if not isinstance(inputs, (str, list)) or (isinstance(inputs, list) and not all(isinstance(x, str) for x in inputs)):
+            raise TypeError(f"The translation pipeline takes a string or a list of strings, got {type(inputs).__name__}.")
+        results = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(len(records) == 1 for records in results):
+            return [records[0] for records in results]
+        return results
+
+    def preprocess(self, text: str, tgt_lang: str | None = None, max_source_length: int | None = None):
+        if tgt_lang is not None:
+            text = tag_source(text, tgt_lang)
+        return self.tokenizer(
+            text,
+            truncation=True,
+            max_length=max_source_length or self.model.config.max_position_embeddings,
+            return_tensors="pt",
+        )
+
+    def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        engine = prepare_for_inference(self.model, quantization)
+        if fast:
+            output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)
+        else:
+            output_ids = engine.generate(**model_inputs, **generate_kwargs)
+        # one row per returned sequence: keep the input as the leading axis so that batches split per input
+        return {"output_ids": output_ids.reshape(model_inputs["input_ids"].shape[0], -1, output_ids.shape[-1])}
+
+    def postprocess(self, model_outputs):
+        return [
+            {"translation_text": text.strip()}
+            for text in self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
+        ]

@@ -1,0 +1,196 @@
+"""The decoder side of the fast decoding loop (`hf_layerfusion.inference.fast_generation`): `DecodingCache`, the
+keys/values of every decoder attention in preallocated, position-major slots, and `DecoderSteps`, one decoder position
+at a time through the model's own modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask
+
+from ..modeling.attention import MultiHeadAttention
+from ..modeling.input_checks import check_decoder_groups
+
+
+# --------------------------------------------------------------------------------------------------- cache
+class _KeyValueSlot:
+    """Keys/values of one decoder attention slot, stored position-major, `(capacity, rows, heads, head_dim)`, filled
+    up to `length`: a step writes one contiguous block, attention reads the `(rows, heads, length, head_dim)` view
+    (the same numbers as a row-major cache), and a beam reorder copies the filled positions, contiguous, into a spare
+    buffer that then takes the place of the current one."""
+
+    __slots__ = ("keys", "values", "spare_keys", "spare_values", "length")
+
+    def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int):
+        rows, heads, _, head_dim = key_states.shape
+        self.keys = key_states.new_empty((capacity, rows, heads, head_dim))
+        self.values = value_states.new_empty((capacity, rows, heads, value_states.shape[-1]))
+        self.spare_keys = self.spare_values = None
+        self.length = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.length, self.length + key_states.shape[2]
+        if end > self.keys.shape[0]:
+            raise RuntimeError(f"DecodingCache: {end} positions exceed the capacity of {self.keys.shape[0]}.")
+        self.keys[start:end] = key_states.permute(2, 0, 1, 3)
+        self.values[start:end] = value_states.permute(2, 0, 1, 3)
+        self.length = end
+        return self.keys[:end].permute(1, 2, 0, 3), self.values[:end].permute(1, 2, 0, 3)
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (in that order): beam reordering, or dropping rows (then the buffers shrink)."""
+        if index.shape[0] != self.keys.shape[1]:
+            self.spare_keys = self.keys.new_empty((self.keys.shape[0], index.shape[0], *self.keys.shape[2:]))
+            self.spare_values = self.values.new_empty((self.values.shape[0], index.shape[0], *self.values.shape[2:]))
+        elif self.spare_keys is None:
+            self.spare_keys, self.spare_values = torch.empty_like(self.keys), torch.empty_like(self.values)
+        filled = slice(0, self.length)
+        torch.index_select(self.keys[filled], 1, index, out=self.spare_keys[filled])
+        torch.index_select(self.values[filled], 1, index, out=self.spare_values[filled])
+        self.keys, self.spare_keys = self.spare_keys, self.keys
+        self.values, self.spare_values = self.spare_values, self.values
+        if index.shape[0] != self.spare_keys.shape[1]:  # the old buffers have the old row count: not reusable
+            self.spare_keys = self.spare_values = None
+
+
+class _SelfAttentionCache:
+    """The `Cache.update(key_states, value_states, layer_idx)` interface over preallocated slots."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.slots: dict[int, _KeyValueSlot] = {}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = self.slots.get(layer_idx)
+        if slot is None:
+            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity)
+        return slot.update(key_states, value_states)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        slot = self.slots.get(layer_idx)
+        return 0 if slot is None else slot.length
+
+    def select(self, index: torch.Tensor) -> None:
+        for slot in self.slots.values():
+            slot.select(index)
+
+
+class _StaticLayer:
+    __slots__ = ("keys", "values")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.keys, self.values = keys, values
+
+
+class _CrossAttentionCache:
+    """Keys/values computed once per input (they depend on the encoder output only), as `layers[slot].keys`."""
+
+    def __init__(self):
+        self.layers: dict[int, _StaticLayer] = {}
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        # stored contiguous (the projections' transposed views are not): attention reads them at every step
+        layer = self.layers[layer_idx] = _StaticLayer(key_states.contiguous(), value_states.contiguous())
+        return layer.keys, layer.values
+
+    def select(self, index: torch.Tensor) -> None:
+        for layer in self.layers.values():
+            layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+
+
+class DecodingCache(EncoderDecoderCache):
+    """The cache of the fast loop, read and written by the families' attention modules exactly like the
+    `EncoderDecoderCache` of `generate()` (`self_attention_cache.update`, `cross_attention_cache.layers[slot]`,
+    `is_updated`). Self-attention slots are preallocated for `capacity` positions; their `select(index)` keeps rows
+    `index` (reordering beams, dropping rows), as does the cross-attention part's when rows leave the batch (a
+    sentence's beams share their cross-attention keys/values: reordering beams leaves them in place)."""
+
+    def __init__(self, capacity: int):  # no super().__init__(): the two caches are not transformers `Cache`s
+        self.self_attention_cache = _SelfAttentionCache(capacity)
+        self.cross_attention_cache = _CrossAttentionCache()
+        self.is_updated: dict[int, bool] = {}
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.self_attention_cache.get_seq_length(layer_idx)
+
+
+# --------------------------------------------------------------------------------------------------- decoder steps
+class DecoderSteps:
+    """Runs the decoder one position at a time for the rows still in the batch, through the model's own modules:
+    the stack's embeddings and `run_layers`, the family's readout and `output_head` (what `forward()` computes for
+    one new position, without its per-call work).
+
+    With `group > 1` (beam search: `group` consecutive rows are the beams of one sentence) and attention modules that
+    accept key groups (`MultiHeadAttention.accepts_key_groups`), the encoder memory and hence the cross-attention
+    keys/values are kept once per sentence instead of once per beam: `group` times less to compute at the first step
+    and to read at every step."""
+
+    def __init__(
+        self,
+        model,
+        encoder_outputs,
+        attention_mask,
+        capacity: int,
+        decoder_groups: Sequence[int] | None,
+        group: int = 1,
+    ):
+        self.model = model
+        self.decoder = model.get_decoder()
+        self.groups = check_decoder_groups(decoder_groups, self.decoder.readout.num_groups)
+        needed = self.decoder.readout.num_layers_needed(self.groups, len(self.decoder.layers))
+        self.layers = self.decoder.layers[:needed]
+        attention = [module for module in self.layers.modules() if isinstance(module, MultiHeadAttention)]
+        self.group = group if all(module.accepts_key_groups for module in attention) else 1
+        # `generate()` expands the encoder outputs to one row per beam (consecutive copies): keep one per group
+        self.memory = encoder_outputs.last_hidden_state[:: self.group]
+        self.layer_memories = getattr(encoder_outputs, "layer_memories", None)
+        if self.layer_memories is not None:
+            self.layer_memories = self.layer_memories[:: self.group]
+        self.attention_mask = None if attention_mask is None else attention_mask[:: self.group]
+        self.memory_mask = self.build_memory_mask()
+        self.cache = DecodingCache(capacity)
+        self.position = 0
+
+    def build_memory_mask(self) -> torch.Tensor | None:
+        """The cross-attention mask `forward()` builds for one query position (None where nothing is masked)."""
+        return create_bidirectional_mask(
+            config=self.decoder.config,
+            inputs_embeds=self.memory[:, :1],
+            attention_mask=self.attention_mask,
+            encoder_hidden_states=self.memory,
+        )
+
+    def memory_for_layer(self, layer_idx: int) -> torch.Tensor:
+        return self.memory if self.layer_memories is None else self.layer_memories[:, layer_idx]
+
+    @torch.no_grad()
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """float32 logits `(rows, vocab)` of the next position after `tokens` `(rows,)`, as `generate()` reads them."""
+        input_ids = tokens[:, None]
+        embeddings = self.decoder.embeddings(input_ids, self.decoder.input_embeddings(input_ids, None), self.position)
+        states = self.decoder.run_layers(
+            embeddings,
+            self.layers,
+            self.memory_for_layer,
+            # one query per step attends to every cached position: no self-attention mask, as `forward()` builds none
+            {"attention_mask": None, "memory_mask": self.memory_mask, "past_key_values": self.cache},
+        )
+        features = self.decoder.readout.group_features(states, self.groups)
+        logits = self.model.output_head(features, self.groups, None, None, False).logits
+        self.position += 1
+        return logits[:, -1].float()  # a fresh tensor: the loop may change it in place
+
+    def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
+        """Keep rows `index`: a beam reorder (`rows_dropped=False`) or rows leaving the batch (whole groups)."""
+        self.cache.self_attention_cache.select(index)
+        if rows_dropped:
+            kept = index[:: self.group] // self.group  # the groups (sentences) kept
+            self.cache.cross_attention_cache.select(kept)
+            self.memory = self.memory.index_select(0, kept)
+            if self.layer_memories is not None:
+                self.layer_memories = self.layer_memories.index_select(0, kept)
+            if self.attention_mask is not None:
+                self.attention_mask = self.attention_mask.index_select(0, kept)
+            self.memory_mask = self.build_memory_mask()

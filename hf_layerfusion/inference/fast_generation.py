@@ -1,0 +1,190 @@
+"""Fast generation for every hf_layerfusion family: the tokens of `generate()`, with less work per step.
+
+`fast_generate(model, **inputs_and_generate_kwargs)` returns what `model.generate(...)` returns for greedy search and
+beam search. It runs `generate()`'s own preparation (generation config, special tokens, encoder, beam expansion,
+logits processors, stopping criteria) and replaces only the decoding loop (transformers' `custom_generate` hook):
+
+- the decoder runs through the model's own stack (`LayerStack.run_layers`: the family's layers, connection, readout
+  and `output_head`), one position per step, without `forward()`'s per-step work (output-capture hooks, mask
+  building, input checks, output dataclasses);
+- keys/values live in `DecodingCache`: self-attention slots preallocated position-major (a step writes one block in
+  place instead of concatenating the whole cache), cross-attention keys/values computed once per input, kept
+  contiguous and, in beam search, once per sentence instead of once per beam (the backbone's attention folds a
+  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder copies the filled
+  self-attention positions only (`generate()` also reorders every cross-attention slot, whose rows are equal);
+- sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
+  rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
+  processors that are not known to act row by row, every row is kept, as `generate()` does;
+- beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
+  scoring, length penalty and early stopping are those of `generate()` by construction.
+
+In float32 the numbers are `generate()`'s except for the order of some sums (beam search attends a sentence's beams
+together), so the tokens are the same unless two candidates tie to the last bits; tests/test_fast_generation.py checks
+the tokens against `generate()` for every family, greedy and beam, and `benchmarks/bench_inference.py` on every run.
+
+`prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: the model itself, or with
+`quantization="int8"` an inference copy whose linear layers are int8 (see `Int8Linear`). Anything the loop does not
+cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping criteria, a prompt for the
+decoder, attention implementations other than eager and SDPA, ...) runs `generate()` itself, with one warning naming
+the reason; `fast_generate(..., fallback=False)` raises `UnsupportedFastGeneration` instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.generation import GenerationMixin
+from transformers.generation.configuration_utils import GenerationMode
+from transformers.generation.logits_process import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+from transformers.utils import logging
+
+from .decoding import DecoderSteps
+from .quantization import prepare_for_inference
+from .search import BEAM_SEARCH_HELPERS, beam_search, greedy_search
+
+fast_generation_logger = logging.get_logger(__name__)
+
+FAST_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+# logits processors whose output row depends only on that row's scores and tokens (and the step): rows that can no
+# longer change the output may leave the batch without changing what the processors do to the other rows
+ROW_WISE_PROCESSORS = (
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    InfNanRemoveLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+)
+
+
+class UnsupportedFastGeneration(ValueError):
+    """A generation setting the fast loop does not cover; `fast_generate(..., fallback=True)` runs `generate()`."""
+
+
+# keyword arguments of generate() that the fast loop does not receive through transformers' `custom_generate` hook
+CALL_KEYWORDS_NOT_COVERED = ("streamer", "assistant_model", "synced_gpus", "custom_generate", "stopping_criteria")
+
+
+def unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs) -> str | None:
+    """Why the fast loop cannot run this generation (as `generate()` prepared it), or None."""
+    mode = generation_config.get_generation_mode()
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.BEAM_SEARCH):
+        return f"generation mode {mode.value}"
+    if generation_config.return_dict_in_generate:
+        return "return_dict_in_generate=True"
+    if not generation_config.use_cache:
+        return "use_cache=False"
+    if model.training:
+        return "the model is in training mode (dropout)"
+    implementation = model.config._attn_implementation
+    if implementation not in FAST_ATTENTION_IMPLEMENTATIONS:
+        return f"attn_implementation={implementation!r}"
+    if input_ids.shape[1] != 1:
+        return "a decoder prompt (decoder_input_ids)"
+    if model_kwargs.get("decoder_attention_mask") is not None or model_kwargs.get("decoder_inputs_embeds") is not None:
+        return "decoder_attention_mask / decoder_inputs_embeds"
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and cache.get_seq_length() > 0:
+        return "a filled past_key_values"
+    criteria = {type(criterion) for criterion in stopping_criteria}
+    if MaxLengthCriteria not in criteria or not criteria <= {MaxLengthCriteria, EosTokenCriteria}:
+        return f"stopping criteria {sorted(c.__name__ for c in criteria)}"
+    if mode == GenerationMode.BEAM_SEARCH:
+        missing = [name for name in BEAM_SEARCH_HELPERS if not hasattr(model, name)]
+        if missing:
+            return f"this transformers version lacks the beam search helpers {missing}"
+    return None
+
+
+def report_fallback(reason: str) -> None:
+    fast_generation_logger.warning_once(
+        f"hf_layerfusion fast generation does not cover {reason}: running generate() instead."
+    )
+
+
+def fast_decoding_loop(fallback: bool = True):
+    """The decoding loop of `fast_generate` as a `generate(custom_generate=...)` callable, for callers that run
+    `generate()` themselves (`LayerFusionSeq2SeqTrainer`'s evaluation): greedy and beam search as `generate()` would
+    run them, token for token. A generation it does not cover runs transformers' own loop (a warning names the
+    reason once), or raises `UnsupportedFastGeneration` with `fallback=False`. `generate()` drops `synced_gpus` and
+    `streamer` when `custom_generate` is a callable, so callers that need them must not pass this loop."""
+
+    def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        reason = unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs)
+        if reason is not None:
+            mode = generation_config.get_generation_mode()
+            method = getattr(GenerationMixin, {GenerationMode.BEAM_SEARCH: "_beam_search"}.get(mode, "_sample"))
+            if not fallback or mode not in (
+                GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE
+            ):
+                raise UnsupportedFastGeneration(reason)
+            report_fallback(reason)
+            return method(
+                model,
+                input_ids,
+                logits_processor=logits_processor,
+                stopping_criteria=stopping_criteria,
+                generation_config=generation_config,
+                **model_kwargs,
+            )
+        max_length = stopping_criteria.max_length
+        compact = all(isinstance(processor, ROW_WISE_PROCESSORS) for processor in logits_processor)
+        steps = DecoderSteps(
+            model,
+            model_kwargs["encoder_outputs"],
+            model_kwargs.get("attention_mask"),
+            capacity=max_length - 1,
+            decoder_groups=model_kwargs.get("decoder_groups"),
+            group=generation_config.num_beams,
+        )
+        if generation_config.num_beams > 1:
+            return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)
+        return greedy_search(steps, input_ids, logits_processor, generation_config, max_length, compact)
+
+    return decode
+
+
+def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
+    """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
+    greedy and beam search. `quantization="int8"` runs the int8 inference copy of the model
+    (`prepare_for_inference`; not token-exact, see there). Settings the loop does not cover run `generate()` itself
+    (a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
+    engine = prepare_for_inference(model, quantization)
+    if inputs is not None:
+        kwargs["inputs"] = inputs
+    covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
+    reason = f"the generate() argument(s) {covered}" if covered else None
+    if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
+        reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
+    if reason is not None:
+        if not fallback:
+            raise UnsupportedFastGeneration(reason)
+        report_fallback(reason)
+        return engine.generate(**kwargs)
+
+    decode = fast_decoding_loop(fallback)
+    try:
+        with torch.inference_mode():
+            return engine.generate(custom_generate=decode, **kwargs)
+    except UnsupportedFastGeneration as error:
+        if not fallback:
+            raise
+        report_fallback(str(error))
+        return engine.generate(**kwargs)

@@ -1,0 +1,201 @@
+"""The search loops of the fast decoding loop (`hf_layerfusion.inference.fast_generation`): greedy search and beam
+search as `generate()` runs them, over `DecoderSteps`, with rows that can no longer change the output leaving the
+batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+from .decoding import DecoderSteps
+
+# the parts of transformers' beam search the fast loop calls (private methods of transformers; `unsupported_reason` checks
+# them and falls back to generate() without them)
+BEAM_SEARCH_HELPERS = (
+    "_get_top_k_continuations",
+    "_get_running_beams_for_next_iteration",
+    "_update_finished_beams",
+    "_check_early_stop_heuristic",
+    "_beam_search_has_unfinished_sequences",
+    "_flatten_beam_dim",
+    "_unflatten_beam_dim",
+)
+# rows that can no longer change the output leave the batch once they are this share of the rows still computed
+# (dropping them costs a copy of the cache, so it is batched)
+COMPACTION_SHARE = 0.25
+
+
+def apply_logits_processors(processors, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """`processors(input_ids, scores)`, with the minimum-length processors done in place: the same values as their
+    `torch.where(eos_mask, -inf, scores)` on a clone, without two passes over `(rows, vocab)` per step."""
+    for processor in processors:
+        if type(processor) is MinNewTokensLengthLogitsProcessor:
+            if input_ids.shape[-1] - processor.prompt_length_to_skip < processor.min_new_tokens:
+                scores[:, processor.eos_token_id] = -float("inf")
+        elif type(processor) is MinLengthLogitsProcessor:
+            if input_ids.shape[-1] < processor.min_length:
+                scores[:, processor.eos_token_id] = -float("inf")
+        else:
+            scores = type(processors)([processor])(input_ids, scores)
+    return scores
+
+
+def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
+    """`GenerationMixin._sample` without sampling: argmax of the processed scores; a finished row gets padding (and,
+    with `compact`, leaves the batch once enough rows have finished)."""
+    pad_token_id = generation_config._pad_token_tensor
+    eos_token_id = generation_config._eos_token_tensor
+    batch_size, cur_len = input_ids.shape
+    sequences = input_ids.new_full((batch_size, max_length), 0 if pad_token_id is None else int(pad_token_id))
+    sequences[:, :cur_len] = input_ids
+    rows = None  # the original row of each computed row (None: all rows, in order)
+    finished = torch.zeros(batch_size, dtype=torch.bool, device=input_ids.device)
+    tokens = input_ids[:, -1]
+    while True:
+        scores = steps.logits(tokens)
+        context = sequences[:, :cur_len] if rows is None else sequences[rows, :cur_len]
+        # `max` returns the first maximal index like `argmax` (in `generate()`), 2-3x faster on CPU
+        next_tokens = apply_logits_processors(logits_processor, context, scores).max(dim=-1).indices
+        if eos_token_id is not None:
+            next_tokens = torch.where(finished, pad_token_id, next_tokens)
+        if rows is None:
+            sequences[:, cur_len] = next_tokens
+        else:
+            sequences[rows, cur_len] = next_tokens
+        cur_len += 1
+        if eos_token_id is not None:
+            finished |= torch.isin(next_tokens, eos_token_id)
+        if cur_len >= max_length or bool(finished.all()):
+            return sequences[:, :cur_len]
+        tokens = next_tokens
+        done = int(finished.sum())
+        if compact and done >= max(1, COMPACTION_SHARE * finished.shape[0]):
+            keep = (~finished).nonzero().squeeze(1)
+            steps.select(keep, rows_dropped=True)
+            rows = keep if rows is None else rows[keep]
+            finished, tokens = finished[keep], tokens[keep]
+
+
+def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
+    """`GenerationMixin._beam_search` (deterministic) around the fast decoder steps, with transformers' own helpers for
+    the bookkeeping: the same candidates, scores, length penalty, early stopping and output. Batch items that can no
+    longer change the output (no improvement possible, or all beams finished with `early_stopping=True`) leave the
+    batch, with `compact`, once they are `COMPACTION_SHARE` of it."""
+    pad_token_id = generation_config._pad_token_tensor
+    eos_token_id = generation_config._eos_token_tensor
+    early_stopping = generation_config.early_stopping
+    length_penalty = generation_config.length_penalty
+    num_beams = generation_config.num_beams
+    num_return_sequences = generation_config.num_return_sequences
+    device = input_ids.device
+    batch_size, cur_len = input_ids.shape[0] // num_beams, input_ids.shape[1]
+    decoder_prompt_len = cur_len
+    n_eos_tokens = eos_token_id.shape[0] if eos_token_id is not None else 0
+    beams_to_keep = max(2, 1 + n_eos_tokens) * num_beams
+    top_num_beam_mask = torch.arange(beams_to_keep, device=device) < num_beams
+    # transformers' own expression (a pad id of 0 counts as unset)
+    output_fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
+
+    running_sequences = torch.full((batch_size, num_beams, max_length), output_fill_value, dtype=torch.int64, device=device)
+    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, num_beams)
+    sequences = running_sequences.detach().clone()
+    running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
+    running_beam_scores[:, 1:] = -1e9
+    beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
+    is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
+    is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+    running_beam_indices = torch.full(
+        (batch_size, num_beams, max_length - cur_len), fill_value=-1, dtype=torch.int32, device=device
+    )
+    beam_indices = running_beam_indices.detach().clone()
+    # the final sequences of every batch item, written when an item leaves the batch and at the end
+    final_sequences, final_beam_indices = sequences.clone(), beam_indices.clone()
+    items = torch.arange(batch_size, device=device)  # original batch item of each item still searched
+
+    while True:
+        flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
+        log_probs = F.log_softmax(steps.logits(flat_running_sequences[:, -1]), dim=-1)
+        log_probs = apply_logits_processors(logits_processor, flat_running_sequences, log_probs)
+        log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
+        log_probs = torch.reshape(log_probs, (batch_size, -1))
+        topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
+            accumulated_log_probs=log_probs,
+            running_sequences=running_sequences,
+            running_beam_indices=running_beam_indices,
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            do_sample=False,
+            beams_to_keep=beams_to_keep,
+            num_beams=num_beams,
+            batch_size=batch_size,
+        )
+        # the stopping criteria of the fast loop (checked by `unsupported_reason`): the maximum length and EOS
+        if cur_len + 1 >= max_length:
+            next_token_hits_stopping_criteria = torch.ones_like(topk_log_probs, dtype=torch.bool)
+        elif eos_token_id is not None:
+            next_token_hits_stopping_criteria = torch.isin(topk_running_sequences[:, :, cur_len], eos_token_id)
+        else:
+            next_token_hits_stopping_criteria = torch.zeros_like(topk_log_probs, dtype=torch.bool)
+        running_sequences, running_beam_scores, running_beam_indices = model._get_running_beams_for_next_iteration(
+            topk_log_probs, topk_running_sequences, topk_running_beam_indices, next_token_hits_stopping_criteria, num_beams
+        )
+        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
+            sequences=sequences,
+            topk_running_sequences=topk_running_sequences,
+            beam_scores=beam_scores,
+            topk_log_probs=topk_log_probs,
+            beam_indices=beam_indices,
+            topk_running_beam_indices=topk_running_beam_indices,
+            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
+            is_sent_finished=is_sent_finished,
+            next_token_hits_stopping_criteria=next_token_hits_stopping_criteria,
+            top_num_beam_mask=top_num_beam_mask,
+            num_beams=num_beams,
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty,
+            early_stopping=early_stopping,
+        )
+        beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
+        cur_len += 1
+        is_early_stop_heuristic_unsatisfied = model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
+            running_beam_scores=running_beam_scores,
+            beam_scores=beam_scores,
+            is_sent_finished=is_sent_finished,
+            cur_len=cur_len,
+            max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping,
+            length_penalty=length_penalty,
+        )
+        if not model._beam_search_has_unfinished_sequences(
+            is_early_stop_heuristic_unsatisfied, is_sent_finished, next_token_hits_stopping_criteria, early_stopping
+        ):
+            break
+        # an item whose finished beams can no longer change: every candidate it could add scores -1e9 or less
+        frozen = ~is_early_stop_heuristic_unsatisfied[:, 0]
+        if early_stopping is True:
+            frozen |= is_sent_finished.all(dim=-1)
+        if not compact or int(frozen.sum()) < max(1, COMPACTION_SHARE * batch_size):
+            steps.select(beam_idx, rows_dropped=False)
+            continue
+        final_sequences[items[frozen]] = sequences[frozen]
+        final_beam_indices[items[frozen]] = beam_indices[frozen]
+        keep = (~frozen).nonzero().squeeze(1)
+        steps.select(beam_idx.view(batch_size, num_beams)[keep].reshape(-1), rows_dropped=True)
+        items, batch_size = items[keep], keep.shape[0]
+        running_sequences, running_beam_scores, running_beam_indices = (
+            running_sequences[keep], running_beam_scores[keep], running_beam_indices[keep]
+        )
+        sequences, beam_scores, beam_indices = sequences[keep], beam_scores[keep], beam_indices[keep]
+        is_sent_finished = is_sent_finished[keep]
+        is_early_stop_heuristic_unsatisfied = is_early_stop_heuristic_unsatisfied[keep]
+
+    final_sequences[items] = sequences
+    final_beam_indices[items] = beam_indices
+    sequences = model._flatten_beam_dim(final_sequences[:, :num_return_sequences, :])
+    beam_indices = model._flatten_beam_dim(final_beam_indices[:, :num_return_sequences, :])
+    max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
+    return sequences[:, : decoder_prompt_len + max_generated_length]

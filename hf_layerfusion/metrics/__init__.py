@@ -1,1 +1,0 @@
-"""Local `evaluate` metric modules, loadable without the Hugging Face Hub (see `hf_layerfusion.evaluation`)."""

@@ -1,0 +1,169 @@
+"""Converters from Hugging Face checkpoints into any hf_layerfusion family.
+
+`from_marian` turns a `MarianMTModel` (e.g. an opus-mt checkpoint) into a model of any family carrying its
+weights; with every fusion switched off the result computes exactly what the Marian model computes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+from ..file_checks import check_local_or_hub, reraise_hub_error
+from .embeddings import SinusoidalPositionalEmbedding
+from .registry import FAMILIES, check_model_type
+
+logger = logging.getLogger(__name__)
+
+# Marian parameter name -> backbone parameter name (per layer, after the `model.{encoder,decoder}.layers.N.` prefix)
+_MARIAN_LAYER_RENAMES = {
+    "self_attn_layer_norm.": "self_attn_block.layer_norm.",
+    "encoder_attn_layer_norm.": "encoder_attn_block.layer_norm.",
+    "final_layer_norm.": "ffn_block.layer_norm.",
+    "fc1.": "ffn.fc1.",
+    "fc2.": "ffn.fc2.",
+}
+_LAYER_KEY = re.compile(r"^(model\.(?:encoder|decoder)\.layers\.\d+\.)(.*)$")
+
+
+def _rename_marian_key(key: str) -> str | None:
+    """Backbone name of a Marian state-dict key; None for keys the backbone rebuilds itself (positions)."""
+    if key.endswith("embed_positions.weight"):
+        return None  # sinusoidal tables are computed, identical to Marian's (checked by the tests)
+    match = _LAYER_KEY.match(key)
+    if match is None:
+        return key
+    prefix, rest = match.groups()
+    for old, new in _MARIAN_LAYER_RENAMES.items():
+        if rest.startswith(old):
+            return prefix + new + rest[len(old):]
+    return key
+
+
+def _is_computed_table(model, key: str) -> bool:
+    module_name = key.rpartition(".")[0]
+    return isinstance(model.get_submodule(module_name), SinusoidalPositionalEmbedding)
+
+
+def _load_report(model, state_dict: dict, source: str) -> dict:
+    """Load `state_dict` into `model`; refuse unexpected keys or shape mismatches, log what stayed fresh."""
+    own = model.state_dict()
+    unexpected = sorted(k for k in state_dict if k not in own)
+    mismatched = sorted(
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state_dict.items()
+        if k in own and own[k].shape != v.shape
+    )
+    if unexpected or mismatched:
+        raise ValueError(
+            f"{source} does not fit this {model.config.model_type} architecture.\n"
+            f"Unexpected keys: {unexpected}\nShape mismatches: {mismatched}"
+        )
+    with torch.no_grad():
+        for key, value in state_dict.items():
+            own[key].copy_(value)
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    # tied copies are loaded through their source; sinusoidal tables are computed, not learned
+    fresh = sorted(k for k in own if k not in state_dict and k not in tied and not _is_computed_table(model, k))
+    report = {"loaded": sorted(state_dict), "freshly_initialised": fresh}
+    logger.info("Loaded %d tensors from %s; freshly initialised: %s", len(state_dict), source, fresh)
+    return report
+
+
+def build_with_weights(model_type: str, config_kwargs: dict, state_dict: dict, source: str):
+    """A fresh `model_type` model with `config_kwargs`, loaded with `state_dict` (backbone names) via
+    `_load_report`; `model.conversion_report` says what was loaded and what stays freshly initialised."""
+    check_model_type(model_type)
+    config = AutoConfig.for_model(model_type, **config_kwargs)
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    model.conversion_report = _load_report(model, state_dict, source)
+    model.tie_weights()
+    return model
+
+
+def _load_marian(name_or_path) -> MarianMTModel:
+    """A `MarianMTModel` from a local directory or Hub id, after checking that its config is a Marian one: loading
+    another architecture's weights with `MarianMTModel` would leave a random model behind a normal load report."""
+    path = check_local_or_hub(name_or_path, "Marian checkpoint")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as error:
+        if os.path.isdir(path):
+            raise
+        reraise_hub_error(path, "Marian checkpoint", error)
+    if config.model_type != MarianConfig.model_type:
+        raise ValueError(
+            f"from_marian needs a Marian checkpoint (model_type 'marian'); {path!r} has model_type "
+            f"{config.model_type!r} (architectures {getattr(config, 'architectures', None)})."
+        )
+    return MarianMTModel.from_pretrained(path, config=config)
+
+
+def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overrides):
+    """Build a `model_type` model from a `MarianMTModel` (instance, local directory or Hub id).
+
+    The backbone keys (sizes, activation, dropout, special tokens) are taken from the Marian config; every other
+    key of the family (group sizes, fusion switches, ...) comes from `config_overrides` or the family default.
+    The Marian generation config (beam size, bad words, max length) is carried over. Fusion parameters start from
+    their paper initialisation; `model.conversion_report` lists loaded and freshly initialised tensors.
+    """
+    check_model_type(model_type)
+    if isinstance(marian_model_or_path, (str, os.PathLike)):
+        marian = _load_marian(marian_model_or_path)
+    elif isinstance(marian_model_or_path, MarianMTModel):
+        marian = marian_model_or_path
+    else:
+        raise TypeError(
+            f"from_marian expects a MarianMTModel or a path / Hub id, got {type(marian_model_or_path).__name__}."
+        )
+    mc = marian.config
+    if not mc.share_encoder_decoder_embeddings or mc.decoder_vocab_size != mc.vocab_size:
+        raise ValueError(
+            "from_marian needs a Marian model with one shared vocabulary "
+            f"(share_encoder_decoder_embeddings={mc.share_encoder_decoder_embeddings}, "
+            f"vocab_size={mc.vocab_size}, decoder_vocab_size={mc.decoder_vocab_size})."
+        )
+    backbone = dict(
+        vocab_size=mc.vocab_size,
+        d_model=mc.d_model,
+        encoder_layers=mc.encoder_layers,
+        decoder_layers=mc.decoder_layers,
+        encoder_attention_heads=mc.encoder_attention_heads,
+        decoder_attention_heads=mc.decoder_attention_heads,
+        encoder_ffn_dim=mc.encoder_ffn_dim,
+        decoder_ffn_dim=mc.decoder_ffn_dim,
+        max_position_embeddings=mc.max_position_embeddings,
+        activation_function=mc.activation_function,
+        scale_embedding=mc.scale_embedding,
+        dropout=mc.dropout,
+        attention_dropout=mc.attention_dropout,
+        activation_dropout=mc.activation_dropout,
+        init_std=mc.init_std,
+        pad_token_id=mc.pad_token_id,
+        eos_token_id=mc.eos_token_id,
+        bos_token_id=mc.bos_token_id,
+        decoder_start_token_id=mc.decoder_start_token_id,
+        position_embedding_type="sinusoidal",
+        layernorm_embedding=False,
+        normalize_before=False,
+        tie_word_embeddings=True,
+        attn_implementation=mc._attn_implementation,
+    )
+    state_dict = {}
+    for key, value in marian.state_dict().items():
+        new_key = _rename_marian_key(key)
+        if new_key is not None and not new_key.startswith("lm_head"):
+            state_dict[new_key] = value
+    source = f"Marian checkpoint {mc.name_or_path or '(in memory)'}"
+    config_kwargs, state_dict, not_loaded = FAMILIES[model_type].config.adapt_marian_checkpoint(
+        backbone, config_overrides, state_dict
+    )
+    model = build_with_weights(model_type, config_kwargs, state_dict, source)
+    model.conversion_report["not_loaded"] = not_loaded
+    model.generation_config = copy.deepcopy(marian.generation_config)
+    return model

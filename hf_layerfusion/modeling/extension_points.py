@@ -1,0 +1,158 @@
+"""The backbone's extension points: the base classes of what a family may replace, with the methods the backbone
+calls, and the plain Transformer's choice of each.
+
+`LayerFusionModel` builds both stacks through its builders, which a family overrides (`hf_layerfusion.modeling`):
+
+- `build_readout(config, is_decoder)` returns an `EncoderReadout` for the encoder and a `DecoderReadout` for the
+  decoder. Readouts receive the states `[s_0 .. s_L]` (s_0 = embeddings; in pre-norm models s_1..s_L pass through the
+  stack's final LayerNorm) and report their learned fusion weights as the papers plot them (`fusion_weights()`,
+  logged by `hf_layerfusion.training.callbacks.FusionWeightsCallback`). A `FusedStateReadout` fuses the states into one
+  tensor and serves either stack; `TopLayerReadout` is the plain Transformer's;
+- `build_connection(config, is_decoder)` returns a `Connection`, or None for the plain stack (s_l = layer l's output);
+- `build_sublayer(config, is_decoder, kind, layer_idx, cache_slots)` returns an `AttentionSublayer` for `s` / `c` and
+  a `FeedForwardSublayer` for `f`; an attention sub-layer reads what it needs from the `LayerContext`.
+
+The stacks and layers check what the builders return against these classes. A module that holds fusion parameters
+(gates, mixing weights, scales) directly is also a `FusionParameters`. The output head, the fourth extension point, is
+`LayerFusionForConditionalGeneration.output_head`, which returns a `HeadOutput` (`hf_layerfusion.modeling.outputs`),
+and `extra_loss` there adds a family's term to the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache
+
+
+# --------------------------------------------------------------------------------------------------- sub-layers
+@dataclass
+class LayerContext:
+    """What a layer's sub-layers may read besides their input, for one layer of one stack forward.
+
+    - `attention_mask`: the stack's self-attention mask (bidirectional in the encoder, causal in the decoder);
+    - `memory`, `memory_mask`: the encoder memory this decoder layer reads (None in the encoder, and in a decoder
+      called without encoder states), with its mask;
+    - `past_key_values`: the decoder's cache (None in the encoder);
+    - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
+      input), for attention that reads lower layers (multi-layer attention);
+    - `attention_kwargs`: passed through to the attention interface;
+    - `normalize`: what the running sub-layer's residual block does to its input before the sub-layer (its
+      LayerNorm in pre-norm models, the identity in post-norm ones), for attention that also reads states other than
+      its input (the memory, lower states) and must see them as it sees its input (set per sub-layer by the layer).
+    """
+
+    attention_mask: torch.Tensor | None
+    memory: torch.Tensor | None
+    memory_mask: torch.Tensor | None
+    past_key_values: Cache | None
+    lower_states: Sequence[torch.Tensor]
+    attention_kwargs: dict
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+class AttentionSublayer(nn.Module):
+    """An `s` or `c` sub-layer. Every attention of the package is a `MultiHeadAttention`
+    (`hf_layerfusion.modeling.attention`), whose weights transformers' output capture records as `attentions` /
+    `cross_attentions`."""
+
+    def forward(
+        self, hidden_states: torch.Tensor, context: LayerContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`(output, attention weights or None)` of the sub-layer's normalised input (pre-norm: after its residual
+        block's LayerNorm), reading what else it needs from `context`."""
+        raise NotImplementedError
+
+
+class FeedForwardSublayer(nn.Module):
+    """An `f` sub-layer."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The output of the sub-layer's normalised input."""
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------------- connections
+class Connection(nn.Module):
+    """What layer l+1 of a stack receives: the state s_l."""
+
+    def forward(self, layer_idx: int, output: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """s_l from layer l's output and the states `[s_0 .. s_{l-1}]` below it; l = 0 is the embedding output
+        (`output` the embeddings, `states` empty)."""
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------------- readouts
+class Readout(nn.Module):
+    """What both readouts have: the fusion weights the papers plot."""
+
+    def fusion_weights(self) -> dict[str, torch.Tensor]:
+        """`{name: 1-D tensor}`, with the transforms of the paper (sigmoid gates, softmax mixtures); empty without
+        fusion weights."""
+        return {}
+
+
+class EncoderReadout(Readout):
+    """The encoder's readout: what cross-attention reads."""
+
+    def memory(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The memory every cross-attention reads, `(batch, source, d_model)`."""
+        raise NotImplementedError
+
+    def layer_memories(self, states: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """One memory per decoder layer, `(batch, decoder_layers, source, d_model)` (batch first, so that beam search
+        expands it like the memory), or None: every decoder layer reads `memory`. It receives the states as the
+        layers produced them (pre-norm: before the final LayerNorm; the decoder sub-layer reading them normalises them
+        through `LayerContext.normalize`)."""
+        return None
+
+
+class DecoderReadout(Readout):
+    """The decoder's readout: one feature per output group, which the output head turns into logits and loss."""
+
+    num_groups = 1
+
+    def group_features(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """The feature of each requested 1-based output group, in the order of `groups`."""
+        raise NotImplementedError
+
+    def num_layers_needed(self, groups: Sequence[int], num_layers: int) -> int:
+        """How many of the stack's `num_layers` layers the requested groups read; the decoder computes no layer above
+        them (GTrans pruning). Default: all."""
+        return num_layers
+
+
+class FusedStateReadout(EncoderReadout, DecoderReadout):
+    """A readout that fuses a stack's states into one tensor: the memory of an encoder, the single output group of a
+    decoder."""
+
+    def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def memory(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        return self.fuse(states)
+
+    def group_features(self, states: Sequence[torch.Tensor], groups: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        return (self.fuse(states),)
+
+
+class TopLayerReadout(FusedStateReadout):
+    """The plain Transformer's readout of either stack: the top layer."""
+
+    def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
+        return states[-1]
+
+
+# --------------------------------------------------------------------------------------------------- parameters
+class FusionParameters(nn.Module):
+    """A module that holds fusion parameters (gates, mixing weights, scales) directly; its LayerNorms and feed-forward
+    networks are sub-modules, initialised as such. `LayerFusionPreTrainedModel._init_weights` calls
+    `init_fusion_weights`, and `LayerFusionSeq2SeqTrainer` keeps the parameters these modules hold directly out of
+    weight decay unless `config.decay_fusion_weights` (`LayerFusionPreTrainedModel.fusion_parameter_names`)."""
+
+    def init_fusion_weights(self) -> None:
+        """Set the fusion parameters as the paper initialises them."""
+        raise NotImplementedError

@@ -1,0 +1,392 @@
+"""The bare encoder-decoder (`LayerFusionModel`, whose builders are the families' extension points) and the
+encoder-decoder with the LM head (`LayerFusionForConditionalGeneration`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import initialization as init
+from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.utils import can_return_tuple
+
+from .attention import CrossAttention, MultiHeadAttention
+from .configuration import LayerFusionConfig
+from .extension_points import (
+    AttentionSublayer,
+    Connection,
+    DecoderReadout,
+    EncoderReadout,
+    FeedForwardSublayer,
+    TopLayerReadout,
+)
+from .layers import CacheSlots, FeedForward, TransformerLayer
+from .outputs import HeadOutput, LayerFusionEncoderOutput, LayerFusionSeq2SeqLMOutput, LayerFusionSeq2SeqModelOutput
+from .pretrained import LayerFusionPreTrainedModel
+from .stacks import LayerFusionDecoder, LayerFusionEncoder
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder input: labels shifted one step right, `-100` replaced by the pad id."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill_(shifted == -100, pad_token_id)
+
+
+class LayerFusionModel(LayerFusionPreTrainedModel):
+    """Bare encoder-decoder (no LM head). A family overrides the builders below; each returns a module of its extension
+    point (`hf_layerfusion.modeling.extension_points`), and the stacks check that it does."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: LayerFusionConfig):
+        super().__init__(config)
+        config.check_consistency()  # attributes may have been changed after the config was built
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = LayerFusionEncoder(
+            config,
+            nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
+            self.build_readout(config, is_decoder=False),
+            self.build_layers(config, is_decoder=False),
+            self.build_connection(config, is_decoder=False),
+        )
+        self.decoder = LayerFusionDecoder(
+            config,
+            nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id),
+            self.build_readout(config, is_decoder=True),
+            self.build_layers(config, is_decoder=True),
+            self.build_connection(config, is_decoder=True),
+        )
+        self.post_init()
+
+    # ---- family extension points
+    def build_readout(self, config: LayerFusionConfig, is_decoder: bool) -> EncoderReadout | DecoderReadout:
+        """The `EncoderReadout` of the encoder or the `DecoderReadout` of the decoder (plain: the top layer)."""
+        return TopLayerReadout()
+
+    def build_connection(self, config: LayerFusionConfig, is_decoder: bool) -> Connection | None:
+        """The stack's `Connection`, or None for the plain stack (s_l = layer l's output)."""
+        return None
+
+    def build_sublayer(
+        self, config: LayerFusionConfig, is_decoder: bool, kind: str, layer_idx: int, cache_slots: CacheSlots
+    ) -> AttentionSublayer | FeedForwardSublayer:
+        """The `AttentionSublayer` of an `s` / `c` sub-layer or the `FeedForwardSublayer` of an `f` sub-layer of layer
+        `layer_idx` (0-based); decoder attentions that keep keys/values take their slot from `cache_slots`."""
+        heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
+        if kind == "s":
+            slot = cache_slots.next_self() if is_decoder else layer_idx
+            return MultiHeadAttention(config, heads, is_causal=is_decoder, layer_idx=slot)
+        if kind == "c":
+            if not is_decoder:
+                raise ValueError("A cross-attention sub-layer ('c') can only be part of a decoder layer layout.")
+            return CrossAttention(config, heads, layer_idx=cache_slots.next_cross())
+        return FeedForward(config, config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim)
+
+    def build_layers(self, config: LayerFusionConfig, is_decoder: bool) -> list[TransformerLayer]:
+        layouts = config.decoder_layer_layouts if is_decoder else config.encoder_layer_layouts
+        cache_slots = CacheSlots()
+        layers = [
+            TransformerLayer(
+                config,
+                layout,
+                lambda kind, layer_idx=layer_idx: self.build_sublayer(config, is_decoder, kind, layer_idx, cache_slots),
+            )
+            for layer_idx, layout in enumerate(layouts)
+        ]
+        used = max(cache_slots.self_attention, cache_slots.cross_attention)
+        if is_decoder and used != config.decoder_cache_layers:
+            raise ValueError(
+                f"{type(config).__name__}.decoder_cache_layers is {config.decoder_cache_layers} but the decoder's "
+                f"attention sub-layers use {used} cache slots; the family config must report what it builds."
+            )
+        return layers
+
+    # ----
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, value):
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def get_encoder(self):
+        return self.encoder
+
+    def get_decoder(self):
+        return self.decoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        decoder_groups: Sequence[int] | None = None,
+        **kwargs,
+    ) -> LayerFusionSeq2SeqModelOutput:
+        output_attentions = kwargs.get("output_attentions", self.config.output_attentions)
+        if output_attentions and self.config._attn_implementation not in ("eager", None):
+            raise ValueError(
+                f"output_attentions=True needs attn_implementation='eager' (this model uses "
+                f"{self.config._attn_implementation!r}, which returns no weights): call "
+                "`model.set_attn_implementation('eager')` or load with attn_implementation='eager'."
+            )
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple (`return_dict=False`)
+            encoder_outputs = LayerFusionEncoderOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        elif not isinstance(encoder_outputs, LayerFusionEncoderOutput):  # another encoder's: no per-layer memories
+            encoder_outputs = LayerFusionEncoderOutput(
+                last_hidden_state=encoder_outputs.last_hidden_state,
+                hidden_states=encoder_outputs.hidden_states,
+                attentions=encoder_outputs.attentions,
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            encoder_layer_memories=encoder_outputs.layer_memories,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            groups=decoder_groups,
+            **kwargs,
+        )
+        return LayerFusionSeq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            group_features=decoder_outputs.group_features,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float, num_items_in_batch: int | torch.Tensor | None
+) -> torch.Tensor:
+    """Label-smoothed token cross entropy, pads (`-100`) ignored; the same reduction as HF's `LabelSmoother`:
+    summed over tokens and divided by `num_items_in_batch` when the Trainer passes it, else by this batch's
+    non-pad token count. `logits` may also be normalised log-probabilities (log_softmax is idempotent)."""
+    loss = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(),
+        labels.reshape(-1),
+        ignore_index=-100,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
+    if num_items_in_batch is None:
+        num_items_in_batch = labels.ne(-100).sum().clamp(min=1)
+    elif torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with the tied output projection `W_o` and Marian's `final_logits_bias`.
+
+    A family changes what this class computes through
+    - `output_head`, which maps the decoder's output-group features to a `HeadOutput` (logits and loss); the base
+      handles the single-group (plain Transformer) case, families with several groups override it;
+    - `extra_loss`, a term added to the head's loss when `labels` are given, with the diagnostics it reports
+      (fields of the family's `output_class`; `training_diagnostics` names the scalar ones the trainer logs).
+    """
+
+    model_class = LayerFusionModel
+    output_class: ClassVar[type[LayerFusionSeq2SeqLMOutput]] = LayerFusionSeq2SeqLMOutput
+    # scalar fields of `output_class` that `LayerFusionSeq2SeqTrainer` logs as their means between two logs
+    training_diagnostics: ClassVar[tuple[str, ...]] = ()
+    _tied_weights_keys = {
+        "lm_head.weight": "model.shared.weight",
+        "model.encoder.embed_tokens.weight": "model.shared.weight",
+        "model.decoder.embed_tokens.weight": "model.shared.weight",
+    }
+
+    def __init__(self, config: LayerFusionConfig):
+        super().__init__(config)
+        self.model = self.model_class(config)
+        self.final_logits_bias = nn.Buffer(torch.zeros((1, config.vocab_size)))
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if module is self:
+            init.zeros_(self.final_logits_bias)  # Marian's logits bias starts at zero
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def get_decoder(self):
+        return self.model.decoder
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        # Marian's final_logits_bias follows the vocabulary: keep old entries, zeros for new tokens
+        old_bias, new_size = self.final_logits_bias, embeddings.weight.shape[0]
+        new_bias = old_bias.new_zeros((1, new_size))
+        new_bias[:, : min(new_size, old_bias.shape[1])] = old_bias[:, :new_size]
+        self.final_logits_bias = nn.Buffer(new_bias)
+        return embeddings
+
+    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search (`generate()` calls this hook when a model defines it): reorder the self-attention keys/values
+        only. The cross-attention slots hold keys/values computed from the encoder output alone, the same for every
+        beam of a sentence (beam indices never leave their sentence), so reordering them, as
+        `EncoderDecoderCache.reorder_cache` does, would copy every slot into an equal one at each step."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """`h W_o + b`: the vocabulary logits of one feature tensor."""
+        return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
+
+    # ---- family extension points
+    def output_head(
+        self,
+        group_features: tuple[torch.Tensor, ...],
+        groups: Sequence[int] | None,
+        labels: torch.Tensor | None,
+        num_items_in_batch: int | torch.Tensor | None,
+        return_group_log_probs: bool,
+    ) -> HeadOutput:
+        """Single output group: the loss, logits and (on request) group log-probabilities of the plain Transformer."""
+        logits = self.project(group_features[0])
+        loss = None
+        if labels is not None:
+            loss = token_cross_entropy(logits, labels, self.config.label_smoothing, num_items_in_batch)
+        if not return_group_log_probs:
+            return HeadOutput(loss=loss, logits=logits)
+        return HeadOutput(
+            loss=loss,
+            logits=logits,
+            group_log_probs=F.log_softmax(logits.float(), dim=-1).unsqueeze(0),
+            group_weights=logits.new_ones(1),
+        )
+
+    def extra_loss_needs_hidden_states(self) -> bool:
+        """Whether `extra_loss` reads the stacks' hidden states on this forward pass with `labels`: the forward then
+        collects them, and leaves them out of the output unless they were asked for. Default: no."""
+        return False
+
+    def extra_loss(
+        self, outputs: LayerFusionSeq2SeqModelOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
+    ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """A family's term of the training objective, added to the output head's loss on forward passes with `labels`,
+        and the diagnostics it reports (fields of `output_class`), from the bare model's `outputs`. Default: none."""
+        return None, {}
+
+    # ----
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        decoder_groups: Sequence[int] | None = None,
+        return_group_log_probs: bool = False,
+        logits_to_keep: int = 0,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> LayerFusionSeq2SeqLMOutput:
+        r"""
+        decoder_groups: 1-based output groups to predict from (families with several decoder groups, e.g.
+            GTrans; `None` = all). Decoder layers above the highest requested group are not computed.
+        return_group_log_probs: also return every output group's log-probabilities and mixture weights.
+        logits_to_keep: compute logits for the last `logits_to_keep` positions only (0 = all); `generate()`
+            sets it to 1.
+        num_items_in_batch: token count the loss sum is divided by (passed by the Trainer for gradient
+            accumulation); default: this batch's non-pad label count.
+        """
+        hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
+        collect_hidden_states = labels is not None and self.extra_loss_needs_hidden_states()
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if collect_hidden_states:
+            kwargs["output_hidden_states"] = True
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            decoder_groups=decoder_groups,
+            **kwargs,
+        )
+        group_features = outputs.group_features
+        if logits_to_keep:
+            group_features = tuple(feature[:, -logits_to_keep:] for feature in group_features)
+        head = self.output_head(group_features, decoder_groups, labels, num_items_in_batch, return_group_log_probs)
+        loss, diagnostics = head.loss, {}
+        if labels is not None:
+            term, diagnostics = self.extra_loss(outputs, attention_mask, labels)
+            if term is not None:
+                loss = loss + term
+        keep_hidden_states = hidden_states_requested or not collect_hidden_states
+        return self.output_class(
+            loss=loss,
+            logits=head.logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states if keep_hidden_states else None,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states if keep_hidden_states else None,
+            encoder_attentions=outputs.encoder_attentions,
+            group_log_probs=head.group_log_probs,
+            group_weights=head.group_weights,
+            **diagnostics,
+        )

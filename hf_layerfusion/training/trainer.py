@@ -1,0 +1,197 @@
+"""`Seq2SeqTrainer` for hf_layerfusion models: label smoothing applied by the model's own loss.
+
+Why a subclass: `Seq2SeqTrainer` implements `label_smoothing_factor` with its `LabelSmoother`, which pops the
+labels before the forward pass and smooths the cross entropy of `outputs.logits`. For a family with several output
+groups that is the wrong objective: GTrans's `logits` are the log of the psi-weighted *mixture* (Eq. 5), while its
+training loss is the psi-weighted sum of the per-group cross entropies (Eq. 7), each smoothed on its own (and GTrans
+raises a `ValueError` when called in training mode without labels, so the stock trainer fails loudly). Every
+hf_layerfusion model applies `config.label_smoothing` itself, so this trainer moves
+`args.label_smoothing_factor` into `model.config.label_smoothing` and switches the `LabelSmoother` off. For the plain
+Transformer the result is the same loss as the `LabelSmoother`'s (same smoothing, same token-count reduction).
+Models from outside this package keep the stock behaviour.
+
+Weight decay: with `weight_decay > 0` (its default is 0) `Seq2SeqTrainer` decays every parameter but biases and
+LayerNorm weights. This trainer also leaves out the fusion weights (`model.fusion_parameter_names()`: GTrans' gates
+w^e, w^{dr} and psi logits w^{dp}, RTAL's gamma, ...) unless `model.config.decay_fusion_weights` is true: they are
+scales like LayerNorm gains, and decay would pull them towards 0 (for GTrans sigma = 1/2 and uniform psi), a prior
+none of the papers states.
+
+Length-grouped batches: `train_sampling_strategy="group_by_length"` uses transformers' `LengthGroupedSampler`,
+which sorts each mega-batch of 50 batches by length and then serves those 50 batches *in that order*: the model
+sees a run of the longest sentences, then shorter and shorter ones. Length correlates with content (on the
+built-in number corpus: millions first, small numbers last), and that non-i.i.d. order stalls learning (measured in
+docs/training.md). So this trainer keeps the length grouping but visits the batches in random order (the batch with
+the longest sentence still first, so that out-of-memory errors happen at once), as fairseq does.
+transformers also length-groups (and shuffles) *evaluation* batches under that strategy, so `predict()` returns
+translations in another order than the dataset's and they no longer line up with their references; this trainer
+evaluates in dataset order.
+
+Learning-rate schedule: fairseq's `inverse_sqrt` (Vaswani et al.; used by the papers) is
+`lr * min(step / warmup, sqrt(warmup / step))`. transformers' `lr_scheduler_type="inverse_sqrt"` with
+`warmup_steps=W` (and the default `timescale=W`) is exactly that: `step / W` during warm-up, then
+`1 / sqrt((step + timescale - W) / timescale) = sqrt(W / step)` (tests/test_training_pipeline.py checks it step by
+step), so no custom scheduler is needed. Note it needs `warmup_steps >= 1`: with no warm-up transformers falls back
+to `timescale=10000`, which is not fairseq's schedule.
+
+Evaluation with `predict_with_generate`: hf_layerfusion models translate with the fast decoding loop
+(`hf_layerfusion.inference.fast_decoding_loop`: the tokens of `generate()`, faster) unless
+`fast_generation=False`; models from outside the package, and DeepSpeed ZeRO-3 / FSDP runs (whose `generate()`
+must keep the processes in step, which the loop does not do), use `generate()`'s own loop.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import SequentialSampler
+from transformers import Seq2SeqTrainer
+from transformers.integrations import is_deepspeed_zero3_enabled
+from transformers.integrations.fsdp import is_fsdp_managed_module
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
+from transformers.trainer_utils import has_length
+from transformers.utils import logging
+
+from ..inference.fast_generation import fast_decoding_loop
+from ..modeling.model import LayerFusionForConditionalGeneration
+from ..modeling.pretrained import LayerFusionPreTrainedModel
+from .callbacks import LOG_ENRICHING_CALLBACKS
+
+logger = logging.get_logger(__name__)
+
+# below this spread of the cross-attention memory across source positions the memory is collapsed: the threshold lies
+# between what collapsed and healthy runs reach (docs/training.md)
+COLLAPSE_SPREAD = 0.05
+
+
+class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose `label_smoothing_factor` is applied by the model's loss (see the module docstring).
+
+    Takes `Seq2SeqTrainer`'s arguments, and `fast_generation` (default True): translate with the fast decoding loop
+    in evaluation and prediction (see the module docstring). After construction, `trainer.model.config.label_smoothing` holds the
+    smoothing in use (saved with the model) and `trainer.label_smoother` is `None` for hf_layerfusion models.
+    Callbacks that add values to the logs (`hf_layerfusion.training.callbacks.LOG_ENRICHING_CALLBACKS`) are run before
+    the reporting integrations, so that TensorBoard & co. receive those values. The training diagnostics a model
+    returns (the output fields its class names in `training_diagnostics`; deep_representations: each stack's layer
+    diversity D of Eq. 10, their mean, and the memory's spread across source positions) are logged as their means over the training steps since the
+    previous log, and a memory spread below `COLLAPSE_SPREAD` is warned about (once per run): the encoder states
+    are then nearly the same vector at every position and the decoder can no longer read the source.
+    """
+
+    def __init__(self, *args, fast_generation: bool = True, **kwargs):
+        if not isinstance(fast_generation, bool):
+            raise TypeError(f"fast_generation must be True or False, got {fast_generation!r}.")
+        super().__init__(*args, **kwargs)
+        self.fast_generation = fast_generation
+        if isinstance(self.model, LayerFusionPreTrainedModel):
+            move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
+            self.label_smoother = None
+        # per training diagnostic of the model: sum and count over the training steps since the last log
+        self._diagnostics: dict[str, list] = {}
+        self._collapse_warned = False
+        self._run_log_enriching_callbacks_first()
+
+    def add_callback(self, callback):
+        super().add_callback(callback)
+        self._run_log_enriching_callbacks_first()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
+        if isinstance(outputs, dict) and model.training and isinstance(self.model, LayerFusionForConditionalGeneration):
+            for key in self.model.training_diagnostics:
+                if outputs.get(key) is not None:
+                    total = self._diagnostics.setdefault(key, [0.0, 0])
+                    total[0] += outputs[key].detach()
+                    total[1] += 1
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # training logs get the mean of each diagnostic over the steps since the previous log (models that return it)
+        if "loss" in logs and self._diagnostics:
+            logs.update({key: float(total) / steps for key, (total, steps) in self._diagnostics.items()})
+            self._diagnostics = {}
+            spread = logs.get("memory_spread")
+            if spread is not None and spread < COLLAPSE_SPREAD and not self._collapse_warned:
+                self._collapse_warned = True
+                logger.warning(
+                    f"memory_spread {spread:.3f} at step {self.state.global_step} (< {COLLAPSE_SPREAD}): the encoder "
+                    "memory holds nearly the same vector at every source position, so the decoder cannot read the "
+                    "source (a collapse). With a layer-diversity term (diversity_weight > 0; layer_diversity "
+                    f"{logs.get('layer_diversity', float('nan')):.3f}, 1 at its degenerate maximum) use it only to "
+                    "fine-tune a trained model, as the paper does (see hf_layerfusion.models.deep_representations)."
+                )
+        super().log(logs, start_time)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        if (
+            self.fast_generation
+            and self.args.predict_with_generate
+            and not prediction_loss_only
+            and isinstance(self.model, LayerFusionPreTrainedModel)
+            and not (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self.model))
+        ):
+            # `Seq2SeqTrainer` falls back to the `evaluate()` / `predict()` kwargs only when none are passed
+            gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {})), "custom_generate": fast_decoding_loop()}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+
+    def _run_log_enriching_callbacks_first(self):
+        # stable sort: the relative order within each of the two sets is kept
+        self.callback_handler.callbacks.sort(key=lambda callback: not isinstance(callback, LOG_ENRICHING_CALLBACKS))
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        # fusion weights are scales like LayerNorm gains: out of weight decay unless the config asks for it
+        decay = super().get_decay_parameter_names(model)
+        if isinstance(model, LayerFusionPreTrainedModel) and not model.config.decay_fusion_weights:
+            fusion = set(model.fusion_parameter_names())
+            decay = [name for name in decay if name not in fusion]
+        return decay
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler) is LengthGroupedSampler:
+            return BatchShuffledLengthGroupedSampler(
+                sampler.batch_size, lengths=sampler.lengths, generator=sampler.generator
+            )
+        return sampler
+
+    def _get_eval_sampler(self, eval_dataset):
+        # dataset order, whatever the training sampler (see the module docstring); distributed: accelerate shards
+        # the batches and `gather_for_metrics` restores the order
+        if eval_dataset is None or not has_length(eval_dataset):
+            return None
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+
+    def call_model_init(self, trial=None):
+        # hyper-parameter search builds a fresh model per trial: it must get the smoothing too
+        model = super().call_model_init(trial)
+        if isinstance(model, LayerFusionPreTrainedModel):
+            move_label_smoothing_to_model(model, self.args.label_smoothing_factor)
+        return model
+
+
+def move_label_smoothing_to_model(model: LayerFusionPreTrainedModel, label_smoothing_factor: float) -> None:
+    """Set `model.config.label_smoothing` from the Trainer's `label_smoothing_factor`.
+
+    A factor of 0 leaves the model's own setting alone (the smoothing may have been configured on the model);
+    a non-zero factor that contradicts a different non-zero model setting is an error rather than a silent choice.
+    """
+    if not label_smoothing_factor:
+        return
+    configured = model.config.label_smoothing
+    if configured and configured != label_smoothing_factor:
+        raise ValueError(
+            f"`label_smoothing_factor={label_smoothing_factor}` contradicts the model's "
+            f"`config.label_smoothing={configured}`; set only one of them."
+        )
+    model.config.label_smoothing = label_smoothing_factor
+
+
+class BatchShuffledLengthGroupedSampler(LengthGroupedSampler):
+    """`LengthGroupedSampler` whose batches come in random order (see the module docstring); the first batch is
+    still the one holding the longest example."""
+
+    def __iter__(self):
+        indices = get_length_grouped_indices(self.lengths, self.batch_size, generator=self.generator)
+        batches = [indices[start : start + self.batch_size] for start in range(0, len(indices), self.batch_size)]
+        if not batches:
+            return iter([])
+        order = [0] + (torch.randperm(len(batches) - 1, generator=self.generator) + 1).tolist()
+        return iter([index for batch in order for index in batches[batch]])

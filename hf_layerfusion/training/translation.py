@@ -1,0 +1,80 @@
+"""Batched translation of raw sentences with any hf_layerfusion model (used by the examples, the benchmarks and the
+multilingual evaluation)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from ..inference.fast_generation import fast_generate
+from ..inference.quantization import prepare_for_inference
+from ..modeling.input_checks import check_decoder_groups, check_positive_int
+
+
+@torch.no_grad()
+def translate(
+    model,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    decoder_groups: Sequence[int] | None = None,
+    max_source_length: int | None = None,
+    progress: bool = False,
+    fast: bool = True,
+    quantization: str | None = None,
+    **generate_kwargs,
+) -> list[str]:
+    """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
+    config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
+    `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
+    `generate()`. Sentences are sorted by their token count into batches (less padding) and returned in input order.
+
+    `fast=True` (default) decodes with `hf_layerfusion.inference.fast_generate`: the tokens of `generate()`
+    for greedy and beam search, faster (settings it does not cover run `generate()`); `fast=False` calls
+    `generate()` itself. `quantization="int8"` translates with the model's int8 copy (faster on CPU, not
+    token-exact; see `hf_layerfusion.inference.prepare_for_inference`)."""
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        # a bare string is a sequence of characters: it would be translated character by character
+        raise TypeError(
+            f"`sentences` must be a list of strings, got {type(sentences).__name__} {str(sentences)[:50]!r}; "
+            "wrap a single sentence in a list."
+        )
+    not_text = [(index, sentence) for index, sentence in enumerate(sentences) if not isinstance(sentence, str)]
+    if not_text:
+        index, sentence = not_text[0]
+        raise TypeError(f"`sentences[{index}]` is {type(sentence).__name__} {sentence!r}, not a string.")
+    check_positive_int(batch_size, "batch_size")
+    check_positive_int(num_beams, "num_beams", allow_none=True)
+    check_positive_int(max_new_tokens, "max_new_tokens", allow_none=True)
+    check_positive_int(max_source_length, "max_source_length", allow_none=True)
+    model.eval()
+    if num_beams is not None:
+        generate_kwargs["num_beams"] = num_beams
+    if max_new_tokens is not None:
+        # replaces the saved `max_length` limit rather than competing with it
+        generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
+    if decoder_groups is not None:
+        generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
+    max_source_length = max_source_length or model.config.max_position_embeddings
+    engine = prepare_for_inference(model, quantization)
+    lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
+    order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
+    translations: list[str] = [""] * len(sentences)
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
+        inputs = tokenizer(
+            [sentences[i] for i in batch],
+            padding=True,
+            truncation=True,
+            max_length=max_source_length,
+            return_tensors="pt",
+        ).to(model.device)
+        outputs = fast_generate(engine, **inputs, **generate_kwargs) if fast else engine.generate(**inputs, **generate_kwargs)
+        # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
+        for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
+            translations[i] = text.strip()
+    return translations
