@@ -8,10 +8,12 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   14,500 and 7,250 training pairs (Multi30k's en-de, then half, then a quarter) so that temperature sampling
   (T = 5) has sizes to even out; a target-language tag `<2xx>` before every source;
 - model: the study's size (d_model 256, 6 + 6 post-norm layers, FFN 1024, 4 heads). Its encoder starts from a
-  *random* XLM-R-shaped model (`--tiny_random_xlmr`: `XLMRobertaModel` with random weights and an 8k unigram
-  XLM-R-style tokenizer trained on the stand-in's training text), i.e. it is trained from scratch with XLM-R's
-  conventions (special ids, learned positions offset by the padding id, embedding LayerNorm, GELU); both arms are
-  built the same way from the same seed. `plain_transformer_m2m` has fusion off, `gtrans_m2m` is GTrans with
+  *random* XLM-R-shaped model (run_multilingual's `--tiny_random_xlmr` model, `build_tiny_random_xlmr`:
+  `XLMRobertaModel` with random weights and an 8k unigram XLM-R-style tokenizer trained on the stand-in's training
+  text), i.e. it is trained from scratch with XLM-R's conventions (special ids, learned positions offset by the
+  padding id, embedding LayerNorm, GELU). It is built once per seed, in `<output_dir>/xlmr/seed_<s>`, and both arms
+  of the seed start from it (`--xlmr`): the unigram trainer is not deterministic, so building it in each run would
+  give the two arms different vocabularies. `plain_transformer_m2m` has fusion off, `gtrans_m2m` is GTrans with
   T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
 - training: bench_multi30k's `TRAINING_OPTIONS` (AdamW lr 1e-3, inverse-sqrt schedule, label smoothing 0.1, 64
   sentences per batch grouped by length), 1,000 warm-up steps, 2,000 steps (steps-matched);
@@ -37,17 +39,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers import set_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-from run_multilingual import main as run_multilingual  # noqa: E402  (also puts the repo on sys.path)
+from run_multilingual import (  # noqa: E402  (also puts the repo on sys.path)
+    DataArguments,
+    ModelArguments,
+    build_tiny_random_xlmr,
+    multi30k_standin,
+    training_texts,
+)
+from run_multilingual import main as run_multilingual  # noqa: E402
 
 import multi30k_ledger as ledger  # noqa: E402
 from bench_multi30k import GTRANS, TRAINING_OPTIONS, format_value, paired_bootstrap, positive_int  # noqa: E402
@@ -84,9 +95,8 @@ def run_multilingual_command(args) -> list[str]:
         "--english_centric=True",
         f"--standin_train_size={args.standin_train_size}",
         f"--temperature={TEMPERATURE}",
-        f"--tiny_random_xlmr={directory / 'xlmr'}",
-        f"--tiny_xlmr_config={TINY_XLMR_CONFIG}",
-        f"--tiny_vocab_size={args.tiny_vocab_size}",
+        f"--xlmr={starting_model_dir(args)}",
+        "--preset=none",  # the shape is the random XLM-R's and MODEL_SHAPE's
         f"--model_type={model_type}",
         "--config_overrides=" + ",".join(f"{key}={format_value(value)}" for key, value in overrides.items()),
         f"--output_dir={directory / 'model'}",
@@ -109,6 +119,28 @@ def run_multilingual_command(args) -> list[str]:
     return command
 
 
+def starting_model_dir(args) -> Path:
+    return args.output_dir / "xlmr" / f"seed_{args.seed}"
+
+
+def build_starting_model(args) -> Path:
+    """The random XLM-R-shaped model and tokenizer both arms of `args.seed` start from, built once (into a
+    temporary directory renamed into place, so that an interrupted build is redone)."""
+    directory = starting_model_dir(args)
+    if directory.is_dir():
+        return directory
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    data_args = DataArguments(dataset="multi30k", multi30k_dir=str(args.data_dir), english_centric=True,
+                              standin_train_size=args.standin_train_size)
+    pairs, _ = multi30k_standin(data_args)
+    set_seed(args.seed)  # the random weights, as run_multilingual's --tiny_random_xlmr under --seed
+    model_args = ModelArguments(tiny_xlmr_config=TINY_XLMR_CONFIG, tiny_vocab_size=args.tiny_vocab_size)
+    build_tiny_random_xlmr(str(partial), training_texts(pairs), model_args)
+    partial.rename(directory)
+    return directory
+
+
 def train_and_evaluate(args) -> dict:
     """Train and evaluate one run (the expensive call), or read back its finished results: run_multilingual's
     `direction_scores.json` plus the wall clock, cached in `<run dir>/bench_results.json` (study.py's marker of a
@@ -117,6 +149,7 @@ def train_and_evaluate(args) -> dict:
     finished = directory / "bench_results.json"
     if finished.is_file():
         return json.loads(finished.read_text())
+    build_starting_model(args)
     started = time.monotonic()
     results = run_multilingual(run_multilingual_command(args))
     results["run_minutes"] = (time.monotonic() - started) / 60  # training and evaluation
@@ -167,6 +200,9 @@ def ledger_entry(args, results: dict) -> dict:
         "device": ledger.device_description(),
         "finished_at": ledger.now(),
         "tokenizer_sha256": ledger.file_sha256(model_dir / "tokenizer.json"),
+        "starting_model": {"dir": str(starting_model_dir(args)),
+                           "tokenizer_sha256": ledger.file_sha256(starting_model_dir(args) / "tokenizer.json"),
+                           "weights_sha256": ledger.file_sha256(starting_model_dir(args) / "model.safetensors")},
         "train_sizes": results["train_sizes"],
         "signature": results["signature"],
         "directions": directions,

@@ -189,6 +189,11 @@ def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.Datas
     return pairs, (data_args.standin_train_size // 2, data_args.standin_train_size // 8)
 
 
+def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
+    """Every training sentence of every pair, both sides: the text a tiny XLM-R's tokenizer is trained on."""
+    return [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
+
+
 def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
     """A random `XLMRobertaModel` and an XLM-R tokenizer (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, ..., `<mask>`)
     whose unigram vocabulary is trained on `train_texts`, both saved in `directory`."""
@@ -293,8 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = {}
     if model_args.tiny_random_xlmr:
         xlmr_path = model_args.tiny_random_xlmr
-        texts = [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
-        build_tiny_random_xlmr(xlmr_path, texts, model_args)
+        build_tiny_random_xlmr(xlmr_path, training_texts(pairs), model_args)
     elif model_args.preset and model_args.preset != "none":
         overrides.update(BACKBONE_PRESETS[model_args.preset])
     overrides.update(config_overrides)

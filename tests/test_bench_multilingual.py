@@ -81,14 +81,14 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
                 "train_sizes": dict.fromkeys(SIX_DIRECTIONS, 8), "signature": "sig", "hypotheses": hypotheses}
 
     monkeypatch.setattr(bench, "run_multilingual", fake_run_multilingual)
-    argv = ["--arm", "gtrans_m2m", "--seed", "2", "--output_dir", str(tmp_path / "runs"),
+    argv = ["--arm", "gtrans_m2m", "--seed", "2", "--output_dir", str(tmp_path / "runs"), "--tiny_vocab_size", "60",
             "--ledger_dir", str(tmp_path / "ledger"), "--data_dir", str(corpus)]
     bench.main(argv)
     (command,) = calls
     run_dir = tmp_path / "runs" / "gtrans_m2m" / "seed_2"
+    xlmr = tmp_path / "runs" / "xlmr" / "seed_2"  # built here, once per seed, for both arms
     for option in ("--dataset=multi30k", "--english_centric=True", "--standin_train_size=29000", "--temperature=5.0",
-                   f"--tiny_random_xlmr={run_dir / 'xlmr'}", f"--tiny_xlmr_config={bench.TINY_XLMR_CONFIG}",
-                   "--tiny_vocab_size=8000", "--model_type=gtrans", f"--output_dir={run_dir / 'model'}",
+                   f"--xlmr={xlmr}", "--preset=none", "--model_type=gtrans", f"--output_dir={run_dir / 'model'}",
                    "--max_steps=2000", "--warmup_steps=1000", "--learning_rate=0.001", "--lr_scheduler_type=inverse_sqrt",
                    "--label_smoothing_factor=0.1", "--per_device_train_batch_size=64", "--num_beams=4", "--seed=2",
                    "--config_overrides=decoder_layers=6,decoder_ffn_dim=1024,decoder_attention_heads=4,"
@@ -106,9 +106,17 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert en_de["references_sha256"] == ledger.sha256_lines([f"de test_2016_flickr sentence number {i}"
                                                               for i in range(4)])
     assert (run_dir / "bench_results.json").is_file()  # study.py's marker of a finished run
+    config = json.loads((xlmr / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (256, 6, 1024)
+    assert entry["starting_model"] == {"dir": str(xlmr), "tokenizer_sha256": ledger.file_sha256(xlmr / "tokenizer.json"),
+                                       "weights_sha256": ledger.file_sha256(xlmr / "model.safetensors")}
 
     bench.main(argv)  # the ledger entry exists: nothing is run again, nothing overwritten
     assert len(calls) == 1
+    bench.main(["--arm", "plain_transformer_m2m", *argv[2:]])  # the other arm of the seed starts from the same model
+    assert f"--xlmr={xlmr}" in calls[-1] and "--model_type=plain_transformer" in calls[-1]
+    plain = ledger.read_ledger(tmp_path / "ledger")["plain_transformer_m2m"][2]
+    assert plain["starting_model"] == entry["starting_model"] and plain["baseline"] is None
 
 
 # --- the report -----------------------------------------------------------------------------------------------------
