@@ -77,7 +77,6 @@ MODEL_SHAPE = dict(decoder_layers=6, decoder_ffn_dim=1024, decoder_attention_hea
 STANDIN_TRAIN_SIZE = 29_000  # Multi30k's whole en-de training set for en-de; en-fr and en-cs get half and a quarter
 TEMPERATURE = 5.0
 STANDIN_PAIRS = ("en-de", "en-fr", "en-cs")  # run_multilingual --english_centric's pairs, in its order
-SIGNIFICANCE_LEVEL = ledger.SIGNIFICANCE_LEVEL
 
 
 def run_dir(args, arm: str, seed: int) -> Path:
