@@ -649,6 +649,7 @@ def test_references(data_dir: Path, max_predict_samples: int | None = None) -> l
 
 def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None) -> str:
     """The README's Multi30k results section, computed from the ledger (and the test references)."""
+    import bench_multilingual  # priority 5 (it imports this module: imported here, not at the top)
     import study  # benchmarks/study.py: the queue's next runs
 
     pending = [run.label for run in study.pending_runs(ledger_dir)[:3]]
@@ -662,7 +663,10 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
         "",
         f"Priority 2's pair (plain vs GTrans, 1,000 steps): {study.deep_post_norm_pair()[1]}.",
     ]
-    return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending, depth_probes)
+    many_to_many = ["", *bench_multilingual.report_lines(study.m2m_ledger_dir(ledger_dir),
+                                                         bench_multilingual.test_references(data_dir))]
+    return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending,
+                         depth_probes + many_to_many)
 
 
 def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,

@@ -5,13 +5,13 @@ Start it first whenever you work on the project, and commit the new ledger files
 
     python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
     python benchmarks/study.py --list     # the queue, in priority order, with what is done
-    git add benchmarks/results/multi30k && git commit -m "ledger: ..."
+    git add benchmarks/results/multi30k benchmarks/results/multi30k_m2m && git commit -m "ledger: ..."
 
-Each run is `bench_multi30k.py --run_only` of one arm and seed, steps-matched, in a subprocess that runs the code of
+Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of
 the commit at HEAD when the run starts, exported into `runs/study/code/<commit>` (so that editing the working tree
 cannot change a run midway, and the ledger's commit is the code that ran; uncommitted changes are not part of a
 run). Finished runs stay in `runs/study/runs/` whatever commit made them (fine-tuning arms start from them); an
-unfinished run dir left by another commit is discarded and its run starts over. Every run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
+unfinished run dir left by another commit is discarded and its run starts over. Every en->de run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
 deterministic, so a retrained one would make new runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run
 interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
 commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine
@@ -34,6 +34,10 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    steps) against the plain run continued for as many steps.
 4. fairseq / THUMT embedding initialisation N(0, d^-1/2) for the plain model and GTrans, GTrans' paper-silent
    choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6 shape.
+5. Many-to-many, the stand-in for GTrans' OPUS-100 setting (Table V): en<->de, en<->fr, en<->cs of Multi30k, target
+   tags, temperature sampling, plain vs GTrans, 2,000 steps, seeds 1-3 (`bench_multilingual.py` through
+   `examples/run_multilingual.py`; its ledger is `benchmarks/results/multi30k_m2m/<arm>/seed_<s>.json`, beside the
+   en->de one; BLEU per direction and the win ratio).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ DEEP_SHAPES = ((12, 12), (18, 12), (24, 18))  # probed post-norm depths; the pap
 # training minutes a deep run may take at the probe's speed: with its evaluation (beam 4 over val and test, the
 # GTrans decoder-group grid) it must fit ~90 minutes on one core
 MAX_DEEP_TRAIN_MINUTES = 60
+M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de ledger dir
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,10 @@ class StudyRun:
     @property
     def label(self) -> str:
         return f"`{self.arm}` seed {self.seed}"
+
+    @property
+    def budget(self) -> str:
+        return f"{self.max_steps} steps (warm-up {self.warmup_steps})"
 
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return Path(ledger_dir) / self.arm / f"seed_{self.seed}.json"
@@ -107,6 +116,10 @@ class DepthProbe:
     def label(self) -> str:
         return f"depth probe {self.encoder_layers} + {self.decoder_layers}"
 
+    @property
+    def budget(self) -> str:
+        return f"600 steps (warm-up {DEEP_BUDGET['warmup_steps']})"
+
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return depth_probes.result_file(Path(probe_dir), "plain_transformer",
                                         (self.encoder_layers, self.decoder_layers), 1)
@@ -121,6 +134,47 @@ class DepthProbe:
             "--steps", "600", "--warmup_steps", str(DEEP_BUDGET["warmup_steps"]),
             "--output_dir", str(self.run_dir().parent), "--results_dir", str(args.probe_dir),
             "--tokenizer_dir", str(args.ledger_dir / "tokenizer"), "--data_dir", str(args.data_dir),
+        ]
+
+
+def m2m_ledger_dir(ledger_dir: Path = LEDGER_DIR) -> Path:
+    """Priority 5's ledger beside the en->de ledger `ledger_dir` (so that another --ledger_dir moves both)."""
+    return Path(ledger_dir).parent / M2M_LEDGER_NAME
+
+
+@dataclass(frozen=True)
+class ManyToManyRun:
+    """One run of priority 5: an arm of `bench_multilingual.py` (`plain_transformer_m2m` or `gtrans_m2m`) and a
+    seed, with the steps-matched budget of the 6 + 6 comparisons."""
+
+    arm: str
+    seed: int
+    max_steps: int = STANDARD_BUDGET["max_steps"]
+    warmup_steps: int = STANDARD_BUDGET["warmup_steps"]
+
+    @property
+    def label(self) -> str:
+        return f"`{self.arm}` seed {self.seed} (many-to-many)"
+
+    @property
+    def budget(self) -> str:
+        return f"{self.max_steps} steps (warm-up {self.warmup_steps})"
+
+    def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
+        return m2m_ledger_dir(ledger_dir) / self.arm / f"seed_{self.seed}.json"
+
+    def run_dir(self) -> Path:
+        """bench_multilingual.py's run dir (`<output_dir>/<arm>/seed_<s>`)."""
+        return (WORK_DIR / "many_to_many" / f"steps_{self.max_steps}_warmup_{self.warmup_steps}" / self.arm
+                / f"seed_{self.seed}")
+
+    def command(self, snapshot: Path, args) -> list[str]:
+        return [
+            sys.executable, str(snapshot / "benchmarks" / "bench_multilingual.py"),
+            "--arm", self.arm, "--seed", str(self.seed),
+            "--max_steps", str(self.max_steps), "--warmup_steps", str(self.warmup_steps),
+            "--output_dir", str(self.run_dir().parents[1]), "--ledger_dir", str(m2m_ledger_dir(args.ledger_dir)),
+            "--data_dir", str(args.data_dir),
         ]
 
 
@@ -157,7 +211,7 @@ def deep_post_norm_pair(probe_dir: Path = PROBE_DIR) -> tuple[tuple[int, int] | 
                      f"{MAX_DEEP_TRAIN_MINUTES} training minutes")
 
 
-def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe]:
+def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe | ManyToManyRun]:
     """Every run of the study, in the order they are run (priority 2's pair once the depth probes decided it)."""
     standard = STANDARD_BUDGET
     queue = []
@@ -178,10 +232,12 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe]:
                   "gtrans_wd_decay_fusion", "gtrans_init_w1", "gtrans_tau1", "gtrans_fused_dropout")
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in study_arms]  # priority 4
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
+    queue += [ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
     return queue
 
 
-def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe]:
+def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR
+                 ) -> list[StudyRun | DepthProbe | ManyToManyRun]:
     return [run for run in study_queue(probe_dir) if not run.result_file(ledger_dir, probe_dir).is_file()]
 
 
@@ -203,7 +259,7 @@ def code_snapshot(commit: str) -> Path:
     return snapshot
 
 
-def discard_stale_run(run: StudyRun | DepthProbe, commit: str) -> None:
+def discard_stale_run(run: StudyRun | DepthProbe | ManyToManyRun, commit: str) -> None:
     """An unfinished run dir of another commit would resume with other code: start that run over. Finished runs
     (their result file written) are kept whatever their commit: their result records it."""
     run_dir = run.run_dir()
@@ -218,7 +274,7 @@ def discard_stale_run(run: StudyRun | DepthProbe, commit: str) -> None:
     marker.write_text(commit + "\n")
 
 
-def execute(run: StudyRun | DepthProbe, args) -> bool:
+def execute(run: StudyRun | DepthProbe | ManyToManyRun, args) -> bool:
     """Run one study run in a subprocess; True when its result file exists afterwards."""
     commit = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
@@ -279,9 +335,7 @@ def main(argv=None) -> None:
         queue = study_queue(args.probe_dir)
         for number, run in enumerate(queue, start=1):
             done = "done" if run.result_file(args.ledger_dir, args.probe_dir).is_file() else "    "
-            budget = (f"{run.max_steps} steps (warm-up {run.warmup_steps})" if isinstance(run, StudyRun)
-                      else f"600 steps (warm-up {DEEP_BUDGET['warmup_steps']})")
-            print(f"{number:>3} {done} {run.label:<44} {budget}")
+            print(f"{number:>3} {done} {run.label:<46} {run.budget}")
             if run == DepthProbe(*DEEP_SHAPES[-1]):  # the last probe
                 print(f"         priority 2's pair: {deep_post_norm_pair(args.probe_dir)[1]}")
         return

@@ -22,8 +22,12 @@ tokenizer is trained on the stand-in's training text (`--tiny_random_xlmr DIR` b
         --do_train --output_dir runs/m30k-multilingual --max_steps 300 --per_device_train_batch_size 32 \\
         --learning_rate 1e-3 --warmup_steps 50 --lr_scheduler_type inverse_sqrt --max_eval_samples 100 --num_beams 1
 
+`--english_centric` keeps only the pairs with English (en-de, en-fr, en-cs: six directions, the shape of OPUS-100;
+with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `benchmarks/bench_multilingual.py` runs it.
+
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
-BLEU, training sizes, summary); pass that file of another run as `--baseline_scores` to get the win ratio.
+BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
+`--baseline_scores` to get the win ratio.
 Training uses `LayerFusionSeq2SeqTrainer`: `--label_smoothing_factor` is applied by the model's own loss (for GTrans,
 per decoder group as in Eq. 7), not by the Trainer's label smoother.
 """
@@ -69,6 +73,7 @@ from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
+    PIVOT_LANGUAGE,
     add_language_tags,
     both_directions,
     evaluate_directions,
@@ -133,6 +138,13 @@ class DataArguments:
     standin_train_size: int = field(
         default=4000, metadata={"help": "Stand-in: training size of the first pair; each next pair has half."}
     )
+    english_centric: bool = field(
+        default=False,
+        metadata={
+            "help": "Stand-in: only the pairs with English (en-de, en-fr, en-cs: 6 directions, OPUS-100's shape) "
+            "instead of every pair of --languages; the sizes still halve from pair to pair."
+        },
+    )
     temperature: float = field(default=5.0, metadata={"help": "Sampling temperature T: p_l ~ n_l^(1/T)."})
     max_source_length: int = field(default=128, metadata={"help": "Source truncation (tokens, tag included)."})
     max_target_length: int = field(default=128, metadata={"help": "Target truncation (tokens, </s> included)."})
@@ -165,13 +177,21 @@ def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.Datas
             f"No Multi30k training file for the language(s) {missing} in {directory} (train.<lang> exists for "
             f"{found}); check --languages and --multi30k_dir."
         )
+    language_pairs = list(itertools.combinations(languages, 2))
+    if data_args.english_centric:
+        language_pairs = [pair for pair in language_pairs if PIVOT_LANGUAGE in pair]
     pairs = {}
-    for index, (first, second) in enumerate(itertools.combinations(languages, 2)):
+    for index, (first, second) in enumerate(language_pairs):
         splits = load_parallel_text(directory, first, second)
         size = max(1, data_args.standin_train_size >> index)
         splits["train"] = splits["train"].select(range(min(size, len(splits["train"]))))
         pairs[f"{first}-{second}"] = splits
     return pairs, (data_args.standin_train_size // 2, data_args.standin_train_size // 8)
+
+
+def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
+    """Every training sentence of every pair, both sides: the text a tiny XLM-R's tokenizer is trained on."""
+    return [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
 
 
 def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
@@ -206,8 +226,19 @@ def check_arguments(
     elif data_args.dataset == "multi30k":
         if not Path(data_args.multi30k_dir).is_dir():
             raise FileNotFoundError(f"--multi30k_dir {data_args.multi30k_dir!r} is not a directory.")
+        languages = (data_args.languages or "en,de,fr,cs").split(",")
+        if data_args.english_centric and (PIVOT_LANGUAGE not in languages or len(languages) < 2):
+            raise ValueError(
+                f"--english_centric keeps the pairs with {PIVOT_LANGUAGE!r}, but --languages {data_args.languages!r} "
+                f"has no {PIVOT_LANGUAGE!r} and another language."
+            )
     else:
         raise ValueError(f"--dataset must be 'opus100' or 'multi30k', got {data_args.dataset!r}.")
+    if data_args.english_centric and data_args.dataset != "multi30k":
+        raise ValueError(
+            f"--english_centric selects pairs of the Multi30k stand-in; --dataset {data_args.dataset!r} is "
+            "English-centric already."
+        )
     for name in ("standin_train_size", "max_source_length", "max_target_length", "num_beams", "max_new_tokens"):
         check_positive_int(getattr(data_args, name), f"--{name}")
     check_positive_int(data_args.eval_batch_size, "--eval_batch_size")
@@ -267,8 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = {}
     if model_args.tiny_random_xlmr:
         xlmr_path = model_args.tiny_random_xlmr
-        texts = [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
-        build_tiny_random_xlmr(xlmr_path, texts, model_args)
+        build_tiny_random_xlmr(xlmr_path, training_texts(pairs), model_args)
     elif model_args.preset and model_args.preset != "none":
         overrides.update(BACKBONE_PRESETS[model_args.preset])
     overrides.update(config_overrides)
@@ -303,6 +333,8 @@ def main(argv: list[str] | None = None) -> dict:
         train_result = trainer.train()
         logger.info("Training: %s", train_result.metrics)
         trainer.save_model()
+        trainer.save_metrics("train", train_result.metrics)
+        trainer.save_state()  # trainer_state.json: steps and loss curve, for benchmarks/bench_multilingual.py
         tokenizer.save_pretrained(training_args.output_dir)
 
     # ---------------------------------------------------------------------------------------------- evaluation
@@ -317,10 +349,12 @@ def main(argv: list[str] | None = None) -> dict:
             [row[target_lang] for row in test["translation"]],
         )
     signatures = set()
+    translations = []  # per direction, in the order of test_sets (evaluate_directions scores them in that order)
 
     def bleu(hypotheses, references):
         score, signature = corpus_bleu(hypotheses, references)
         signatures.add(signature)
+        translations.append(hypotheses)
         return score
 
     model.to(training_args.device)
@@ -363,6 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
         "thresholds": list(thresholds),
         "summary": summary,
         "signature": signature,
+        "hypotheses": dict(zip(test_sets, translations)),  # the test translations, for paired bootstrap later
     }
     Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(training_args.output_dir) / "direction_scores.json").write_text(json.dumps(results, indent=2))

@@ -1,0 +1,221 @@
+"""Priority 5 of the study without training: run_multilingual.py's English-centric stand-in, bench_multilingual.py's
+run and ledger entry (run_multilingual replaced by a stand-in), its report from fake ledger entries (expected values
+computed by hand), and the study queue's many-to-many runs."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multilingual.py"
+spec = importlib.util.spec_from_file_location("bench_multilingual", BENCH)
+bench = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bench
+spec.loader.exec_module(bench)
+run_multilingual = sys.modules["run_multilingual"]  # imported by the benchmark, which trains through it
+import study  # noqa: E402  (benchmarks/ is on sys.path now)
+
+ledger = bench.ledger
+LANGUAGES = ("en", "de", "fr", "cs")
+SIX_DIRECTIONS = ["en-de", "de-en", "en-fr", "fr-en", "en-cs", "cs-en"]
+
+
+def tiny_corpus(directory: Path, train_size: int = 8, test_size: int = 4) -> Path:
+    """Multi30k's file layout for its four languages: line i is sentence i in every language."""
+    for stem, count in (("train", train_size), ("val", 2), ("test_2016_flickr", test_size)):
+        for language in LANGUAGES:
+            (directory / f"{stem}.{language}").write_text(
+                "".join(f"{language} {stem} sentence number {i}\n" for i in range(count)), encoding="utf-8")
+    return directory
+
+
+# --- run_multilingual.py --english_centric ------------------------------------------------------------------------
+
+
+def test_english_centric_standin_keeps_the_three_pairs_with_english_and_halves_their_sizes(tmp_path):
+    corpus = tiny_corpus(tmp_path, train_size=20)
+    data_args = run_multilingual.DataArguments(dataset="multi30k", multi30k_dir=str(corpus), standin_train_size=8,
+                                               english_centric=True)
+    pairs, thresholds = run_multilingual.multi30k_standin(data_args)
+    assert {pair: len(splits["train"]) for pair, splits in pairs.items()} == {"en-de": 8, "en-fr": 4, "en-cs": 2}
+    assert run_multilingual.both_directions(list(pairs)) == SIX_DIRECTIONS
+    assert thresholds == (4, 1)
+    every_pair, _ = run_multilingual.multi30k_standin(
+        run_multilingual.DataArguments(dataset="multi30k", multi30k_dir=str(corpus), standin_train_size=8))
+    assert len(every_pair) == 6 and every_pair["fr-cs"]["train"].num_rows == 1  # unchanged without the option
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dataset=multi30k", "--languages=de,fr"], r"--english_centric .* --languages 'de,fr' has no 'en'"),
+    (["--dataset=opus100", "--languages=de"], r"--dataset 'opus100' is English-centric already"),
+])
+def test_english_centric_refuses_what_it_cannot_select(tmp_path, extra, message):
+    argv = [*extra, f"--multi30k_dir={tiny_corpus(tmp_path)}", "--english_centric=True", "--preset=none",
+            f"--xlmr={tmp_path}", f"--output_dir={tmp_path / 'out'}", "--use_cpu=True", "--report_to=none"]
+    with pytest.raises(ValueError, match=message):
+        run_multilingual.main(argv)
+
+
+# --- bench_multilingual.py: one run, its ledger entry -------------------------------------------------------------
+
+
+def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(tmp_path, monkeypatch):
+    corpus = tiny_corpus(tmp_path)
+    calls = []
+
+    def fake_run_multilingual(command):
+        """What a finished run_multilingual.py run leaves behind and returns."""
+        calls.append(command)
+        options = dict(item[2:].split("=", 1) for item in command if "=" in item)
+        model_dir = Path(options["output_dir"])
+        model_dir.mkdir(parents=True)
+        (model_dir / "trainer_state.json").write_text(json.dumps(
+            {"global_step": 2000, "log_history": [{"step": 50, "loss": 9.5}, {"step": 2000, "loss": 3.0}]}))
+        (model_dir / "train_results.json").write_text(json.dumps({"train_runtime": 0.0}))
+        (model_dir / "config.json").write_text(json.dumps({"model_type": options["model_type"]}))
+        (model_dir / "tokenizer.json").write_text("{}")
+        hypotheses = {direction: [f"{direction.split('-')[1]} hypothesis"] * 4 for direction in SIX_DIRECTIONS}
+        return {"scores": {direction: 1.5 for direction in SIX_DIRECTIONS},
+                "train_sizes": dict.fromkeys(SIX_DIRECTIONS, 8), "signature": "sig", "hypotheses": hypotheses}
+
+    monkeypatch.setattr(bench, "run_multilingual", fake_run_multilingual)
+    argv = ["--arm", "gtrans_m2m", "--seed", "2", "--output_dir", str(tmp_path / "runs"), "--tiny_vocab_size", "60",
+            "--ledger_dir", str(tmp_path / "ledger"), "--data_dir", str(corpus)]
+    bench.main(argv)
+    (command,) = calls
+    run_dir = tmp_path / "runs" / "gtrans_m2m" / "seed_2"
+    xlmr = tmp_path / "runs" / "xlmr" / "seed_2"  # built here, once per seed, for both arms
+    for option in ("--dataset=multi30k", "--english_centric=True", "--standin_train_size=29000", "--temperature=5.0",
+                   f"--xlmr={xlmr}", "--preset=none", "--model_type=gtrans", f"--output_dir={run_dir / 'model'}",
+                   "--max_steps=2000", "--warmup_steps=1000", "--learning_rate=0.001", "--lr_scheduler_type=inverse_sqrt",
+                   "--label_smoothing_factor=0.1", "--per_device_train_batch_size=64", "--num_beams=4", "--seed=2",
+                   "--config_overrides=decoder_layers=6,decoder_ffn_dim=1024,decoder_attention_heads=4,"
+                   "encoder_group_size=3,decoder_group_size=2"):
+        assert option in command, option
+    assert not any(item.startswith("--max_eval_samples") for item in command)  # every test sentence
+
+    entry = ledger.read_ledger(tmp_path / "ledger")["gtrans_m2m"][2]
+    assert (entry["family"], entry["baseline"], entry["steps"]) == ("gtrans", "plain_transformer_m2m", 2000)
+    assert entry["training"]["temperature"] == 5.0 and entry["training"]["max_steps"] == 2000
+    assert entry["loss_curve"] == [[50, 9.5], [2000, 3.0]] and entry["device"]["torch_threads"] >= 1
+    assert list(entry["directions"]) == SIX_DIRECTIONS and entry["train_sizes"]["en-cs"] == 8
+    en_de = entry["directions"]["en-de"]
+    assert en_de["bleu"] == 1.5 and en_de["hypotheses"] == ["de hypothesis"] * 4 and en_de["sentences"] == 4
+    assert en_de["references_sha256"] == ledger.sha256_lines([f"de test_2016_flickr sentence number {i}"
+                                                              for i in range(4)])
+    assert (run_dir / "bench_results.json").is_file()  # study.py's marker of a finished run
+    config = json.loads((xlmr / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (256, 6, 1024)
+    assert entry["starting_model"] == {"dir": str(xlmr), "tokenizer_sha256": ledger.file_sha256(xlmr / "tokenizer.json"),
+                                       "weights_sha256": ledger.file_sha256(xlmr / "model.safetensors")}
+
+    bench.main(argv)  # the ledger entry exists: nothing is run again, nothing overwritten
+    assert len(calls) == 1
+    bench.main(["--arm", "plain_transformer_m2m", *argv[2:]])  # the other arm of the seed starts from the same model
+    assert f"--xlmr={xlmr}" in calls[-1] and "--model_type=plain_transformer" in calls[-1]
+    plain = ledger.read_ledger(tmp_path / "ledger")["plain_transformer_m2m"][2]
+    assert plain["starting_model"] == entry["starting_model"] and plain["baseline"] is None
+
+
+# --- the report -----------------------------------------------------------------------------------------------------
+
+REFERENCES = {direction: [f"the {direction} cat number {i} sat on the mat today" for i in range(60)]
+              for direction in SIX_DIRECTIONS}
+WRONG = [f"a dog {i}" for i in range(60)]
+# test BLEU per direction, seeds 1 and 2
+PLAIN_BLEU = {"en-de": (30, 32), "de-en": (34, 34), "en-fr": (20, 22), "fr-en": (25, 25), "en-cs": (10, 12),
+              "cs-en": (15, 15)}
+GTRANS_BLEU = {"en-de": (31, 33), "de-en": (33, 33), "en-fr": (22, 22), "fr-en": (25, 25), "en-cs": (12, 14),
+               "cs-en": (14, 16)}
+
+
+def m2m_entry(arm, seed, bleu, hypotheses):
+    return {
+        "arm": arm, "family": arm.rsplit("_", 1)[0], "seed": seed, "signature": "sig",
+        "train_sizes": {"en-de": 29000, "de-en": 29000, "en-fr": 14500, "fr-en": 14500, "en-cs": 7250, "cs-en": 7250},
+        "directions": {direction: {"bleu": float(bleu[direction][seed - 1]), "sentences": 60,
+                                   "references_sha256": ledger.sha256_lines(REFERENCES[direction]),
+                                   "hypotheses": hypotheses[direction]} for direction in SIX_DIRECTIONS},
+    }
+
+
+def test_report_gives_bleu_per_direction_deltas_p_values_and_the_win_ratio(tmp_path):
+    assert bench.report_lines(tmp_path, REFERENCES) == ["No many-to-many run (priority 5) has finished yet."]
+    # en-de: GTrans translates perfectly and plain not at all (p 0.001); de-en the reverse; elsewhere both are
+    # perfect (a zero difference: sacreBLEU's p is 0.001 by its convention)
+    plain = {**REFERENCES, "en-de": WRONG}
+    gtrans = {**REFERENCES, "de-en": WRONG}
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_m2m", seed),
+                           m2m_entry("plain_transformer_m2m", seed, PLAIN_BLEU, plain))
+        ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_m2m", seed),
+                           m2m_entry("gtrans_m2m", seed, GTRANS_BLEU, gtrans))
+    lines = bench.report_lines(tmp_path, REFERENCES)
+    rows = {line.split(" | ")[0].strip("| "): [cell.strip(" |") for cell in line.split(" | ")]
+            for line in lines if line.startswith("| ") and not line.startswith("| direction")}
+    # direction, train pairs, plain mean, GTrans mean, Δ, p per seed (means and Δ by hand from the tables above)
+    assert rows["en-de"] == ["en-de", "29,000", "31.00", "32.00", "+1.00", "0.001 / 0.001"]
+    assert rows["de-en"] == ["de-en", "29,000", "34.00", "33.00", "-1.00", "0.001 / 0.001"]
+    assert rows["en-fr"][2:5] == ["21.00", "22.00", "+1.00"]
+    assert rows["fr-en"][2:5] == ["25.00", "25.00", "+0.00"]
+    assert rows["en-cs"] == ["en-cs", "7,250", "11.00", "13.00", "+2.00", "0.001 / 0.001"]
+    assert rows["cs-en"][2:5] == ["15.00", "15.00", "+0.00"]
+    # averages over the six directions: plain 137 / 6, GTrans 140 / 6, Δ 3 / 6
+    assert rows["average"][:5] == ["average", "", "22.83", "23.33", "+0.50"]
+    # wins (strictly higher mean): en-de, en-fr, en-cs; ties (fr-en, cs-en) are not wins: 3 of 6 = 50%
+    assert any(line.endswith(": 3 of 6 = 50.0%.") and line.startswith("Win ratio") for line in lines)
+    with pytest.raises(ValueError, match="scored en-de on other test references"):
+        bench.report_lines(tmp_path, {**REFERENCES, "en-de": REFERENCES["en-de"][:-1] + ["another sentence"]})
+
+
+def test_report_without_both_arms_shows_bleu_only(tmp_path):
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_m2m", 1),
+                       m2m_entry("plain_transformer_m2m", 1, PLAIN_BLEU, REFERENCES))
+    lines = bench.report_lines(tmp_path, REFERENCES)
+    assert "| en-de | 29,000 | 30.00 |" in lines and not any(line.startswith("Win ratio") for line in lines)
+
+
+# --- the study queue ----------------------------------------------------------------------------------------------
+
+
+def test_priority_5_runs_come_after_every_other_run_plain_before_gtrans():
+    queue = study.study_queue()
+    many_to_many = [run for run in queue if isinstance(run, study.ManyToManyRun)]
+    assert queue[-6:] == many_to_many == [
+        study.ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
+    assert all((run.max_steps, run.warmup_steps) == (2000, 1000) for run in many_to_many)
+    assert set(bench.ARMS) == {run.arm for run in many_to_many}
+    assert study.m2m_ledger_dir(study.LEDGER_DIR) == bench.DEFAULT_LEDGER
+
+
+def test_priority_5_commands_are_bench_multilingual_runs(tmp_path):
+    args = study.parse_args(["--ledger_dir", str(tmp_path / "multi30k"), "--data_dir", str(tmp_path / "data")])
+    for run in study.study_queue()[-6:]:
+        command = run.command(tmp_path / "snapshot", args)
+        assert command[:2] == [sys.executable, str(tmp_path / "snapshot" / "benchmarks" / "bench_multilingual.py")]
+        parsed = bench.parse_args(command[2:])
+        assert (parsed.arm, parsed.seed, parsed.max_steps, parsed.warmup_steps) == (run.arm, run.seed, 2000, 1000)
+        assert parsed.output_dir / run.arm / f"seed_{run.seed}" == run.run_dir()
+        assert parsed.ledger_dir == tmp_path / "multi30k_m2m" and parsed.data_dir == tmp_path / "data"
+        assert ledger.ledger_path(parsed.ledger_dir, run.arm, run.seed) == run.result_file(args.ledger_dir)
+
+
+def test_finished_priority_5_runs_leave_the_queue_and_stale_ones_start_over(tmp_path, monkeypatch):
+    ledger_dir = tmp_path / "multi30k"
+    first = study.ManyToManyRun("plain_transformer_m2m", 1)
+    assert first in study.pending_runs(ledger_dir, tmp_path / "probes")
+    ledger.write_entry(first.result_file(ledger_dir), m2m_entry("plain_transformer_m2m", 1, PLAIN_BLEU, REFERENCES))
+    pending = study.pending_runs(ledger_dir, tmp_path / "probes")
+    assert first not in pending and study.ManyToManyRun("gtrans_m2m", 1) in pending
+
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    run_dir = first.run_dir()
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "STUDY_COMMIT").write_text("old\n")
+    study.discard_stale_run(first, "new")  # unfinished, another commit: discarded
+    assert not (run_dir / "model").exists() and (run_dir / "STUDY_COMMIT").read_text() == "new\n"
+    (run_dir / "bench_results.json").write_text("{}")
+    study.discard_stale_run(first, "newer")  # finished: kept
+    assert (run_dir / "bench_results.json").is_file()
