@@ -232,6 +232,16 @@ def report_lines(ledger_dir: Path, references: dict[str, list[str]]) -> list[str
                     raise ValueError(f"Run {entry['arm']} seed {entry['seed']} scored {direction} on other test "
                                      "references.")
     common = sorted(set(runs.get(BASE_ARM, {})) & set(runs.get("gtrans_m2m", {})))
+    for seed in common:
+        # the random XLM-R is built per seed on the machine that runs the seed's first arm; its tokenizer trainer is
+        # not deterministic, so a rebuild elsewhere would make the two arms of the seed incomparable
+        plain, gtrans = (runs[arm][seed]["starting_model"] for arm in (BASE_ARM, "gtrans_m2m"))
+        if (plain["tokenizer_sha256"], plain["weights_sha256"]) != (gtrans["tokenizer_sha256"], gtrans["weights_sha256"]):
+            raise ValueError(
+                f"{BASE_ARM} and gtrans_m2m seed {seed} started from different random XLM-R models ({plain['dir']} vs "
+                f"{gtrans['dir']}: tokenizer or weights differ). Remove the later ledger entry (git rm) and run it "
+                "again from the other's starting model."
+            )
 
     def mean_bleu(arm: str, direction: str, seeds) -> float:
         return statistics.fmean(runs[arm][s]["directions"][direction]["bleu"] for s in seeds)

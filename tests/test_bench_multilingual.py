@@ -131,9 +131,10 @@ GTRANS_BLEU = {"en-de": (31, 33), "de-en": (33, 33), "en-fr": (22, 22), "fr-en":
                "cs-en": (14, 16)}
 
 
-def m2m_entry(arm, seed, bleu, hypotheses):
+def m2m_entry(arm, seed, bleu, hypotheses, starting_tokenizer="t"):
     return {
         "arm": arm, "family": arm.rsplit("_", 1)[0], "seed": seed, "signature": "sig",
+        "starting_model": {"dir": f"xlmr/seed_{seed}", "tokenizer_sha256": starting_tokenizer, "weights_sha256": "w"},
         "train_sizes": {"en-de": 29000, "de-en": 29000, "en-fr": 14500, "fr-en": 14500, "en-cs": 7250, "cs-en": 7250},
         "directions": {direction: {"bleu": float(bleu[direction][seed - 1]), "sentences": 60,
                                    "references_sha256": ledger.sha256_lines(REFERENCES[direction]),
@@ -168,6 +169,15 @@ def test_report_gives_bleu_per_direction_deltas_p_values_and_the_win_ratio(tmp_p
     assert any(line.endswith(": 3 of 6 = 50.0%.") and line.startswith("Win ratio") for line in lines)
     with pytest.raises(ValueError, match="scored en-de on other test references"):
         bench.report_lines(tmp_path, {**REFERENCES, "en-de": REFERENCES["en-de"][:-1] + ["another sentence"]})
+
+
+def test_report_refuses_arms_of_a_seed_that_started_from_different_models(tmp_path):
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_m2m", 1),
+                       m2m_entry("plain_transformer_m2m", 1, PLAIN_BLEU, REFERENCES))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_m2m", 1),
+                       m2m_entry("gtrans_m2m", 1, GTRANS_BLEU, REFERENCES, starting_tokenizer="other"))
+    with pytest.raises(ValueError, match="gtrans_m2m seed 1 started from different random XLM-R models"):
+        bench.report_lines(tmp_path, REFERENCES)
 
 
 def test_report_without_both_arms_shows_bleu_only(tmp_path):
