@@ -8,12 +8,13 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   14,500 and 7,250 training pairs (Multi30k's en-de, then half, then a quarter) so that temperature sampling
   (T = 5) has sizes to even out; a target-language tag `<2xx>` before every source;
 - model: the study's size (d_model 256, 6 + 6 post-norm layers, FFN 1024, 4 heads). Its encoder starts from a
-  *random* XLM-R-shaped model (run_multilingual's `--tiny_random_xlmr` model, `build_tiny_random_xlmr`:
+  *random* XLM-R-shaped model (run_multilingual's `--tiny_random_xlmr` model, `save_random_xlmr`:
   `XLMRobertaModel` with random weights and an 8k unigram XLM-R-style tokenizer trained on the stand-in's training
   text), i.e. it is trained from scratch with XLM-R's conventions (special ids, learned positions offset by the
-  padding id, embedding LayerNorm, GELU). It is built once per seed, in `<output_dir>/xlmr/seed_<s>`, and both arms
-  of the seed start from it (`--xlmr`): the unigram trainer is not deterministic, so building it in each run would
-  give the two arms different vocabularies. `plain_transformer_m2m` has fusion off, `gtrans_m2m` is GTrans with
+  padding id, embedding LayerNorm, GELU). Its tokenizer is committed with the ledger
+  (`benchmarks/results/multi30k_m2m/tokenizer`: the unigram trainer is not deterministic) and its weights are drawn
+  under the run's seed, so both arms of a seed, on any machine, start from the same model (built once per output
+  dir in `<output_dir>/xlmr/seed_<s>`, passed as `--xlmr`; the ledger records its hashes). `plain_transformer_m2m` has fusion off, `gtrans_m2m` is GTrans with
   T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
 - training: bench_multi30k's `TRAINING_OPTIONS` (AdamW lr 1e-3, inverse-sqrt schedule, label smoothing 0.1, 64
   sentences per batch grouped by length), 1,000 warm-up steps, 2,000 steps (steps-matched);
@@ -32,7 +33,7 @@ nothing):
 
     python benchmarks/bench_multilingual.py --arm gtrans_m2m --seed 1 --max_steps 3 --warmup_steps 1 \\
         --standin_train_size 64 --max_eval_samples 5 --max_new_tokens 8 --tiny_vocab_size 300 \\
-        --output_dir /tmp/m2m_smoke/runs --ledger_dir /tmp/m2m_smoke/ledger
+        --output_dir /tmp/m2m_smoke/runs --ledger_dir /tmp/m2m_smoke/ledger --tokenizer_dir /tmp/m2m_smoke/tokenizer
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import set_seed
+from transformers import XLMRobertaTokenizer, set_seed
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -54,8 +55,9 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 from run_multilingual import (  # noqa: E402  (also puts the repo on sys.path)
     DataArguments,
     ModelArguments,
-    build_tiny_random_xlmr,
     multi30k_standin,
+    save_random_xlmr,
+    train_xlmr_tokenizer,
     training_texts,
 )
 from run_multilingual import main as run_multilingual  # noqa: E402
@@ -122,20 +124,34 @@ def starting_model_dir(args) -> Path:
     return args.output_dir / "xlmr" / f"seed_{args.seed}"
 
 
+def study_tokenizer(args) -> XLMRobertaTokenizer:
+    """The XLM-R-style tokenizer of every run: read from `--tokenizer_dir` (committed with the ledger), or trained
+    on the stand-in's training text and saved there when it is missing (then commit it: the unigram trainer is not
+    deterministic, so a retrained tokenizer would make new runs incomparable with the ledger's)."""
+    config_file = args.tokenizer_dir / "tokenizer_config.json"
+    if config_file.is_file():
+        return XLMRobertaTokenizer.from_pretrained(args.tokenizer_dir)
+    data_args = DataArguments(dataset="multi30k", multi30k_dir=str(args.data_dir), english_centric=True,
+                              standin_train_size=args.standin_train_size)
+    pairs, _ = multi30k_standin(data_args)
+    tokenizer = train_xlmr_tokenizer(training_texts(pairs), args.tiny_vocab_size)
+    tokenizer.save_pretrained(args.tokenizer_dir)
+    print(f"Trained the runs' tokenizer into {args.tokenizer_dir}: commit it with the ledger.")
+    return tokenizer
+
+
 def build_starting_model(args) -> Path:
-    """The random XLM-R-shaped model and tokenizer both arms of `args.seed` start from, built once (into a
-    temporary directory renamed into place, so that an interrupted build is redone)."""
+    """The random XLM-R-shaped model both arms of `args.seed` start from: the study's tokenizer and weights drawn
+    under the seed, so that any machine builds the same model (the ledger records its hashes). Built once per
+    output dir, into a temporary directory renamed into place (an interrupted build is redone)."""
     directory = starting_model_dir(args)
     if directory.is_dir():
         return directory
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    data_args = DataArguments(dataset="multi30k", multi30k_dir=str(args.data_dir), english_centric=True,
-                              standin_train_size=args.standin_train_size)
-    pairs, _ = multi30k_standin(data_args)
-    set_seed(args.seed)  # the random weights, as run_multilingual's --tiny_random_xlmr under --seed
-    model_args = ModelArguments(tiny_xlmr_config=TINY_XLMR_CONFIG, tiny_vocab_size=args.tiny_vocab_size)
-    build_tiny_random_xlmr(str(partial), training_texts(pairs), model_args)
+    tokenizer = study_tokenizer(args)
+    set_seed(args.seed)
+    save_random_xlmr(str(partial), tokenizer, ModelArguments(tiny_xlmr_config=TINY_XLMR_CONFIG))
     partial.rename(directory)
     return directory
 
@@ -294,8 +310,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num_beams", type=positive_int, default=4)
     parser.add_argument("--standin_train_size", type=positive_int, default=STANDIN_TRAIN_SIZE,
                         help="Training pairs of en-de; en-fr and en-cs have half and a quarter (default: %(default)s)")
+    parser.add_argument("--tokenizer_dir", type=Path, default=DEFAULT_LEDGER / "tokenizer",
+                        help="The runs' tokenizer, trained into it when missing (default: %(default)s)")
     parser.add_argument("--tiny_vocab_size", type=positive_int, default=8000,
-                        help="Vocabulary of the random XLM-R's tokenizer (default: %(default)s)")
+                        help="Vocabulary of the tokenizer trained when --tokenizer_dir has none (default: %(default)s)")
     parser.add_argument("--max_eval_samples", type=positive_int, default=None,
                         help="Test sentences per direction (default: all); for smoke runs.")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None,

@@ -174,7 +174,7 @@ class ManyToManyRun:
             "--arm", self.arm, "--seed", str(self.seed),
             "--max_steps", str(self.max_steps), "--warmup_steps", str(self.warmup_steps),
             "--output_dir", str(self.run_dir().parents[1]), "--ledger_dir", str(m2m_ledger_dir(args.ledger_dir)),
-            "--data_dir", str(args.data_dir),
+            "--tokenizer_dir", str(m2m_ledger_dir(args.ledger_dir) / "tokenizer"), "--data_dir", str(args.data_dir),
         ]
 
 

@@ -194,12 +194,17 @@ def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
     return [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
 
 
-def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
-    """A random `XLMRobertaModel` and an XLM-R tokenizer (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, ..., `<mask>`)
-    whose unigram vocabulary is trained on `train_texts`, both saved in `directory`."""
-    trained = train_joint_tokenizer(train_texts, model_args.tiny_vocab_size)
+def train_xlmr_tokenizer(train_texts: list[str], vocab_size: int) -> XLMRobertaTokenizer:
+    """An XLM-R tokenizer (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, ..., `<mask>`) whose unigram vocabulary is
+    trained on `train_texts` (the trainer is not deterministic: save the tokenizer to reuse it)."""
+    trained = train_joint_tokenizer(train_texts, vocab_size)
     pieces = [tuple(piece) for piece in json.loads(trained.backend_tokenizer.to_str())["model"]["vocab"]]
-    tokenizer = XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)])
+    return XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)])
+
+
+def save_random_xlmr(directory: str, tokenizer: XLMRobertaTokenizer, model_args: ModelArguments) -> None:
+    """A random `XLMRobertaModel` of `--tiny_xlmr_config`'s sizes for `tokenizer`'s vocabulary (its weights drawn
+    from torch's random state: seed it for a reproducible model), saved with the tokenizer in `directory`."""
     sizes = parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
     config = XLMRobertaConfig(
         vocab_size=len(tokenizer), type_vocab_size=1, layer_norm_eps=1e-5, max_position_embeddings=514, **sizes
@@ -207,6 +212,11 @@ def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: M
     XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     logger.info("Saved a tiny random XLM-R (%s) and its %d-token tokenizer in %s", sizes, len(tokenizer), directory)
+
+
+def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
+    """`save_random_xlmr` with a tokenizer trained on `train_texts` (`train_xlmr_tokenizer`)."""
+    save_random_xlmr(directory, train_xlmr_tokenizer(train_texts, model_args.tiny_vocab_size), model_args)
 
 
 def check_arguments(

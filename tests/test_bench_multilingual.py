@@ -82,7 +82,8 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
 
     monkeypatch.setattr(bench, "run_multilingual", fake_run_multilingual)
     argv = ["--arm", "gtrans_m2m", "--seed", "2", "--output_dir", str(tmp_path / "runs"), "--tiny_vocab_size", "60",
-            "--ledger_dir", str(tmp_path / "ledger"), "--data_dir", str(corpus)]
+            "--ledger_dir", str(tmp_path / "ledger"), "--tokenizer_dir", str(tmp_path / "ledger" / "tokenizer"),
+            "--data_dir", str(corpus)]
     bench.main(argv)
     (command,) = calls
     run_dir = tmp_path / "runs" / "gtrans_m2m" / "seed_2"
@@ -117,6 +118,14 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert f"--xlmr={xlmr}" in calls[-1] and "--model_type=plain_transformer" in calls[-1]
     plain = ledger.read_ledger(tmp_path / "ledger")["plain_transformer_m2m"][2]
     assert plain["starting_model"] == entry["starting_model"] and plain["baseline"] is None
+
+    # another machine (a fresh output dir) builds the same starting model from the committed tokenizer and the seed
+    bench.main(["--arm", "plain_transformer_m2m", "--seed", "2", "--output_dir", str(tmp_path / "elsewhere"),
+                "--tiny_vocab_size", "60", "--ledger_dir", str(tmp_path / "ledger_elsewhere"),
+                "--tokenizer_dir", str(tmp_path / "ledger" / "tokenizer"), "--data_dir", str(corpus)])
+    rebuilt = ledger.read_ledger(tmp_path / "ledger_elsewhere")["plain_transformer_m2m"][2]["starting_model"]
+    assert rebuilt["weights_sha256"] == entry["starting_model"]["weights_sha256"]
+    assert rebuilt["tokenizer_sha256"] == entry["starting_model"]["tokenizer_sha256"]
 
 
 # --- the report -----------------------------------------------------------------------------------------------------
