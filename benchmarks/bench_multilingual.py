@@ -14,8 +14,8 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   padding id, embedding LayerNorm, GELU). Its tokenizer is committed with the ledger
   (`benchmarks/results/multi30k_m2m/tokenizer`: the unigram trainer is not deterministic) and its weights are drawn
   under the run's seed, so both arms of a seed, on any machine, start from the same model (built once per output
-  dir in `<output_dir>/xlmr/seed_<s>`, passed as `--xlmr`; the ledger records its hashes). `plain_transformer_m2m` has fusion off, `gtrans_m2m` is GTrans with
-  T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
+  dir in `<output_dir>/xlmr/seed_<s>`, passed as `--xlmr`; the ledger records its hashes). `plain_transformer_m2m`
+  has fusion off, `gtrans_m2m` is GTrans with T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
 - training: bench_multi30k's `TRAINING_OPTIONS` (AdamW lr 1e-3, inverse-sqrt schedule, label smoothing 0.1, 64
   sentences per batch grouped by length), 1,000 warm-up steps, 2,000 steps (steps-matched);
 - evaluation: beam 4, every test sentence (test_2016_flickr) of each direction, sacreBLEU.
@@ -252,7 +252,7 @@ def report_lines(ledger_dir: Path, references: dict[str, list[str]]) -> list[str
         # the random XLM-R is built per seed on the machine that runs the seed's first arm; its tokenizer trainer is
         # not deterministic, so a rebuild elsewhere would make the two arms of the seed incomparable
         plain, gtrans = (runs[arm][seed]["starting_model"] for arm in (BASE_ARM, "gtrans_m2m"))
-        if (plain["tokenizer_sha256"], plain["weights_sha256"]) != (gtrans["tokenizer_sha256"], gtrans["weights_sha256"]):
+        if any(plain[key] != gtrans[key] for key in ("tokenizer_sha256", "weights_sha256")):
             raise ValueError(
                 f"{BASE_ARM} and gtrans_m2m seed {seed} started from different random XLM-R models ({plain['dir']} vs "
                 f"{gtrans['dir']}: tokenizer or weights differ). Remove the later ledger entry (git rm) and run it "

@@ -5,18 +5,21 @@ Start it first whenever you work on the project, and commit the new ledger files
 
     python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
     python benchmarks/study.py --list     # the queue, in priority order, with what is done
-    git add benchmarks/results/multi30k benchmarks/results/multi30k_m2m && git commit -m "ledger: ..."
+    python benchmarks/bench_multi30k.py --report --update_readme
+    git add benchmarks/results README.md && git commit -m "ledger: ..."
 
-Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of
-the commit at HEAD when the run starts, exported into `runs/study/code/<commit>` (so that editing the working tree
-cannot change a run midway, and the ledger's commit is the code that ran; uncommitted changes are not part of a
-run). Finished runs stay in `runs/study/runs/` whatever commit made them (fine-tuning arms start from them); an
-unfinished run dir left by another commit is discarded and its run starts over. Every en->de run uses the committed tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not
-deterministic, so a retrained one would make new runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run
-interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
-commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine
-staying up for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the
-CPU threads); the ledger records the device.
+Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 2's depth probes: `probe_post_norm_depth.py`;
+priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of the commit at HEAD when the
+run starts, exported into `runs/study/code/<commit>` (so that editing the working tree cannot change a run midway, and
+the ledger's commit is the code that ran; uncommitted changes are not part of a run). Finished runs stay in
+`runs/study/runs/` whatever commit made them (fine-tuning arms start from them); an unfinished run dir left by another
+commit is discarded and its run starts over. Every en->de run uses the committed tokenizer
+`benchmarks/results/multi30k/tokenizer` (the unigram trainer is not deterministic, so a retrained one would make new
+runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A
+run interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
+commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine staying up
+for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the CPU threads);
+the ledger records the device.
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
