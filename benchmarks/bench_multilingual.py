@@ -322,6 +322,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.report and (args.arm is None or args.seed is None):
         parser.error("a run needs --arm and --seed (or --report)")
+    tokenizer_dir = args.tokenizer_dir
+    if not (tokenizer_dir / "tokenizer_config.json").is_file() and tokenizer_dir.exists() and (
+            not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir())):
+        parser.error(f"--tokenizer_dir {tokenizer_dir} holds no tokenizer (no tokenizer_config.json) and is not an "
+                     "empty directory: a new tokenizer would be written over what is there")
     return args
 
 

@@ -168,9 +168,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--results_dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--report", action="store_true", help="Print the results table and exit.")
     args = parser.parse_args(argv)
-    for name in ("steps", "warmup_steps", "threads"):
+    for name in ("steps", "warmup_steps", "threads", "seed"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+    from hf_layerfusion.modeling.registry import check_model_type  # the package imports torch: not at the top
+
+    try:
+        check_model_type(args.family, "--family")
+    except ValueError as error:
+        parser.error(str(error))
     if args.steps < LOGGING_STEPS * FINAL_LOGS:
         parser.error(f"--steps must be at least {LOGGING_STEPS * FINAL_LOGS} (the verdict reads the loss of the last "
                      f"{FINAL_LOGS} logs, one every {LOGGING_STEPS} steps), got {args.steps}")

@@ -260,6 +260,10 @@ def test_depth_probe_rejects_bad_shapes_and_schedules():
         study.depth_probes.parse_args(["--steps", "300", "--warmup_steps", "400"])
     with pytest.raises(SystemExit):
         study.depth_probes.parse_args(["--steps", "99", "--warmup_steps", "10"])
+    with pytest.raises(SystemExit):
+        study.depth_probes.parse_args(["--family", "marian"])
+    with pytest.raises(SystemExit):
+        study.depth_probes.parse_args(["--seed", "0"])
     with pytest.raises(__import__("argparse").ArgumentTypeError, match="'0x6'"):
         study.depth_probes.parse_shape("0x6")
 

@@ -238,3 +238,12 @@ def test_finished_priority_5_runs_leave_the_queue_and_stale_ones_start_over(tmp_
     (run_dir / "bench_results.json").write_text("{}")
     study.discard_stale_run(first, "newer")  # finished: kept
     assert (run_dir / "bench_results.json").is_file()
+
+
+def test_a_tokenizer_is_never_written_over_other_files(tmp_path):
+    occupied = tmp_path / "mine"
+    occupied.mkdir()
+    (occupied / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--arm", "gtrans_m2m", "--seed", "1", "--tokenizer_dir", str(occupied)])
+    assert (occupied / "notes.txt").read_text() == "keep me"
