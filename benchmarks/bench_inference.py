@@ -9,9 +9,9 @@ same seed), one batch of 32 `test_2016_flickr.en` sentences, exactly 32 new toke
 beam-4, at each `--threads` count. Engines:
 
 - `MarianMTModel.generate()`: the reference of every "vs Marian" ratio;
-- CTranslate2 float32 and int8 (`ctranslate2`, the `benchmark` extra of setup.cfg), converted from the same Marian
-  weights (its decoder starting from the real start token, as Marian's `generate()` does); skipped with a message
-  when the package is missing;
+- CTranslate2 float32 and int8 (`ctranslate2`, the `benchmark` extra of setup.cfg), exported from the plain backbone
+  that shares Marian's weights (`hf_layerfusion.export_ctranslate2`); skipped with a message when the package is
+  missing;
 - per family: `generate()`, `fast_generate()` (`hf_layerfusion.inference`, float32) and
   `fast_generate(..., quantization="int8")`.
 
@@ -23,20 +23,25 @@ backbone's equal Marian's, CTranslate2 float32's equal Marian's (reported); int8
 
 Targets (issue 19; printed as met / NOT met): the plain backbone's fast float32 loop >= 2.0x Marian (greedy and beam);
 every fusion family's fast loop >= 1.8x its own `generate()`; the plain backbone's int8 loop >= 2.8x Marian; with
-`--bleu MODEL_DIR`, the int8 BLEU cost on Multi30k test (beam 4, `hf_layerfusion.translate`) <= 0.2.
+`--bleu MODEL_DIR`, the int8 BLEU cost on Multi30k test (`hf_layerfusion.translate`) <= 0.2.
+
+`--bleu MODEL_DIR` (a trained model, e.g. a study run directory) also measures the real workload: all Multi30k test
+sentences translated in batches of 32 sorted by length, each stopping at its end token, by `generate()`, the fast
+loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_marian`) and CTranslate2 float32 / int8
+(`export_ctranslate2`): seconds, ratios and BLEU of each.
 
     python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
     python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
     python benchmarks/bench_inference.py --models plain gtrans_td2 --threads 1 --repeats 7
     # BLEU of generate(), the fast loop and int8 for a trained model (e.g. a bench_multi30k.py run directory)
-    python benchmarks/bench_inference.py --speed none --bleu runs/multi30k/plain_transformer/seed_1
+    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 \
+        --bleu runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import os
 import platform
 import shlex
@@ -58,7 +63,7 @@ import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
-from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
@@ -77,39 +82,7 @@ TARGETS = {
 
 
 # ------------------------------------------------------------------------------------------------ CTranslate2
-def convert_to_ctranslate2(marian, tokenizer, output_dir: Path, quantization: str | None):
-    """CTranslate2 model of `marian` (a copy: the converter may change the tensors it reads). transformers'
-    `MarianMTModel` starts decoding from the embedding of `decoder_start_token_id` (here EOS) and has no extra pad row,
-    so the conversion uses CTranslate2's BART rules for both instead of its Marian ones (zero start embedding, last
-    vocabulary row dropped), which would change the tokens."""
-    import ctranslate2
-    from ctranslate2.converters import transformers as ct2_transformers
-
-    class MarianAsInTransformers(ct2_transformers.MarianMTLoader):
-        def get_model_spec(self, model):
-            model.config.normalize_before = False
-            model.config.normalize_embedding = False
-            return ct2_transformers.BartLoader.get_model_spec(self, model)
-
-        def set_decoder(self, spec, decoder):
-            ct2_transformers.BartLoader.set_decoder(self, spec, decoder)
-
-        def set_config(self, config, model, tokenizer):
-            ct2_transformers.BartLoader.set_config(self, config, model, tokenizer)
-
-        def get_vocabulary(self, model, tokenizer):
-            return ct2_transformers.BartLoader.get_vocabulary(self, model, tokenizer)
-
-    class InMemoryConverter(ctranslate2.converters.Converter):
-        def _load(self):
-            with torch.no_grad():
-                return MarianAsInTransformers()(copy.deepcopy(marian), tokenizer)
-
-    InMemoryConverter().convert(str(output_dir), quantization=quantization, force=True)
-    return output_dir
-
-
-def ctranslate2_engines(args, marian, tokenizer, work: Path) -> dict:
+def ctranslate2_engines(args, plain, tokenizer, work: Path) -> dict:
     """`{(quantization, threads): ctranslate2.Translator}`, or {} (with a message) without the package."""
     try:
         import ctranslate2
@@ -118,7 +91,7 @@ def ctranslate2_engines(args, marian, tokenizer, work: Path) -> dict:
         return {}
     translators = {}
     for quantization in ("float32", "int8"):
-        model_dir = convert_to_ctranslate2(marian, tokenizer, work / quantization, None if quantization == "float32" else quantization)
+        model_dir = export_ctranslate2(plain, tokenizer, work / quantization, None if quantization == "float32" else quantization)
         for threads in args.threads:
             translators[quantization, threads] = ctranslate2.Translator(
                 str(model_dir), device="cpu", intra_threads=threads, inter_threads=1
@@ -222,32 +195,112 @@ def check_tokens(args, models, translators, tokenizer, batch, source_tokens) -> 
 
 
 # ------------------------------------------------------------------------------------------------ BLEU
-def measure_bleu(args) -> list[dict]:
-    """For each `--bleu` model: Multi30k test BLEU (beam 4, `hf_layerfusion.translate`) of `generate()`, the fast
-    float32 loop and the fast int8 loop, their seconds, and how many sentences the fast float32 loop translated exactly
-    as `generate()` did."""
+WORKLOAD_CHUNK = 128  # sentences per turn of the alternation in the translation workload
+
+
+def ctranslate2_translate(translator, tokenizer, sentences, num_beams: int, max_decoding_length: int) -> list[str]:
+    """CTranslate2 translations of `sentences` in batches of 32 (CTranslate2 sorts them by length itself)."""
+    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(list(sentences), truncation=True)["input_ids"]]
+    results = translator.translate_batch(
+        tokens, max_batch_size=32, beam_size=num_beams, max_decoding_length=max_decoding_length
+    )
+    return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results]
+
+
+def workload_engines(model, tokenizer, num_beams: int, threads: int, work: Path) -> dict:
+    """`{engine: translate(sentences) -> list[str]}` for a trained model: `generate()`, the fast loop in float32
+    and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length); for a plain Transformer also its
+    `MarianMTModel` (`to_marian`) and CTranslate2 float32 and int8 (`export_ctranslate2`), when installed."""
+    engines = {
+        "generate()": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, fast=False),
+        "fast float32": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams),
+        "fast int8": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, quantization="int8"),
+    }
+    if model.config.model_type != "plain_transformer":
+        return engines
+    marian = hf_layerfusion.to_marian(model)
+    engines = {"MarianMTModel generate()": lambda s: hf_layerfusion.translate(marian, tokenizer, s, num_beams=num_beams,
+                                                                             fast=False), **engines}
+    try:
+        import ctranslate2
+    except ImportError:
+        print("- CTranslate2 skipped: `pip install ctranslate2` (or `pip install -e .[benchmark]`) to compare with it")
+        return engines
+    max_decoding_length = model.generation_config.max_length - 1  # generate() counts the start token
+    for quantization in ("float32", "int8"):
+        path = export_ctranslate2(model, tokenizer, work / f"{quantization}_{num_beams}",
+                                  None if quantization == "float32" else quantization)
+        translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+        engines[f"CTranslate2 {quantization}"] = (
+            lambda s, t=translator: ctranslate2_translate(t, tokenizer, s, num_beams, max_decoding_length)
+        )
+    return engines
+
+
+def measure_workload(args) -> list[dict]:
+    """For each `--bleu` model and each search of `--bleu-beams`: the first `--bleu-sentences` Multi30k test
+    sentences translated by every engine of `workload_engines`, with their seconds and BLEU. The sentences stop at
+    their end token as in real use (a finished sentence leaves the fast loop's batch; `generate()` keeps computing
+    it until its batch is done). The engines alternate on chunks of `WORKLOAD_CHUNK` sentences (order flipped every
+    chunk), so a change of machine speed hits every engine alike; ratios are medians of the per-chunk ratios. Each
+    engine first translates two sentences untimed (making the int8 copy, first calls)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_layerfusion.training.evaluation import corpus_bleu
 
     sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.bleu_sentences]
     references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.bleu_sentences]
-    torch.set_num_threads(args.threads[0])
+    threads = args.threads[0]
+    torch.set_num_threads(threads)
+    chunks = [sources[start : start + WORKLOAD_CHUNK] for start in range(0, len(sources), WORKLOAD_CHUNK)]
     rows = []
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        row = {"model": str(model_dir), "sentences": len(sources)}
-        translations = {}
-        for engine, options in {"generate": dict(fast=False), "fast": {}, "fast_int8": dict(quantization="int8")}.items():
-            start = time.perf_counter()
-            translations[engine] = hf_layerfusion.translate(model, tokenizer, sources, batch_size=32, num_beams=4, **options)
-            row[f"{engine}_s"] = time.perf_counter() - start
-            row[f"{engine}_bleu"] = corpus_bleu(translations[engine], references)[0]
-        row["fast_equal"] = sum(a == b for a, b in zip(translations["fast"], translations["generate"]))
-        row["int8_equal"] = sum(a == b for a, b in zip(translations["fast_int8"], translations["fast"]))
-        rows.append(row)
+        for num_beams in args.bleu_beams:
+            with tempfile.TemporaryDirectory() as work:
+                engines = workload_engines(model, tokenizer, num_beams, threads, Path(work))
+                for translate in engines.values():  # not timed: the int8 copy, first calls, thread pools
+                    translate(sources[:2])
+                seconds = {engine: [] for engine in engines}
+                translations = {engine: [] for engine in engines}
+                for index, chunk in enumerate(chunks):
+                    for engine in engines if index % 2 == 0 else reversed(list(engines)):
+                        start = time.perf_counter()
+                        translations[engine].extend(engines[engine](chunk))
+                        seconds[engine].append(time.perf_counter() - start)
+            rows.append(dict(
+                model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams, threads=threads,
+                sentences=len(sources), seconds=seconds,
+                bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
+                translations=translations,
+            ))
     return rows
+
+
+def print_workload(row: dict) -> None:
+    search = "greedy" if row["num_beams"] == 1 else f"beam {row['num_beams']}"
+    seconds, translations = row["seconds"], row["translations"]
+    reference = "MarianMTModel generate()" if "MarianMTModel generate()" in seconds else "generate()"
+    print(f"\n### Translating Multi30k test with {row['model']} ({row['model_type']}): {row['sentences']} sentences, "
+          f"{search}, {row['threads']} thread(s)\n")
+    print("Batches of 32 sorted by length, each sentence stopping at its end token (the model's `max_length`), engines "
+          f"alternated on chunks of {WORKLOAD_CHUNK} sentences; ratios: median of per-chunk ratios [min-max].\n")
+    versus_own = reference != "generate()"  # a second ratio column when the reference is Marian
+    print(f"| engine | seconds | vs {reference} |{' vs generate() |' if versus_own else ''} BLEU | "
+          "translations identical to |")
+    print("|---|---|---|" + ("---|" if versus_own else "") + "---|---|")
+    identical_to = {"fast float32": "generate()", "fast int8": "fast float32", "generate()": reference,
+                    "CTranslate2 float32": reference, "CTranslate2 int8": "CTranslate2 float32"}
+    for engine, samples in seconds.items():
+        versus = "1" if engine == reference else ratio_cell(seconds, engine, reference)[1]
+        own = "–" if engine in (reference, "generate()") else ratio_cell(seconds, engine, "generate()")[1]
+        other = identical_to.get(engine)
+        same = "–" if other is None or other == engine else (
+            f"{other}: {sum(a == b for a, b in zip(translations[engine], translations[other]))}/{row['sentences']}"
+        )
+        own = f" {own} |" if versus_own else ""
+        print(f"| {engine} | {sum(samples):.1f} | {versus} |{own} {row['bleu'][engine]:.2f} | {same} |")
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -327,9 +380,9 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
                            f"{search}, {threads} thread(s)", ratios["vs_issue", (name, engine), search, threads],
                            TARGETS["fusion_fast_vs_generate"])
     for row in bleu_rows:
-        report(f"int8 BLEU cost on Multi30k test ({row['model']}: float32 {row['fast_bleu']:.2f}, int8 "
-               f"{row['fast_int8_bleu']:.2f})", row["fast_bleu"] - row["fast_int8_bleu"], TARGETS["int8_bleu_cost"],
-               higher=False, unit=" BLEU")
+        fast, int8 = row["bleu"]["fast float32"], row["bleu"]["fast int8"]
+        report(f"int8 BLEU cost on Multi30k test ({row['model']}, num_beams={row['num_beams']}: float32 {fast:.2f}, "
+               f"int8 {int8:.2f})", fast - int8, TARGETS["int8_bleu_cost"], higher=False, unit=" BLEU")
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -346,10 +399,17 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speed", choices=["all", "none"], default="all", help="`none`: only --bleu")
     parser.add_argument("--bleu", type=Path, nargs="+", default=[],
-                        help="trained model dirs: int8 vs float32 BLEU on Multi30k test (beam 4)")
+                        help="trained model dirs: translate Multi30k test with every engine (seconds, BLEU)")
+    parser.add_argument("--bleu-beams", type=int, nargs="+", default=[4], help="searches for --bleu (num_beams)")
     parser.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for --bleu (default: all)")
     parser.add_argument("--quick", action="store_true", help="smoke run: one repeat, 8 new tokens, 1 thread")
     args = parser.parse_args(argv)
+    for name in ("bleu_beams", "threads"):
+        bad = [value for value in getattr(args, name) if value < 1]
+        if bad:
+            parser.error(f"--{name.replace('_', '-')} takes positive integers, got {bad}")
+    if args.bleu_sentences is not None and args.bleu_sentences < 1:
+        parser.error(f"--bleu-sentences must be positive, got {args.bleu_sentences}")
     args.models = list(dict.fromkeys(["plain", *(args.models or DEFAULT_MODELS)]))
     if args.quick:
         args.repeats, args.max_new_tokens, args.threads = 1, 8, [1]
@@ -384,7 +444,7 @@ def main(argv=None):
               f"positions padded), exactly {args.max_new_tokens} new tokens, greedy and beam-{SEARCHES['beam']}, "
               f"{args.repeats} repeats, engines alternated; ratios = median of per-repeat ratios [min-max]")
         with tempfile.TemporaryDirectory() as work:
-            translators = ctranslate2_engines(args, marian, tokenizer, Path(work))
+            translators = ctranslate2_engines(args, models["plain"], tokenizer, Path(work))
             prepare = time.perf_counter()
             for name in args.models:
                 prepare_for_inference(models[name], "int8")
@@ -402,16 +462,9 @@ def main(argv=None):
         print("\nThe same runs in process CPU time (less sensitive to other load; with 2 threads it adds both threads' "
               "time, so it measures work rather than speed; targets use the wall-clock table above):")
         print_speed_table(args, cpu_results, "process CPU")
-    bleu_rows = measure_bleu(args) if args.bleu else []
+    bleu_rows = measure_workload(args) if args.bleu else []
     for row in bleu_rows:
-        print(f"\nMulti30k test BLEU of {row['model']} ({row['sentences']} sentences, beam 4, batches of 32 sorted by "
-              f"length, `hf_layerfusion.translate`, {torch.get_num_threads()} thread(s)):\n")
-        print("| engine | BLEU | seconds |\n|---|---|---|")
-        for engine, title in (("generate", "generate()"), ("fast", "fast float32"), ("fast_int8", "fast int8")):
-            print(f"| {title} | {row[engine + '_bleu']:.2f} | {row[engine + '_s']:.1f} |")
-        print(f"\nfast float32 translations identical to generate()'s: {row['fast_equal']}/{row['sentences']}; "
-              f"int8 identical to float32: {row['int8_equal']}/{row['sentences']}; int8 BLEU cost "
-              f"{row['fast_bleu'] - row['fast_int8_bleu']:+.2f}")
+        print_workload(row)
     print_targets(args, ratios, bleu_rows)
     print(f"\n(load average at end {backbone.loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
 

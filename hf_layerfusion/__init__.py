@@ -22,9 +22,9 @@ from . import models  # noqa: F401  (imports every family module; each registers
 from .hub.model_card import write_model_card
 from .hub.pipeline import PIPELINE_TASK, LayerFusionTranslationPipeline
 from .hub.remote_code import generate_remote_code, push_to_hub, write_remote_code
-from .inference import fast_generate, prepare_for_inference
+from .inference import export_ctranslate2, fast_generate, prepare_for_inference
 from .modeling.configuration import LayerFusionConfig
-from .modeling.conversion import from_marian
+from .modeling.conversion import from_marian, to_marian
 from .modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
 from .modeling.pretrained import LayerFusionPreTrainedModel
 from .modeling.registry import FAMILIES
@@ -76,6 +76,7 @@ __all__ = [
     "builtin_number_corpus",
     "compute_translation_metrics",
     "corpus_bleu",
+    "export_ctranslate2",
     "fast_generate",
     "from_marian",
     "from_xlmr",
@@ -86,6 +87,7 @@ __all__ = [
     "load_translation_dataset",
     "prepare_for_inference",
     "preprocess_translation",
+    "to_marian",
     "train_joint_tokenizer",
     "translate",
     "write_model_card",

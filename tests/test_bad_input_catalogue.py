@@ -343,6 +343,19 @@ ROWS = [
     Row("config-layerwise-unshared-mixed", lambda ws: LayerwiseCoordinationConfig(unshared_cross_attention=True),
         ValueError, r"`unshared_cross_attention=True`.*`mixed_attention=True`"),
     # ------------------------------------------------------------------ converters
+    Row("to-marian-fusion-family", lambda ws: hf_layerfusion.to_marian(ws.gtrans), ValueError, r"'gtrans'"),
+    Row("to-marian-pre-norm", lambda ws: hf_layerfusion.to_marian(
+        PlainTransformerForConditionalGeneration(_tiny(PlainTransformerConfig, ws.vocab, normalize_before=True))
+    ), ValueError, r"'normalize_before': True"),
+    Row("to-marian-not-a-model", lambda ws: hf_layerfusion.to_marian(ws.plain_dir), TypeError, r"PosixPath"),
+    Row("ctranslate2-export-into-full-dir", lambda ws: hf_layerfusion.export_ctranslate2(ws.plain, ws.tokenizer, ws.full),
+        FileExistsError, r"full"),
+    Row("ctranslate2-export-onto-file", lambda ws: hf_layerfusion.export_ctranslate2(ws.plain, ws.tokenizer, ws.a_file),
+        FileExistsError, r"a_file"),
+    Row("ctranslate2-export-fusion-family", lambda ws: hf_layerfusion.export_ctranslate2(
+        ws.gtrans, ws.tokenizer, ws.root / "ct2_new"), ValueError, r"'gtrans'"),
+    Row("ctranslate2-export-quantization-not-a-name", lambda ws: hf_layerfusion.export_ctranslate2(
+        ws.plain, ws.tokenizer, ws.root / "ct2_new", quantization=8), TypeError, r"8"),
     Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
     Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),
     Row("marian-unknown-family", lambda ws: from_marian(ws.marian_dir, model_type="gtrns"), ValueError,

@@ -1,8 +1,17 @@
 """Fast inference: `fast_generate` (the tokens of `generate()` with less work per step) and the int8 inference copy
-of a model (`prepare_for_inference`). Above `modeling/` and `models/`, below `training/` and `hub/`, which translate
+of a model (`prepare_for_inference`), for every family; `export_ctranslate2` deploys the plain family with
+CTranslate2. Above `modeling/` and `models/`, below `training/` and `hub/`, which translate
 with it."""
 
+from .ctranslate2_export import export_ctranslate2
 from .fast_generation import UnsupportedFastGeneration, fast_decoding_loop, fast_generate
 from .quantization import QUANTIZATIONS, prepare_for_inference
 
-__all__ = ["QUANTIZATIONS", "UnsupportedFastGeneration", "fast_decoding_loop", "fast_generate", "prepare_for_inference"]
+__all__ = [
+    "QUANTIZATIONS",
+    "UnsupportedFastGeneration",
+    "export_ctranslate2",
+    "fast_decoding_loop",
+    "fast_generate",
+    "prepare_for_inference",
+]

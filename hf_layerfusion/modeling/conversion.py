@@ -1,7 +1,9 @@
-"""Converters from Hugging Face checkpoints into any hf_layerfusion family.
+"""Converters between Hugging Face Marian checkpoints and the hf_layerfusion families.
 
 `from_marian` turns a `MarianMTModel` (e.g. an opus-mt checkpoint) into a model of any family carrying its
-weights; with every fusion switched off the result computes exactly what the Marian model computes.
+weights; with every fusion switched off the result computes exactly what the Marian model computes. `to_marian`
+goes back for the plain family, so that a plain Transformer trained here runs wherever Marian models run
+(CTranslate2 among them: `hf_layerfusion.inference.export_ctranslate2`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import os
 import re
 
 import torch
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel, PretrainedConfig
 
 from ..file_checks import check_local_or_hub, reraise_hub_error
 from .embeddings import SinusoidalPositionalEmbedding
@@ -29,6 +31,16 @@ _MARIAN_LAYER_RENAMES = {
     "fc2.": "ffn.fc2.",
 }
 _LAYER_KEY = re.compile(r"^(model\.(?:encoder|decoder)\.layers\.\d+\.)(.*)$")
+
+
+# what `to_marian` requires of a plain Transformer's configuration: Marian computes exactly this
+_MARIAN_SETTINGS = {
+    "position_embedding_type": "sinusoidal",
+    "layernorm_embedding": False,
+    "normalize_before": False,
+    "tie_word_embeddings": True,
+    "layer_norm_eps": 1e-5,
+}
 
 
 def _rename_marian_key(key: str) -> str | None:
@@ -167,3 +179,76 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
     model.conversion_report["not_loaded"] = not_loaded
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model
+
+
+def _marian_key(key: str) -> str | None:
+    """Marian name of a backbone state-dict key (the inverse of `_rename_marian_key`); None for the computed
+    position tables, which `MarianMTModel` builds itself."""
+    if key.endswith("embed_positions.weight"):
+        return None
+    match = _LAYER_KEY.match(key)
+    if match is None:
+        return key
+    prefix, rest = match.groups()
+    for old, new in _MARIAN_LAYER_RENAMES.items():
+        if rest.startswith(new):
+            return prefix + old + rest[len(new):]
+    return key
+
+
+def to_marian(model) -> MarianMTModel:
+    """The `MarianMTModel` that computes what the plain Transformer `model` computes, weight for weight (a copy:
+    later changes to `model` do not reach it), with `model`'s generation config.
+
+    Only the plain family maps onto Marian, and only in Marian's own setting (`_MARIAN_SETTINGS`: post-norm,
+    sinusoidal positions, no embedding LayerNorm, tied embeddings, LayerNorm epsilon 1e-5); anything else raises a
+    `ValueError` naming the setting. The result can be saved with `save_pretrained` and loaded by any Marian
+    tooling."""
+    if not isinstance(getattr(model, "config", None), PretrainedConfig):
+        raise TypeError(f"to_marian expects a plain Transformer model, got {type(model).__name__}.")
+    model_type = model.config.model_type
+    if model_type != "plain_transformer" or not hasattr(model, "final_logits_bias"):
+        raise ValueError(
+            "to_marian converts a plain Transformer (PlainTransformerForConditionalGeneration); got "
+            f"{type(model).__name__} (model_type {model_type!r}). Fusion families have no Marian equivalent."
+        )
+    config = model.config
+    different = {key: getattr(config, key) for key, value in _MARIAN_SETTINGS.items() if getattr(config, key) != value}
+    if different:
+        raise ValueError(
+            f"Marian cannot express this plain Transformer: {different} (Marian computes {_MARIAN_SETTINGS})."
+        )
+    marian_config = MarianConfig(
+        vocab_size=config.vocab_size,
+        decoder_vocab_size=config.vocab_size,
+        share_encoder_decoder_embeddings=True,
+        **{
+            key: getattr(config, key)
+            for key in (
+                "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+                "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings", "activation_function",
+                "scale_embedding", "dropout", "attention_dropout", "activation_dropout", "init_std", "pad_token_id",
+                "bos_token_id", "eos_token_id", "decoder_start_token_id",
+            )
+        },
+        forced_eos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    marian = MarianMTModel(marian_config).to(dtype=model.dtype)
+    state_dict = {}
+    for key, value in model.state_dict().items():
+        marian_key = _marian_key(key)
+        if marian_key is not None and not marian_key.startswith("lm_head"):
+            state_dict[marian_key] = value.detach().clone()
+    missing, unexpected = marian.load_state_dict(state_dict, strict=False)
+    # left out on purpose: the computed position tables and the output projection tied to the embeddings
+    expected_missing = {"lm_head.weight", "model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight"}
+    if unexpected or set(missing) - expected_missing:
+        raise RuntimeError(
+            f"to_marian: the state dict does not map onto MarianMTModel (unexpected {unexpected}, missing "
+            f"{sorted(set(missing) - expected_missing)})."
+        )
+    marian.tie_weights()
+    marian.config._attn_implementation = config._attn_implementation
+    marian.generation_config = copy.deepcopy(model.generation_config)
+    return marian.train(model.training)

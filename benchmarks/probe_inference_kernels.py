@@ -1,0 +1,198 @@
+"""Would a different matrix-product kernel make the fast CPU path meet issue 19's targets? Measured, not adopted.
+
+Issue 19 asks the plain backbone's fast float32 loop for >= 2.0x `MarianMTModel` and its int8 loop for >= 2.8x. The
+fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the obvious candidates are the
+two kernels torch ships beside `addmm` / `quantized::linear_dynamic` on x86:
+
+- float32: **MKL packed GEMM** (`torch.ops.mkl._mkl_linear` with weights packed by `_mkl_reorder_linear_weight`, what
+  inductor's freezing uses on CPU). The packing is specific to the number of input rows, so this probe packs each
+  linear layer once per row count it meets (a batch of 32 rows in greedy search, 128 in beam-4, the encoder's
+  sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens).
+- int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with activations
+  quantized per row to int8 in Python (the same per-row scheme as `Int8Linear`: each row divided by its largest
+  magnitude), instead of `quantized::linear_dynamic`, which quantizes its input itself.
+
+The setting is `bench_inference.py`'s (the Multi30k preset, random weights shared with `MarianMTModel`, 32
+`test_2016_flickr.en` sentences, exactly 32 new tokens, greedy and beam-4, one thread); the engines alternate and
+each ratio is the median of per-repeat ratios with its [min-max] range. The probe also times each kernel alone on one
+decoder-step-sized product (32 rows), where the data stays in cache, beside the same product inside a full step.
+
+    python benchmarks/probe_inference_kernels.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import bench_backbone as backbone  # noqa: E402
+import bench_inference  # noqa: E402
+
+from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference import quantization  # noqa: E402
+
+
+class MKLPackedLinear(nn.Module):
+    """`nn.Linear` through MKL's packed GEMM, packed once per input row count (the packing depends on it)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight.detach()
+        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.packed: dict[int, torch.Tensor] = {}
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        rows = hidden_states.numel() // hidden_states.shape[-1]
+        packed = self.packed.get(rows)
+        if packed is None:
+            packed = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
+        return torch.ops.mkl._mkl_linear(hidden_states, packed, self.weight, self.bias, rows)
+
+
+class OneDNNInt8Linear(nn.Module):
+    """`Int8Linear`'s scheme (per-channel int8 weights, per-row int8 activations) through oneDNN's
+    `qlinear_pointwise`, with the activations quantized here."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        weight = weight.detach().float()
+        self.weight_scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        int8_weight = torch.round(weight / self.weight_scales[:, None]).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(int8_weight, None)
+        self.zero_points = torch.zeros(weight.shape[0], dtype=torch.int64)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
+        int8_states = torch.round(hidden_states * (127 / row_scale)).to(torch.int8)
+        output = torch.ops.onednn.qlinear_pointwise(
+            int8_states, 1 / 127, 0, self.packed, self.weight_scales, self.zero_points, None, 1.0, 0, torch.float32,
+            "none", [], "",
+        )
+        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+
+
+def with_mkl_packed_linears(model):
+    """A copy of `model` sharing every tensor, whose encoder-decoder `nn.Linear`s run MKL's packed GEMM."""
+    shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    engine = copy.deepcopy(model, memo=shared).eval()
+    for module in list(engine.model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, MKLPackedLinear(child))
+    return engine
+
+
+def onednn_int8_copy(model):
+    """`int8_copy(model)` with `OneDNNInt8Linear` in place of `Int8Linear`."""
+    original, quantization.Int8Linear = quantization.Int8Linear, OneDNNInt8Linear
+    try:
+        return quantization.int8_copy(model)
+    finally:
+        quantization.Int8Linear = original
+
+
+def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
+    for _ in range(20):
+        function()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            function()
+        samples.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def print_isolated_products(rows: int) -> None:
+    """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
+    print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
+    print("| product | F.linear | MKL packed | int8 linear_dynamic (Int8Linear) | int8 oneDNN |")
+    print("|---|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
+        states = torch.randn(rows, inputs, generator=generator)
+        linear = nn.Linear(inputs, outputs)
+        packed = MKLPackedLinear(linear)
+        current, onednn = quantization.Int8Linear(linear.weight, linear.bias), OneDNNInt8Linear(linear.weight, linear.bias)
+        with torch.inference_mode():
+            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, packed, current, onednn)]
+        print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*quantized.*")
+
+    print("## Candidate kernels for the fast CPU path (issue 19)\n")
+    print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
+    print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
+          f"{backbone.cpu_model()}, 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
+          f"{backbone.loadavg()}")
+    tokenizer = backbone.train_tokenizer(args.data, 8000)
+    batch = backbone.encode_batch(tokenizer, backbone.read_lines(args.data / "test_2016_flickr.en")[:32])
+    marian = backbone.build_marian(len(tokenizer), 0).eval()
+    plain = backbone.build_model("plain", marian, 0).eval()
+    models = {
+        "plain: fast float32 (addmm)": plain,
+        "plain: fast float32, MKL packed": with_mkl_packed_linears(plain),
+        "plain: fast int8 (Int8Linear, linear_dynamic)": prepare_for_inference(plain, "int8"),
+        "plain: fast int8, oneDNN qlinear": onednn_int8_copy(plain),
+    }
+    engines = {title: (lambda kwargs, m=model: fast_generate(m, **batch, **kwargs)) for title, model in models.items()}
+
+    for search, num_beams in bench_inference.SEARCHES.items():
+        kwargs = bench_inference.generation_kwargs(num_beams, 32)
+        with torch.inference_mode():
+            reference = marian.generate(**batch, **kwargs)
+        tokens = {title: run(kwargs) for title, run in engines.items()}
+        float_tokens = tokens["plain: fast float32 (addmm)"]
+        print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
+        print(f"- tokens: fast float32 == MarianMTModel: {'yes' if torch.equal(float_tokens, reference) else 'NO'}; "
+              f"MKL packed == fast float32: {'yes' if torch.equal(tokens['plain: fast float32, MKL packed'], float_tokens) else 'NO'}; "
+              f"rows of int8 equal to float32: linear_dynamic "
+              f"{int((tokens['plain: fast int8 (Int8Linear, linear_dynamic)'] == float_tokens).all(1).sum())}/32, "
+              f"oneDNN {int((tokens['plain: fast int8, oneDNN qlinear'] == float_tokens).all(1).sum())}/32\n")
+
+        def run_marian(kwargs=kwargs):
+            with torch.inference_mode():
+                return marian.generate(**batch, **kwargs)
+
+        runs = {"MarianMTModel generate()": run_marian, **{title: (lambda r=run, k=kwargs: r(k)) for title, run in engines.items()}}
+        wall, _ = bench_inference.interleaved_seconds(runs, args.repeats)
+        print("| engine | seconds | vs MarianMTModel | vs the kernel it replaces |")
+        print("|---|---|---|---|")
+        replaced = {"plain: fast float32, MKL packed": "plain: fast float32 (addmm)",
+                    "plain: fast int8, oneDNN qlinear": "plain: fast int8 (Int8Linear, linear_dynamic)"}
+        for title, samples in wall.items():
+            versus = bench_inference.ratio_cell(wall, title, "MarianMTModel generate()")[1] if title != "MarianMTModel generate()" else "1"
+            own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"
+            print(f"| {title} | {statistics.median(samples):.3f} | {versus} | {own} |")
+    print_isolated_products(32)
+    print(f"\n(load average at end {backbone.loadavg()})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Deploying the plain family with CTranslate2: `export_ctranslate2(model, tokenizer, output_dir)`.
+
+A plain Transformer of this package is a `MarianMTModel` (`to_marian`), so CTranslate2, the usual CPU engine for
+Marian-size models, runs it (speeds measured beside `generate()` and the fast loop in `docs/fast_cpu_translation.md`).
+The fusion families have no CTranslate2 equivalent: their fast path is `fast_generate`.
+
+The conversion follows transformers' Marian, not CTranslate2's rules for opus-mt checkpoints: transformers starts
+decoding from the embedding of `decoder_start_token_id` and has no extra padding row, where CTranslate2's Marian
+converter assumes a zero start embedding and drops the last vocabulary row, which would change the translations.
+CTranslate2's BART rules describe transformers' Marian exactly; with them CTranslate2 float32 gives the tokens of
+`generate()` (tests/test_ctranslate2_export.py).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..modeling.conversion import to_marian
+
+
+def _marian_as_in_transformers_loader():
+    """CTranslate2's Marian loader with BART's rules for the start token, the vocabulary and the layer norms."""
+    from ctranslate2.converters import transformers as ct2_transformers
+
+    class MarianAsInTransformers(ct2_transformers.MarianMTLoader):
+        def get_model_spec(self, model):
+            model.config.normalize_before = False
+            model.config.normalize_embedding = False
+            return ct2_transformers.BartLoader.get_model_spec(self, model)
+
+        def set_decoder(self, spec, decoder):
+            ct2_transformers.BartLoader.set_decoder(self, spec, decoder)
+
+        def set_config(self, config, model, tokenizer):
+            ct2_transformers.BartLoader.set_config(self, config, model, tokenizer)
+
+        def get_vocabulary(self, model, tokenizer):
+            return ct2_transformers.BartLoader.get_vocabulary(self, model, tokenizer)
+
+    return MarianAsInTransformers()
+
+
+def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model of the plain Transformer `model` (with its `tokenizer`'s vocabulary) to
+    `output_dir`, which must not exist or be empty (nothing is overwritten), and return its path.
+
+    `quantization` is CTranslate2's weight type (None keeps float32; e.g. "int8", "int8_float32", "float16"). Load
+    the result with `ctranslate2.Translator(path)`; it translates token strings
+    (`tokenizer.convert_ids_to_tokens(ids)`, back with `tokenizer.convert_tokens_to_ids`). Fusion families raise
+    `ValueError` (see `to_marian`); without the `ctranslate2` package, `ImportError` says how to install it."""
+    try:
+        import ctranslate2
+    except ImportError as error:
+        raise ImportError(
+            "export_ctranslate2 needs CTranslate2: `pip install ctranslate2` (or `pip install hf_layerfusion[ctranslate2]`)."
+        ) from error
+    if quantization is not None and not isinstance(quantization, str):
+        raise TypeError(f"quantization must be None or a CTranslate2 type name such as 'int8', got {quantization!r}.")
+    output_dir = Path(output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise FileExistsError(f"{output_dir} already exists and is not an empty directory; choose a new output_dir.")
+    marian = to_marian(model).float().eval()
+
+    class InMemoryConverter(ctranslate2.converters.Converter):
+        def _load(self):
+            with torch.no_grad():
+                return _marian_as_in_transformers_loader()(marian, tokenizer)
+
+    InMemoryConverter().convert(str(output_dir), quantization=quantization, force=True)
+    return output_dir

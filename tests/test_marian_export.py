@@ -1,0 +1,78 @@
+"""`to_marian` and `export_ctranslate2`: a plain Transformer of this package leaves it as the `MarianMTModel` (and
+the CTranslate2 model) that computes the same translations."""
+
+import pytest
+import torch
+from helpers import EOS, PAD, tiny_marian, tiny_model, tiny_tokenizer
+from transformers import MarianMTModel
+
+import hf_layerfusion
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_to_marian_computes_what_the_plain_model_computes(attn_implementation):
+    model = tiny_model("plain_transformer", attn_implementation=attn_implementation)
+    marian = hf_layerfusion.to_marian(model)
+    assert isinstance(marian, MarianMTModel) and not marian.training
+    assert marian.config._attn_implementation == attn_implementation
+    # two sources, the second padded: padding must be masked alike
+    batch = dict(
+        input_ids=torch.tensor([[5, 9, 13, 7, EOS], [11, 4, EOS, PAD, PAD]]),
+        attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
+    )
+    decoder_input_ids = torch.tensor([[EOS, 5, 7, 9], [EOS, 11, 4, 6]])
+    with torch.no_grad():
+        expected = model(**batch, decoder_input_ids=decoder_input_ids).logits
+        logits = marian(**batch, decoder_input_ids=decoder_input_ids).logits
+    assert expected.abs().max() > 1.0
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    kwargs = dict(num_beams=3, max_new_tokens=6, min_new_tokens=6)
+    assert marian.generate(**batch, **kwargs).tolist() == model.generate(**batch, **kwargs).tolist()
+
+    # a copy: training the model further does not change the exported one
+    with torch.no_grad():
+        model.model.shared.weight.add_(1.0)
+    torch.testing.assert_close(marian(**batch, decoder_input_ids=decoder_input_ids).logits, logits)
+
+
+def test_from_marian_of_to_marian_gives_the_weights_back(tmp_path):
+    marian = tiny_marian("eager")
+    model = hf_layerfusion.from_marian(marian, model_type="plain_transformer")
+    exported = hf_layerfusion.to_marian(model)
+    exported.save_pretrained(tmp_path)
+    reloaded = MarianMTModel.from_pretrained(tmp_path)
+    for key, value in marian.state_dict().items():
+        torch.testing.assert_close(reloaded.state_dict()[key], value, atol=0, rtol=0, msg=key)
+    assert reloaded.generation_config.to_diff_dict() == model.generation_config.to_diff_dict()
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_ctranslate2_float32_translates_as_generate(tmp_path, num_beams):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    tokenizer = tiny_tokenizer()
+    # seed 3: a tiny random model whose translations differ between sentences and positions (checked below)
+    model = tiny_model("plain_transformer", seed=3, vocab_size=len(tokenizer))
+    path = hf_layerfusion.export_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(path), device="cpu")
+    sources = ["ab ba abba", "baab ab", "a b"]
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    new_tokens = 7  # every engine decodes exactly this many tokens: the comparison covers 7 steps per sentence
+    generated = model.generate(**batch, num_beams=num_beams, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    expected = [tokenizer.convert_ids_to_tokens(row[1:]) for row in generated.tolist()]  # without the start token
+    results = translator.translate_batch(
+        [tokenizer.convert_ids_to_tokens(tokenizer(s)["input_ids"]) for s in sources],
+        beam_size=num_beams, max_decoding_length=new_tokens, min_decoding_length=new_tokens, return_end_token=True,
+    )
+    assert [result.hypotheses[0] for result in results] == expected
+    assert len({tuple(row) for row in expected}) > 1 and len({token for row in expected for token in row}) > 1
+
+
+def test_ctranslate2_int8_export_loads(tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", vocab_size=len(tokenizer))
+    (tmp_path / "empty").mkdir()  # an existing empty directory is accepted
+    path = hf_layerfusion.export_ctranslate2(model, tokenizer, tmp_path / "empty", quantization="int8")
+    translator = ctranslate2.Translator(str(path), device="cpu", compute_type="int8")
+    result = translator.translate_batch([["ab", "▁ba", "</s>"]], max_decoding_length=5)
+    assert len(result[0].hypotheses[0]) > 0
