@@ -75,13 +75,13 @@ M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de
 
 
 @dataclass(frozen=True)
-class StudyRun:
-    """One run of the queue: an arm of bench_multi30k.py, a seed and the steps-matched budget."""
+class ArmRun:
+    """What every training run of the queue has: an arm of a benchmark script, a seed and its budget."""
 
     arm: str
     seed: int
-    max_steps: int
-    warmup_steps: int
+    max_steps: int = STANDARD_BUDGET["max_steps"]
+    warmup_steps: int = STANDARD_BUDGET["warmup_steps"]
 
     @property
     def label(self) -> str:
@@ -90,6 +90,11 @@ class StudyRun:
     @property
     def budget(self) -> str:
         return f"{self.max_steps} steps (warm-up {self.warmup_steps})"
+
+
+@dataclass(frozen=True)
+class StudyRun(ArmRun):
+    """One en->de run of the queue: an arm of bench_multi30k.py, a seed and the steps-matched budget."""
 
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return Path(ledger_dir) / self.arm / f"seed_{self.seed}.json"
@@ -146,22 +151,13 @@ def m2m_ledger_dir(ledger_dir: Path = LEDGER_DIR) -> Path:
 
 
 @dataclass(frozen=True)
-class ManyToManyRun:
+class ManyToManyRun(ArmRun):
     """One run of priority 5: an arm of `bench_multilingual.py` (`plain_transformer_m2m` or `gtrans_m2m`) and a
     seed, with the steps-matched budget of the 6 + 6 comparisons."""
 
-    arm: str
-    seed: int
-    max_steps: int = STANDARD_BUDGET["max_steps"]
-    warmup_steps: int = STANDARD_BUDGET["warmup_steps"]
-
     @property
     def label(self) -> str:
-        return f"`{self.arm}` seed {self.seed} (many-to-many)"
-
-    @property
-    def budget(self) -> str:
-        return f"{self.max_steps} steps (warm-up {self.warmup_steps})"
+        return f"{super().label} (many-to-many)"
 
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return m2m_ledger_dir(ledger_dir) / self.arm / f"seed_{self.seed}.json"
@@ -214,7 +210,7 @@ def deep_post_norm_pair(probe_dir: Path = PROBE_DIR) -> tuple[tuple[int, int] | 
                      f"{MAX_DEEP_TRAIN_MINUTES} training minutes")
 
 
-def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe | ManyToManyRun]:
+def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
     """Every run of the study, in the order they are run (priority 2's pair once the depth probes decided it)."""
     standard = STANDARD_BUDGET
     queue = []
@@ -240,7 +236,7 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[StudyRun | DepthProbe | Man
 
 
 def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR
-                 ) -> list[StudyRun | DepthProbe | ManyToManyRun]:
+                 ) -> list[ArmRun | DepthProbe]:
     return [run for run in study_queue(probe_dir) if not run.result_file(ledger_dir, probe_dir).is_file()]
 
 
@@ -262,7 +258,7 @@ def code_snapshot(commit: str) -> Path:
     return snapshot
 
 
-def discard_stale_run(run: StudyRun | DepthProbe | ManyToManyRun, commit: str) -> None:
+def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
     """An unfinished run dir of another commit would resume with other code: start that run over. Finished runs
     (their result file written) are kept whatever their commit: their result records it."""
     run_dir = run.run_dir()
@@ -277,7 +273,7 @@ def discard_stale_run(run: StudyRun | DepthProbe | ManyToManyRun, commit: str) -
     marker.write_text(commit + "\n")
 
 
-def execute(run: StudyRun | DepthProbe | ManyToManyRun, args) -> bool:
+def execute(run: ArmRun | DepthProbe, args) -> bool:
     """Run one study run in a subprocess; True when its result file exists afterwards."""
     commit = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
