@@ -152,6 +152,17 @@ MODELS.update(
 )
 
 
+# a registered family without a setting above is measured in its default configuration (no target), so that a new
+# family is benchmarked from the moment it registers
+MODELS.update(
+    {
+        family: ModelSpec(f"{family} (default config)", family)
+        for family in hf_layerfusion.FAMILIES
+        if family not in {spec.model_type for spec in MODELS.values()}
+    }
+)
+
+
 def available_models() -> list[str]:
     return [name for name, spec in MODELS.items() if spec.model_type is None or spec.model_type in hf_layerfusion.FAMILIES]
 

@@ -101,3 +101,14 @@ def test_register_family_refuses_classes_that_do_not_fit_together():
         register_family(Duplicate)
     assert FAMILIES["gtrans"] == gtrans
     assert register_family(gtrans.for_conditional_generation) is gtrans.for_conditional_generation  # idempotent
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_backbone_benchmark_measures_every_registered_family(model_type):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_backbone
+
+    measured = {spec.model_type for name, spec in bench_backbone.MODELS.items() if name in bench_backbone.available_models()}
+    assert model_type in measured
