@@ -59,6 +59,7 @@ from hf_layerfusion.file_checks import (
 from hf_layerfusion.modeling import input_checks
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_model_inputs, check_positive_int
 from hf_layerfusion.modeling.registry import check_model_type
+from hf_layerfusion.inference import ctranslate2_export
 from hf_layerfusion.training import checkpoint_averaging
 from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
 from hf_layerfusion.training.data import (
@@ -351,7 +352,18 @@ ROWS = [
     Row("ctranslate2-export-into-full-dir", lambda ws: hf_layerfusion.export_ctranslate2(ws.plain, ws.tokenizer, ws.full),
         FileExistsError, r"full"),
     Row("ctranslate2-export-onto-file", lambda ws: hf_layerfusion.export_ctranslate2(ws.plain, ws.tokenizer, ws.a_file),
-        FileExistsError, r"a_file"),
+        NotADirectoryError, r"a_file"),
+    Row("ctranslate2-export-bad-quantization", lambda ws: hf_layerfusion.export_ctranslate2(
+        ws.plain, ws.tokenizer, ws.root / "ct2_new", quantization="int9"), ValueError, r"int9"),
+    Row("ctranslate2-cli-into-model-dir",
+        lambda ws: ctranslate2_export.main(["--model_dir", str(ws.plain_dir), "--output_dir", str(ws.plain_dir)]),
+        ValueError, r"plain'.*overlaps"),
+    Row("ctranslate2-cli-fusion-family",
+        lambda ws: ctranslate2_export.main(["--model_dir", str(ws.gtrans_dir), "--output_dir", str(ws.root / "ct2")]),
+        ValueError, r"'gtrans'"),
+    Row("ctranslate2-cli-missing-model",
+        lambda ws: ctranslate2_export.main(["--model_dir", str(ws.root / "no_model"), "--output_dir", str(ws.root / "c")]),
+        FileNotFoundError, r"no_model"),
     Row("ctranslate2-export-fusion-family", lambda ws: hf_layerfusion.export_ctranslate2(
         ws.gtrans, ws.tokenizer, ws.root / "ct2_new"), ValueError, r"'gtrans'"),
     Row("ctranslate2-export-quantization-not-a-name", lambda ws: hf_layerfusion.export_ctranslate2(

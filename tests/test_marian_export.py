@@ -76,3 +76,21 @@ def test_ctranslate2_int8_export_loads(tmp_path):
     translator = ctranslate2.Translator(str(path), device="cpu", compute_type="int8")
     result = translator.translate_batch([["ab", "▁ba", "</s>"]], max_decoding_length=5)
     assert len(result[0].hypotheses[0]) > 0
+
+
+def test_ctranslate2_export_command_line(tmp_path, capsys):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from hf_layerfusion.inference import ctranslate2_export
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", seed=3, vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path / "plain")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    ctranslate2_export.main(["--model_dir", str(tmp_path / "plain"), "--output_dir", str(tmp_path / "ct2")])
+    assert "Wrote the CTranslate2 model" in capsys.readouterr().out
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
+    batch = tokenizer(["baab ab"], return_tensors="pt")
+    generated = model.generate(**batch, max_new_tokens=5, min_new_tokens=5)
+    result = translator.translate_batch([tokenizer.convert_ids_to_tokens(batch["input_ids"][0])], max_decoding_length=5,
+                                        min_decoding_length=5, return_end_token=True)
+    assert result[0].hypotheses[0] == tokenizer.convert_ids_to_tokens(generated[0, 1:])

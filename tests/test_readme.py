@@ -174,7 +174,7 @@ def test_readme_parsing_sees_every_block():
     assert tuple(bash_blocks[:2]) == SETUP_COMMANDS
     steps = readme_steps(text)
     kinds = [kind for kind, _ in steps]
-    assert (kinds.count("python"), kinds.count("python-without-package"), kinds.count("bash")) == (5, 1, 7)
+    assert (kinds.count("python"), kinds.count("python-without-package"), kinds.count("bash")) == (5, 1, 8)
     assert append_arguments("a \\\n  b  # note", "--x 1") == "a \\\n  b --x 1  # note"
 
 

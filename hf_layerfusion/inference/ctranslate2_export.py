@@ -8,16 +8,20 @@ The conversion follows transformers' Marian, not CTranslate2's rules for opus-mt
 decoding from the embedding of `decoder_start_token_id` and has no extra padding row, where CTranslate2's Marian
 converter assumes a zero start embedding and drops the last vocabulary row, which would change the translations.
 CTranslate2's BART rules describe transformers' Marian exactly; with them CTranslate2 float32 gives the tokens of
-`generate()` (tests/test_ctranslate2_export.py).
+`generate()` (tests/test_marian_export.py).
+
+    python -m hf_layerfusion.ctranslate2_export --model_dir runs/plain --output_dir runs/plain-ct2 [--quantization int8]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 import torch
 
+from ..file_checks import check_local_or_hub, check_output_dir
 from ..modeling.conversion import to_marian
 
 
@@ -59,9 +63,7 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
         ) from error
     if quantization is not None and not isinstance(quantization, str):
         raise TypeError(f"quantization must be None or a CTranslate2 type name such as 'int8', got {quantization!r}.")
-    output_dir = Path(output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise FileExistsError(f"{output_dir} already exists and is not an empty directory; choose a new output_dir.")
+    output_dir = check_output_dir(output_dir)
     marian = to_marian(model).float().eval()
 
     class InMemoryConverter(ctranslate2.converters.Converter):
@@ -71,3 +73,25 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
 
     InMemoryConverter().convert(str(output_dir), quantization=quantization, force=True)
     return output_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_layerfusion.ctranslate2_export",
+        description="Write a CTranslate2 model of a plain Transformer (a directory or Hub id with its tokenizer).",
+    )
+    parser.add_argument("--model_dir", required=True, help="the plain Transformer: a local directory or a Hub id")
+    parser.add_argument("--output_dir", required=True, help="a new (or empty) directory for the CTranslate2 model")
+    parser.add_argument("--quantization", default=None, help="CTranslate2 weight type, e.g. int8 (default: float32)")
+    args = parser.parse_args(argv)
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model_dir = check_local_or_hub(args.model_dir, "--model_dir")
+    check_output_dir(args.output_dir, [model_dir] if os.path.isdir(model_dir) else [], what="--output_dir")
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    path = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)
+    print(
+        f"Wrote the CTranslate2 model of {model_dir} ({args.quantization or 'float32'} weights) to {path}: "
+        f"ctranslate2.Translator({str(path)!r}) translates token strings (tokenizer.convert_ids_to_tokens)."
+    )
