@@ -15,6 +15,8 @@ Importing the package registers every family of `FAMILIES` with AutoConfig, Auto
 makes every saved model write its Hub code, and registers the translation pipeline with transformers.
 """
 
+from .version import __version__  # first: it checks the installed transformers release
+
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from transformers.pipelines import PIPELINE_REGISTRY
 
@@ -42,7 +44,6 @@ from .training.evaluation import compute_translation_metrics, corpus_bleu, load_
 from .training.tokenization import train_joint_tokenizer
 from .training.trainer import LayerFusionSeq2SeqTrainer
 from .training.translation import translate
-from .version import __version__
 
 # every family's classes under their own names (`hf_layerfusion.GTransConfig`), and with the Auto classes
 _family_classes = {cls.__name__: cls for family in FAMILIES.values() for cls in family}

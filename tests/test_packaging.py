@@ -1,8 +1,11 @@
 """The transformers range the package supports is stated once, `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT`, and
-setup.cfg's `install_requires`, the model cards and the Hub code saved with every model state that same range."""
+setup.cfg's `install_requires`, the model cards and the Hub code saved with every model state that same range; the
+package and the Hub code refuse to import under a release outside it, naming both."""
 
 import configparser
 import re
+import subprocess
+import sys
 
 from helpers import REPO_ROOT, tiny_model
 from packaging.requirements import Requirement
@@ -34,3 +37,32 @@ def test_model_card_and_hub_code_state_the_range(tmp_path):
     hub_code = (tmp_path / "modeling_layerfusion.py").read_text(encoding="utf-8")
     header = re.match(r'"""(.*?)"""', hub_code, flags=re.DOTALL).group(1)
     assert f"Requires {TRANSFORMERS_REQUIREMENT} " in header
+
+
+# what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.24.0 (outside the range)
+_FAKE_TRANSFORMERS_5_24 = (
+    "import importlib.metadata as metadata\n"
+    "real_version = metadata.version\n"
+    "metadata.version = lambda name: '5.24.0' if name == 'transformers' else real_version(name)\n"
+)
+
+
+def _run(code: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_import_refuses_a_transformers_release_outside_the_range(tmp_path):
+    result = _run(_FAKE_TRANSFORMERS_5_24 + "import hf_layerfusion\n", tmp_path)
+    assert result.returncode != 0
+    assert "found transformers==5.24.0" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
+    assert _run("import hf_layerfusion\n", tmp_path).returncode == 0  # the installed release passes
+
+
+def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
+    tiny_model("plain_transformer").save_pretrained(tmp_path / "model")
+    hub_code = (tmp_path / "model" / "modeling_layerfusion.py").read_text(encoding="utf-8")
+    # the check runs before any definition of the file
+    assert hub_code.index("_require_version(") < min(hub_code.index("\nclass "), hub_code.index("\ndef "))
+    hub_file = tmp_path / "model" / "modeling_layerfusion.py"
+    result = _run(_FAKE_TRANSFORMERS_5_24 + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
+    assert result.returncode != 0 and "found transformers==5.24.0" in result.stderr

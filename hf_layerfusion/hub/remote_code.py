@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..modeling.configuration import LayerFusionConfig
 from ..modeling.registry import FAMILIES, Family, family_of
-from ..version import TRANSFORMERS_REQUIREMENT, __version__
+from ..version import TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
 from .pipeline import HUB_PIPELINE_TASK, LayerFusionTranslationPipeline
 
 PACKAGE = "hf_layerfusion"
@@ -253,6 +253,9 @@ class _Flattener:
             f"{sources}.\nDo not edit: the package is the source of truth; `save_pretrained` rewrites this file.\n"
             '"""\n\nfrom __future__ import annotations\n\n',
             "".join(f"{line}\n" for line in sorted(set(self.external.values()))),
+            # the package's own check (hf_layerfusion/version.py): the user's transformers runs this file
+            "\nfrom transformers.utils.versions import require_version as _require_version\n\n"
+            f"_require_version({TRANSFORMERS_REQUIREMENT!r}, {TRANSFORMERS_HINT!r})\n",
         ]
         for module_name in order:
             module = self.modules[module_name]
