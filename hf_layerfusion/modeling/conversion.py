@@ -43,18 +43,23 @@ _MARIAN_SETTINGS = {
 }
 
 
-def _rename_marian_key(key: str) -> str | None:
-    """Backbone name of a Marian state-dict key; None for keys the backbone rebuilds itself (positions)."""
-    if key.endswith("embed_positions.weight"):
-        return None  # sinusoidal tables are computed, identical to Marian's (checked by the tests)
+def _rename_layer_key(key: str, renames: dict[str, str]) -> str:
+    """`key` with the start of its per-layer part renamed by `renames` (keys outside the layers unchanged)."""
     match = _LAYER_KEY.match(key)
     if match is None:
         return key
     prefix, rest = match.groups()
-    for old, new in _MARIAN_LAYER_RENAMES.items():
+    for old, new in renames.items():
         if rest.startswith(old):
             return prefix + new + rest[len(old):]
     return key
+
+
+def _rename_marian_key(key: str) -> str | None:
+    """Backbone name of a Marian state-dict key; None for keys the backbone rebuilds itself (positions)."""
+    if key.endswith("embed_positions.weight"):
+        return None  # sinusoidal tables are computed, identical to Marian's (checked by the tests)
+    return _rename_layer_key(key, _MARIAN_LAYER_RENAMES)
 
 
 def _is_computed_table(model, key: str) -> bool:
@@ -186,14 +191,7 @@ def _marian_key(key: str) -> str | None:
     position tables, which `MarianMTModel` builds itself."""
     if key.endswith("embed_positions.weight"):
         return None
-    match = _LAYER_KEY.match(key)
-    if match is None:
-        return key
-    prefix, rest = match.groups()
-    for old, new in _MARIAN_LAYER_RENAMES.items():
-        if rest.startswith(new):
-            return prefix + old + rest[len(new):]
-    return key
+    return _rename_layer_key(key, {new: old for old, new in _MARIAN_LAYER_RENAMES.items()})
 
 
 def to_marian(model) -> MarianMTModel:
