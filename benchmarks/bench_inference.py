@@ -82,8 +82,9 @@ TARGETS = {
 
 
 # ------------------------------------------------------------------------------------------------ CTranslate2
-def ctranslate2_engines(args, plain, tokenizer, work: Path) -> dict:
-    """`{(quantization, threads): ctranslate2.Translator}`, or {} (with a message) without the package."""
+def ctranslate2_engines(plain, tokenizer, work: Path, threads: list[int]) -> dict:
+    """`{(quantization, threads): ctranslate2.Translator}` of the plain Transformer `plain` (`export_ctranslate2`,
+    float32 and int8, once each), or {} (with a message) without the package."""
     try:
         import ctranslate2
     except ImportError:
@@ -92,9 +93,9 @@ def ctranslate2_engines(args, plain, tokenizer, work: Path) -> dict:
     translators = {}
     for quantization in ("float32", "int8"):
         model_dir = export_ctranslate2(plain, tokenizer, work / quantization, None if quantization == "float32" else quantization)
-        for threads in args.threads:
-            translators[quantization, threads] = ctranslate2.Translator(
-                str(model_dir), device="cpu", intra_threads=threads, inter_threads=1
+        for count in threads:
+            translators[quantization, count] = ctranslate2.Translator(
+                str(model_dir), device="cpu", intra_threads=count, inter_threads=1
             )
     return translators
 
@@ -207,30 +208,20 @@ def ctranslate2_translate(translator, tokenizer, sentences, num_beams: int, max_
     return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results]
 
 
-def workload_engines(model, tokenizer, num_beams: int, threads: int, work: Path) -> dict:
+def workload_engines(model, tokenizer, num_beams: int, marian=None, translators: dict | None = None) -> dict:
     """`{engine: translate(sentences) -> list[str]}` for a trained model: `generate()`, the fast loop in float32
     and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length); for a plain Transformer also its
-    `MarianMTModel` (`to_marian`) and CTranslate2 float32 and int8 (`export_ctranslate2`), when installed."""
+    `MarianMTModel` (`marian`, from `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines`."""
     engines = {
         "generate()": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, fast=False),
         "fast float32": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams),
         "fast int8": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, quantization="int8"),
     }
-    if model.config.model_type != "plain_transformer":
-        return engines
-    marian = hf_layerfusion.to_marian(model)
-    engines = {"MarianMTModel generate()": lambda s: hf_layerfusion.translate(marian, tokenizer, s, num_beams=num_beams,
-                                                                             fast=False), **engines}
-    try:
-        import ctranslate2
-    except ImportError:
-        print("- CTranslate2 skipped: `pip install ctranslate2` (or `pip install -e .[benchmark]`) to compare with it")
-        return engines
+    if marian is not None:
+        engines = {"MarianMTModel generate()": lambda s: hf_layerfusion.translate(
+            marian, tokenizer, s, num_beams=num_beams, fast=False), **engines}
     max_decoding_length = model.generation_config.max_length - 1  # generate() counts the start token
-    for quantization in ("float32", "int8"):
-        path = export_ctranslate2(model, tokenizer, work / f"{quantization}_{num_beams}",
-                                  None if quantization == "float32" else quantization)
-        translator = ctranslate2.Translator(str(path), device="cpu", intra_threads=threads, inter_threads=1)
+    for (quantization, _), translator in (translators or {}).items():
         engines[f"CTranslate2 {quantization}"] = (
             lambda s, t=translator: ctranslate2_translate(t, tokenizer, s, num_beams, max_decoding_length)
         )
@@ -257,9 +248,12 @@ def measure_workload(args) -> list[dict]:
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        for num_beams in args.bleu_beams:
-            with tempfile.TemporaryDirectory() as work:
-                engines = workload_engines(model, tokenizer, num_beams, threads, Path(work))
+        plain = model.config.model_type == "plain_transformer"
+        with tempfile.TemporaryDirectory() as work:
+            translators = ctranslate2_engines(model, tokenizer, Path(work), [threads]) if plain else {}
+            for num_beams in args.bleu_beams:
+                engines = workload_engines(model, tokenizer, num_beams, hf_layerfusion.to_marian(model) if plain else None,
+                                           translators)
                 for translate in engines.values():  # not timed: the int8 copy, first calls, thread pools
                     translate(sources[:2])
                 seconds = {engine: [] for engine in engines}
@@ -269,12 +263,12 @@ def measure_workload(args) -> list[dict]:
                         start = time.perf_counter()
                         translations[engine].extend(engines[engine](chunk))
                         seconds[engine].append(time.perf_counter() - start)
-            rows.append(dict(
-                model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams, threads=threads,
-                sentences=len(sources), seconds=seconds,
-                bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
-                translations=translations,
-            ))
+                rows.append(dict(
+                    model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams, threads=threads,
+                    sentences=len(sources), seconds=seconds,
+                    bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
+                    translations=translations,
+                ))
     return rows
 
 
@@ -444,7 +438,7 @@ def main(argv=None):
               f"positions padded), exactly {args.max_new_tokens} new tokens, greedy and beam-{SEARCHES['beam']}, "
               f"{args.repeats} repeats, engines alternated; ratios = median of per-repeat ratios [min-max]")
         with tempfile.TemporaryDirectory() as work:
-            translators = ctranslate2_engines(args, models["plain"], tokenizer, Path(work))
+            translators = ctranslate2_engines(models["plain"], tokenizer, Path(work), args.threads)
             prepare = time.perf_counter()
             for name in args.models:
                 prepare_for_inference(models[name], "int8")
