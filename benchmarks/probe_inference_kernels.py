@@ -1,16 +1,19 @@
-"""Would a different matrix-product kernel make the fast CPU path meet issue 19's targets? Measured, not adopted.
+"""Would a different matrix-product kernel make the fast CPU path meet issue 19's targets? Measured beside the ones
+the package uses.
 
 Issue 19 asks the plain backbone's fast float32 loop for >= 2.0x `MarianMTModel` and its int8 loop for >= 2.8x. The
-fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the obvious candidates are the
-two kernels torch ships beside `addmm` / `quantized::linear_dynamic` on x86:
+fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the candidates are the
+kernels torch ships beside `addmm` and beside the package's compiled int8 kernel (`Int8Linear`: per-row int8
+activations, `torch._int_mm`, dequantization, in one C++ call) on x86:
 
 - float32: **MKL packed GEMM** (`torch.ops.mkl._mkl_linear` with weights packed by `_mkl_reorder_linear_weight`, what
   inductor's freezing uses on CPU). The packing is specific to the number of input rows, so this probe packs each
   linear layer once per row count it meets (a batch of 32 rows in greedy search, 128 in beam-4, the encoder's
   sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens).
-- int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with activations
-  quantized per row to int8 in Python (the same per-row scheme as `Int8Linear`: each row divided by its largest
-  magnitude), instead of `quantized::linear_dynamic`, which quantizes its input itself.
+- int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
+  int8 weights and its per-row activation codes computed in Python.
+- int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
+  largest magnitude in Python, then the kernel quantizes the whole input with one scale itself.
 
 The setting is `bench_inference.py`'s (the Multi30k preset, random weights shared with `MarianMTModel`, 32
 `test_2016_flickr.en` sentences, exactly 32 new tokens, greedy and beam-4, one thread); the engines alternate and
@@ -46,6 +49,9 @@ import bench_inference  # noqa: E402
 
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference import quantization  # noqa: E402
+from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402  (int8_copy_with swaps the module's name)
+
+INT8 = "plain: fast int8 (Int8Linear, compiled)"
 
 
 class MKLPackedLinear(nn.Module):
@@ -66,17 +72,15 @@ class MKLPackedLinear(nn.Module):
 
 
 class OneDNNInt8Linear(nn.Module):
-    """`Int8Linear`'s scheme (per-channel int8 weights, per-row int8 activations) through oneDNN's
-    `qlinear_pointwise`, with the activations quantized here."""
+    """`Int8Linear`'s int8 weights and per-row int8 activations through oneDNN's `qlinear_pointwise`, with the
+    activations quantized here."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        weight = weight.detach().float()
-        self.weight_scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
-        int8_weight = torch.round(weight / self.weight_scales[:, None]).to(torch.int8)
-        self.packed = torch.ops.onednn.qlinear_prepack(int8_weight, None)
+        codes = Int8Linear(weight, bias)
+        self.weight_scales, self.bias = codes.weight_scale, codes.bias
+        self.packed = torch.ops.onednn.qlinear_prepack(codes.weight_t.t(), None)
         self.zero_points = torch.zeros(weight.shape[0], dtype=torch.int64)
-        self.bias = None if bias is None else bias.detach().float()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
@@ -85,6 +89,29 @@ class OneDNNInt8Linear(nn.Module):
             int8_states, 1 / 127, 0, self.packed, self.weight_scales, self.zero_points, None, 1.0, 0, torch.float32,
             "none", [], "",
         )
+        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+
+
+class DynamicInt8Linear(nn.Module):
+    """`quantized::linear_dynamic` with per-channel int8 weights packed for oneDNN, each input row first divided by
+    its largest magnitude (the kernel then quantizes the whole input with one scale) and multiplied back after."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        codes = Int8Linear(weight, bias)
+        qweight = torch._make_per_channel_quantized_tensor(
+            codes.weight_t.t(), codes.weight_scale.double(), torch.zeros(weight.shape[0], dtype=torch.int64), 0
+        )
+        previous, torch.backends.quantized.engine = torch.backends.quantized.engine, "onednn"
+        try:
+            self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        finally:
+            torch.backends.quantized.engine = previous
+        self.bias = codes.bias
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
+        output = torch.ops.quantized.linear_dynamic(hidden_states / row_scale, self.packed, False)
         return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
 
 
@@ -99,9 +126,9 @@ def with_mkl_packed_linears(model):
     return engine
 
 
-def onednn_int8_copy(model):
-    """`int8_copy(model)` with `OneDNNInt8Linear` in place of `Int8Linear`."""
-    original, quantization.Int8Linear = quantization.Int8Linear, OneDNNInt8Linear
+def int8_copy_with(linear_class, model):
+    """`int8_copy(model)` with `linear_class` in place of `Int8Linear`."""
+    original, quantization.Int8Linear = quantization.Int8Linear, linear_class
     try:
         return quantization.int8_copy(model)
     finally:
@@ -123,16 +150,16 @@ def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
 def print_isolated_products(rows: int) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
-    print("| product | F.linear | MKL packed | int8 linear_dynamic (Int8Linear) | int8 oneDNN |")
-    print("|---|---|---|---|---|")
+    print("| product | F.linear | MKL packed | int8 compiled (Int8Linear) | int8 oneDNN qlinear | int8 linear_dynamic |")
+    print("|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
         states = torch.randn(rows, inputs, generator=generator)
         linear = nn.Linear(inputs, outputs)
         packed = MKLPackedLinear(linear)
-        current, onednn = quantization.Int8Linear(linear.weight, linear.bias), OneDNNInt8Linear(linear.weight, linear.bias)
+        int8 = [cls(linear.weight, linear.bias) for cls in (Int8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
         with torch.inference_mode():
-            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, packed, current, onednn)]
+            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, packed, *int8)]
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
 
 
@@ -158,8 +185,9 @@ def main(argv=None) -> None:
     models = {
         "plain: fast float32 (addmm)": plain,
         "plain: fast float32, MKL packed": with_mkl_packed_linears(plain),
-        "plain: fast int8 (Int8Linear, linear_dynamic)": prepare_for_inference(plain, "int8"),
-        "plain: fast int8, oneDNN qlinear": onednn_int8_copy(plain),
+        INT8: prepare_for_inference(plain, "int8"),
+        "plain: fast int8, oneDNN qlinear": int8_copy_with(OneDNNInt8Linear, plain),
+        "plain: fast int8, linear_dynamic": int8_copy_with(DynamicInt8Linear, plain),
     }
     engines = {title: (lambda kwargs, m=model: fast_generate(m, **batch, **kwargs)) for title, model in models.items()}
 
@@ -172,9 +200,8 @@ def main(argv=None) -> None:
         print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
         print(f"- tokens: fast float32 == MarianMTModel: {'yes' if torch.equal(float_tokens, reference) else 'NO'}; "
               f"MKL packed == fast float32: {'yes' if torch.equal(tokens['plain: fast float32, MKL packed'], float_tokens) else 'NO'}; "
-              f"rows of int8 equal to float32: linear_dynamic "
-              f"{int((tokens['plain: fast int8 (Int8Linear, linear_dynamic)'] == float_tokens).all(1).sum())}/32, "
-              f"oneDNN {int((tokens['plain: fast int8, oneDNN qlinear'] == float_tokens).all(1).sum())}/32\n")
+              f"rows equal to float32: compiled int8 {int((tokens[INT8] == float_tokens).all(1).sum())}/32, "
+              f"linear_dynamic {int((tokens['plain: fast int8, linear_dynamic'] == float_tokens).all(1).sum())}/32\n")
 
         def run_marian(kwargs=kwargs):
             with torch.inference_mode():
@@ -185,7 +212,7 @@ def main(argv=None) -> None:
         print("| engine | seconds | vs MarianMTModel | vs the kernel it replaces |")
         print("|---|---|---|---|")
         replaced = {"plain: fast float32, MKL packed": "plain: fast float32 (addmm)",
-                    "plain: fast int8, oneDNN qlinear": "plain: fast int8 (Int8Linear, linear_dynamic)"}
+                    "plain: fast int8, oneDNN qlinear": INT8, "plain: fast int8, linear_dynamic": INT8}
         for title, samples in wall.items():
             versus = bench_inference.ratio_cell(wall, title, "MarianMTModel generate()")[1] if title != "MarianMTModel generate()" else "1"
             own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"

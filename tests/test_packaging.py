@@ -1,11 +1,13 @@
 """The transformers range the package supports is stated once, `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT`, and
 setup.cfg's `install_requires`, the model cards and the Hub code saved with every model state that same range; the
-package and the Hub code refuse to import under a release outside it, naming both."""
+package and the Hub code refuse to import under a release outside it, naming both. A built wheel carries the
+package's non-Python files."""
 
 import configparser
 import re
 import subprocess
 import sys
+import zipfile
 
 from helpers import REPO_ROOT, tiny_model
 from packaging.requirements import Requirement
@@ -66,3 +68,19 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
     hub_file = tmp_path / "model" / "modeling_layerfusion.py"
     result = _run(_FAKE_TRANSFORMERS_5_24 + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
     assert result.returncode != 0 and "found transformers==5.24.0" in result.stderr
+
+
+def test_the_wheel_carries_the_files_the_package_reads(tmp_path):
+    """An install from a wheel (not editable) has the int8 kernel's source, the model card templates and the
+    metric scripts: without the kernel source int8 would fall back to the slow path."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("hf_layerfusion-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "hf_layerfusion/inference/kernels/int8_linear.cpp" in names
+    package = REPO_ROOT / "hf_layerfusion"
+    for pattern in ("hub/model_card_templates/*.md", "training/metrics/*/*.py"):
+        expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
+        assert expected and expected <= set(names), pattern

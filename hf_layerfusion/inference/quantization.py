@@ -4,52 +4,86 @@ translation helpers run: int8 linear layers, faster on CPU, not token-exact."""
 from __future__ import annotations
 
 import copy
+import functools
+import os
+import shutil
 import warnings
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
 
 QUANTIZATIONS = (None, "int8")
+KERNEL_SOURCE = Path(__file__).with_name("kernels") / "int8_linear.cpp"
+# no fused multiply-add: the kernel's float arithmetic is `int8_linear_reference`'s, bit for bit
+KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
+
+
+def int8_linear_reference(
+    hidden_states: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`Int8Linear`'s arithmetic in torch operations (what runs where the compiled kernel cannot be built, and
+    what it computes): each row quantized with its own symmetric scale (round half to even), an exact int32 product
+    with the int8 weights `weight_t` `(in, out)`, dequantized by row scale x weight scale, plus the bias."""
+    rows = hidden_states.reshape(-1, weight_t.shape[0])
+    row_max = rows.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+    quantized = torch.round(rows * (127 / row_max)).to(torch.int8)
+    output = torch._int_mm(quantized, weight_t).float() * ((row_max / 127) * weight_scale)
+    if bias is not None:
+        output = output + bias
+    return output.view(*hidden_states.shape[:-1], weight_t.shape[1])
+
+
+@functools.cache
+def compiled_int8_kernel():
+    """The C++ kernel of `Int8Linear` (kernels/int8_linear.cpp), compiled for this machine at first use (about
+    20 s, then cached by torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that
+    names the reason, where it cannot be built (no C++ compiler or ninja): int8 layers then run
+    `int8_linear_reference`, the same numbers, slower."""
+    try:
+        from torch.utils.cpp_extension import load
+
+        if shutil.which("ninja") is None:  # the `ninja` wheel's binary, where its environment's bin is not on PATH
+            import ninja
+
+            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
+        return load(name="hf_layerfusion_int8_linear", sources=[str(KERNEL_SOURCE)], extra_cflags=KERNEL_CFLAGS)
+    except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError
+        warnings.warn(
+            f"hf_layerfusion: the int8 kernel {KERNEL_SOURCE.name} could not be compiled ({type(error).__name__}: "
+            f"{str(error).strip()[:500]}); int8 layers compute the same numbers with torch operations, slower. "
+            "It needs a C++ compiler and ninja (`pip install ninja`).",
+            stacklevel=2,
+        )
+        return None
 
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output feature) and int8 activations quantized on
-    the fly, through torch's dynamically quantized linear kernel (`quantized::linear_dynamic`).
-
-    That kernel quantizes its whole input with one scale. Each row (token) is therefore first divided by its largest
-    magnitude, so that every row spans about [-1, 1] and is quantized with its own resolution (the result is
-    multiplied back and the bias added in float): one row with large activations (an outlier token, or another
-    sentence of the batch) would otherwise coarsen every other row's quantization, which measurably cost BLEU. The
-    weights are packed for oneDNN where torch has it (int8 AMX/VNNI matrix multiplication accumulating in int32, so
-    the activations keep all 8 bits), else for torch's current quantized engine (fbgemm accumulates pairs in int16
-    and needs 7-bit activations, `reduce_range`)."""
+    the fly with one symmetric scale per row (token), so that a row with large activations (an outlier token, or
+    another sentence of the batch) does not coarsen the other rows' resolution, and a row's output does not depend on
+    the rest of its batch. Products are summed exactly in int32 (`torch._int_mm`, oneDNN's VNNI / AMX kernels where
+    the CPU has them) and dequantized in float with the bias, in one call of the compiled kernel
+    (`compiled_int8_kernel`): the per-row quantization as separate torch operations cost more than the product
+    itself at decoding sizes."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         weight = weight.detach().float()
-        scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
-        with warnings.catch_warnings():  # torch 2.13 flags quantized tensors as deprecated (they still work)
-            warnings.simplefilter("ignore", UserWarning)
-            qweight = torch.quantize_per_channel(
-                weight, scales.double(), torch.zeros_like(scales, dtype=torch.int64), axis=0, dtype=torch.qint8
-            )
-        engines = torch.backends.quantized.supported_engines
-        engine = "onednn" if "onednn" in engines else torch.backends.quantized.engine
-        previous = torch.backends.quantized.engine
-        torch.backends.quantized.engine = engine
-        try:
-            self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        finally:
-            torch.backends.quantized.engine = previous
-        self.reduce_range = engine != "onednn"
-        self.bias = None if bias is None else bias.detach().float()
+        self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
-        output = torch.ops.quantized.linear_dynamic(hidden_states / row_scale, self.packed, self.reduce_range)
-        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+        kernel = compiled_int8_kernel()
+        inputs = hidden_states.float()
+        if kernel is None:
+            output = int8_linear_reference(inputs, self.weight_t, self.weight_scale, self.bias)
+        else:
+            output = kernel.int8_linear(inputs, self.weight_t, self.weight_scale, self.bias)
+        return output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

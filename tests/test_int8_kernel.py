@@ -1,0 +1,100 @@
+"""`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row symmetric int8 quantization (round
+half to even), an exact integer product, float dequantization; the compiled kernel bit for bit equal to the torch
+operations that replace it where it cannot be built; the fallback and its warning."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hf_layerfusion.inference import quantization
+from hf_layerfusion.inference.quantization import Int8Linear, compiled_int8_kernel, int8_linear_reference
+
+
+def brute_force_int8_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
+    """The scheme written out in numpy: int8 codes per output feature and per input row, an int64 product, float64
+    dequantization (so it matches the kernel's float32 to rounding, not bit for bit)."""
+    w = weight.numpy().astype(np.float32)
+    w_scale = np.maximum(np.abs(w).max(axis=1), np.finfo(np.float32).tiny) / np.float32(127)
+    w_codes = np.rint(w / w_scale[:, None]).astype(np.int64)
+    x = inputs.reshape(-1, w.shape[1]).numpy().astype(np.float32)
+    x_max = np.maximum(np.abs(x).max(axis=1), np.finfo(np.float32).tiny)
+    x_codes = np.rint(x * (np.float32(127) / x_max)[:, None]).astype(np.int64)  # np.rint: half to even
+    assert np.abs(w_codes).max() <= 127 and np.all(np.abs(x_codes) <= 127)
+    output = (x_codes @ w_codes.T) * (x_max.astype(np.float64)[:, None] / 127) * w_scale.astype(np.float64)[None, :]
+    if bias is not None:
+        output = output + bias.numpy().astype(np.float64)
+    return output.reshape(*inputs.shape[:-1], w.shape[0])
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    compiled = compiled_int8_kernel()
+    assert compiled is not None, "the int8 kernel did not compile (a C++ compiler and ninja are test requirements)"
+    return compiled
+
+
+CASES = [((3, 5, 20), 13, True), ((32, 256), 300, True), ((1, 7), 5, False), ((4, 2, 64), 64, False), ((0, 16), 8, True)]
+
+
+@pytest.mark.parametrize("shape, out_features, with_bias", CASES)
+def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, shape, out_features, with_bias):
+    generator = torch.Generator().manual_seed(sum(shape) + out_features)
+    inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
+    weight = torch.randn(out_features, shape[-1], generator=generator)
+    bias = torch.randn(out_features, generator=generator) if with_bias else None
+    layer = Int8Linear(weight, bias)
+    compiled = kernel.int8_linear(inputs, layer.weight_t, layer.weight_scale, layer.bias)
+    fallback = int8_linear_reference(inputs, layer.weight_t, layer.weight_scale, layer.bias)
+    assert compiled.shape == (*shape[:-1], out_features)
+    assert torch.equal(compiled, fallback)
+    np.testing.assert_allclose(compiled.numpy(), brute_force_int8_linear(inputs, weight, bias), rtol=1e-5, atol=1e-4)
+    assert torch.equal(layer(inputs), compiled)
+
+
+def test_rows_are_quantized_with_their_own_scale_rounding_half_to_even(kernel):
+    # identity weights: each output is the row's int8 code times its scale, i.e. the rounded input for max = 127
+    layer = Int8Linear(torch.eye(6), None)
+    rows = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -3.5], [12.7, 0.05, 0.15, 0.25, -0.05, -0.35]])
+    expected = torch.tensor([[127.0, 0.0, 2.0, 2.0, 0.0, -4.0], [12.7, 0.0, 0.2, 0.2, 0.0, -0.4]])
+    torch.testing.assert_close(kernel.int8_linear(rows, layer.weight_t, layer.weight_scale, None), expected)
+    # one row with large activations leaves the other rows' numbers unchanged (the output is batch-independent)
+    batch = torch.randn(5, 6)
+    alone = kernel.int8_linear(batch[1:2], layer.weight_t, layer.weight_scale, None)
+    batch[3] *= 1000
+    assert torch.equal(kernel.int8_linear(batch, layer.weight_t, layer.weight_scale, None)[1:2], alone)
+    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), layer.weight_t, layer.weight_scale, None), torch.zeros(2, 6))
+
+
+def test_kernel_rejects_inputs_it_cannot_compute(kernel):
+    layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
+    with pytest.raises(RuntimeError, match="must be float32, got Double"):
+        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), layer.weight_t, layer.weight_scale, layer.bias)
+    with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
+        kernel.int8_linear(torch.randn(2, 5), layer.weight_t, layer.weight_scale, layer.bias)
+    with pytest.raises(RuntimeError, match="bias must have 4"):
+        kernel.int8_linear(torch.randn(2, 8), layer.weight_t, layer.weight_scale, torch.randn(3))
+    # the module itself takes any float dtype (a bfloat16 model) and answers in it
+    assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(kernel, monkeypatch):
+    layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
+    compiled = layer(inputs)
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    compiled_int8_kernel.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"int8_linear.cpp could not be compiled \(RuntimeError: Ninja is required"):
+            assert torch.equal(layer(inputs), compiled)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: later calls reuse the answer
+            assert torch.equal(layer(inputs), compiled)
+    finally:
+        compiled_int8_kernel.cache_clear()
+    monkeypatch.undo()
+    assert quantization.compiled_int8_kernel() is not None
