@@ -1,8 +1,9 @@
 """`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row symmetric int8 quantization (round
-half to even), an exact integer product, float dequantization; the compiled kernel bit for bit equal to the torch
-operations that replace it where it cannot be built; the fallback and its warning."""
+half to even), an exact integer product, float dequantization; the kernel's AMX and `torch._int_mm` products and the
+torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +36,32 @@ def kernel():
     return compiled
 
 
-CASES = [((3, 5, 20), 13, True), ((32, 256), 300, True), ((1, 7), 5, False), ((4, 2, 64), 64, False), ((0, 16), 8, True)]
+NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's `torch._int_mm` product
+
+
+def cpu_flags() -> set[str]:
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def test_amx_is_used_where_the_cpu_has_it(kernel):
+    layer = Int8Linear(torch.randn(8, 16), None)
+    has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
+    assert kernel.amx_available() == has_amx
+    assert (layer.weight_tiles.numel() > 0) == has_amx
+
+
+# odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows
+CASES = [
+    ((3, 5, 20), 13, True),
+    ((32, 256), 300, True),
+    ((1, 7), 5, False),
+    ((4, 2, 64), 64, False),
+    ((16, 128), 128, True),
+    ((17, 65), 129, True),
+    ((0, 16), 8, True),
+]
 
 
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
@@ -45,10 +71,11 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, sh
     weight = torch.randn(out_features, shape[-1], generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     layer = Int8Linear(weight, bias)
-    compiled = kernel.int8_linear(inputs, layer.weight_t, layer.weight_scale, layer.bias)
+    compiled = kernel.int8_linear(inputs, layer.weight_t, layer.weight_tiles, layer.weight_scale, layer.bias)
+    int_mm = kernel.int8_linear(inputs, layer.weight_t, NO_TILES, layer.weight_scale, layer.bias)
     fallback = int8_linear_reference(inputs, layer.weight_t, layer.weight_scale, layer.bias)
     assert compiled.shape == (*shape[:-1], out_features)
-    assert torch.equal(compiled, fallback)
+    assert torch.equal(compiled, fallback) and torch.equal(int_mm, fallback)
     np.testing.assert_allclose(compiled.numpy(), brute_force_int8_linear(inputs, weight, bias), rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
 
@@ -58,23 +85,27 @@ def test_rows_are_quantized_with_their_own_scale_rounding_half_to_even(kernel):
     layer = Int8Linear(torch.eye(6), None)
     rows = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -3.5], [12.7, 0.05, 0.15, 0.25, -0.05, -0.35]])
     expected = torch.tensor([[127.0, 0.0, 2.0, 2.0, 0.0, -4.0], [12.7, 0.0, 0.2, 0.2, 0.0, -0.4]])
-    torch.testing.assert_close(kernel.int8_linear(rows, layer.weight_t, layer.weight_scale, None), expected)
+    torch.testing.assert_close(kernel.int8_linear(rows, layer.weight_t, layer.weight_tiles, layer.weight_scale, None), expected)
     # one row with large activations leaves the other rows' numbers unchanged (the output is batch-independent)
     batch = torch.randn(5, 6)
-    alone = kernel.int8_linear(batch[1:2], layer.weight_t, layer.weight_scale, None)
+    alone = kernel.int8_linear(batch[1:2], layer.weight_t, layer.weight_tiles, layer.weight_scale, None)
     batch[3] *= 1000
-    assert torch.equal(kernel.int8_linear(batch, layer.weight_t, layer.weight_scale, None)[1:2], alone)
-    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), layer.weight_t, layer.weight_scale, None), torch.zeros(2, 6))
+    assert torch.equal(kernel.int8_linear(batch, layer.weight_t, layer.weight_tiles, layer.weight_scale, None)[1:2], alone)
+    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), layer.weight_t, layer.weight_tiles, layer.weight_scale, None), torch.zeros(2, 6))
 
 
 def test_kernel_rejects_inputs_it_cannot_compute(kernel):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
+    tiles, scale = layer.weight_tiles, layer.weight_scale
     with pytest.raises(RuntimeError, match="must be float32, got Double"):
-        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), layer.weight_t, layer.weight_scale, layer.bias)
+        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), layer.weight_t, tiles, scale, layer.bias)
     with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
-        kernel.int8_linear(torch.randn(2, 5), layer.weight_t, layer.weight_scale, layer.bias)
+        kernel.int8_linear(torch.randn(2, 5), layer.weight_t, tiles, scale, layer.bias)
     with pytest.raises(RuntimeError, match="bias must have 4"):
-        kernel.int8_linear(torch.randn(2, 8), layer.weight_t, layer.weight_scale, torch.randn(3))
+        kernel.int8_linear(torch.randn(2, 8), layer.weight_t, tiles, scale, torch.randn(3))
+    if kernel.amx_available():
+        with pytest.raises(RuntimeError, match="weight_tiles do not match weight_t"):
+            kernel.int8_linear(torch.randn(2, 8), layer.weight_t, tiles[:-1], scale, layer.bias)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
 

@@ -63,10 +63,11 @@ class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output feature) and int8 activations quantized on
     the fly with one symmetric scale per row (token), so that a row with large activations (an outlier token, or
     another sentence of the batch) does not coarsen the other rows' resolution, and a row's output does not depend on
-    the rest of its batch. Products are summed exactly in int32 (`torch._int_mm`, oneDNN's VNNI / AMX kernels where
-    the CPU has them) and dequantized in float with the bias, in one call of the compiled kernel
-    (`compiled_int8_kernel`): the per-row quantization as separate torch operations cost more than the product
-    itself at decoding sizes."""
+    the rest of its batch. Products are summed exactly in int32, on the CPU's AMX tiles where it has them (weights
+    packed into tiles here, once), else by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way.
+    Quantization, product and dequantization with the bias are one call of the compiled kernel
+    (`compiled_int8_kernel`): as separate torch operations the per-row quantization cost more than the product itself
+    at decoding sizes."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -75,6 +76,9 @@ class Int8Linear(nn.Module):
         self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        kernel = compiled_int8_kernel()
+        # empty where the CPU has no AMX: the kernel then runs `torch._int_mm`
+        self.weight_tiles = self.weight_t.new_empty(0) if kernel is None else kernel.pack_amx_tiles(self.weight_t)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         kernel = compiled_int8_kernel()
@@ -82,7 +86,7 @@ class Int8Linear(nn.Module):
         if kernel is None:
             output = int8_linear_reference(inputs, self.weight_t, self.weight_scale, self.bias)
         else:
-            output = kernel.int8_linear(inputs, self.weight_t, self.weight_scale, self.bias)
+            output = kernel.int8_linear(inputs, self.weight_t, self.weight_tiles, self.weight_scale, self.bias)
         return output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:

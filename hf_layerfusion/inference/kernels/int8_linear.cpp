@@ -1,8 +1,9 @@
 // The int8 linear layer of `hf_layerfusion.inference.quantization.Int8Linear` in one call: each row of the input is
-// quantized to int8 with its own symmetric scale, multiplied with the int8 weights in exact int32 arithmetic
-// (`at::_int_mm`: oneDNN, VNNI / AMX where the CPU has them), and dequantized with the bias in float. The arithmetic is
-// that of `int8_linear_reference` (quantization.py), bit for bit: no fused multiply-add (-ffp-contract=off), the same
-// rounding (half to even), the same order of float operations.
+// quantized to int8 with its own symmetric scale, multiplied with the int8 weights in exact int32 arithmetic, and
+// dequantized with the bias in float. The product runs on the CPU's AMX tiles where it has them (the weights packed
+// into tiles once, `pack_amx_tiles`), else through `at::_int_mm` (oneDNN's VNNI kernels): both sum exactly in int32,
+// so they give the same numbers. The arithmetic is that of `int8_linear_reference` (quantization.py), bit for bit: no
+// fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -11,19 +12,34 @@
 #include <cstdint>
 #include <limits>
 
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HLF_AMX 1
 // The row loops are compiled for several x86 vector widths and the best one the CPU has is picked when the module
 // loads, so that the build (cached per machine by torch) stays portable.
-#if defined(__x86_64__) && defined(__GNUC__)
 #define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
+#define HLF_AMX 0
 #define HLF_VECTOR_CLONES
 #endif
 
 namespace {
 
-// rows [begin, end) of x (M, K) -> q = round_half_even(x * (127 / max|x_row|)), row_scale = max|x_row| / 127
+constexpr int64_t kTileRows = 16;   // AMX tile: 16 rows of 64 bytes
+constexpr int64_t kTileDepth = 64;  // int8 products summed per tile row
+constexpr int64_t kTileColumns = 16;
+constexpr int64_t kBlockColumns = 4 * kTileColumns;  // 4 accumulator tiles per pass over the input tile
+constexpr int64_t kTileBytes = kTileRows * 64;
+
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = round_half_even(x * (127 / max|x_row|)),
+// row_scale = max|x_row| / 127
 HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
-                                     int64_t begin, int64_t end, int64_t K) {
+                                     int64_t begin, int64_t end, int64_t K, int64_t q_stride) {
   for (int64_t m = begin; m < end; ++m) {
     const float* __restrict row = x + m * K;
     float lanes[16] = {0.f};  // 16 running maxima: a reduction the compiler vectorizes
@@ -34,20 +50,22 @@ HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restri
     for (; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
     for (int j = 0; j < 16; ++j) amax = std::max(amax, lanes[j]);
     const float inverse = 127.f / amax;
-    int8_t* __restrict qrow = q + m * K;
+    int8_t* __restrict qrow = q + m * q_stride;
     for (k = 0; k < K; ++k) qrow[k] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(row[k] * inverse)));
+    for (; k < q_stride; ++k) qrow[k] = 0;
     row_scale[m] = amax / 127.f;
   }
 }
 
-// rows [begin, end) of the int32 sums (M, N), in place: out = float(sum) * (row_scale * weight_scale) + bias
-HLF_VECTOR_CLONES void dequantize_rows(int32_t* sums, const float* __restrict row_scale,
-                                       const float* __restrict weight_scale, const float* __restrict bias,
-                                       int64_t begin, int64_t end, int64_t N) {
+// rows [begin, end): out (M, N) = float(sums (stride sums_stride)) * (row_scale * weight_scale) + bias; `out` may be
+// `sums` itself (same stride): each element is read before it is overwritten
+HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride, float* out,
+                                       const float* __restrict row_scale, const float* __restrict weight_scale,
+                                       const float* __restrict bias, int64_t begin, int64_t end, int64_t N) {
   for (int64_t m = begin; m < end; ++m) {
     const float r = row_scale[m];
-    int32_t* srow = sums + m * N;
-    float* orow = reinterpret_cast<float*>(srow);  // each element is read before it is overwritten
+    const int32_t* srow = sums + m * sums_stride;
+    float* orow = out + m * N;
     if (bias != nullptr)
       for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n]) * (r * weight_scale[n]) + bias[n];
     else
@@ -55,11 +73,99 @@ HLF_VECTOR_CLONES void dequantize_rows(int32_t* sums, const float* __restrict ro
   }
 }
 
+#if HLF_AMX
+// The CPU has AMX int8 tiles and Linux lets this process use them (a one-time permission request).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;  // AMX-TILE, AMX-INT8
+    constexpr int kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return usable;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {0};
+  uint16_t bytes_per_row[16] = {0};
+  uint8_t rows[16] = {0};
+};
+
+// sums (Mp, Np) int32 = q (Mp, Kp) x the packed weights, for column blocks [block_begin, block_end) of 64 columns:
+// tiles 0-3 accumulate 64 columns of 16 rows, tile 4 holds the input rows, tile 5 one weight tile at a time
+__attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t* q, const int8_t* tiles,
+                                                                     int32_t* sums, int64_t Mp, int64_t Kp,
+                                                                     int64_t Np, int64_t block_begin,
+                                                                     int64_t block_end) {
+  TileConfig config;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = kTileRows;
+    config.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&config);  // per thread
+  const int64_t depth_blocks = Kp / kTileDepth;
+  for (int64_t block = block_begin; block < block_end; ++block) {
+    const int8_t* weights = tiles + block * 4 * depth_blocks * kTileBytes;
+    for (int64_t m = 0; m < Mp; m += kTileRows) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t d = 0; d < depth_blocks; ++d) {
+        _tile_loadd(4, q + m * Kp + d * kTileDepth, Kp);
+        _tile_loadd(5, weights + (0 * depth_blocks + d) * kTileBytes, 64);
+        _tile_dpbssd(0, 4, 5);
+        _tile_loadd(5, weights + (1 * depth_blocks + d) * kTileBytes, 64);
+        _tile_dpbssd(1, 4, 5);
+        _tile_loadd(5, weights + (2 * depth_blocks + d) * kTileBytes, 64);
+        _tile_dpbssd(2, 4, 5);
+        _tile_loadd(5, weights + (3 * depth_blocks + d) * kTileBytes, 64);
+        _tile_dpbssd(3, 4, 5);
+      }
+      int32_t* out = sums + m * Np + block * kBlockColumns;
+      _tile_stored(0, out + 0 * kTileColumns, Np * 4);
+      _tile_stored(1, out + 1 * kTileColumns, Np * 4);
+      _tile_stored(2, out + 2 * kTileColumns, Np * 4);
+      _tile_stored(3, out + 3 * kTileColumns, Np * 4);
+    }
+  }
+  _tile_release();
+}
+#else
+bool amx_usable() { return false; }
+#endif
+
 }  // namespace
 
-// x (..., K) float32; weight_t (K, N) int8; weight_scale (N,) float32; bias (N,) float32 or None -> (..., N) float32
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias) {
+bool amx_available() { return amx_usable(); }
+
+// weight_t (K, N) int8 -> AMX weight tiles (empty where AMX is not usable): for each tile of 16 columns nt and each
+// 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] = weight_t[64 * d + 4 * r + i][16 * nt + j], zero
+// past K and N (the layout `_tile_dpbssd` reads, columns padded to whole 64-column blocks)
+torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t) {
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "pack_amx_tiles: weight_t must be 2-D int8");
+  if (!amx_usable()) return torch::empty({0}, weight_t.options());
+  const int64_t K = weight_t.size(0), N = weight_t.size(1);
+  const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
+  auto tiles = torch::zeros({Np / kTileColumns * depth_blocks * kTileBytes}, weight_t.options());
+  const auto weights = weight_t.contiguous();
+  const int8_t* src = weights.data_ptr<int8_t>();
+  int8_t* dst = tiles.data_ptr<int8_t>();
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t tile = n / kTileColumns * depth_blocks + k / kTileDepth;
+      dst[tile * kTileBytes + (k % kTileDepth) / 4 * 64 + 4 * (n % kTileColumns) + k % 4] = src[k * N + n];
+    }
+  return tiles;
+}
+
+// x (..., K) float32; weight_t (K, N) int8; weight_tiles: pack_amx_tiles(weight_t), or empty for `at::_int_mm`;
+// weight_scale (N,) float32; bias (N,) float32 or None -> (..., N) float32
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_tiles,
+                          const torch::Tensor& weight_scale, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
@@ -69,26 +175,52 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
+  const bool amx = weight_tiles.numel() > 0;
+  TORCH_CHECK(!amx || amx_usable(), "int8_linear: AMX weight tiles given, but this CPU / process cannot use AMX");
   const auto rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
-  auto q = torch::empty({M, K}, rows.options().dtype(torch::kInt8));
+  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros), results cut back
+  const int64_t Mp = amx ? round_up(M, kTileRows) : M, Kp = amx ? round_up(K, kTileDepth) : K;
+  const int64_t Np = amx ? round_up(N, kBlockColumns) : N;
+  TORCH_CHECK(!amx || weight_tiles.numel() == Np / kTileColumns * (Kp / kTileDepth) * kTileBytes,
+              "int8_linear: weight_tiles do not match weight_t");
+  auto q = torch::empty({Mp, Kp}, rows.options().dtype(torch::kInt8));
   auto row_scale = torch::empty({M}, rows.options());
   const float* xp = rows.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* rs = row_scale.data_ptr<float>();
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, begin, end, K); });
-  auto sums = at::_int_mm(q, weight_t);  // (M, N) int32, exact
-  int32_t* sp = sums.data_ptr<int32_t>();
+                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, begin, end, K, Kp); });
+  torch::Tensor sums;
+#if HLF_AMX
+  if (amx) {
+    std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});
+    sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
+    const int8_t* tiles = weight_tiles.data_ptr<int8_t>();
+    int32_t* sp = sums.data_ptr<int32_t>();
+    at::parallel_for(0, Np / kBlockColumns, 1, [&](int64_t begin, int64_t end) {
+      amx_column_blocks(qp, tiles, sp, Mp, Kp, Np, begin, end);
+    });
+  }
+#endif
+  if (!amx) sums = at::_int_mm(q, weight_t);  // (M, N) int32, exact
+  // dequantize in place where the sums have the output's shape, else into a new tensor
+  const bool in_place = Np == N;
+  auto out = in_place ? sums.view(torch::kFloat32).narrow(0, 0, M) : torch::empty({M, N}, rows.options());
+  const int32_t* sp = sums.data_ptr<int32_t>();
+  float* op = out.data_ptr<float>();
   const float* ws = weight_scale.data_ptr<float>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)),
-                   [&](int64_t begin, int64_t end) { dequantize_rows(sp, rs, ws, bp, begin, end, N); });
+  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
+    dequantize_rows(sp, Np, op, rs, ws, bp, begin, end, N);
+  });
   auto shape = x.sizes().vec();
   shape.back() = N;
-  return sums.view(torch::kFloat32).view(shape);
+  return out.view(shape);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
+  m.def("pack_amx_tiles", &pack_amx_tiles, "int8 weights (in, out) as AMX tiles; empty where AMX is not usable.");
   m.def("int8_linear", &int8_linear, "Per-row int8 quantization, exact int32 product, float dequantization + bias.");
 }
