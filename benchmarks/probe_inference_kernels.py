@@ -4,7 +4,7 @@ the package uses.
 Issue 19 asks the plain backbone's fast float32 loop for >= 2.0x `MarianMTModel` and its int8 loop for >= 2.8x. The
 fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the candidates are the
 kernels torch ships beside `addmm` and beside the package's compiled int8 kernel (`Int8Linear`: per-row int8
-activations, `torch._int_mm`, dequantization, in one C++ call) on x86:
+activations, the product on AMX tiles where the CPU has them, dequantization, in one C++ call) on x86:
 
 - float32: **MKL packed GEMM** (`torch.ops.mkl._mkl_linear` with weights packed by `_mkl_reorder_linear_weight`, what
   inductor's freezing uses on CPU). The packing is specific to the number of input rows, so this probe packs each
@@ -12,6 +12,8 @@ activations, `torch._int_mm`, dequantization, in one C++ call) on x86:
   sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens).
 - int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
   int8 weights and its per-row activation codes computed in Python.
+- int8: the compiled kernel with **`torch._int_mm`** (oneDNN's VNNI `gemm_api`) for the product, what it runs on CPUs
+  without AMX (the same numbers).
 - int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
   largest magnitude in Python, then the kernel quantizes the whole input with one scale itself.
 
@@ -92,6 +94,14 @@ class OneDNNInt8Linear(nn.Module):
         return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
 
 
+class IntMmInt8Linear(Int8Linear):
+    """`Int8Linear` without AMX weight tiles: the compiled kernel's `torch._int_mm` product."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__(weight, bias)
+        self.weight_tiles = self.weight_t.new_empty(0)
+
+
 class DynamicInt8Linear(nn.Module):
     """`quantized::linear_dynamic` with per-channel int8 weights packed for oneDNN, each input row first divided by
     its largest magnitude (the kernel then quantizes the whole input with one scale) and multiplied back after."""
@@ -150,14 +160,15 @@ def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
 def print_isolated_products(rows: int) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
-    print("| product | F.linear | MKL packed | int8 compiled (Int8Linear) | int8 oneDNN qlinear | int8 linear_dynamic |")
-    print("|---|---|---|---|---|---|")
+    print("| product | F.linear | MKL packed | int8 compiled (Int8Linear) | int8 compiled, torch._int_mm | "
+          "int8 oneDNN qlinear | int8 linear_dynamic |")
+    print("|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
         states = torch.randn(rows, inputs, generator=generator)
         linear = nn.Linear(inputs, outputs)
         packed = MKLPackedLinear(linear)
-        int8 = [cls(linear.weight, linear.bias) for cls in (Int8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
+        int8 = [cls(linear.weight, linear.bias) for cls in (Int8Linear, IntMmInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
         with torch.inference_mode():
             cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, packed, *int8)]
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
@@ -173,10 +184,12 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*quantized.*")
 
+    kernel = quantization.compiled_int8_kernel()
+    int8_product = "not compiled" if kernel is None else "AMX" if kernel.amx_available() else "torch._int_mm"
     print("## Candidate kernels for the fast CPU path (issue 19)\n")
     print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
-          f"{backbone.cpu_model()}, 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
+          f"{backbone.cpu_model()} (int8 kernel: {int8_product}), 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
           f"{backbone.loadavg()}")
     tokenizer = backbone.train_tokenizer(args.data, 8000)
     batch = backbone.encode_batch(tokenizer, backbone.read_lines(args.data / "test_2016_flickr.en")[:32])
@@ -186,6 +199,7 @@ def main(argv=None) -> None:
         "plain: fast float32 (addmm)": plain,
         "plain: fast float32, MKL packed": with_mkl_packed_linears(plain),
         INT8: prepare_for_inference(plain, "int8"),
+        "plain: fast int8, torch._int_mm": int8_copy_with(IntMmInt8Linear, plain),
         "plain: fast int8, oneDNN qlinear": int8_copy_with(OneDNNInt8Linear, plain),
         "plain: fast int8, linear_dynamic": int8_copy_with(DynamicInt8Linear, plain),
     }
@@ -200,6 +214,8 @@ def main(argv=None) -> None:
         print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
         print(f"- tokens: fast float32 == MarianMTModel: {'yes' if torch.equal(float_tokens, reference) else 'NO'}; "
               f"MKL packed == fast float32: {'yes' if torch.equal(tokens['plain: fast float32, MKL packed'], float_tokens) else 'NO'}; "
+              f"compiled int8 with torch._int_mm == with AMX: "
+              f"{'yes' if torch.equal(tokens['plain: fast int8, torch._int_mm'], tokens[INT8]) else 'NO'}; "
               f"rows equal to float32: compiled int8 {int((tokens[INT8] == float_tokens).all(1).sum())}/32, "
               f"linear_dynamic {int((tokens['plain: fast int8, linear_dynamic'] == float_tokens).all(1).sum())}/32\n")
 
@@ -212,7 +228,8 @@ def main(argv=None) -> None:
         print("| engine | seconds | vs MarianMTModel | vs the kernel it replaces |")
         print("|---|---|---|---|")
         replaced = {"plain: fast float32, MKL packed": "plain: fast float32 (addmm)",
-                    "plain: fast int8, oneDNN qlinear": INT8, "plain: fast int8, linear_dynamic": INT8}
+                    "plain: fast int8, torch._int_mm": INT8, "plain: fast int8, oneDNN qlinear": INT8,
+                    "plain: fast int8, linear_dynamic": INT8}
         for title, samples in wall.items():
             versus = bench_inference.ratio_cell(wall, title, "MarianMTModel generate()")[1] if title != "MarianMTModel generate()" else "1"
             own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"
