@@ -1,0 +1,125 @@
+"""Where the fast decoding loop spends its time (issue 19): operator profiles and the per-step overhead.
+
+In `bench_inference.py`'s setting (the Multi30k preset, random weights shared with `MarianMTModel`, 32
+`test_2016_flickr.en` sentences, exactly 32 new tokens, greedy search, one thread) this prints, for the plain
+backbone's fast loop in float32 and int8:
+
+- the wall-clock seconds of one translation beside `MarianMTModel.generate()` (median of `--repeats`);
+- `torch.profiler`'s table of the operators with the most self CPU time (one more translation, profiled; the
+  compiled int8 kernel is labelled `Int8Linear (compiled kernel)`, its self time includes its call from Python);
+- the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64),
+  whose products and attention take next to no time, divided by its 33 decoder steps.
+
+    python benchmarks/profile_decoder_step.py [--repeats 5] [--rows 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import bench_backbone as backbone  # noqa: E402
+import bench_inference  # noqa: E402
+import transformers  # noqa: E402
+
+from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
+from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402
+
+NEW_TOKENS = 32
+
+
+def seconds(function, repeats: int) -> float:
+    function()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def profiled(function):
+    """`torch.profiler` lists aten operators only: the int8 kernel (a pybind call) is labelled for it here."""
+
+    def labelled(*args, **kwargs):
+        with record_function("Int8Linear (compiled kernel)"):
+            return function(*args, **kwargs)
+
+    return labelled
+
+
+def narrow_copy(model):
+    """A model of `model`'s shape (layers, heads, vocabulary, family settings) with d_model 16 and FFN 64."""
+    config = model.config.__class__(**{**model.config.to_dict(), "d_model": 16, "encoder_ffn_dim": 64,
+                                       "decoder_ffn_dim": 64})
+    return LayerFusionForConditionalGeneration(config).eval()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", type=int, default=12, help="operators shown per profile")
+    parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA)
+    args = parser.parse_args(argv)
+    if args.repeats < 1 or args.rows < 1:
+        parser.error(f"--repeats and --rows must be >= 1, got {args.repeats} and {args.rows}")
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", message=".*quantized.*")
+    print("## Where the fast decoding loop spends its time (issue 19)\n")
+    print(f"- command: `python benchmarks/profile_decoder_step.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
+    print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
+          f"{backbone.cpu_model()}, 1 thread, load average at start {backbone.loadavg()}")
+    tokenizer = backbone.train_tokenizer(args.data, 8000)
+    batch = backbone.encode_batch(tokenizer, backbone.read_lines(args.data / "test_2016_flickr.en")[:32])
+    marian = backbone.build_marian(len(tokenizer), 0).eval()
+    plain = backbone.build_model("plain", marian, 0).eval()
+    narrow = narrow_copy(plain)
+    kwargs = bench_inference.generation_kwargs(1, NEW_TOKENS)
+
+    def run_marian():
+        with torch.inference_mode():
+            return marian.generate(**batch, **kwargs)
+
+    marian_seconds = seconds(run_marian, args.repeats)
+    print(f"- MarianMTModel generate(): {marian_seconds:.3f} s (median of {args.repeats})")
+    for quantization in (None, "int8"):
+        name = quantization or "float32"
+        for model in (plain, narrow):
+            prepare_for_inference(model, quantization)
+        run = lambda m=plain, q=quantization: fast_generate(m, **batch, quantization=q, fallback=False, **kwargs)  # noqa: E731
+        fast_seconds = seconds(run, args.repeats)
+        narrow_seconds = seconds(lambda q=quantization: run(narrow, q), args.repeats)
+        forward, Int8Linear.forward = Int8Linear.forward, profiled(Int8Linear.forward)
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                run()
+        finally:
+            Int8Linear.forward = forward
+        print(f"\n### fast loop, {name}: {fast_seconds:.3f} s ({marian_seconds / fast_seconds:.2f}x Marian); the same "
+              f"loop at d_model 16: {narrow_seconds:.3f} s = {narrow_seconds / (NEW_TOKENS + 1) * 1000:.2f} ms per "
+              f"decoder step\n")
+        print("```")
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+        print("```")
+    print(f"\n(load average at end {backbone.loadavg()})")
+
+
+if __name__ == "__main__":
+    main()
