@@ -129,3 +129,15 @@ def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(k
         compiled_int8_kernel.cache_clear()
     monkeypatch.undo()
     assert quantization.compiled_int8_kernel() is not None
+
+
+def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_the_same_numbers(kernel, monkeypatch):
+    layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
+    compiled = layer(inputs)
+    monkeypatch.setattr(quantization, "KERNEL_SOURCE", ("kernels", "missing.cpp"))
+    compiled_int8_kernel.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match=r"missing.cpp is not there .*Hub code.*same numbers"):
+            assert torch.equal(layer(inputs), compiled)
+    finally:
+        compiled_int8_kernel.cache_clear()

@@ -7,6 +7,7 @@ import copy
 import functools
 import os
 import shutil
+import sys
 import warnings
 import weakref
 from pathlib import Path
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 QUANTIZATIONS = (None, "int8")
-KERNEL_SOURCE = Path(__file__).with_name("kernels") / "int8_linear.cpp"
+KERNEL_SOURCE = ("kernels", "int8_linear.cpp")  # beside this file
 # no fused multiply-add: the kernel's float arithmetic is `int8_linear_reference`'s, bit for bit
 KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 
@@ -39,21 +40,30 @@ def int8_linear_reference(
 def compiled_int8_kernel():
     """The C++ kernel of `Int8Linear` (kernels/int8_linear.cpp), compiled for this machine at first use (about
     20 s, then cached by torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that
-    names the reason, where it cannot be built (no C++ compiler or ninja): int8 layers then run
-    `int8_linear_reference`, the same numbers, slower."""
+    names the reason, where it cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++
+    source): int8 layers then run `int8_linear_reference`, the same numbers, slower."""
+    fallback = "int8 layers compute the same numbers with torch operations, slower"
+    source = Path(__file__).parent.joinpath(*KERNEL_SOURCE)
+    if not source.is_file():
+        warnings.warn(
+            f"hf_layerfusion: the int8 kernel's source {source} is not there (this code runs outside the "
+            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the kernel.",
+            stacklevel=2,
+        )
+        return None
+    # the `ninja` wheel installs its binary next to the interpreter, which is not on PATH when the environment is not
+    # activated; torch looks for it on PATH
+    interpreter_bin = os.path.dirname(sys.executable)
+    if shutil.which("ninja") is None and shutil.which("ninja", path=interpreter_bin) is not None:
+        os.environ["PATH"] = os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")])
     try:
         from torch.utils.cpp_extension import load
 
-        if shutil.which("ninja") is None:  # the `ninja` wheel's binary, where its environment's bin is not on PATH
-            import ninja
-
-            os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, os.environ.get("PATH", "")])
-        return load(name="hf_layerfusion_int8_linear", sources=[str(KERNEL_SOURCE)], extra_cflags=KERNEL_CFLAGS)
+        return load(name="hf_layerfusion_int8_linear", sources=[str(source)], extra_cflags=KERNEL_CFLAGS)
     except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError
         warnings.warn(
-            f"hf_layerfusion: the int8 kernel {KERNEL_SOURCE.name} could not be compiled ({type(error).__name__}: "
-            f"{str(error).strip()[:500]}); int8 layers compute the same numbers with torch operations, slower. "
-            "It needs a C++ compiler and ninja (`pip install ninja`).",
+            f"hf_layerfusion: the int8 kernel {source.name} could not be compiled ({type(error).__name__}: "
+            f"{str(error).strip()[:500]}); {fallback}. It needs a C++ compiler and ninja (`pip install ninja`).",
             stacklevel=2,
         )
         return None
