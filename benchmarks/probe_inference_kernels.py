@@ -11,7 +11,7 @@ activations, the product on AMX tiles where the CPU has them, dequantization, in
   linear layer once per row count it meets (a batch of 32 rows in greedy search, 128 in beam-4, the encoder's
   sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens).
 - int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
-  int8 weights and its per-row activation codes computed in Python.
+  int8 weights and symmetric per-row activation codes computed in Python.
 - int8: the compiled kernel with **`torch._int_mm`** (oneDNN's VNNI `gemm_api`) for the product, what it runs on CPUs
   without AMX (the same numbers).
 - int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
@@ -74,8 +74,8 @@ class MKLPackedLinear(nn.Module):
 
 
 class OneDNNInt8Linear(nn.Module):
-    """`Int8Linear`'s int8 weights and per-row int8 activations through oneDNN's `qlinear_pointwise`, with the
-    activations quantized here."""
+    """`Int8Linear`'s int8 weights through oneDNN's `qlinear_pointwise`, with symmetric per-row int8 activations
+    quantized here."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()

@@ -1,5 +1,5 @@
-"""`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row symmetric int8 quantization (round
-half to even), an exact integer product, float dequantization; the kernel's AMX and `torch._int_mm` products and the
+"""`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row asymmetric int8 quantization (scale
+and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX and `torch._int_mm` products and the
 torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
@@ -14,16 +14,20 @@ from hf_layerfusion.inference.quantization import Int8Linear, compiled_int8_kern
 
 
 def brute_force_int8_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
-    """The scheme written out in numpy: int8 codes per output feature and per input row, an int64 product, float64
+    """The scheme written out in numpy: symmetric int8 codes per output feature; per input row, codes c with
+    x ~ (c - zero) * span / 255 over the row's range [min(x, 0), max(x, 0)]; an int64 product; float64
     dequantization (so it matches the kernel's float32 to rounding, not bit for bit)."""
     w = weight.numpy().astype(np.float32)
     w_scale = np.maximum(np.abs(w).max(axis=1), np.finfo(np.float32).tiny) / np.float32(127)
     w_codes = np.rint(w / w_scale[:, None]).astype(np.int64)
     x = inputs.reshape(-1, w.shape[1]).numpy().astype(np.float32)
-    x_max = np.maximum(np.abs(x).max(axis=1), np.finfo(np.float32).tiny)
-    x_codes = np.rint(x * (np.float32(127) / x_max)[:, None]).astype(np.int64)  # np.rint: half to even
-    assert np.abs(w_codes).max() <= 127 and np.all(np.abs(x_codes) <= 127)
-    output = (x_codes @ w_codes.T) * (x_max.astype(np.float64)[:, None] / 127) * w_scale.astype(np.float64)[None, :]
+    low = np.minimum(x.min(axis=1, initial=0), 0)
+    span = np.maximum(np.maximum(x.max(axis=1, initial=0), 0) - low, np.float32(1e-30))
+    zero = np.rint(-low * (np.float32(255) / span)) - 128  # np.rint: half to even
+    x_codes = np.clip(np.rint(x * (np.float32(255) / span)[:, None]) + zero[:, None], -128, 127).astype(np.int64)
+    assert np.abs(w_codes).max() <= 127
+    centred = x_codes - zero.astype(np.int64)[:, None]
+    output = (centred @ w_codes.T) * (span.astype(np.float64)[:, None] / 255) * w_scale.astype(np.float64)[None, :]
     if bias is not None:
         output = output + bias.numpy().astype(np.float64)
     return output.reshape(*inputs.shape[:-1], w.shape[0])
@@ -68,44 +72,55 @@ CASES = [
 def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, shape, out_features, with_bias):
     generator = torch.Generator().manual_seed(sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
+    inputs[..., ::3] = inputs[..., ::3].relu()  # some rows one-signed (after a ReLU), shifting their zero point
+    inputs[1::2] = inputs[1::2].relu()
     weight = torch.randn(out_features, shape[-1], generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     layer = Int8Linear(weight, bias)
-    compiled = kernel.int8_linear(inputs, layer.weight_t, layer.weight_tiles, layer.weight_scale, layer.bias)
-    int_mm = kernel.int8_linear(inputs, layer.weight_t, NO_TILES, layer.weight_scale, layer.bias)
-    fallback = int8_linear_reference(inputs, layer.weight_t, layer.weight_scale, layer.bias)
+    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, layer.bias)
+    compiled = kernel.int8_linear(inputs, *codes)
+    int_mm = kernel.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
+    fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
     assert torch.equal(compiled, fallback) and torch.equal(int_mm, fallback)
     np.testing.assert_allclose(compiled.numpy(), brute_force_int8_linear(inputs, weight, bias), rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
 
 
-def test_rows_are_quantized_with_their_own_scale_rounding_half_to_even(kernel):
-    # identity weights: each output is the row's int8 code times its scale, i.e. the rounded input for max = 127
+def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernel):
+    # identity weights: each output is (code - zero) x span / 255 of its input, i.e. the rounded input where the
+    # row's range [min(x, 0), max(x, 0)] spans 255
     layer = Int8Linear(torch.eye(6), None)
-    rows = torch.tensor([[127.0, 0.5, 1.5, 2.5, -0.5, -3.5], [12.7, 0.05, 0.15, 0.25, -0.05, -0.35]])
-    expected = torch.tensor([[127.0, 0.0, 2.0, 2.0, 0.0, -4.0], [12.7, 0.0, 0.2, 0.2, 0.0, -0.4]])
-    torch.testing.assert_close(kernel.int8_linear(rows, layer.weight_t, layer.weight_tiles, layer.weight_scale, None), expected)
+    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, None)
+    rows = torch.tensor([[255.0, 0.5, 1.5, 2.5, 0.0, 3.5], [-1.0, 254.0, 0.5, 1.5, 2.5, -0.5]])
+    expected = torch.tensor([[255.0, 0.0, 2.0, 2.0, 0.0, 4.0], [-1.0, 254.0, 0.0, 2.0, 2.0, 0.0]])
+    torch.testing.assert_close(kernel.int8_linear(rows, *codes), expected)
+    # a one-signed row uses all 256 codes: values on its grid (multiples of span / 255) come back exactly, where a
+    # symmetric scheme (steps of max / 127) would miss them by up to 1
+    ramp = torch.arange(6.0)[None, :] * 51  # 0, 51, ..., 255
+    torch.testing.assert_close(kernel.int8_linear(ramp, *codes), ramp)
     # one row with large activations leaves the other rows' numbers unchanged (the output is batch-independent)
     batch = torch.randn(5, 6)
-    alone = kernel.int8_linear(batch[1:2], layer.weight_t, layer.weight_tiles, layer.weight_scale, None)
+    alone = kernel.int8_linear(batch[1:2], *codes)
     batch[3] *= 1000
-    assert torch.equal(kernel.int8_linear(batch, layer.weight_t, layer.weight_tiles, layer.weight_scale, None)[1:2], alone)
-    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), layer.weight_t, layer.weight_tiles, layer.weight_scale, None), torch.zeros(2, 6))
+    assert torch.equal(kernel.int8_linear(batch, *codes)[1:2], alone)
+    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), *codes), torch.zeros(2, 6))
 
 
 def test_kernel_rejects_inputs_it_cannot_compute(kernel):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
-    tiles, scale = layer.weight_tiles, layer.weight_scale
+    weight_t, tiles, sums, scale = layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale
     with pytest.raises(RuntimeError, match="must be float32, got Double"):
-        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), layer.weight_t, tiles, scale, layer.bias)
+        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias)
     with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
-        kernel.int8_linear(torch.randn(2, 5), layer.weight_t, tiles, scale, layer.bias)
+        kernel.int8_linear(torch.randn(2, 5), weight_t, tiles, sums, scale, layer.bias)
     with pytest.raises(RuntimeError, match="bias must have 4"):
-        kernel.int8_linear(torch.randn(2, 8), layer.weight_t, tiles, scale, torch.randn(3))
+        kernel.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3))
+    with pytest.raises(RuntimeError, match="column_sums must have 4 contiguous int32"):
+        kernel.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias)
     if kernel.amx_available():
         with pytest.raises(RuntimeError, match="weight_tiles do not match weight_t"):
-            kernel.int8_linear(torch.randn(2, 8), layer.weight_t, tiles[:-1], scale, layer.bias)
+            kernel.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
 

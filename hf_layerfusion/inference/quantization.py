@@ -21,16 +21,29 @@ KERNEL_SOURCE = ("kernels", "int8_linear.cpp")  # beside this file
 KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 
 
+MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite scales
+
+
 def int8_linear_reference(
-    hidden_states: torch.Tensor, weight_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    hidden_states: torch.Tensor,
+    weight_t: torch.Tensor,
+    column_sums: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """`Int8Linear`'s arithmetic in torch operations (what runs where the compiled kernel cannot be built, and
-    what it computes): each row quantized with its own symmetric scale (round half to even), an exact int32 product
-    with the int8 weights `weight_t` `(in, out)`, dequantized by row scale x weight scale, plus the bias."""
+    what it computes): each row quantized to int8 with its own scale and zero point, its range [min(x, 0), max(x, 0)]
+    mapped onto [-128, 127] (round half to even), an exact int32 product with the int8 weights `weight_t` `(in, out)`
+    corrected by zero point x the weights' `column_sums`, dequantized by row scale x weight scale, plus the bias."""
     rows = hidden_states.reshape(-1, weight_t.shape[0])
-    row_max = rows.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    quantized = torch.round(rows * (127 / row_max)).to(torch.int8)
-    output = torch._int_mm(quantized, weight_t).float() * ((row_max / 127) * weight_scale)
+    low = rows.amin(dim=-1, keepdim=True).clamp_max(0)
+    high = rows.amax(dim=-1, keepdim=True).clamp_min(0)
+    span = (high - low).clamp_min(MINIMUM_SPAN)
+    inverse = 255 / span
+    zero = torch.round(-low * inverse) - 128
+    codes = torch.clamp(torch.round(rows * inverse) + zero, -128, 127).to(torch.int8)
+    sums = torch._int_mm(codes, weight_t) - zero.to(torch.int32) * column_sums
+    output = sums.float() * ((span / 255) * weight_scale)
     if bias is not None:
         output = output + bias
     return output.view(*hidden_states.shape[:-1], weight_t.shape[1])
@@ -71,13 +84,13 @@ def compiled_int8_kernel():
 
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output feature) and int8 activations quantized on
-    the fly with one symmetric scale per row (token), so that a row with large activations (an outlier token, or
-    another sentence of the batch) does not coarsen the other rows' resolution, and a row's output does not depend on
-    the rest of its batch. Products are summed exactly in int32, on the CPU's AMX tiles where it has them (weights
-    packed into tiles here, once), else by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way.
-    Quantization, product and dequantization with the bias are one call of the compiled kernel
-    (`compiled_int8_kernel`): as separate torch operations the per-row quantization cost more than the product itself
-    at decoding sizes."""
+    the fly with one scale and zero point per row (token): asymmetric, so that one-signed rows (after a ReLU) use all
+    256 codes, and per row, so that a row with large activations (an outlier token, or another sentence of the batch)
+    does not coarsen the other rows' resolution and a row's output does not depend on the rest of its batch. Products
+    are summed exactly in int32, on the CPU's AMX tiles where it has them (weights packed into tiles here, once), else
+    by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way. Quantization, product and dequantization
+    with the bias are one call of the compiled kernel (`compiled_int8_kernel`): as separate torch operations the
+    per-row quantization cost more than the product itself at decoding sizes."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -85,6 +98,7 @@ class Int8Linear(nn.Module):
         weight = weight.detach().float()
         self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
+        self.column_sums = self.weight_t.sum(dim=0, dtype=torch.int32)  # the zero points' share of the sums
         self.bias = None if bias is None else bias.detach().float().contiguous()
         kernel = compiled_int8_kernel()
         # empty where the CPU has no AMX: the kernel then runs `torch._int_mm`
@@ -94,9 +108,11 @@ class Int8Linear(nn.Module):
         kernel = compiled_int8_kernel()
         inputs = hidden_states.float()
         if kernel is None:
-            output = int8_linear_reference(inputs, self.weight_t, self.weight_scale, self.bias)
+            output = int8_linear_reference(inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias)
         else:
-            output = kernel.int8_linear(inputs, self.weight_t, self.weight_tiles, self.weight_scale, self.bias)
+            output = kernel.int8_linear(
+                inputs, self.weight_t, self.weight_tiles, self.column_sums, self.weight_scale, self.bias
+            )
         return output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:

@@ -1,6 +1,6 @@
 // The int8 linear layer of `hf_layerfusion.inference.quantization.Int8Linear` in one call: each row of the input is
-// quantized to int8 with its own symmetric scale, multiplied with the int8 weights in exact int32 arithmetic, and
-// dequantized with the bias in float. The product runs on the CPU's AMX tiles where it has them (the weights packed
+// quantized to int8 with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto
+// [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float. The product runs on the CPU's AMX tiles where it has them (the weights packed
 // into tiles once, `pack_amx_tiles`), else through `at::_int_mm` (oneDNN's VNNI kernels): both sum exactly in int32,
 // so they give the same numbers. The arithmetic is that of `int8_linear_reference` (quantization.py), bit for bit: no
 // fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
@@ -36,40 +36,61 @@ constexpr int64_t kTileBytes = kTileRows * 64;
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = round_half_even(x * (127 / max|x_row|)),
-// row_scale = max|x_row| / 127
+constexpr float kMinimumSpan = 1e-30f;  // an all-zero row: finite scales, every code at the zero point
+
+// rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * 255 / span) + zero, -128, 127)
+// with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * 255 / span) - 128 (rounding half to
+// even), so that x ~ (q - zero) * span / 255; row_scale = span / 255, row_zero = zero
 HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
-                                     int64_t begin, int64_t end, int64_t K, int64_t q_stride) {
+                                     int32_t* __restrict row_zero, int64_t begin, int64_t end, int64_t K,
+                                     int64_t q_stride) {
   for (int64_t m = begin; m < end; ++m) {
     const float* __restrict row = x + m * K;
-    float lanes[16] = {0.f};  // 16 running maxima: a reduction the compiler vectorizes
+    float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima: reductions that vectorize
     int64_t k = 0;
     for (; k + 16 <= K; k += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = std::max(lanes[j], std::fabs(row[k + j]));
-    float amax = std::numeric_limits<float>::min();  // an all-zero row quantizes to zeros
-    for (; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
-    for (int j = 0; j < 16; ++j) amax = std::max(amax, lanes[j]);
-    const float inverse = 127.f / amax;
+      for (int j = 0; j < 16; ++j) {
+        low_lanes[j] = std::min(low_lanes[j], row[k + j]);
+        high_lanes[j] = std::max(high_lanes[j], row[k + j]);
+      }
+    float low = 0.f, high = 0.f;
+    for (; k < K; ++k) {
+      low = std::min(low, row[k]);
+      high = std::max(high, row[k]);
+    }
+    for (int j = 0; j < 16; ++j) {
+      low = std::min(low, low_lanes[j]);
+      high = std::max(high, high_lanes[j]);
+    }
+    const float span = std::max(high - low, kMinimumSpan);
+    const float inverse = 255.f / span;
+    const float zero = std::nearbyint(-low * inverse) - 128.f;
     int8_t* __restrict qrow = q + m * q_stride;
-    for (k = 0; k < K; ++k) qrow[k] = static_cast<int8_t>(static_cast<int32_t>(std::nearbyint(row[k] * inverse)));
-    for (; k < q_stride; ++k) qrow[k] = 0;
-    row_scale[m] = amax / 127.f;
+    for (k = 0; k < K; ++k)
+      qrow[k] = static_cast<int8_t>(
+          static_cast<int32_t>(std::min(std::max(std::nearbyint(row[k] * inverse) + zero, -128.f), 127.f)));
+    for (; k < q_stride; ++k) qrow[k] = 0;  // AMX depth padding (the padded weights are zero too)
+    row_scale[m] = span / 255.f;
+    row_zero[m] = static_cast<int32_t>(zero);
   }
 }
 
-// rows [begin, end): out (M, N) = float(sums (stride sums_stride)) * (row_scale * weight_scale) + bias; `out` may be
-// `sums` itself (same stride): each element is read before it is overwritten
+// rows [begin, end): out (M, N) = float(sums - zero * column_sums) * (row_scale * weight_scale) + bias, with sums at
+// stride sums_stride; `out` may be `sums` itself (same stride): each element is read before it is overwritten
 HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride, float* out,
-                                       const float* __restrict row_scale, const float* __restrict weight_scale,
+                                       const float* __restrict row_scale, const int32_t* __restrict row_zero,
+                                       const int32_t* __restrict column_sums, const float* __restrict weight_scale,
                                        const float* __restrict bias, int64_t begin, int64_t end, int64_t N) {
   for (int64_t m = begin; m < end; ++m) {
     const float r = row_scale[m];
+    const int32_t z = row_zero[m];
     const int32_t* srow = sums + m * sums_stride;
     float* orow = out + m * N;
     if (bias != nullptr)
-      for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n]) * (r * weight_scale[n]) + bias[n];
+      for (int64_t n = 0; n < N; ++n)
+        orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
     else
-      for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n]) * (r * weight_scale[n]);
+      for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]);
   }
 }
 
@@ -163,15 +184,19 @@ torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t) {
 }
 
 // x (..., K) float32; weight_t (K, N) int8; weight_tiles: pack_amx_tiles(weight_t), or empty for `at::_int_mm`;
-// weight_scale (N,) float32; bias (N,) float32 or None -> (..., N) float32
+// column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_tiles,
-                          const torch::Tensor& weight_scale, const c10::optional<torch::Tensor>& bias) {
+                          const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
+                          const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   TORCH_CHECK(x.size(-1) == K, "int8_linear: the input has ", x.size(-1), " features, the weight expects ", K);
-  TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N, "int8_linear: weight_scale must have ", N,
-              " contiguous entries");
+  TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N &&
+                  weight_scale.scalar_type() == torch::kFloat32,
+              "int8_linear: weight_scale must have ", N, " contiguous float32 entries");
+  TORCH_CHECK(column_sums.is_contiguous() && column_sums.numel() == N && column_sums.scalar_type() == torch::kInt32,
+              "int8_linear: column_sums must have ", N, " contiguous int32 entries");
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
@@ -186,15 +211,17 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
               "int8_linear: weight_tiles do not match weight_t");
   auto q = torch::empty({Mp, Kp}, rows.options().dtype(torch::kInt8));
   auto row_scale = torch::empty({M}, rows.options());
+  auto row_zero = torch::empty({M}, rows.options().dtype(torch::kInt32));
   const float* xp = rows.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
   float* rs = row_scale.data_ptr<float>();
+  int32_t* rz = row_zero.data_ptr<int32_t>();
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, begin, end, K, Kp); });
+                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, begin, end, K, Kp); });
   torch::Tensor sums;
 #if HLF_AMX
   if (amx) {
-    std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});
+    std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});  // padding rows: their sums are not read
     sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* tiles = weight_tiles.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
@@ -210,9 +237,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const int32_t* sp = sums.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
   const float* ws = weight_scale.data_ptr<float>();
+  const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
-    dequantize_rows(sp, Np, op, rs, ws, bp, begin, end, N);
+    dequantize_rows(sp, Np, op, rs, rz, cs, ws, bp, begin, end, N);
   });
   auto shape = x.sizes().vec();
   shape.back() = N;
@@ -222,5 +250,5 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
   m.def("pack_amx_tiles", &pack_amx_tiles, "int8 weights (in, out) as AMX tiles; empty where AMX is not usable.");
-  m.def("int8_linear", &int8_linear, "Per-row int8 quantization, exact int32 product, float dequantization + bias.");
+  m.def("int8_linear", &int8_linear, "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias.");
 }
