@@ -105,6 +105,18 @@ def tiny_model(model_type: str, seed: int = 0, **overrides):
     return model
 
 
+def tiny_sources() -> dict:
+    """Five right-padded sources of lengths 9, 7, 3, 9, 2 ending in EOS."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate([9, 7, 3, 9, 2]):
+        input_ids[row, length - 1] = EOS
+        input_ids[row, length:] = PAD
+        attention_mask[row, length:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
 def source_of(batch: dict) -> dict:
     """The source half of a batch: `input_ids` and `attention_mask`."""
     return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}

@@ -4,7 +4,7 @@ to `generate()`; the int8 copy."""
 
 import pytest
 import torch
-from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, tiny_model
+from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, tiny_model, tiny_sources
 
 import hf_layerfusion
 from hf_layerfusion.inference import UnsupportedFastGeneration, fast_generate, fast_generation, prepare_for_inference
@@ -21,15 +21,7 @@ SEARCHES = {
 
 @pytest.fixture
 def source() -> dict:
-    """Five right-padded sources of lengths 9, 7, 3, 9, 2 ending in EOS."""
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (5, 9), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    for row, length in enumerate([9, 7, 3, 9, 2]):
-        input_ids[row, length - 1] = EOS
-        input_ids[row, length:] = PAD
-        attention_mask[row, length:] = 0
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    return tiny_sources()
 
 
 def reference(model, source, **kwargs) -> torch.Tensor:
@@ -159,7 +151,10 @@ def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_c
     before = reference(model, source, num_beams=3, max_new_tokens=8)
     engine = prepare_for_inference(model, "int8")
     assert prepare_for_inference(model, "int8") is engine
-    assert isinstance(engine.model.decoder.layers[0].ffn.fc1, Int8Linear)
+    ffn = engine.model.decoder.layers[0].ffn
+    assert isinstance(ffn.fc1, Int8Linear) and isinstance(ffn.fc2, Int8Linear)
+    assert ffn.fc1.relu and isinstance(ffn.activation_fn, torch.nn.Identity)  # the ReLU folded into fc1's kernel
+    assert isinstance(model.model.decoder.layers[0].ffn.activation_fn, torch.nn.ReLU)
     assert engine.model.shared.weight is model.model.shared.weight  # shared, not copied
     assert type(model.model.decoder.layers[0].ffn.fc1) is torch.nn.Linear  # the float model is untouched
     with torch.no_grad():

@@ -9,11 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from hf_layerfusion.inference import quantization
-from hf_layerfusion.inference.quantization import Int8Linear, compiled_int8_kernel, int8_linear_reference
+from hf_layerfusion.inference import cpu_kernels
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+from hf_layerfusion.inference.quantization import Int8Linear, int8_linear_reference
 
 
-def brute_force_int8_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> np.ndarray:
+def brute_force_int8_linear(
+    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False
+) -> np.ndarray:
     """The scheme written out in numpy: symmetric int8 codes per output feature; per input row, codes c with
     x ~ (c - zero) * span / 255 over the row's range [min(x, 0), max(x, 0)]; an int64 product; float64
     dequantization (so it matches the kernel's float32 to rounding, not bit for bit)."""
@@ -30,12 +33,14 @@ def brute_force_int8_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: to
     output = (centred @ w_codes.T) * (span.astype(np.float64)[:, None] / 255) * w_scale.astype(np.float64)[None, :]
     if bias is not None:
         output = output + bias.numpy().astype(np.float64)
+    if relu:
+        output = np.maximum(output, 0)
     return output.reshape(*inputs.shape[:-1], w.shape[0])
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    compiled = compiled_int8_kernel()
+    compiled = compiled_kernels()
     assert compiled is not None, "the int8 kernel did not compile (a C++ compiler and ninja are test requirements)"
     return compiled
 
@@ -68,23 +73,27 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
-def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, shape, out_features, with_bias):
+def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, shape, out_features, with_bias, relu):
     generator = torch.Generator().manual_seed(sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
     inputs[..., ::3] = inputs[..., ::3].relu()  # some rows one-signed (after a ReLU), shifting their zero point
     inputs[1::2] = inputs[1::2].relu()
     weight = torch.randn(out_features, shape[-1], generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
-    layer = Int8Linear(weight, bias)
-    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, layer.bias)
+    layer = Int8Linear(weight, bias, relu=relu)
+    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, layer.bias, relu)
     compiled = kernel.int8_linear(inputs, *codes)
     int_mm = kernel.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
     assert torch.equal(compiled, fallback) and torch.equal(int_mm, fallback)
-    np.testing.assert_allclose(compiled.numpy(), brute_force_int8_linear(inputs, weight, bias), rtol=1e-5, atol=1e-4)
+    expected = brute_force_int8_linear(inputs, weight, bias, relu)
+    np.testing.assert_allclose(compiled.numpy(), expected, rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
+    if relu:  # the folded ReLU is the layer followed by torch's ReLU, bit for bit
+        assert torch.equal(compiled, torch.relu(Int8Linear(weight, bias)(inputs)))
 
 
 def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernel):
@@ -133,26 +142,26 @@ def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(k
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    compiled_int8_kernel.cache_clear()
+    compiled_kernels.cache_clear()
     try:
-        with pytest.warns(UserWarning, match=r"int8_linear.cpp could not be compiled \(RuntimeError: Ninja is required"):
+        with pytest.warns(UserWarning, match=r"could not be compiled \(RuntimeError: Ninja is required"):
             assert torch.equal(layer(inputs), compiled)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once: later calls reuse the answer
             assert torch.equal(layer(inputs), compiled)
     finally:
-        compiled_int8_kernel.cache_clear()
+        compiled_kernels.cache_clear()
     monkeypatch.undo()
-    assert quantization.compiled_int8_kernel() is not None
+    assert cpu_kernels.compiled_kernels() is not None
 
 
 def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_the_same_numbers(kernel, monkeypatch):
     layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
     compiled = layer(inputs)
-    monkeypatch.setattr(quantization, "KERNEL_SOURCE", ("kernels", "missing.cpp"))
-    compiled_int8_kernel.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "KERNEL_SOURCES", ("int8_linear.cpp", "missing.cpp"))
+    compiled_kernels.cache_clear()
     try:
         with pytest.warns(UserWarning, match=r"missing.cpp is not there .*Hub code.*same numbers"):
             assert torch.equal(layer(inputs), compiled)
     finally:
-        compiled_int8_kernel.cache_clear()
+        compiled_kernels.cache_clear()

@@ -71,16 +71,19 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
 
 
 def test_the_wheel_carries_the_files_the_package_reads(tmp_path):
-    """An install from a wheel (not editable) has the int8 kernel's source, the model card templates and the
-    metric scripts: without the kernel source int8 would fall back to the slow path."""
+    """An install from a wheel (not editable) has the CPU kernels' sources, the model card templates and the
+    metric scripts: without the kernel sources int8 would fall back to the slow path."""
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
         check=True,
     )
     (wheel,) = tmp_path.glob("hf_layerfusion-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "hf_layerfusion/inference/kernels/int8_linear.cpp" in names
+    from hf_layerfusion.inference.cpu_kernels import KERNEL_DIRECTORY, KERNEL_SOURCES
+
     package = REPO_ROOT / "hf_layerfusion"
-    for pattern in ("hub/model_card_templates/*.md", "training/metrics/*/*.py"):
+    kernels = package / "inference" / KERNEL_DIRECTORY
+    assert {source.name for source in kernels.glob("*.cpp")} == set(KERNEL_SOURCES)  # every source is compiled
+    for pattern in ("hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
         assert expected and expected <= set(names), pattern

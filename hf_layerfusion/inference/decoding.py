@@ -16,43 +16,40 @@ from ..modeling.input_checks import check_decoder_groups
 
 # --------------------------------------------------------------------------------------------------- cache
 class _KeyValueSlot:
-    """Keys/values of one decoder attention slot, stored position-major, `(capacity, rows, heads, head_dim)`, filled
-    up to `length`: a step writes one contiguous block, attention reads the `(rows, heads, length, head_dim)` view
-    (the same numbers as a row-major cache), and a beam reorder copies the filled positions, contiguous, into a spare
-    buffer that then takes the place of the current one."""
+    """Keys/values of one decoder attention slot in buffers preallocated for `capacity` positions,
+    `(rows, capacity, heads, head_dim)`, filled up to `length`: attention reads the `(rows, heads, length, head_dim)`
+    view, and each row's filled positions are one contiguous block, so that a beam reorder copies whole blocks."""
 
-    __slots__ = ("keys", "values", "spare_keys", "spare_values", "length")
+    __slots__ = ("keys", "values", "length")
 
     def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int):
         rows, heads, _, head_dim = key_states.shape
-        self.keys = key_states.new_empty((capacity, rows, heads, head_dim))
-        self.values = value_states.new_empty((capacity, rows, heads, value_states.shape[-1]))
-        self.spare_keys = self.spare_values = None
+        self.keys = key_states.new_empty((rows, capacity, heads, head_dim))
+        self.values = value_states.new_empty((rows, capacity, heads, value_states.shape[-1]))
         self.length = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.length, self.length + key_states.shape[2]
-        if end > self.keys.shape[0]:
-            raise RuntimeError(f"DecodingCache: {end} positions exceed the capacity of {self.keys.shape[0]}.")
-        self.keys[start:end] = key_states.permute(2, 0, 1, 3)
-        self.values[start:end] = value_states.permute(2, 0, 1, 3)
+        if end > self.keys.shape[1]:
+            raise RuntimeError(f"DecodingCache: {end} positions exceed the capacity of {self.keys.shape[1]}.")
+        self.keys[:, start:end] = key_states.transpose(1, 2)
+        self.values[:, start:end] = value_states.transpose(1, 2)
         self.length = end
-        return self.keys[:end].permute(1, 2, 0, 3), self.values[:end].permute(1, 2, 0, 3)
+        return self.keys[:, :end].transpose(1, 2), self.values[:, :end].transpose(1, 2)
 
-    def select(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (in that order): beam reordering, or dropping rows (then the buffers shrink)."""
-        if index.shape[0] != self.keys.shape[1]:
-            self.spare_keys = self.keys.new_empty((self.keys.shape[0], index.shape[0], *self.keys.shape[2:]))
-            self.spare_values = self.values.new_empty((self.values.shape[0], index.shape[0], *self.values.shape[2:]))
-        elif self.spare_keys is None:
-            self.spare_keys, self.spare_values = torch.empty_like(self.keys), torch.empty_like(self.values)
+    def move_rows(self, targets: torch.Tensor, sources: torch.Tensor) -> None:
+        """Row `targets[i]` takes the filled positions of row `sources[i]` (all read before any is written)."""
+        for buffer in (self.keys[:, : self.length], self.values[:, : self.length]):
+            buffer.index_copy_(0, targets, buffer.index_select(0, sources))
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows `index`, in that order, in new buffers of `len(index)` rows (rows leaving the batch)."""
         filled = slice(0, self.length)
-        torch.index_select(self.keys[filled], 1, index, out=self.spare_keys[filled])
-        torch.index_select(self.values[filled], 1, index, out=self.spare_values[filled])
-        self.keys, self.spare_keys = self.spare_keys, self.keys
-        self.values, self.spare_values = self.spare_values, self.values
-        if index.shape[0] != self.spare_keys.shape[1]:  # the old buffers have the old row count: not reusable
-            self.spare_keys = self.spare_values = None
+        keys = self.keys.new_empty((index.shape[0], *self.keys.shape[1:]))
+        values = self.values.new_empty((index.shape[0], *self.values.shape[1:]))
+        torch.index_select(self.keys[:, filled], 0, index, out=keys[:, filled])
+        torch.index_select(self.values[:, filled], 0, index, out=values[:, filled])
+        self.keys, self.values = keys, values
 
 
 class _SelfAttentionCache:
@@ -72,9 +69,20 @@ class _SelfAttentionCache:
         slot = self.slots.get(layer_idx)
         return 0 if slot is None else slot.length
 
-    def select(self, index: torch.Tensor) -> None:
+    def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
+        """Keep rows `index` (in that order). A beam reorder (`rows_dropped=False`, as many rows as before) copies
+        in place only the rows whose beam changed: most beams continue their own row, so this moves a fraction
+        of the cache instead of all of it."""
+        if rows_dropped:
+            for slot in self.slots.values():
+                slot.keep_rows(index)
+            return
+        targets = torch.nonzero(index != torch.arange(index.shape[0], device=index.device)).squeeze(1)
+        if targets.numel() == 0:
+            return
+        sources = index[targets]
         for slot in self.slots.values():
-            slot.select(index)
+            slot.move_rows(targets, sources)
 
 
 class _StaticLayer:
@@ -103,9 +111,9 @@ class _CrossAttentionCache:
 class DecodingCache(EncoderDecoderCache):
     """The cache of the fast loop, read and written by the families' attention modules exactly like the
     `EncoderDecoderCache` of `generate()` (`self_attention_cache.update`, `cross_attention_cache.layers[slot]`,
-    `is_updated`). Self-attention slots are preallocated for `capacity` positions; their `select(index)` keeps rows
-    `index` (reordering beams, dropping rows), as does the cross-attention part's when rows leave the batch (a
-    sentence's beams share their cross-attention keys/values: reordering beams leaves them in place)."""
+    `is_updated`). Self-attention slots are preallocated for `capacity` positions; their `select(index, rows_dropped)`
+    keeps rows `index` (reordering beams, dropping rows), as does the cross-attention part's when rows leave the batch
+    (a sentence's beams share their cross-attention keys/values: reordering beams leaves them in place)."""
 
     def __init__(self, capacity: int):  # no super().__init__(): the two caches are not transformers `Cache`s
         self.self_attention_cache = _SelfAttentionCache(capacity)
@@ -184,7 +192,7 @@ class DecoderSteps:
 
     def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
         """Keep rows `index`: a beam reorder (`rows_dropped=False`) or rows leaving the batch (whole groups)."""
-        self.cache.self_attention_cache.select(index)
+        self.cache.self_attention_cache.select(index, rows_dropped)
         if rows_dropped:
             kept = index[:: self.group] // self.group  # the groups (sentences) kept
             self.cache.cross_attention_cache.select(kept)

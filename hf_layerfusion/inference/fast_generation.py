@@ -25,7 +25,7 @@ the tokens against `generate()` for every family, greedy and beam, and `benchmar
 `prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: the model itself, or with
 `quantization="int8"` an inference copy whose linear layers are int8 (see `Int8Linear`). Anything the loop does not
 cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping criteria, a prompt for the
-decoder, attention implementations other than eager and SDPA, ...) runs `generate()` itself, with one warning naming
+decoder, attention implementations other than eager and SDPA (and the int8 copy's), ...) runs `generate()` itself, with one warning naming
 the reason; `fast_generate(..., fallback=False)` raises `UnsupportedFastGeneration` instead.
 """
 
@@ -51,12 +51,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.utils import logging
 
 from .decoding import DecoderSteps
+from .decoding_attention import DECODING_ATTENTION
 from .quantization import prepare_for_inference
 from .search import BEAM_SEARCH_HELPERS, beam_search, greedy_search
 
 fast_generation_logger = logging.get_logger(__name__)
 
-FAST_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+FAST_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", DECODING_ATTENTION)  # the last: the int8 copy's
 # logits processors whose output row depends only on that row's scores and tokens (and the step): rows that can no
 # longer change the output may leave the batch without changing what the processors do to the other rows
 ROW_WISE_PROCESSORS = (

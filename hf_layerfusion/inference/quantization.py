@@ -4,21 +4,16 @@ translation helpers run: int8 linear layers, faster on CPU, not token-exact."""
 from __future__ import annotations
 
 import copy
-import functools
-import os
-import shutil
-import sys
-import warnings
 import weakref
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..modeling.layers import FeedForward
+from .cpu_kernels import compiled_kernels
+from .decoding_attention import register_decoding_attention
+
 QUANTIZATIONS = (None, "int8")
-KERNEL_SOURCE = ("kernels", "int8_linear.cpp")  # beside this file
-# no fused multiply-add: the kernel's float arithmetic is `int8_linear_reference`'s, bit for bit
-KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 
 
 MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite scales
@@ -30,11 +25,13 @@ def int8_linear_reference(
     column_sums: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
+    relu: bool = False,
 ) -> torch.Tensor:
     """`Int8Linear`'s arithmetic in torch operations (what runs where the compiled kernel cannot be built, and
     what it computes): each row quantized to int8 with its own scale and zero point, its range [min(x, 0), max(x, 0)]
     mapped onto [-128, 127] (round half to even), an exact int32 product with the int8 weights `weight_t` `(in, out)`
-    corrected by zero point x the weights' `column_sums`, dequantized by row scale x weight scale, plus the bias."""
+    corrected by zero point x the weights' `column_sums`, dequantized by row scale x weight scale, plus the bias (then
+    max(., 0) with `relu`)."""
     rows = hidden_states.reshape(-1, weight_t.shape[0])
     low = rows.amin(dim=-1, keepdim=True).clamp_max(0)
     high = rows.amax(dim=-1, keepdim=True).clamp_min(0)
@@ -46,40 +43,9 @@ def int8_linear_reference(
     output = sums.float() * ((span / 255) * weight_scale)
     if bias is not None:
         output = output + bias
+    if relu:
+        output = output.clamp_min(0)
     return output.view(*hidden_states.shape[:-1], weight_t.shape[1])
-
-
-@functools.cache
-def compiled_int8_kernel():
-    """The C++ kernel of `Int8Linear` (kernels/int8_linear.cpp), compiled for this machine at first use (about
-    20 s, then cached by torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that
-    names the reason, where it cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++
-    source): int8 layers then run `int8_linear_reference`, the same numbers, slower."""
-    fallback = "int8 layers compute the same numbers with torch operations, slower"
-    source = Path(__file__).parent.joinpath(*KERNEL_SOURCE)
-    if not source.is_file():
-        warnings.warn(
-            f"hf_layerfusion: the int8 kernel's source {source} is not there (this code runs outside the "
-            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the kernel.",
-            stacklevel=2,
-        )
-        return None
-    # the `ninja` wheel installs its binary next to the interpreter, which is not on PATH when the environment is not
-    # activated; torch looks for it on PATH
-    interpreter_bin = os.path.dirname(sys.executable)
-    if shutil.which("ninja") is None and shutil.which("ninja", path=interpreter_bin) is not None:
-        os.environ["PATH"] = os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")])
-    try:
-        from torch.utils.cpp_extension import load
-
-        return load(name="hf_layerfusion_int8_linear", sources=[str(source)], extra_cflags=KERNEL_CFLAGS)
-    except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError
-        warnings.warn(
-            f"hf_layerfusion: the int8 kernel {source.name} could not be compiled ({type(error).__name__}: "
-            f"{str(error).strip()[:500]}); {fallback}. It needs a C++ compiler and ninja (`pip install ninja`).",
-            stacklevel=2,
-        )
-        return None
 
 
 class Int8Linear(nn.Module):
@@ -89,46 +55,57 @@ class Int8Linear(nn.Module):
     does not coarsen the other rows' resolution and a row's output does not depend on the rest of its batch. Products
     are summed exactly in int32, on the CPU's AMX tiles where it has them (weights packed into tiles here, once), else
     by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way. Quantization, product and dequantization
-    with the bias are one call of the compiled kernel (`compiled_int8_kernel`): as separate torch operations the
-    per-row quantization cost more than the product itself at decoding sizes."""
+    with the bias are one call of the compiled kernel (`compiled_kernels`): as separate torch operations the
+    per-row quantization cost more than the product itself at decoding sizes. With `relu=True` the layer is followed
+    by a ReLU, folded into the same call (`int8_copy` folds the feed-forward activation)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        if not isinstance(relu, bool):
+            raise TypeError(f"Int8Linear: relu must be a bool, got {relu!r}.")
+        self.in_features, self.out_features, self.relu = weight.shape[1], weight.shape[0], relu
         weight = weight.detach().float()
         self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
         self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
         self.column_sums = self.weight_t.sum(dim=0, dtype=torch.int32)  # the zero points' share of the sums
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        kernel = compiled_int8_kernel()
+        kernel = compiled_kernels()
         # empty where the CPU has no AMX: the kernel then runs `torch._int_mm`
         self.weight_tiles = self.weight_t.new_empty(0) if kernel is None else kernel.pack_amx_tiles(self.weight_t)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        kernel = compiled_int8_kernel()
+        kernel = compiled_kernels()
         inputs = hidden_states.float()
         if kernel is None:
-            output = int8_linear_reference(inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias)
+            output = int8_linear_reference(
+                inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu
+            )
         else:
             output = kernel.int8_linear(
-                inputs, self.weight_t, self.weight_tiles, self.column_sums, self.weight_scale, self.bias
+                inputs, self.weight_t, self.weight_tiles, self.column_sums, self.weight_scale, self.bias, self.relu
             )
         return output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
+        relu = ", relu=True" if self.relu else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{relu}"
 
 
 def int8_copy(model):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
-    (`project`, with Marian's `final_logits_bias`), is an `Int8Linear`; every other tensor (embeddings, LayerNorms,
-    fusion weights) is shared with `model`, not copied."""
+    (`project`, with Marian's `final_logits_bias`), is an `Int8Linear` (a feed-forward ReLU folded into the first
+    one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding steps, SDPA
+    elsewhere); every other tensor (embeddings, LayerNorms, fusion weights) is shared with `model`, not copied."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     engine = copy.deepcopy(model, memo=shared).eval()
     for module in list(engine.model.modules()):
+        if type(module).forward is FeedForward.forward and type(module.activation_fn) is nn.ReLU:
+            # act(fc1(x)) with act = ReLU: folded into fc1's kernel call
+            module.fc1, module.activation_fn = Int8Linear(module.fc1.weight, module.fc1.bias, relu=True), nn.Identity()
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, name, Int8Linear(child.weight, child.bias))
+    engine.set_attn_implementation(register_decoding_attention())
     engine.int8_output_projection = Int8Linear(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one
     engine.__dict__["project"] = engine.int8_output_projection

@@ -4,7 +4,8 @@
 // into tiles once, `pack_amx_tiles`), else through `at::_int_mm` (oneDNN's VNNI kernels): both sum exactly in int32,
 // so they give the same numbers. The arithmetic is that of `int8_linear_reference` (quantization.py), bit for bit: no
 // fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
-#include <torch/extension.h>
+#include "cpu_kernels.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -75,12 +76,14 @@ HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restri
   }
 }
 
-// rows [begin, end): out (M, N) = float(sums - zero * column_sums) * (row_scale * weight_scale) + bias, with sums at
-// stride sums_stride; `out` may be `sums` itself (same stride): each element is read before it is overwritten
+// rows [begin, end): out (M, N) = float(sums - zero * column_sums) * (row_scale * weight_scale) + bias, then
+// max(out, 0) with `relu`, with sums at stride sums_stride; `out` may be `sums` itself (same stride): each element is
+// read before it is overwritten
 HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride, float* out,
                                        const float* __restrict row_scale, const int32_t* __restrict row_zero,
                                        const int32_t* __restrict column_sums, const float* __restrict weight_scale,
-                                       const float* __restrict bias, int64_t begin, int64_t end, int64_t N) {
+                                       const float* __restrict bias, bool relu, int64_t begin, int64_t end,
+                                       int64_t N) {
   for (int64_t m = begin; m < end; ++m) {
     const float r = row_scale[m];
     const int32_t z = row_zero[m];
@@ -91,6 +94,8 @@ HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride,
         orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
     else
       for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]);
+    if (relu)  // max(x, 0) as torch's clamp_min: NaN and -0 pass through
+      for (int64_t n = 0; n < N; ++n) orow[n] = orow[n] < 0.f ? 0.f : orow[n];
   }
 }
 
@@ -184,10 +189,11 @@ torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t) {
 }
 
 // x (..., K) float32; weight_t (K, N) int8; weight_tiles: pack_amx_tiles(weight_t), or empty for `at::_int_mm`;
-// column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None -> (..., N)
+// column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the
+// output's max(., 0) (a ReLU that follows the layer, folded in) -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_tiles,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias) {
+                          const c10::optional<torch::Tensor>& bias, bool relu) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
@@ -240,15 +246,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
-    dequantize_rows(sp, Np, op, rs, rz, cs, ws, bp, begin, end, N);
+    dequantize_rows(sp, Np, op, rs, rz, cs, ws, bp, relu, begin, end, N);
   });
   auto shape = x.sizes().vec();
   shape.back() = N;
   return out.view(shape);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
-  m.def("pack_amx_tiles", &pack_amx_tiles, "int8 weights (in, out) as AMX tiles; empty where AMX is not usable.");
-  m.def("int8_linear", &int8_linear, "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias.");
 }

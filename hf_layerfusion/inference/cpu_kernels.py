@@ -1,0 +1,58 @@
+"""The C++ CPU kernels of the int8 inference copy (`kernels/`): `int8_linear` (`Int8Linear`, quantization.py) and
+`decode_attention` (the copy's attention at decoding steps, decoding_attention.py), compiled into one extension
+module at first use."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+KERNEL_DIRECTORY = "kernels"  # beside this file
+KERNEL_SOURCES = ("int8_linear.cpp", "decode_attention.cpp", "bindings.cpp")
+# no fused multiply-add: the int8 kernel's float arithmetic is `int8_linear_reference`'s, bit for bit
+KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
+
+
+@functools.cache
+def compiled_kernels():
+    """The extension module of the C++ kernels, compiled for this machine at first use (about 30 s, then cached by
+    torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that names the reason, where it
+    cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++ sources): int8 layers then
+    run `int8_linear_reference` (the same numbers, slower) and attention runs SDPA."""
+    fallback = "int8 layers compute the same numbers with torch operations and attention runs SDPA, slower"
+    directory = Path(__file__).parent / KERNEL_DIRECTORY
+    sources = [directory / name for name in KERNEL_SOURCES]
+    missing = [str(source) for source in sources if not source.is_file()]
+    if missing:
+        warnings.warn(
+            f"hf_layerfusion: the CPU kernels' source {', '.join(missing)} is not there (this code runs outside the "
+            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the kernels.",
+            stacklevel=2,
+        )
+        return None
+    # the `ninja` wheel installs its binary next to the interpreter, which is not on PATH when the environment is not
+    # activated; torch looks for it on PATH
+    interpreter_bin = os.path.dirname(sys.executable)
+    if shutil.which("ninja") is None and shutil.which("ninja", path=interpreter_bin) is not None:
+        os.environ["PATH"] = os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")])
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(
+            name="hf_layerfusion_cpu_kernels",
+            sources=[str(source) for source in sources],
+            extra_cflags=KERNEL_CFLAGS,
+            extra_include_paths=[str(directory)],
+        )
+    except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError
+        warnings.warn(
+            f"hf_layerfusion: the CPU kernels ({', '.join(KERNEL_SOURCES)}) could not be compiled "
+            f"({type(error).__name__}: {str(error).strip()[:500]}); {fallback}. They need a C++ compiler and ninja "
+            f"(`pip install ninja`).",
+            stacklevel=2,
+        )
+        return None

@@ -1,0 +1,70 @@
+"""The attention of the int8 inference copy: an attention implementation registered with transformers'
+`AttentionInterface` (and, for its masks, `AttentionMaskInterface`, as SDPA's boolean masks) under
+`DECODING_ATTENTION` (`register_decoding_attention`), which runs the C++ kernel `decode_attention` (kernels/decode_attention.cpp) at decoding steps
+and SDPA everywhere else.
+
+A decoding step attends with one query per row (or a sentence's beams folded into a few query positions over its
+shared cross-attention keys), where SDPA's CPU kernel spends most of its time on fixed per-row-head work. The kernel
+computes the same function, not bit for bit (float rounding, about 1e-6), which is why only the int8 copy, already
+not token-exact, uses it: the float32 fast path keeps SDPA and gives `generate()`'s tokens."""
+
+from __future__ import annotations
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+from .cpu_kernels import compiled_kernels
+
+DECODING_ATTENTION = "hf_layerfusion_cpu_decoding"
+MAX_DECODING_QUERIES = 16  # a step's queries per row: 1, or the beams of a sentence folded together
+HEAD_DIMS = range(16, 129, 16)  # the kernel's 16-float vectors
+
+
+def decode_attention_applies(module, query, key, value, attention_mask, dropout, kwargs) -> bool:
+    """Whether `decoding_attention_forward` runs the kernel: a float32 CPU decoding step (at most
+    `MAX_DECODING_QUERIES` queries, nothing causal among them), no dropout, one key head per query head, head_dim a
+    multiple of 16 up to 128, and no mask or a boolean padding mask (one for every head and query position)."""
+    queries = query.shape[2]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    return (
+        queries <= MAX_DECODING_QUERIES
+        and not (causal and queries > 1 and attention_mask is None)
+        and dropout == 0.0
+        and query.dtype == key.dtype == value.dtype == torch.float32
+        and query.device.type == "cpu"
+        and query.shape[-1] in HEAD_DIMS
+        and key.shape[1] == query.shape[1]
+        and kwargs.get("position_bias") is None
+        and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
+    )
+
+
+def decoding_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """The `DECODING_ATTENTION` implementation: `sdpa_attention_forward`'s signature and output
+    `(rows, queries, heads, head_dim)`, through the kernel where `decode_attention_applies`, else SDPA itself."""
+    kernels = compiled_kernels()
+    if kernels is None or not decode_attention_applies(module, query, key, value, attention_mask, dropout, kwargs):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return kernels.decode_attention(query, key, value, attention_mask, scaling), None
+
+
+def register_decoding_attention() -> str:
+    """Registers `DECODING_ATTENTION` with transformers (idempotent; the int8 copy calls it before switching to it)
+    and returns its name."""
+    AttentionInterface.register(DECODING_ATTENTION, decoding_attention_forward)
+    AttentionMaskInterface.register(DECODING_ATTENTION, sdpa_mask)
+    return DECODING_ATTENTION

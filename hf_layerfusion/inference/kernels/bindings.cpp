@@ -1,0 +1,14 @@
+// The Python module of the CPU kernels (`hf_layerfusion.inference.cpu_kernels.compiled_kernels`).
+#include "cpu_kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
+  m.def("pack_amx_tiles", &pack_amx_tiles, "int8 weights (in, out) as AMX tiles; empty where AMX is not usable.");
+  m.def("int8_linear", &int8_linear,
+        "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias (and ReLU).",
+        pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("weight_tiles"), pybind11::arg("column_sums"),
+        pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu") = false);
+  m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
+        pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
+        pybind11::arg("scaling"));
+}

@@ -1,0 +1,196 @@
+// Attention of a few query positions over cached keys/values: the attention of a decoding step (one query per row,
+// or the beams of a sentence folded into query positions over the sentence's shared cross-attention keys). It is
+// what `scaled_dot_product_attention` computes without a causal mask, with a boolean padding mask or none, and
+// what the int8 copy's attention interface (`hf_layerfusion.inference.decoding_attention`) runs at decoding
+// steps. At these sizes (a few queries, tens of keys, 128 to 512 row-heads) SDPA's cost is mostly fixed per row-head
+// (a small matrix product per block); here each row-head is a pass over its keys with 16-float vectors, and the
+// exponentials are computed 16 at a time.
+//
+// Numbers: softmax(q k^T * scaling + mask) v in float32, the scores' dot products summed in 16 lanes and then
+// pairwise, exp(x) by range reduction and a degree-6 polynomial (Cephes' expf, about 1 ulp), rows whose keys are all
+// masked give zeros (as SDPA does). It agrees with SDPA to float rounding (about 1e-6), not bit for bit.
+#include "cpu_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// compiled for several x86 vector widths; the best one the CPU has is picked when the module loads
+#define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HLF_VECTOR_CLONES
+#endif
+#define HLF_INLINE inline __attribute__((always_inline))
+
+namespace {
+
+// 16 floats: GCC's generic vectors, lowered to the clone's instruction set (one AVX-512 register, two AVX2 ones)
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4)));
+typedef int32_t Int16 __attribute__((vector_size(64)));
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxChunks = 8;  // head_dim up to 128
+
+HLF_INLINE Vec16 load(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
+HLF_INLINE void store(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
+HLF_INLINE Vec16 splat(float a) { return Vec16{} + a; }
+
+// the sum of the 16 lanes, pairwise (a fixed order)
+HLF_INLINE float lane_sum(Vec16 v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+
+// exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts), exp(r) by
+// Cephes' expf polynomial, times 2^n built in the exponent bits. Below -87 (exp < 2^-125) the result is 0, so that
+// masked keys weigh exactly nothing and no subnormal arithmetic (slow on x86) follows.
+HLF_INLINE Vec16 exp_nonpositive(Vec16 x) {
+  const auto underflow = x < splat(-87.f);
+  x = underflow ? splat(-87.f) : x;
+  const Vec16 round_to_integer = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Vec16 n = (x * 1.44269504f + round_to_integer) - round_to_integer;
+  Vec16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  Vec16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const Int16 exponent = (__builtin_convertvector(n, Int16) + 127) << 23;
+  Vec16 power;
+  std::memcpy(&power, &exponent, sizeof(power));
+  return underflow ? Vec16{} : p * power;
+}
+
+struct Problem {
+  const float *query, *key, *value;
+  const bool* mask;  // true: attend; null: every key
+  float* output;     // (rows, queries, heads, head_dim), contiguous
+  int64_t rows, heads, queries, keys, head_dim;
+  int64_t query_strides[3], key_strides[3], value_strides[3], mask_strides[2];  // rows, heads, positions
+  float scaling;
+};
+
+// row-heads [begin, end) of `problem`, row-head = row * heads + head; `scores` holds keys rounded up to 16 floats
+template <int kChunks>
+HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t end, float* scores) {
+  const Problem& p = problem;
+  const int64_t padded_keys = (p.keys + kLanes - 1) / kLanes * kLanes;
+  for (int64_t row_head = begin; row_head < end; ++row_head) {
+    const int64_t row = row_head / p.heads, head = row_head % p.heads;
+    const float* keys = p.key + row * p.key_strides[0] + head * p.key_strides[1];
+    const float* values = p.value + row * p.value_strides[0] + head * p.value_strides[1];
+    for (int64_t position = 0; position < p.queries; ++position) {
+      const float* query = p.query + row * p.query_strides[0] + head * p.query_strides[1] + position * p.query_strides[2];
+      const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
+      Vec16 scaled_query[kChunks];
+      for (int c = 0; c < kChunks; ++c) scaled_query[c] = load(query + kLanes * c) * p.scaling;
+      // scores q . k (scaled), their maximum
+      float maximum = -INFINITY;
+      for (int64_t k = 0; k < p.keys; ++k) {
+        const float* key = keys + k * p.key_strides[2];
+        Vec16 products = scaled_query[0] * load(key);
+        for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load(key + kLanes * c);
+        const float score = (mask && !mask[k]) ? -INFINITY : lane_sum(products);
+        scores[k] = score;
+        maximum = score > maximum ? score : maximum;
+      }
+      float* out = p.output + ((row * p.queries + position) * p.heads + head) * p.head_dim;
+      if (maximum == -INFINITY) {  // every key masked: zeros, as SDPA
+        std::memset(out, 0, sizeof(float) * p.head_dim);
+        continue;
+      }
+      // weights exp(score - maximum), 16 at a time (padding keys weigh 0), and their sum
+      for (int64_t k = p.keys; k < padded_keys; ++k) scores[k] = -INFINITY;
+      Vec16 sums{};
+      for (int64_t k = 0; k < padded_keys; k += kLanes) {
+        const Vec16 weights = exp_nonpositive(load(scores + k) - maximum);
+        store(scores + k, weights);
+        sums += weights;
+      }
+      const float inverse_sum = 1.f / lane_sum(sums);
+      // the weighted sum of the values
+      Vec16 accumulated[kChunks];
+      for (int c = 0; c < kChunks; ++c) accumulated[c] = Vec16{};
+      for (int64_t k = 0; k < p.keys; ++k) {
+        const float weight = scores[k];
+        const float* value = values + k * p.value_strides[2];
+        for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load(value + kLanes * c);
+      }
+      for (int c = 0; c < kChunks; ++c) store(out + kLanes * c, accumulated[c] * inverse_sum);
+    }
+  }
+}
+
+HLF_VECTOR_CLONES void attend(const Problem& problem, int64_t begin, int64_t end, float* scores) {
+  switch (problem.head_dim / kLanes) {
+    case 1: return attend_row_heads<1>(problem, begin, end, scores);
+    case 2: return attend_row_heads<2>(problem, begin, end, scores);
+    case 3: return attend_row_heads<3>(problem, begin, end, scores);
+    case 4: return attend_row_heads<4>(problem, begin, end, scores);
+    case 5: return attend_row_heads<5>(problem, begin, end, scores);
+    case 6: return attend_row_heads<6>(problem, begin, end, scores);
+    case 7: return attend_row_heads<7>(problem, begin, end, scores);
+    case 8: return attend_row_heads<8>(problem, begin, end, scores);
+  }
+}
+
+void check_layout(const torch::Tensor& tensor, const char* name) {
+  TORCH_CHECK(tensor.dim() == 4 && tensor.scalar_type() == torch::kFloat32 && tensor.device().is_cpu(),
+              "decode_attention: ", name, " must be a 4-D float32 CPU tensor, got ", tensor.dim(), "-D ",
+              tensor.scalar_type(), " on ", tensor.device());
+  TORCH_CHECK(tensor.stride(3) == 1, "decode_attention: ", name, "'s last dimension must be contiguous");
+}
+
+}  // namespace
+
+// query (rows, heads, queries, head_dim), key/value (rows, heads, keys, head_dim), any strides with a contiguous last
+// dimension; mask: None or bool (rows or 1, 1, queries or 1, keys), true = attend -> (rows, queries, heads, head_dim)
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                               const c10::optional<torch::Tensor>& mask, double scaling) {
+  check_layout(query, "query");
+  check_layout(key, "key");
+  check_layout(value, "value");
+  const int64_t rows = query.size(0), heads = query.size(1), queries = query.size(2), head_dim = query.size(3);
+  const int64_t keys = key.size(2);
+  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks,
+              "decode_attention: head_dim must be a multiple of 16 up to 128, got ", head_dim);
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == rows && key.size(1) == heads && key.size(3) == head_dim,
+              "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (", rows, ", ", heads,
+              ", keys, ", head_dim, ")");
+  TORCH_CHECK(keys > 0, "decode_attention: no keys");
+  Problem problem{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), nullptr, nullptr,
+                  rows, heads, queries, keys, head_dim,
+                  {query.stride(0), query.stride(1), query.stride(2)},
+                  {key.stride(0), key.stride(1), key.stride(2)},
+                  {value.stride(0), value.stride(1), value.stride(2)},
+                  {0, 0}, static_cast<float>(scaling)};
+  if (mask.has_value()) {
+    const auto& m = *mask;
+    TORCH_CHECK(m.dim() == 4 && m.scalar_type() == torch::kBool && (m.size(0) == 1 || m.size(0) == rows) &&
+                    m.size(1) == 1 && (m.size(2) == 1 || m.size(2) == queries) && m.size(3) == keys &&
+                    m.stride(3) == 1,
+                "decode_attention: the mask must be bool (", rows, " or 1, 1, ", queries, " or 1, ", keys,
+                ") with contiguous keys, got ", m.scalar_type(), " ", m.sizes());
+    problem.mask = m.data_ptr<bool>();
+    problem.mask_strides[0] = m.size(0) == 1 ? 0 : m.stride(0);
+    problem.mask_strides[1] = m.size(2) == 1 ? 0 : m.stride(2);
+  }
+  auto output = torch::empty({rows, queries, heads, head_dim}, query.options());
+  problem.output = output.data_ptr<float>();
+  const int64_t padded_keys = (keys + kLanes - 1) / kLanes * kLanes;
+  at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(padded_keys);
+    attend(problem, begin, end, scores.data());
+  });
+  return output;
+}

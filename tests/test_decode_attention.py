@@ -1,0 +1,210 @@
+"""The decoding-attention kernel of the int8 copy (kernels/decode_attention.cpp) against softmax attention written out
+in numpy (float64), in the layouts the decoding loop gives it; the attention implementation that dispatches to it or
+to SDPA; the in-place beam reorder of the decoding cache against a plain gather."""
+
+import numpy as np
+import pytest
+import torch
+
+import hf_layerfusion
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_layerfusion.inference import decoding_attention
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+from hf_layerfusion.inference.decoding import _SelfAttentionCache
+from hf_layerfusion.inference.decoding_attention import (
+    DECODING_ATTENTION,
+    decode_attention_applies,
+    decoding_attention_forward,
+)
+from hf_layerfusion.inference import fast_generate
+from hf_layerfusion.inference.quantization import prepare_for_inference
+from helpers import tiny_model, tiny_sources
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    compiled = compiled_kernels()
+    assert compiled is not None, "the CPU kernels did not compile (a C++ compiler and ninja are test requirements)"
+    return compiled
+
+
+def brute_force_attention(query, key, value, mask, scaling) -> np.ndarray:
+    """softmax(q k^T * scaling, masked keys excluded) v per row, head and query, in float64; zeros where every key
+    is masked. (rows, heads, queries, d) -> (rows, queries, heads, d)."""
+    q, k, v = (t.double().numpy() for t in (query, key, value))
+    rows, heads, queries, _ = q.shape
+    keep = np.ones((rows, 1, queries, k.shape[2]), bool) if mask is None else np.broadcast_to(
+        mask.numpy(), (rows, 1, queries, k.shape[2]))
+    out = np.zeros((rows, queries, heads, v.shape[-1]))
+    for r in range(rows):
+        for h in range(heads):
+            for i in range(queries):
+                allowed = keep[r, 0, i]
+                if not allowed.any():
+                    continue
+                scores = (k[r, h] @ q[r, h, i]) * scaling
+                weights = np.where(allowed, np.exp(scores - scores[allowed].max()), 0.0)
+                out[r, i, h] = weights @ v[r, h] / weights.sum()
+    return out
+
+
+def position_major(rows, heads, keys, head_dim, capacity=40):
+    """keys/values as the decoding cache holds them: (capacity, rows, heads, d) buffers, read as permuted views."""
+    buffers = [torch.randn(capacity, rows, heads, head_dim) for _ in range(2)]
+    return [buffer[:keys].permute(1, 2, 0, 3) for buffer in buffers]
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 128])
+@pytest.mark.parametrize("queries", [1, 4])
+def test_kernel_is_softmax_attention(kernels, head_dim, queries):
+    torch.manual_seed(head_dim + queries)
+    rows, heads, keys = 5, 3, 37  # keys: two 16-float blocks and a partial one
+    query = torch.randn(rows, heads, queries, head_dim)
+    key, value = torch.randn(rows, heads, keys, head_dim) * 2, torch.randn(rows, heads, keys, head_dim)
+    per_row = torch.rand(rows, 1, 1, keys) > 0.4  # a padding mask, shared by the query positions
+    per_query = torch.rand(rows, 1, queries, keys) > 0.4
+    per_row[1] = False  # every key masked: zeros, as SDPA gives
+    for mask in (None, per_row, per_query, per_row[:1]):
+        expected = brute_force_attention(query, key, value, mask, 0.3)
+        output = kernels.decode_attention(query, key, value, mask, 0.3)
+        assert output.shape == (rows, queries, heads, head_dim) and output.is_contiguous()
+        np.testing.assert_allclose(output.numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernels.decode_attention(query, key, value, per_row, 0.3)[1], torch.zeros(queries, heads, head_dim))
+
+
+def test_kernel_reads_the_decoding_caches_layouts(kernels):
+    """Self-attention keys as position-major views (strided positions), queries folded from beams (a transposed
+    view), and a few keys only (fewer than one 16-float block)."""
+    torch.manual_seed(0)
+    for keys in (1, 5, 33):
+        key, value = position_major(6, 4, keys, 32)
+        query = torch.randn(6, 2, 4, 32).transpose(1, 2)  # (rows, heads, queries, d), not contiguous
+        expected = brute_force_attention(query, key, value, None, 32**-0.5)
+        np.testing.assert_allclose(kernels.decode_attention(query, key, value, None, 32**-0.5).numpy(), expected,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_weighs_far_lower_scores_exactly_zero(kernels):
+    """Scores more than 87 below the maximum underflow to weight 0 (no subnormal arithmetic): the output is then the
+    top key's value, exactly as in float arithmetic."""
+    key = torch.zeros(1, 1, 3, 16)
+    key[0, 0, 0, 0], key[0, 0, 1, 0], key[0, 0, 2, 0] = 100.0, 0.0, -100.0
+    value = torch.randn(1, 1, 3, 16)
+    output = kernels.decode_attention(torch.ones(1, 1, 1, 16), key, value, None, 1.0)
+    assert torch.equal(output[0, 0, 0], value[0, 0, 0])
+
+
+def test_kernel_names_bad_inputs(kernels):
+    query, key = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 5, 16)
+    with pytest.raises(RuntimeError, match="head_dim must be a multiple of 16 up to 128, got 8"):
+        kernels.decode_attention(torch.randn(2, 2, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), None, 1.0)
+    with pytest.raises(RuntimeError, match="query must be a 4-D float32 CPU tensor, got 4-D Double"):
+        kernels.decode_attention(query.double(), key, key, None, 1.0)
+    with pytest.raises(RuntimeError, match="key .* and value .* must be"):
+        kernels.decode_attention(query, key, torch.randn(2, 2, 4, 16), None, 1.0)
+    with pytest.raises(RuntimeError, match="the mask must be bool"):
+        kernels.decode_attention(query, key, key, torch.ones(2, 1, 1, 4, dtype=torch.bool), 1.0)
+    with pytest.raises(RuntimeError, match="the mask must be bool"):
+        kernels.decode_attention(query, key, key, torch.zeros(2, 1, 1, 5), 1.0)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, is_causal: bool):
+        super().__init__()
+        self.is_causal = is_causal
+
+
+def test_the_attention_implementation_runs_the_kernel_at_decoding_steps_only(kernels):
+    torch.manual_seed(0)
+    query, key, value = torch.randn(3, 2, 1, 32), torch.randn(3, 2, 9, 32), torch.randn(3, 2, 9, 32)
+    mask = torch.rand(3, 1, 1, 9) > 0.3
+    mask[:, :, :, 0] = True
+    output, weights = decoding_attention_forward(_Attention(True), query, key, value, mask, scaling=0.2)
+    assert weights is None and torch.equal(output, kernels.decode_attention(query, key, value, mask, 0.2))
+    output, _ = decoding_attention_forward(_Attention(False), query, key, value, None)  # default scaling d^-0.5
+    assert torch.equal(output, kernels.decode_attention(query, key, value, None, 32**-0.5))
+
+    def applies(module=_Attention(False), query=query, key=key, value=value, mask=mask, dropout=0.0, **kwargs):
+        return decode_attention_applies(module, query, key, value, mask, dropout, kwargs)
+
+    many = torch.randn(3, 2, 17, 32)
+    assert applies() and applies(query=torch.randn(3, 2, 16, 32)) and applies(_Attention(True), mask=None)
+    assert not applies(query=many)  # more queries than a decoding step has: SDPA
+    assert not applies(_Attention(True), query=torch.randn(3, 2, 4, 32), mask=None)  # causal among the queries
+    assert applies(_Attention(True), query=torch.randn(3, 2, 4, 32), mask=None, is_causal=False)
+    assert not applies(dropout=0.1)
+    assert not applies(query=query.double(), key=key.double(), value=value.double())
+    assert not applies(query=query[..., :8], key=key[..., :8], value=value[..., :8])
+    assert not applies(key=key[:, :1], value=value[:, :1])  # grouped key heads
+    assert not applies(mask=torch.zeros(3, 1, 1, 9))  # an additive float mask
+    assert not applies(mask=mask.expand(3, 2, 1, 9))  # a mask per head
+    assert not applies(position_bias=torch.zeros(1, 2, 1, 9))
+    # where it does not apply, it is SDPA itself
+    for kwargs in ({"query": many}, {"dropout": 0.0, "mask": torch.zeros(3, 1, 1, 9)}):
+        q, m = kwargs.get("query", query), kwargs.get("mask", mask)
+        expected, _ = sdpa_attention_forward(_Attention(False), q, key, value, m, scaling=0.2)
+        assert torch.equal(decoding_attention_forward(_Attention(False), q, key, value, m, scaling=0.2)[0], expected)
+
+
+def test_without_the_kernels_the_attention_implementation_is_sdpa(monkeypatch):
+    query, key, value = torch.randn(3, 2, 1, 32), torch.randn(3, 2, 9, 32), torch.randn(3, 2, 9, 32)
+    monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: None)
+    expected, _ = sdpa_attention_forward(_Attention(False), query, key, value, None, scaling=0.2)
+    assert torch.equal(decoding_attention_forward(_Attention(False), query, key, value, None, scaling=0.2)[0], expected)
+
+
+def test_the_int8_copy_attends_with_it_and_the_model_keeps_its_own(kernels):
+    model = tiny_model("plain_transformer").eval()
+    engine = prepare_for_inference(model, "int8")
+    assert engine.config._attn_implementation == DECODING_ATTENTION
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_beam_reorder_in_place_is_a_gather_of_the_rows():
+    """`_SelfAttentionCache.select` moves only the rows whose beam changed, in place: what attention reads after it
+    must be the gather `cache[index]` for any index (cycles, rows copied twice, rows kept)."""
+    torch.manual_seed(0)
+    cache = _SelfAttentionCache(capacity=6)
+    for _ in range(4):
+        cache.update(torch.randn(5, 2, 1, 4), torch.randn(5, 2, 1, 4), layer_idx=0)
+    slot = cache.slots[0]
+    for index in ([1, 2, 0, 3, 4], [0, 0, 2, 2, 4], [4, 3, 2, 1, 0], [0, 1, 2, 3, 4]):
+        index = torch.tensor(index)
+        keys, values = cache.update(torch.empty(5, 2, 0, 4), torch.empty(5, 2, 0, 4), layer_idx=0)  # the views read
+        keys, values = keys.clone(), values.clone()
+        cache.select(index, rows_dropped=False)
+        assert torch.equal(slot.keys[:, :4].transpose(1, 2), keys[index])
+        assert torch.equal(slot.values[:, :4].transpose(1, 2), values[index])
+    cache.select(torch.tensor([3, 1]), rows_dropped=True)
+    assert slot.keys.shape[0] == 2 and torch.equal(slot.keys[:, :4].transpose(1, 2), keys[index][[3, 1]])
+
+
+class _CountingKernels:
+    """The compiled kernels, counting `decode_attention` calls."""
+
+    def __init__(self, kernels):
+        self.kernels, self.calls = kernels, 0
+
+    def decode_attention(self, *args):
+        self.calls += 1
+        return self.kernels.decode_attention(*args)
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_int8_translations_with_the_kernel_are_those_with_sdpa(kernels, model_type, monkeypatch):
+    """Every family's int8 copy, with head_dim 16 (the kernel's smallest), translates through the kernel at every
+    decoding step, greedy and beam search, to the tokens its attention gives through SDPA."""
+    model = tiny_model(model_type, d_model=32)
+    source = tiny_sources()
+    engine = prepare_for_inference(model, "int8")
+    counting = _CountingKernels(kernels)
+    monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
+    for settings in ({"num_beams": 1}, {"num_beams": 3}):
+        engine.set_attn_implementation(DECODING_ATTENTION)
+        calls = counting.calls
+        with_kernel = fast_generate(model, **source, max_new_tokens=8, quantization="int8", fallback=False, **settings)
+        assert counting.calls - calls >= 8, settings  # at least one attention per decoding step
+        engine.set_attn_implementation("sdpa")
+        with_sdpa = fast_generate(model, **source, max_new_tokens=8, quantization="int8", fallback=False, **settings)
+        assert torch.equal(with_kernel, with_sdpa), settings
