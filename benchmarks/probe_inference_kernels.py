@@ -20,7 +20,9 @@ activations, the product on AMX tiles where the CPU has them, dequantization, in
 The setting is `bench_inference.py`'s (the Multi30k preset, random weights shared with `MarianMTModel`, 32
 `test_2016_flickr.en` sentences, exactly 32 new tokens, greedy and beam-4, one thread); the engines alternate and
 each ratio is the median of per-repeat ratios with its [min-max] range. The probe also times each kernel alone on one
-decoder-step-sized product (32 rows), where the data stays in cache, beside the same product inside a full step.
+decoder-step-sized product (32 rows), where the data stays in cache, beside the same product inside a full step, and
+the int8 copy's decoding-attention kernel beside SDPA on the attention calls of a decoding step. Every int8 candidate
+runs in the int8 copy (`int8_copy`), whose attention is that kernel.
 
     python benchmarks/probe_inference_kernels.py [--repeats 5]
 """
@@ -51,6 +53,7 @@ import bench_inference  # noqa: E402
 
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference import quantization  # noqa: E402
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402  (int8_copy_with swaps the module's name)
 
 INT8 = "plain: fast int8 (Int8Linear, compiled)"
@@ -77,10 +80,10 @@ class OneDNNInt8Linear(nn.Module):
     """`Int8Linear`'s int8 weights through oneDNN's `qlinear_pointwise`, with symmetric per-row int8 activations
     quantized here."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
         codes = Int8Linear(weight, bias)
-        self.weight_scales, self.bias = codes.weight_scale, codes.bias
+        self.weight_scales, self.bias, self.relu = codes.weight_scale, codes.bias, relu
         self.packed = torch.ops.onednn.qlinear_prepack(codes.weight_t.t(), None)
         self.zero_points = torch.zeros(weight.shape[0], dtype=torch.int64)
 
@@ -91,14 +94,15 @@ class OneDNNInt8Linear(nn.Module):
             int8_states, 1 / 127, 0, self.packed, self.weight_scales, self.zero_points, None, 1.0, 0, torch.float32,
             "none", [], "",
         )
-        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+        output = output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+        return torch.relu(output) if self.relu else output
 
 
 class IntMmInt8Linear(Int8Linear):
     """`Int8Linear` without AMX weight tiles: the compiled kernel's `torch._int_mm` product."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__(weight, bias)
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+        super().__init__(weight, bias, relu)
         self.weight_tiles = self.weight_t.new_empty(0)
 
 
@@ -106,9 +110,10 @@ class DynamicInt8Linear(nn.Module):
     """`quantized::linear_dynamic` with per-channel int8 weights packed for oneDNN, each input row first divided by
     its largest magnitude (the kernel then quantizes the whole input with one scale) and multiplied back after."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
         codes = Int8Linear(weight, bias)
+        self.relu = relu
         qweight = torch._make_per_channel_quantized_tensor(
             codes.weight_t.t(), codes.weight_scale.double(), torch.zeros(weight.shape[0], dtype=torch.int64), 0
         )
@@ -122,7 +127,8 @@ class DynamicInt8Linear(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         row_scale = hidden_states.abs().amax(dim=-1, keepdim=True).clamp_min_(torch.finfo(hidden_states.dtype).tiny)
         output = torch.ops.quantized.linear_dynamic(hidden_states / row_scale, self.packed, False)
-        return output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+        output = output.mul_(row_scale) if self.bias is None else torch.addcmul(self.bias, output, row_scale)
+        return torch.relu(output) if self.relu else output
 
 
 def with_mkl_packed_linears(model):
@@ -174,6 +180,55 @@ def print_isolated_products(rows: int) -> None:
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
 
 
+def print_isolated_attention(kernels) -> None:
+    """The int8 copy's decoding attention (`decode_attention`, kernels/decode_attention.cpp) beside SDPA (as
+    transformers calls it, output transposed to (rows, queries, heads, head_dim)) on the attention calls of this
+    setting's decoding steps (4 heads of 64): alone with its data in cache, and with the keys/values of 6 layers
+    cycled and 16 MB of other data written between rounds (the loop's situation; that write's own time subtracted)."""
+    print("\n### One decoding attention call, microseconds: SDPA against the kernel\n")
+    print("| call | SDPA, cache-hot | kernel, cache-hot | SDPA, 6 layers + other data | kernel, 6 layers + other data |")
+    print("|---|---|---|---|---|")
+    generator = torch.Generator().manual_seed(0)
+    heads, head_dim, scaling = 4, 64, 64**-0.5
+
+    def row_major(rows, keys):  # the decoding cache's self-attention view: (rows, capacity, heads, d) buffers
+        return torch.randn(rows, 40, heads, head_dim, generator=generator)[:, :keys].transpose(1, 2)
+
+    def contiguous(rows, keys):  # cross-attention keys/values, computed once per input
+        return torch.randn(rows, heads, keys, head_dim, generator=generator)
+
+    padding = torch.ones(32, 1, 1, 32, dtype=torch.bool)
+    padding[::3, :, :, 20:] = False
+    cases = (  # title, rows, queries, layout, keys, mask
+        ("cross-attention, greedy: 32 rows, 1 query, 32 source positions", 32, 1, contiguous, 32, padding),
+        ("cross-attention, beam-4: 32 sentences, 4 beams folded as queries", 32, 4, contiguous, 32, padding),
+        ("self-attention, greedy, 16th step: 32 rows", 32, 1, row_major, 16, None),
+        ("self-attention, beam-4, 16th step: 128 rows", 128, 1, row_major, 16, None),
+        ("self-attention, beam-4, 32nd step: 128 rows", 128, 1, row_major, 32, None),
+    )
+    other_data = torch.zeros(4 * 1024 * 1024)
+    for title, rows, queries, layout, keys, mask in cases:
+        query = torch.randn(rows, heads, queries, head_dim, generator=generator)
+        layers = [(layout(rows, keys), layout(rows, keys)) for _ in range(6)]
+
+        def sdpa(key, value):
+            output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+            return output.transpose(1, 2).contiguous()
+
+        def kernel(key, value):
+            return kernels.decode_attention(query, key, value, mask, scaling)
+
+        cells = [microseconds(lambda f=f: f(*layers[0])) for f in (sdpa, kernel)]
+        touch = microseconds(lambda: other_data.add_(1), calls=20)
+        for f in (sdpa, kernel):
+            def round_of_layers(f=f):
+                for key, value in layers:
+                    f(key, value)
+                other_data.add_(1)
+            cells.append((microseconds(round_of_layers, calls=20) - touch) / len(layers))
+        print(f"| {title} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -184,7 +239,7 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*quantized.*")
 
-    kernel = quantization.compiled_int8_kernel()
+    kernel = compiled_kernels()
     int8_product = "not compiled" if kernel is None else "AMX" if kernel.amx_available() else "torch._int_mm"
     print("## Candidate kernels for the fast CPU path (issue 19)\n")
     print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
@@ -235,6 +290,8 @@ def main(argv=None) -> None:
             own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"
             print(f"| {title} | {statistics.median(samples):.3f} | {versus} | {own} |")
     print_isolated_products(32)
+    if kernel is not None:
+        print_isolated_attention(kernel)
     print(f"\n(load average at end {backbone.loadavg()})")
 
 

@@ -6,7 +6,8 @@ backbone's fast loop in float32 and int8:
 
 - the wall-clock seconds of one translation beside `MarianMTModel.generate()` (median of `--repeats`);
 - `torch.profiler`'s table of the operators with the most self CPU time (one more translation, profiled; the
-  compiled int8 kernel is labelled `Int8Linear (compiled kernel)`, its self time includes its call from Python);
+  compiled kernels are labelled `Int8Linear (compiled kernel)` and `decode_attention (compiled kernel)` (the int8
+  copy's attention at decoding steps), their self time includes their call from Python);
 - the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64),
   whose products and attention take next to no time, divided by its 33 decoder steps.
 
@@ -39,6 +40,7 @@ import transformers  # noqa: E402
 
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402
 
 NEW_TOKENS = 32
@@ -54,11 +56,11 @@ def seconds(function, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def profiled(function):
-    """`torch.profiler` lists aten operators only: the int8 kernel (a pybind call) is labelled for it here."""
+def profiled(function, label: str = "Int8Linear (compiled kernel)"):
+    """`torch.profiler` lists aten operators only: the compiled kernels (pybind calls) are labelled for it here."""
 
     def labelled(*args, **kwargs):
-        with record_function("Int8Linear (compiled kernel)"):
+        with record_function(label):
             return function(*args, **kwargs)
 
     return labelled
@@ -107,11 +109,17 @@ def main(argv=None) -> None:
         fast_seconds = seconds(run, args.repeats)
         narrow_seconds = seconds(lambda q=quantization: run(narrow, q), args.repeats)
         forward, Int8Linear.forward = Int8Linear.forward, profiled(Int8Linear.forward)
+        kernels = compiled_kernels()
+        if kernels is not None:  # the int8 copy's decoding attention (`decoding_attention_forward` looks it up per call)
+            attention = kernels.decode_attention
+            kernels.decode_attention = profiled(attention, "decode_attention (compiled kernel)")
         try:
             with profile(activities=[ProfilerActivity.CPU]) as profiler:
                 run()
         finally:
             Int8Linear.forward = forward
+            if kernels is not None:
+                kernels.decode_attention = attention
         print(f"\n### fast loop, {name}: {fast_seconds:.3f} s ({marian_seconds / fast_seconds:.2f}x Marian); the same "
               f"loop at d_model 16: {narrow_seconds:.3f} s = {narrow_seconds / (NEW_TOKENS + 1) * 1000:.2f} ms per "
               f"decoder step\n")

@@ -5,11 +5,11 @@ to SDPA; the in-place beam reorder of the decoding cache against a plain gather.
 import numpy as np
 import pytest
 import torch
-
-import hf_layerfusion
+from helpers import tiny_model, tiny_sources
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hf_layerfusion.inference import decoding_attention
+import hf_layerfusion
+from hf_layerfusion.inference import decoding_attention, fast_generate
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
 from hf_layerfusion.inference.decoding import _SelfAttentionCache
 from hf_layerfusion.inference.decoding_attention import (
@@ -17,9 +17,7 @@ from hf_layerfusion.inference.decoding_attention import (
     decode_attention_applies,
     decoding_attention_forward,
 )
-from hf_layerfusion.inference import fast_generate
 from hf_layerfusion.inference.quantization import prepare_for_inference
-from helpers import tiny_model, tiny_sources
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +137,9 @@ def test_the_attention_implementation_runs_the_kernel_at_decoding_steps_only(ker
     assert not applies(key=key[:, :1], value=value[:, :1])  # grouped key heads
     assert not applies(mask=torch.zeros(3, 1, 1, 9))  # an additive float mask
     assert not applies(mask=mask.expand(3, 2, 1, 9))  # a mask per head
+    assert not applies(mask=mask[:, :, :, :1].expand(3, 1, 1, 9))  # keys not contiguous
+    assert not applies(mask=mask[:2])  # rows that do not match
+    assert not applies(query=torch.randn(3, 2, 1, 64)[..., ::2])  # head_dim not contiguous
     assert not applies(position_bias=torch.zeros(1, 2, 1, 9))
     # where it does not apply, it is SDPA itself
     for kwargs in ({"query": many}, {"dropout": 0.0, "mask": torch.zeros(3, 1, 1, 9)}):

@@ -24,8 +24,9 @@ HEAD_DIMS = range(16, 129, 16)  # the kernel's 16-float vectors
 
 def decode_attention_applies(module, query, key, value, attention_mask, dropout, kwargs) -> bool:
     """Whether `decoding_attention_forward` runs the kernel: a float32 CPU decoding step (at most
-    `MAX_DECODING_QUERIES` queries, nothing causal among them), no dropout, one key head per query head, head_dim a
-    multiple of 16 up to 128, and no mask or a boolean padding mask (one for every head and query position)."""
+    `MAX_DECODING_QUERIES` queries, nothing causal among them), no dropout, keys/values for each row and head of the
+    queries, head_dim a multiple of 16 up to 128, contiguous last dimensions, and no mask or a boolean padding mask
+    (`is_padding_mask`). Anything else runs SDPA rather than fail in the kernel's checks."""
     queries = query.shape[2]
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
@@ -36,9 +37,25 @@ def decode_attention_applies(module, query, key, value, attention_mask, dropout,
         and query.dtype == key.dtype == value.dtype == torch.float32
         and query.device.type == "cpu"
         and query.shape[-1] in HEAD_DIMS
-        and key.shape[1] == query.shape[1]
+        and key.shape == value.shape
+        and key.shape[:2] == query.shape[:2]
+        and key.shape[2] > 0
+        and all(tensor.stride(-1) == 1 for tensor in (query, key, value))
         and kwargs.get("position_bias") is None
-        and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1))
+        and (attention_mask is None or is_padding_mask(attention_mask, query, key))
+    )
+
+
+def is_padding_mask(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """A boolean mask the kernel reads: `(rows or 1, 1, queries or 1, keys)`, keys contiguous."""
+    return (
+        mask.dtype == torch.bool
+        and mask.dim() == 4
+        and mask.shape[0] in (1, query.shape[0])
+        and mask.shape[1] == 1
+        and mask.shape[2] in (1, query.shape[2])
+        and mask.shape[3] == key.shape[2]
+        and mask.stride(-1) == 1
     )
 
 

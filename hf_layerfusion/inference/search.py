@@ -5,7 +5,6 @@ batch."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
 from .decoding import DecoderSteps
@@ -115,9 +114,12 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
 
     while True:
         flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
-        log_probs = F.log_softmax(steps.logits(flat_running_sequences[:, -1]), dim=-1)
+        # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
+        # two new (rows, vocab) tensors per step
+        logits = steps.logits(flat_running_sequences[:, -1])
+        log_probs = torch.log_softmax(logits, dim=-1, out=logits)
         log_probs = apply_logits_processors(logits_processor, flat_running_sequences, log_probs)
-        log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams) + running_beam_scores[:, :, None]
+        log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams).add_(running_beam_scores[:, :, None])
         log_probs = torch.reshape(log_probs, (batch_size, -1))
         topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
             accumulated_log_probs=log_probs,
