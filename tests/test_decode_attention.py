@@ -68,7 +68,8 @@ def test_kernel_is_softmax_attention(kernels, head_dim, queries):
         output = kernels.decode_attention(query, key, value, mask, 0.3)
         assert output.shape == (rows, queries, heads, head_dim) and output.is_contiguous()
         np.testing.assert_allclose(output.numpy(), expected, rtol=1e-5, atol=1e-5)
-    assert torch.equal(kernels.decode_attention(query, key, value, per_row, 0.3)[1], torch.zeros(queries, heads, head_dim))
+    fully_masked = kernels.decode_attention(query, key, value, per_row, 0.3)[1]
+    assert torch.equal(fully_masked, torch.zeros(queries, heads, head_dim))
 
 
 def test_kernel_reads_the_decoding_caches_layouts(kernels):
@@ -209,3 +210,27 @@ def test_int8_translations_with_the_kernel_are_those_with_sdpa(kernels, model_ty
         engine.set_attn_implementation("sdpa")
         with_sdpa = fast_generate(model, **source, max_new_tokens=8, quantization="int8", fallback=False, **settings)
         assert torch.equal(with_kernel, with_sdpa), settings
+
+
+def test_keys_after_a_prefix_are_the_concatenation_and_a_reorder_keeps_the_prefix():
+    """`update_with_prefix` (layer-wise coordination's source keys before the target keys) returns what concatenating
+    at every step returns, counts only the cached positions, and a beam reorder moves the cached part only."""
+    torch.manual_seed(0)
+    cache = _SelfAttentionCache(capacity=4)
+    prefix = torch.randn(4, 2, 3, 8), torch.randn(4, 2, 3, 8)
+    steps = [(torch.randn(4, 2, 1, 8), torch.randn(4, 2, 1, 8)) for _ in range(3)]
+    for length, (keys, values) in enumerate(steps, start=1):
+        got_keys, got_values = cache.update_with_prefix(keys, values, 0, *prefix)
+        expected_keys = torch.cat([prefix[0], *(k for k, _ in steps[:length])], dim=2)
+        expected_values = torch.cat([prefix[1], *(v for _, v in steps[:length])], dim=2)
+        assert torch.equal(got_keys, expected_keys) and torch.equal(got_values, expected_values)
+        assert cache.get_seq_length(0) == length
+    cache.select(torch.tensor([1, 1, 3, 2]), rows_dropped=False)  # beams of two sentences of 2 beams
+    got_keys, _ = cache.update_with_prefix(torch.zeros(4, 2, 0, 8), torch.zeros(4, 2, 0, 8), 0, *prefix)
+    assert torch.equal(got_keys[:, :, 3:], expected_keys[[1, 1, 3, 2], :, 3:])
+    assert torch.equal(got_keys[:, :, :3], prefix[0])  # the prefix stays (equal across a sentence's beams)
+    with pytest.raises(RuntimeError, match="holds a prefix of 3 positions, not 2"):
+        cache.update_with_prefix(steps[0][0], steps[0][1], 0, prefix[0][:, :, :2], prefix[1][:, :, :2])
+    with pytest.raises(RuntimeError, match="5 positions exceed the capacity of 4"):
+        for _ in range(2):
+            cache.update_with_prefix(steps[0][0], steps[0][1], 0, *prefix)

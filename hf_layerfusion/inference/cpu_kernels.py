@@ -30,7 +30,8 @@ def compiled_kernels():
     if missing:
         warnings.warn(
             f"hf_layerfusion: the CPU kernels' source {', '.join(missing)} is not there (this code runs outside the "
-            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the kernels.",
+            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the "
+            f"kernels.",
             stacklevel=2,
         )
         return None

@@ -17,29 +17,37 @@ from ..modeling.input_checks import check_decoder_groups
 # --------------------------------------------------------------------------------------------------- cache
 class _KeyValueSlot:
     """Keys/values of one decoder attention slot in buffers preallocated for `capacity` positions,
-    `(rows, capacity, heads, head_dim)`, filled up to `length`: attention reads the `(rows, heads, length, head_dim)`
-    view, and each row's filled positions are one contiguous block, so that a beam reorder copies whole blocks."""
+    `(rows, prefix + capacity, heads, head_dim)`, filled up to `length`: attention reads the
+    `(rows, heads, length, head_dim)` view, and each row's filled positions are one contiguous block, so that a beam
+    reorder copies whole blocks. The first `prefix` positions hold keys/values given once per input
+    (`update_with_prefix`), the same for the beams of a sentence."""
 
-    __slots__ = ("keys", "values", "length")
+    __slots__ = ("keys", "values", "length", "prefix")
 
-    def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int):
+    def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int, prefix=None):
         rows, heads, _, head_dim = key_states.shape
-        self.keys = key_states.new_empty((rows, capacity, heads, head_dim))
-        self.values = value_states.new_empty((rows, capacity, heads, value_states.shape[-1]))
-        self.length = 0
+        self.prefix = 0 if prefix is None else prefix[0].shape[2]
+        self.keys = key_states.new_empty((rows, self.prefix + capacity, heads, head_dim))
+        self.values = value_states.new_empty((rows, self.prefix + capacity, heads, value_states.shape[-1]))
+        if prefix is not None:
+            self.keys[:, : self.prefix] = prefix[0].transpose(1, 2)
+            self.values[:, : self.prefix] = prefix[1].transpose(1, 2)
+        self.length = self.prefix
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         start, end = self.length, self.length + key_states.shape[2]
         if end > self.keys.shape[1]:
-            raise RuntimeError(f"DecodingCache: {end} positions exceed the capacity of {self.keys.shape[1]}.")
+            capacity = self.keys.shape[1] - self.prefix
+            raise RuntimeError(f"DecodingCache: {end - self.prefix} positions exceed the capacity of {capacity}.")
         self.keys[:, start:end] = key_states.transpose(1, 2)
         self.values[:, start:end] = value_states.transpose(1, 2)
         self.length = end
         return self.keys[:, :end].transpose(1, 2), self.values[:, :end].transpose(1, 2)
 
     def move_rows(self, targets: torch.Tensor, sources: torch.Tensor) -> None:
-        """Row `targets[i]` takes the filled positions of row `sources[i]` (all read before any is written)."""
-        for buffer in (self.keys[:, : self.length], self.values[:, : self.length]):
+        """Row `targets[i]` takes the filled positions of row `sources[i]` (all read before any is written), a beam
+        reorder: the rows are beams of one sentence, so their prefixes are equal and stay."""
+        for buffer in (self.keys[:, self.prefix : self.length], self.values[:, self.prefix : self.length]):
             buffer.index_copy_(0, targets, buffer.index_select(0, sources))
 
     def keep_rows(self, index: torch.Tensor) -> None:
@@ -53,7 +61,8 @@ class _KeyValueSlot:
 
 
 class _SelfAttentionCache:
-    """The `Cache.update(key_states, value_states, layer_idx)` interface over preallocated slots."""
+    """The `Cache.update(key_states, value_states, layer_idx)` interface over preallocated slots, and
+    `update_with_prefix` (see `MultiHeadAttention.project_keys_values`)."""
 
     def __init__(self, capacity: int):
         self.capacity = capacity
@@ -65,9 +74,25 @@ class _SelfAttentionCache:
             slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity)
         return slot.update(key_states, value_states)
 
+    def update_with_prefix(
+        self, key_states, value_states, layer_idx, prefix_keys, prefix_values
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[prefix ; cached keys/values]` along positions, the prefix (the same at every step of an input) written
+        into the slot once, at its first step, instead of concatenated at every step."""
+        slot = self.slots.get(layer_idx)
+        if slot is None:
+            prefix = (prefix_keys, prefix_values)
+            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity, prefix)
+        elif slot.prefix != prefix_keys.shape[2]:
+            raise RuntimeError(
+                f"DecodingCache: slot {layer_idx} holds a prefix of {slot.prefix} positions, not "
+                f"{prefix_keys.shape[2]}."
+            )
+        return slot.update(key_states, value_states)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         slot = self.slots.get(layer_idx)
-        return 0 if slot is None else slot.length
+        return 0 if slot is None else slot.length - slot.prefix
 
     def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
         """Keep rows `index` (in that order). A beam reorder (`rows_dropped=False`, as many rows as before) copies

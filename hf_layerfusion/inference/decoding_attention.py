@@ -1,7 +1,7 @@
 """The attention of the int8 inference copy: an attention implementation registered with transformers'
 `AttentionInterface` (and, for its masks, `AttentionMaskInterface`, as SDPA's boolean masks) under
-`DECODING_ATTENTION` (`register_decoding_attention`), which runs the C++ kernel `decode_attention` (kernels/decode_attention.cpp) at decoding steps
-and SDPA everywhere else.
+`DECODING_ATTENTION` (`register_decoding_attention`), which runs the C++ kernel `decode_attention`
+(kernels/decode_attention.cpp) at decoding steps and SDPA everywhere else.
 
 A decoding step attends with one query per row (or a sentence's beams folded into a few query positions over its
 shared cross-attention keys), where SDPA's CPU kernel spends most of its time on fixed per-row-head work. The kernel

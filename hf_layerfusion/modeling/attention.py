@@ -63,9 +63,18 @@ class MultiHeadAttention(AttentionSublayer):
         self.out_proj = nn.Linear(config.d_model, config.d_model)
 
     def project_keys_values(
-        self, keys_from: torch.Tensor, past_key_values: Cache | None, static_keys: bool = False
+        self,
+        keys_from: torch.Tensor,
+        past_key_values: Cache | None,
+        static_keys: bool = False,
+        prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of `keys_from`, through this module's cache slot (see the class docstring)."""
+        """Keys and values of `keys_from`, through this module's cache slot (see the class docstring).
+
+        `prefix`: keys/values `(rows, heads, positions, head_dim)` that come before the cached ones, the same at every
+        step of an input (layer-wise coordination's source part of the mixed attention): the result is
+        `[prefix ; keys]` along positions. A cache with `update_with_prefix` (the fast decoding loop's) keeps them in
+        one buffer; with any other the two are concatenated here, at every step."""
         cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
             if static_keys and past_key_values.is_updated.get(self.layer_idx, False):
@@ -75,10 +84,15 @@ class MultiHeadAttention(AttentionSublayer):
         kv_shape = (*keys_from.shape[:-1], -1, self.head_dim)
         key_states = self.k_proj(keys_from).view(kv_shape).transpose(1, 2)
         value_states = self.v_proj(keys_from).view(kv_shape).transpose(1, 2)
+        if prefix is not None and hasattr(cache, "update_with_prefix"):
+            return cache.update_with_prefix(key_states, value_states, self.layer_idx, *prefix)
         if cache is not None:
             key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
             if static_keys and isinstance(past_key_values, EncoderDecoderCache):
                 past_key_values.is_updated[self.layer_idx] = True
+        if prefix is not None:
+            key_states = torch.cat([prefix[0], key_states], dim=2)
+            value_states = torch.cat([prefix[1], value_states], dim=2)
         return key_states, value_states
 
     def attend_to(

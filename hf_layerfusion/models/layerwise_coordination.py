@@ -238,7 +238,10 @@ class MixedAttention(MultiHeadAttention):
                 "`encoder_layer_memories`)."
             )
         source_keys, source_values = memory_keys_values(self, context)
-        target_keys, target_values = self.project_keys_values(hidden_states, context.past_key_values)
+        # [source ; target] keys/values (the source part first, as a prefix of the cached target part)
+        keys, values = self.project_keys_values(
+            hidden_states, context.past_key_values, prefix=(source_keys, source_values)
+        )
         batch_size, query_length = hidden_states.shape[:2]
         mask = mixed_attention_mask(
             context.memory_mask,
@@ -246,18 +249,12 @@ class MixedAttention(MultiHeadAttention):
             batch_size,
             query_length,
             source_keys.shape[2],
-            target_keys.shape[2],
+            keys.shape[2] - source_keys.shape[2],
             hidden_states.dtype,
             hidden_states.device,
             additive=self.config._attn_implementation == "eager",
         )
-        return self.attend_to(
-            hidden_states,
-            torch.cat([source_keys, target_keys], dim=2),
-            torch.cat([source_values, target_values], dim=2),
-            mask,
-            **context.attention_kwargs,
-        )
+        return self.attend_to(hidden_states, keys, values, mask, **context.attention_kwargs)
 
 
 class LayerwiseCrossAttention(MultiHeadAttention):
