@@ -1,8 +1,8 @@
 """Where the fast decoding loop spends its time (issue 19): operator profiles and the per-step overhead.
 
 In `bench_inference.py`'s setting (the Multi30k preset, random weights shared with `MarianMTModel`, 32
-`test_2016_flickr.en` sentences, exactly 32 new tokens, greedy search, one thread) this prints, for the plain
-backbone's fast loop in float32 and int8:
+`test_2016_flickr.en` sentences, exactly 32 new tokens, one thread) this prints, for the fast loop of the plain
+backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (or `--num-beams`), float32 and int8:
 
 - the wall-clock seconds of one translation beside `MarianMTModel.generate()` (median of `--repeats`);
 - `torch.profiler`'s table of the operators with the most self CPU time (one more translation, profiled; the
@@ -12,6 +12,7 @@ backbone's fast loop in float32 and int8:
   whose products and attention take next to no time, divided by its 33 decoder steps.
 
     python benchmarks/profile_decoder_step.py [--repeats 5] [--rows 12]
+    python benchmarks/profile_decoder_step.py --model lc_14 --num-beams 4
 """
 
 from __future__ import annotations
@@ -78,9 +79,12 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=12, help="operators shown per profile")
     parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA)
+    parser.add_argument("--model", default="plain", choices=[name for name in backbone.MODELS if name != "marian"])
+    parser.add_argument("--num-beams", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.repeats < 1 or args.rows < 1:
-        parser.error(f"--repeats and --rows must be >= 1, got {args.repeats} and {args.rows}")
+    if args.repeats < 1 or args.rows < 1 or args.num_beams < 1:
+        parser.error(f"--repeats, --rows and --num-beams must be >= 1, got {args.repeats}, {args.rows} and "
+                     f"{args.num_beams}")
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*quantized.*")
@@ -91,21 +95,22 @@ def main(argv=None) -> None:
     tokenizer = backbone.train_tokenizer(args.data, 8000)
     batch = backbone.encode_batch(tokenizer, backbone.read_lines(args.data / "test_2016_flickr.en")[:32])
     marian = backbone.build_marian(len(tokenizer), 0).eval()
-    plain = backbone.build_model("plain", marian, 0).eval()
-    narrow = narrow_copy(plain)
-    kwargs = bench_inference.generation_kwargs(1, NEW_TOKENS)
+    model = backbone.build_model(args.model, marian, 0).eval()
+    narrow = narrow_copy(model)
+    kwargs = bench_inference.generation_kwargs(args.num_beams, NEW_TOKENS)
 
     def run_marian():
         with torch.inference_mode():
             return marian.generate(**batch, **kwargs)
 
     marian_seconds = seconds(run_marian, args.repeats)
-    print(f"- MarianMTModel generate(): {marian_seconds:.3f} s (median of {args.repeats})")
+    print(f"- model: {args.model}, num_beams={args.num_beams}; MarianMTModel generate(): {marian_seconds:.3f} s (median "
+          f"of {args.repeats})")
     for quantization in (None, "int8"):
         name = quantization or "float32"
-        for model in (plain, narrow):
-            prepare_for_inference(model, quantization)
-        run = lambda m=plain, q=quantization: fast_generate(m, **batch, quantization=q, fallback=False, **kwargs)  # noqa: E731
+        for prepared in (model, narrow):
+            prepare_for_inference(prepared, quantization)
+        run = lambda m=model, q=quantization: fast_generate(m, **batch, quantization=q, fallback=False, **kwargs)  # noqa: E731
         fast_seconds = seconds(run, args.repeats)
         narrow_seconds = seconds(lambda q=quantization: run(narrow, q), args.repeats)
         forward, Int8Linear.forward = Int8Linear.forward, profiled(Int8Linear.forward)
