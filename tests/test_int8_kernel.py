@@ -132,6 +132,8 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernel):
             kernel.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    with pytest.raises(TypeError, match="relu must be a bool, got 1"):
+        Int8Linear(torch.randn(4, 8), None, relu=1)
 
 
 def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(kernel, monkeypatch):
