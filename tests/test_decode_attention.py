@@ -142,6 +142,7 @@ def test_the_attention_implementation_runs_the_kernel_at_decoding_steps_only(ker
     assert not applies(mask=mask[:2])  # rows that do not match
     assert not applies(query=torch.randn(3, 2, 1, 64)[..., ::2])  # head_dim not contiguous
     assert not applies(position_bias=torch.zeros(1, 2, 1, 9))
+    assert not applies(output_attentions=True)
     # where it does not apply, it is SDPA itself
     for kwargs in ({"query": many}, {"dropout": 0.0, "mask": torch.zeros(3, 1, 1, 9)}):
         q, m = kwargs.get("query", query), kwargs.get("mask", mask)

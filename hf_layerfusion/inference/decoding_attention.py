@@ -42,6 +42,7 @@ def decode_attention_applies(module, query, key, value, attention_mask, dropout,
         and key.shape[2] > 0
         and all(tensor.stride(-1) == 1 for tensor in (query, key, value))
         and kwargs.get("position_bias") is None
+        and not kwargs.get("output_attentions", False)  # SDPA warns that it returns no weights
         and (attention_mask is None or is_padding_mask(attention_mask, query, key))
     )
 
