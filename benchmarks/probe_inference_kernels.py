@@ -3,13 +3,17 @@ the package uses.
 
 Issue 19 asks the plain backbone's fast float32 loop for >= 2.0x `MarianMTModel` and its int8 loop for >= 2.8x. The
 fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the candidates are the
-kernels torch ships beside `addmm` and beside the package's compiled int8 kernel (`Int8Linear`: per-row int8
-activations, the product on AMX tiles where the CPU has them, dequantization, in one C++ call) on x86:
+kernels torch ships beside the package's compiled float32 kernel (`Float32Linear`: weights packed in panels of 16
+output features, AVX-512 multiply-adds) and its compiled int8 kernel (`Int8Linear`: per-row int8 activations, the
+product on AMX tiles where the CPU has them, dequantization, in one C++ call) on x86, each in the package's inference
+copy (`kernel_copy`: the same copy with another linear layer; attention is the decoding-attention kernel):
 
+- float32: **`F.linear`** (MKL's sgemm, `addmm`: what the model itself runs);
 - float32: **MKL packed GEMM** (`torch.ops.mkl._mkl_linear` with weights packed by `_mkl_reorder_linear_weight`, what
   inductor's freezing uses on CPU). The packing is specific to the number of input rows, so this probe packs each
   linear layer once per row count it meets (a batch of 32 rows in greedy search, 128 in beam-4, the encoder's
-  sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens).
+  sentences x positions). Its results are bit-identical to `F.linear` here (checked below: same tokens);
+- float32: the fast loop on **the model itself** (`F.linear` and SDPA: what runs where the compiled kernels do not).
 - int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
   int8 weights and symmetric per-row activation codes computed in Python.
 - int8: the compiled kernel with **`torch._int_mm`** (oneDNN's VNNI `gemm_api`) for the product, what it runs on CPUs
@@ -22,7 +26,7 @@ The setting is `bench_inference.py`'s (the Multi30k preset, random weights share
 each ratio is the median of per-repeat ratios with its [min-max] range. The probe also times each kernel alone on one
 decoder-step-sized product (32 rows), where the data stays in cache, beside the same product inside a full step, and
 the int8 copy's decoding-attention kernel beside SDPA on the attention calls of a decoding step. Every int8 candidate
-runs in the int8 copy (`int8_copy`), whose attention is that kernel.
+runs in the int8 copy, whose attention is that kernel.
 
     python benchmarks/probe_inference_kernels.py [--repeats 5]
 """
@@ -30,7 +34,6 @@ runs in the int8 copy (`int8_copy`), whose attention is that kernel.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import platform
 import shlex
@@ -51,21 +54,33 @@ sys.path.insert(0, str(REPO_ROOT))
 import bench_backbone as backbone  # noqa: E402
 import bench_inference  # noqa: E402
 
-from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
-from hf_layerfusion.inference import quantization  # noqa: E402
+from hf_layerfusion.inference import fast_decoding_loop, fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
-from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402  (int8_copy_with swaps the module's name)
+from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, kernel_copy  # noqa: E402
 
+FLOAT32 = "plain: fast float32 (Float32Linear, compiled)"
 INT8 = "plain: fast int8 (Int8Linear, compiled)"
+MODEL_ITSELF = "plain: fast loop on the model itself (F.linear, SDPA)"
+
+
+class TorchLinear(nn.Module):
+    """`F.linear` (MKL's sgemm, what `nn.Linear` runs) with the inference copies' layer signature."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+        super().__init__()
+        self.weight, self.bias, self.relu = weight.detach(), None if bias is None else bias.detach(), relu
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        output = torch.nn.functional.linear(hidden_states, self.weight, self.bias)
+        return torch.relu(output) if self.relu else output
 
 
 class MKLPackedLinear(nn.Module):
     """`nn.Linear` through MKL's packed GEMM, packed once per input row count (the packing depends on it)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
-        self.weight = linear.weight.detach()
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        self.weight, self.bias, self.relu = weight.detach(), None if bias is None else bias.detach(), relu
         self.packed: dict[int, torch.Tensor] = {}
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -73,7 +88,8 @@ class MKLPackedLinear(nn.Module):
         packed = self.packed.get(rows)
         if packed is None:
             packed = self.packed[rows] = torch.ops.mkl._mkl_reorder_linear_weight(self.weight, rows)
-        return torch.ops.mkl._mkl_linear(hidden_states, packed, self.weight, self.bias, rows)
+        output = torch.ops.mkl._mkl_linear(hidden_states, packed, self.weight, self.bias, rows)
+        return torch.relu(output) if self.relu else output
 
 
 class OneDNNInt8Linear(nn.Module):
@@ -131,26 +147,6 @@ class DynamicInt8Linear(nn.Module):
         return torch.relu(output) if self.relu else output
 
 
-def with_mkl_packed_linears(model):
-    """A copy of `model` sharing every tensor, whose encoder-decoder `nn.Linear`s run MKL's packed GEMM."""
-    shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
-    engine = copy.deepcopy(model, memo=shared).eval()
-    for module in list(engine.model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
-                setattr(module, name, MKLPackedLinear(child))
-    return engine
-
-
-def int8_copy_with(linear_class, model):
-    """`int8_copy(model)` with `linear_class` in place of `Int8Linear`."""
-    original, quantization.Int8Linear = quantization.Int8Linear, linear_class
-    try:
-        return quantization.int8_copy(model)
-    finally:
-        quantization.Int8Linear = original
-
-
 def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
     for _ in range(20):
         function()
@@ -166,17 +162,17 @@ def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
 def print_isolated_products(rows: int) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
-    print("| product | F.linear | MKL packed | int8 compiled (Int8Linear) | int8 compiled, torch._int_mm | "
-          "int8 oneDNN qlinear | int8 linear_dynamic |")
-    print("|---|---|---|---|---|---|---|")
+    print("| product | F.linear | MKL packed | float32 compiled (Float32Linear) | int8 compiled (Int8Linear) | "
+          "int8 compiled, torch._int_mm | int8 oneDNN qlinear | int8 linear_dynamic |")
+    print("|---|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
         states = torch.randn(rows, inputs, generator=generator)
         linear = nn.Linear(inputs, outputs)
-        packed = MKLPackedLinear(linear)
-        int8 = [cls(linear.weight, linear.bias) for cls in (Int8Linear, IntMmInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
+        layers = [cls(linear.weight, linear.bias) for cls in (MKLPackedLinear, Float32Linear, Int8Linear,
+                                                                  IntMmInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
         with torch.inference_mode():
-            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, packed, *int8)]
+            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, *layers)]
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
 
 
@@ -251,26 +247,37 @@ def main(argv=None) -> None:
     marian = backbone.build_marian(len(tokenizer), 0).eval()
     plain = backbone.build_model("plain", marian, 0).eval()
     models = {
-        "plain: fast float32 (addmm)": plain,
-        "plain: fast float32, MKL packed": with_mkl_packed_linears(plain),
+        FLOAT32: prepare_for_inference(plain),
+        "plain: fast float32, F.linear (addmm)": kernel_copy(plain, TorchLinear, "float32"),
+        "plain: fast float32, MKL packed": kernel_copy(plain, MKLPackedLinear, "float32"),
         INT8: prepare_for_inference(plain, "int8"),
-        "plain: fast int8, torch._int_mm": int8_copy_with(IntMmInt8Linear, plain),
-        "plain: fast int8, oneDNN qlinear": int8_copy_with(OneDNNInt8Linear, plain),
-        "plain: fast int8, linear_dynamic": int8_copy_with(DynamicInt8Linear, plain),
+        "plain: fast int8, torch._int_mm": kernel_copy(plain, IntMmInt8Linear, "int8"),
+        "plain: fast int8, oneDNN qlinear": kernel_copy(plain, OneDNNInt8Linear, "int8"),
+        "plain: fast int8, linear_dynamic": kernel_copy(plain, DynamicInt8Linear, "int8"),
     }
     engines = {title: (lambda kwargs, m=model: fast_generate(m, **batch, **kwargs)) for title, model in models.items()}
+
+    def model_itself(kwargs):
+        with torch.inference_mode():
+            return plain.generate(**batch, custom_generate=fast_decoding_loop(fallback=False), **kwargs)
+
+    engines[MODEL_ITSELF] = model_itself
 
     for search, num_beams in bench_inference.SEARCHES.items():
         kwargs = bench_inference.generation_kwargs(num_beams, 32)
         with torch.inference_mode():
             reference = marian.generate(**batch, **kwargs)
         tokens = {title: run(kwargs) for title, run in engines.items()}
-        float_tokens = tokens["plain: fast float32 (addmm)"]
+        float_tokens = tokens[FLOAT32]
+
+        def same(title, other_tokens=reference):
+            return "yes" if torch.equal(tokens[title], other_tokens) else "NO"
+
         print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
-        print(f"- tokens: fast float32 == MarianMTModel: {'yes' if torch.equal(float_tokens, reference) else 'NO'}; "
-              f"MKL packed == fast float32: {'yes' if torch.equal(tokens['plain: fast float32, MKL packed'], float_tokens) else 'NO'}; "
-              f"compiled int8 with torch._int_mm == with AMX: "
-              f"{'yes' if torch.equal(tokens['plain: fast int8, torch._int_mm'], tokens[INT8]) else 'NO'}; "
+        print(f"- tokens == MarianMTModel's: fast float32 compiled {same(FLOAT32)}, F.linear "
+              f"{same('plain: fast float32, F.linear (addmm)')}, MKL packed {same('plain: fast float32, MKL packed')}, "
+              f"the model itself {same(MODEL_ITSELF)}; compiled int8 with torch._int_mm == with AMX: "
+              f"{same('plain: fast int8, torch._int_mm', tokens[INT8])}; "
               f"rows equal to float32: compiled int8 {int((tokens[INT8] == float_tokens).all(1).sum())}/32, "
               f"linear_dynamic {int((tokens['plain: fast int8, linear_dynamic'] == float_tokens).all(1).sum())}/32\n")
 
@@ -280,11 +287,10 @@ def main(argv=None) -> None:
 
         runs = {"MarianMTModel generate()": run_marian, **{title: (lambda r=run, k=kwargs: r(k)) for title, run in engines.items()}}
         wall, _ = bench_inference.interleaved_seconds(runs, args.repeats)
-        print("| engine | seconds | vs MarianMTModel | vs the kernel it replaces |")
+        print("| engine | seconds | vs MarianMTModel | vs the package's kernel |")
         print("|---|---|---|---|")
-        replaced = {"plain: fast float32, MKL packed": "plain: fast float32 (addmm)",
-                    "plain: fast int8, torch._int_mm": INT8, "plain: fast int8, oneDNN qlinear": INT8,
-                    "plain: fast int8, linear_dynamic": INT8}
+        # the package's kernel of the same precision (the ratio: its seconds / the candidate's)
+        replaced = {title: (INT8 if "int8" in title else FLOAT32) for title in engines if title not in (FLOAT32, INT8)}
         for title, samples in wall.items():
             versus = bench_inference.ratio_cell(wall, title, "MarianMTModel generate()")[1] if title != "MarianMTModel generate()" else "1"
             own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"

@@ -6,8 +6,9 @@ backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (o
 
 - the wall-clock seconds of one translation beside `MarianMTModel.generate()` (median of `--repeats`);
 - `torch.profiler`'s table of the operators with the most self CPU time (one more translation, profiled; the
-  compiled kernels are labelled `Int8Linear (compiled kernel)` and `decode_attention (compiled kernel)` (the int8
-  copy's attention at decoding steps), their self time includes their call from Python);
+  compiled kernels are labelled `Float32Linear (compiled kernel)`, `Int8Linear (compiled kernel)` and
+  `decode_attention (compiled kernel)` (the copies' attention at decoding steps), their self time includes their call
+  from Python);
 - the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64),
   whose products and attention take next to no time, divided by its 33 decoder steps.
 
@@ -42,7 +43,7 @@ import transformers  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
-from hf_layerfusion.inference.quantization import Int8Linear  # noqa: E402
+from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear  # noqa: E402
 
 NEW_TOKENS = 32
 
@@ -57,7 +58,7 @@ def seconds(function, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def profiled(function, label: str = "Int8Linear (compiled kernel)"):
+def profiled(function, label: str):
     """`torch.profiler` lists aten operators only: the compiled kernels (pybind calls) are labelled for it here."""
 
     def labelled(*args, **kwargs):
@@ -113,16 +114,19 @@ def main(argv=None) -> None:
         run = lambda m=model, q=quantization: fast_generate(m, **batch, quantization=q, fallback=False, **kwargs)  # noqa: E731
         fast_seconds = seconds(run, args.repeats)
         narrow_seconds = seconds(lambda q=quantization: run(narrow, q), args.repeats)
-        forward, Int8Linear.forward = Int8Linear.forward, profiled(Int8Linear.forward)
+        forwards = {layer: layer.forward for layer in (Float32Linear, Int8Linear)}
+        for layer, forward in forwards.items():
+            layer.forward = profiled(forward, f"{layer.__name__} (compiled kernel)")
         kernels = compiled_kernels()
-        if kernels is not None:  # the int8 copy's decoding attention (`decoding_attention_forward` looks it up per call)
+        if kernels is not None:  # the copies' decoding attention (`decoding_attention_forward` looks it up per call)
             attention = kernels.decode_attention
             kernels.decode_attention = profiled(attention, "decode_attention (compiled kernel)")
         try:
             with profile(activities=[ProfilerActivity.CPU]) as profiler:
                 run()
         finally:
-            Int8Linear.forward = forward
+            for layer, forward in forwards.items():
+                layer.forward = forward
             if kernels is not None:
                 kernels.decode_attention = attention
         print(f"\n### fast loop, {name}: {fast_seconds:.3f} s ({marian_seconds / fast_seconds:.2f}x Marian); the same "

@@ -6,7 +6,8 @@ The package, from the bottom up (each layer imports only from the ones below it)
 - `modeling/`: the shared backbone (configuration, embeddings, attention, layers, stacks, model, losses), its
   extension points, the family registry and the converters from Marian and XLM-R checkpoints;
 - `models/`: the families, one module each, every one registered where it is defined;
-- `inference/`: the fast decoding loop (`fast_generate`) and the int8 inference copy (`prepare_for_inference`);
+- `inference/`: the fast decoding loop (`fast_generate`) and the float32 / int8 inference copies
+  (`prepare_for_inference`);
 - `training/`: data, tokenizers, the trainer and its callbacks, BLEU, translation, multilingual training,
   checkpoint averaging;
 - `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline.

@@ -4,6 +4,8 @@ import pytest
 import torch
 from helpers import EOS, FIRST_TOKEN_ID, MULTI30K_DIR, PAD, TINY_BACKBONE, require_shared
 
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+
 # transformers' common-test harness: runs inside a copy of ../shared/hf-common-tests (tests/test_hf_common_tests.py),
 # where the HF `tests` package it imports exists; collected here it would import this project's `tests` instead
 collect_ignore = ["hf_common"]
@@ -21,6 +23,14 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """The compiled CPU kernels (hf_layerfusion/inference/kernels): a C++ compiler and ninja are test requirements."""
+    compiled = compiled_kernels()
+    assert compiled is not None, "the CPU kernels did not compile (a C++ compiler and ninja are test requirements)"
+    return compiled
 
 
 @pytest.fixture

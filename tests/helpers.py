@@ -24,6 +24,7 @@ feed-forward network `W_2 relu(W_1 x + b_1) + b_2`, and the input `sqrt(d) E[x] 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import json
@@ -75,6 +76,30 @@ def require_shared(path: Path, what: str) -> None:
     if os.environ.get("CI", "").strip().lower() in ("true", "1", "yes"):
         pytest.fail(f"{message}; CI=true: the tests that need ../shared must run, not skip", pytrace=False)
     pytest.skip(message)
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty elsewhere): which compiled kernels must be in use."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+class CountingKernels:
+    """The compiled CPU kernels (the `kernels` fixture), counting the calls of each function by name: monkeypatched
+    in as a module's `compiled_kernels()`, it shows which kernels ran."""
+
+    def __init__(self, kernels):
+        self.kernels, self.calls = kernels, collections.Counter()
+
+    def __getattr__(self, name: str):
+        function = getattr(self.kernels, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
 
 
 # --------------------------------------------------------------------------------------------- tiny models

@@ -1,30 +1,22 @@
-"""The decoding-attention kernel of the int8 copy (kernels/decode_attention.cpp) against softmax attention written out
+"""The decoding-attention kernel of the inference copies (kernels/decode_attention.cpp) against softmax attention written out
 in numpy (float64), in the layouts the decoding loop gives it; the attention implementation that dispatches to it or
 to SDPA; the in-place beam reorder of the decoding cache against a plain gather."""
 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_model, tiny_sources
+from helpers import CountingKernels, tiny_model, tiny_sources
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import hf_layerfusion
 from hf_layerfusion.inference import decoding_attention, fast_generate
-from hf_layerfusion.inference.cpu_kernels import compiled_kernels
 from hf_layerfusion.inference.decoding import _SelfAttentionCache
 from hf_layerfusion.inference.decoding_attention import (
     DECODING_ATTENTION,
     decode_attention_applies,
     decoding_attention_forward,
 )
-from hf_layerfusion.inference.quantization import prepare_for_inference
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    compiled = compiled_kernels()
-    assert compiled is not None, "the CPU kernels did not compile (a C++ compiler and ninja are test requirements)"
-    return compiled
+from hf_layerfusion.inference.inference_copies import prepare_for_inference
 
 
 def brute_force_attention(query, key, value, mask, scaling) -> np.ndarray:
@@ -183,17 +175,6 @@ def test_a_beam_reorder_in_place_is_a_gather_of_the_rows():
     assert slot.keys.shape[0] == 2 and torch.equal(slot.keys[:, :4].transpose(1, 2), keys[index][[3, 1]])
 
 
-class _CountingKernels:
-    """The compiled kernels, counting `decode_attention` calls."""
-
-    def __init__(self, kernels):
-        self.kernels, self.calls = kernels, 0
-
-    def decode_attention(self, *args):
-        self.calls += 1
-        return self.kernels.decode_attention(*args)
-
-
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_int8_translations_with_the_kernel_are_those_with_sdpa(kernels, model_type, monkeypatch):
     """Every family's int8 copy, with head_dim 16 (the kernel's smallest), translates through the kernel at every
@@ -201,13 +182,13 @@ def test_int8_translations_with_the_kernel_are_those_with_sdpa(kernels, model_ty
     model = tiny_model(model_type, d_model=32)
     source = tiny_sources()
     engine = prepare_for_inference(model, "int8")
-    counting = _CountingKernels(kernels)
+    counting = CountingKernels(kernels)
     monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
     for settings in ({"num_beams": 1}, {"num_beams": 3}):
         engine.set_attn_implementation(DECODING_ATTENTION)
-        calls = counting.calls
+        calls = counting.calls["decode_attention"]
         with_kernel = fast_generate(model, **source, max_new_tokens=8, quantization="int8", fallback=False, **settings)
-        assert counting.calls - calls >= 8, settings  # at least one attention per decoding step
+        assert counting.calls["decode_attention"] - calls >= 8, settings  # at least one attention per decoding step
         engine.set_attn_implementation("sdpa")
         with_sdpa = fast_generate(model, **source, max_new_tokens=8, quantization="int8", fallback=False, **settings)
         assert torch.equal(with_kernel, with_sdpa), settings

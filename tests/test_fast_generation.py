@@ -1,15 +1,24 @@
 """The fast decoding loop (`hf_layerfusion.inference`) against `generate()`, the reference: the same tokens for
-every family, greedy and beam search, with and without GTrans `decoder_groups`; rows leaving the batch; the fallback
-to `generate()`; the int8 copy."""
+every family, greedy and beam search, with and without GTrans `decoder_groups`, on the model itself (torch
+operations) and on its float32 inference copy (the compiled kernels); rows leaving the batch; the fallback to
+`generate()`; when the copies are made; the int8 copy."""
 
 import pytest
 import torch
-from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, tiny_model, tiny_sources
+from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, tiny_model, tiny_sources
 
 import hf_layerfusion
-from hf_layerfusion.inference import UnsupportedFastGeneration, fast_generate, fast_generation, prepare_for_inference
+from hf_layerfusion.inference import (
+    UnsupportedFastGeneration,
+    decoding_attention,
+    fast_decoding_loop,
+    fast_generate,
+    fast_generation,
+    inference_copies,
+    prepare_for_inference,
+)
 from hf_layerfusion.inference.decoding import DecoderSteps
-from hf_layerfusion.inference.quantization import Int8Linear
+from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, float32_kernel_available
 
 FAMILIES = sorted(hf_layerfusion.FAMILIES)
 
@@ -30,9 +39,15 @@ def reference(model, source, **kwargs) -> torch.Tensor:
 
 
 def assert_same_tokens(model, source, **kwargs):
+    """The fast loop on the model itself (torch operations: what runs without the compiled kernels, and in the
+    Trainer's evaluation) and `fast_generate` (the model's float32 copy, where the kernels run) give generate()'s
+    tokens."""
     expected = reference(model, source, **kwargs)
+    with torch.no_grad():
+        own_layers = model.generate(**source, custom_generate=fast_decoding_loop(fallback=False), **kwargs)
     actual = fast_generate(model, **source, fallback=False, **kwargs)
-    assert actual.shape == expected.shape and torch.equal(actual, expected), (kwargs, expected, actual)
+    for tokens in (own_layers, actual):
+        assert tokens.shape == expected.shape and torch.equal(tokens, expected), (kwargs, expected, tokens)
     return actual
 
 
@@ -144,6 +159,71 @@ def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
         fast_generate(model, **source, max_new_tokens=6, streamer=object(), fallback=False)
     with pytest.raises(UnsupportedFastGeneration, match="training mode"):
         fast_generate(model.train(), **source, max_new_tokens=6, fallback=False)
+
+
+needs_float32_kernel = pytest.mark.skipif(
+    not float32_kernel_available(), reason="the float32 copy needs the compiled kernels and AVX-512"
+)
+
+
+@needs_float32_kernel
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_tokens_of_generate(model_type, kernels, monkeypatch):
+    """Every family with head_dim 16 (the attention kernel's smallest): `fast_generate` runs the float32 copy, whose
+    every linear layer and decoding-step attention is a compiled kernel, and gives generate()'s tokens."""
+    model = tiny_model(model_type, d_model=32)
+    source = tiny_sources()
+    engine = prepare_for_inference(model)
+    assert engine is not model and engine.prepared_for_inference == "float32"
+    assert not [m for m in engine.model.modules() if type(m) is torch.nn.Linear]
+    assert isinstance(engine.project, Float32Linear)
+    assert type(model.model.decoder.layers[0].ffn.fc1) is torch.nn.Linear  # the model itself is untouched
+    assert engine.model.shared.weight is model.model.shared.weight and engine.generation_config is model.generation_config
+    counting = CountingKernels(kernels)
+    monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
+    monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: counting)
+    for settings in ({"num_beams": 1}, {"num_beams": 3}):
+        expected = reference(model, source, max_new_tokens=8, **settings)
+        counting.calls.clear()
+        assert torch.equal(fast_generate(model, **source, max_new_tokens=8, fallback=False, **settings), expected)
+        assert counting.calls["decode_attention"] >= 8 and counting.calls["float32_linear"] >= 8, counting.calls
+
+
+@needs_float32_kernel
+def test_the_float32_copy_is_made_once_where_it_applies_and_falls_back_to_the_model_itself(source, monkeypatch):
+    model = tiny_model("gtrans", d_model=32)
+    engine = prepare_for_inference(model)
+    assert prepare_for_inference(model) is engine and prepare_for_inference(engine) is engine
+    int8 = prepare_for_inference(model, "int8")
+    assert prepare_for_inference(int8) is int8 and int8.prepared_for_inference == "int8"
+    with pytest.raises(ValueError, match="already the float32 inference copy of a model; prepare the original"):
+        prepare_for_inference(engine, "int8")
+    model.generation_config.num_beams = 2  # a later change to the model's generation config reaches the copy
+    assert engine.generation_config.num_beams == 2
+    with torch.no_grad():
+        model.model.shared.weight.mul_(1.0)  # an in-place change: the copy is rebuilt
+    assert prepare_for_inference(model) is not engine
+    # the model itself where the copy does not apply: training mode, not float32, no kernel
+    assert prepare_for_inference(model.train()) is model
+    assert prepare_for_inference(model.eval().double()) is model
+    model.float()
+    monkeypatch.setattr(inference_copies, "float32_kernel_available", lambda: False)
+    assert prepare_for_inference(model) is model
+    assert torch.equal(fast_generate(model, **source, max_new_tokens=6), reference(model, source, max_new_tokens=6))
+
+
+@needs_float32_kernel
+def test_a_fallback_of_the_float32_copy_is_generate_of_the_model_itself(source):
+    """What the fast loop does not cover runs the model's own generate(), not the copy's: eager attention weights
+    are returned (the copy's attention, like SDPA, returns none)."""
+    model = tiny_model("plain_transformer", d_model=32)
+    model.set_attn_implementation("eager")
+    settings = dict(max_new_tokens=4, output_attentions=True, return_dict_in_generate=True)
+    output = fast_generate(model, **source, **settings)
+    expected = reference(model, source, **settings)
+    assert torch.equal(output.sequences, expected.sequences)
+    assert output.cross_attentions is not None and output.cross_attentions[0][0] is not None
+    torch.testing.assert_close(output.cross_attentions[0][0], expected.cross_attentions[0][0], rtol=0, atol=0)
 
 
 def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_changes(source):

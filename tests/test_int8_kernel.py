@@ -3,15 +3,15 @@ and zero point, round half to even), an exact integer product, float dequantizat
 torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import cpu_flags
 
 from hf_layerfusion.inference import cpu_kernels
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
-from hf_layerfusion.inference.quantization import Int8Linear, int8_linear_reference
+from hf_layerfusion.inference.inference_copies import Int8Linear, int8_linear_reference
 
 
 def brute_force_int8_linear(
@@ -38,26 +38,13 @@ def brute_force_int8_linear(
     return output.reshape(*inputs.shape[:-1], w.shape[0])
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    compiled = compiled_kernels()
-    assert compiled is not None, "the int8 kernel did not compile (a C++ compiler and ninja are test requirements)"
-    return compiled
-
-
 NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's `torch._int_mm` product
 
 
-def cpu_flags() -> set[str]:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
-def test_amx_is_used_where_the_cpu_has_it(kernel):
+def test_amx_is_used_where_the_cpu_has_it(kernels):
     layer = Int8Linear(torch.randn(8, 16), None)
     has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
-    assert kernel.amx_available() == has_amx
+    assert kernels.amx_available() == has_amx
     assert (layer.weight_tiles.numel() > 0) == has_amx
 
 
@@ -75,7 +62,7 @@ CASES = [
 
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
-def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, shape, out_features, with_bias, relu):
+def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernels, shape, out_features, with_bias, relu):
     generator = torch.Generator().manual_seed(sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
     inputs[..., ::3] = inputs[..., ::3].relu()  # some rows one-signed (after a ReLU), shifting their zero point
@@ -84,8 +71,8 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, sh
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     layer = Int8Linear(weight, bias, relu=relu)
     codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, layer.bias, relu)
-    compiled = kernel.int8_linear(inputs, *codes)
-    int_mm = kernel.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
+    compiled = kernels.int8_linear(inputs, *codes)
+    int_mm = kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
     assert torch.equal(compiled, fallback) and torch.equal(int_mm, fallback)
@@ -96,47 +83,47 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernel, sh
         assert torch.equal(compiled, torch.relu(Int8Linear(weight, bias)(inputs)))
 
 
-def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernel):
+def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels):
     # identity weights: each output is (code - zero) x span / 255 of its input, i.e. the rounded input where the
     # row's range [min(x, 0), max(x, 0)] spans 255
     layer = Int8Linear(torch.eye(6), None)
     codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, None)
     rows = torch.tensor([[255.0, 0.5, 1.5, 2.5, 0.0, 3.5], [-1.0, 254.0, 0.5, 1.5, 2.5, -0.5]])
     expected = torch.tensor([[255.0, 0.0, 2.0, 2.0, 0.0, 4.0], [-1.0, 254.0, 0.0, 2.0, 2.0, 0.0]])
-    torch.testing.assert_close(kernel.int8_linear(rows, *codes), expected)
+    torch.testing.assert_close(kernels.int8_linear(rows, *codes), expected)
     # a one-signed row uses all 256 codes: values on its grid (multiples of span / 255) come back exactly, where a
     # symmetric scheme (steps of max / 127) would miss them by up to 1
     ramp = torch.arange(6.0)[None, :] * 51  # 0, 51, ..., 255
-    torch.testing.assert_close(kernel.int8_linear(ramp, *codes), ramp)
+    torch.testing.assert_close(kernels.int8_linear(ramp, *codes), ramp)
     # one row with large activations leaves the other rows' numbers unchanged (the output is batch-independent)
     batch = torch.randn(5, 6)
-    alone = kernel.int8_linear(batch[1:2], *codes)
+    alone = kernels.int8_linear(batch[1:2], *codes)
     batch[3] *= 1000
-    assert torch.equal(kernel.int8_linear(batch, *codes)[1:2], alone)
-    assert torch.equal(kernel.int8_linear(torch.zeros(2, 6), *codes), torch.zeros(2, 6))
+    assert torch.equal(kernels.int8_linear(batch, *codes)[1:2], alone)
+    assert torch.equal(kernels.int8_linear(torch.zeros(2, 6), *codes), torch.zeros(2, 6))
 
 
-def test_kernel_rejects_inputs_it_cannot_compute(kernel):
+def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
     weight_t, tiles, sums, scale = layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale
     with pytest.raises(RuntimeError, match="must be float32, got Double"):
-        kernel.int8_linear(torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias)
+        kernels.int8_linear(torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias)
     with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
-        kernel.int8_linear(torch.randn(2, 5), weight_t, tiles, sums, scale, layer.bias)
+        kernels.int8_linear(torch.randn(2, 5), weight_t, tiles, sums, scale, layer.bias)
     with pytest.raises(RuntimeError, match="bias must have 4"):
-        kernel.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3))
+        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3))
     with pytest.raises(RuntimeError, match="column_sums must have 4 contiguous int32"):
-        kernel.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias)
-    if kernel.amx_available():
+        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias)
+    if kernels.amx_available():
         with pytest.raises(RuntimeError, match="weight_tiles do not match weight_t"):
-            kernel.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
+            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
     with pytest.raises(TypeError, match="relu must be a bool, got 1"):
         Int8Linear(torch.randn(4, 8), None, relu=1)
 
 
-def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(kernel, monkeypatch):
+def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(kernels, monkeypatch):
     layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
     compiled = layer(inputs)
 
@@ -157,7 +144,7 @@ def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(k
     assert cpu_kernels.compiled_kernels() is not None
 
 
-def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_the_same_numbers(kernel, monkeypatch):
+def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_the_same_numbers(kernels, monkeypatch):
     layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
     compiled = layer(inputs)
     monkeypatch.setattr(cpu_kernels, "KERNEL_SOURCES", ("int8_linear.cpp", "missing.cpp"))

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from transformers import Pipeline
 
 from ..inference.fast_generation import fast_generate
-from ..inference.quantization import QUANTIZATIONS, prepare_for_inference
+from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
 from ..training.multilingual import check_language_tag, language_tag, tag_source
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
@@ -108,7 +108,7 @@ class LayerFusionTranslationPipeline(Pipeline):
 
     def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        engine = prepare_for_inference(self.model, quantization)
+        engine = prepare_for_inference(self.model, quantization) if quantization else self.model
         if fast:
             output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)
         else:

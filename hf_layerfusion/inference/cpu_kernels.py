@@ -1,6 +1,6 @@
-"""The C++ CPU kernels of the int8 inference copy (`kernels/`): `int8_linear` (`Int8Linear`, quantization.py) and
-`decode_attention` (the copy's attention at decoding steps, decoding_attention.py), compiled into one extension
-module at first use."""
+"""The C++ CPU kernels of the inference copies (`kernels/`): `float32_linear` (`Float32Linear`) and `int8_linear`
+(`Int8Linear`, both in inference_copies.py) and `decode_attention` (the copies' attention at decoding steps,
+decoding_attention.py), compiled into one extension module at first use."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import warnings
 from pathlib import Path
 
 KERNEL_DIRECTORY = "kernels"  # beside this file
-KERNEL_SOURCES = ("int8_linear.cpp", "decode_attention.cpp", "bindings.cpp")
-# no fused multiply-add: the int8 kernel's float arithmetic is `int8_linear_reference`'s, bit for bit
+KERNEL_SOURCES = ("float32_linear.cpp", "int8_linear.cpp", "decode_attention.cpp", "bindings.cpp")
+# no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
+# bit for bit (the float32 kernel's multiply-adds are explicit)
 KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 
 
@@ -21,9 +22,13 @@ KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 def compiled_kernels():
     """The extension module of the C++ kernels, compiled for this machine at first use (about 30 s, then cached by
     torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that names the reason, where it
-    cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++ sources): int8 layers then
-    run `int8_linear_reference` (the same numbers, slower) and attention runs SDPA."""
-    fallback = "int8 layers compute the same numbers with torch operations and attention runs SDPA, slower"
+    cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++ sources): float32 inference
+    then runs the model itself (`F.linear`, SDPA), int8 layers run `int8_linear_reference` (the same numbers,
+    slower) and attention runs SDPA."""
+    fallback = (
+        "float32 inference runs the model's own layers, int8 layers compute the same numbers with torch operations "
+        "and attention runs SDPA, slower"
+    )
     directory = Path(__file__).parent / KERNEL_DIRECTORY
     sources = [directory / name for name in KERNEL_SOURCES]
     missing = [str(source) for source in sources if not source.is_file()]

@@ -1,5 +1,5 @@
 """The decoder side of the fast decoding loop (`hf_layerfusion.inference.fast_generation`): `DecodingCache`, the
-keys/values of every decoder attention in preallocated, position-major slots, and `DecoderSteps`, one decoder position
+keys/values of every decoder attention in preallocated, row-major slots, and `DecoderSteps`, one decoder position
 at a time through the model's own modules."""
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
-"""The attention of the int8 inference copy: an attention implementation registered with transformers'
-`AttentionInterface` (and, for its masks, `AttentionMaskInterface`, as SDPA's boolean masks) under
+"""The attention of the inference copies (float32 and int8): an attention implementation registered with
+transformers' `AttentionInterface` (and, for its masks, `AttentionMaskInterface`, as SDPA's boolean masks) under
 `DECODING_ATTENTION` (`register_decoding_attention`), which runs the C++ kernel `decode_attention`
 (kernels/decode_attention.cpp) at decoding steps and SDPA everywhere else.
 
 A decoding step attends with one query per row (or a sentence's beams folded into a few query positions over its
 shared cross-attention keys), where SDPA's CPU kernel spends most of its time on fixed per-row-head work. The kernel
-computes the same function, not bit for bit (float rounding, about 1e-6), which is why only the int8 copy, already
-not token-exact, uses it: the float32 fast path keeps SDPA and gives `generate()`'s tokens."""
+computes the same function, not bit for bit (float rounding, about 1e-6): the sums in another order, as the
+float32 copy's `Float32Linear` layers."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def decoding_attention_forward(
 
 
 def register_decoding_attention() -> str:
-    """Registers `DECODING_ATTENTION` with transformers (idempotent; the int8 copy calls it before switching to it)
+    """Registers `DECODING_ATTENTION` with transformers (idempotent; the inference copies call it before switching to it)
     and returns its name."""
     AttentionInterface.register(DECODING_ATTENTION, decoding_attention_forward)
     AttentionMaskInterface.register(DECODING_ATTENTION, sdpa_mask)

@@ -7,26 +7,30 @@ logits processors, stopping criteria) and replaces only the decoding loop (trans
 - the decoder runs through the model's own stack (`LayerStack.run_layers`: the family's layers, connection, readout
   and `output_head`), one position per step, without `forward()`'s per-step work (output-capture hooks, mask
   building, input checks, output dataclasses);
-- keys/values live in `DecodingCache`: self-attention slots preallocated position-major (a step writes one block in
+- keys/values live in `DecodingCache`: self-attention slots preallocated row-major (a step writes its position in
   place instead of concatenating the whole cache), cross-attention keys/values computed once per input, kept
   contiguous and, in beam search, once per sentence instead of once per beam (the backbone's attention folds a
-  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder copies the filled
-  self-attention positions only (`generate()` also reorders every cross-attention slot, whose rows are equal);
+  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder moves, in place,
+  the rows whose beam changed (`generate()` reorders every slot, cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
   rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
   processors that are not known to act row by row, every row is kept, as `generate()` does;
 - beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
   scoring, length penalty and early stopping are those of `generate()` by construction.
 
-In float32 the numbers are `generate()`'s except for the order of some sums (beam search attends a sentence's beams
-together), so the tokens are the same unless two candidates tie to the last bits; tests/test_fast_generation.py checks
-the tokens against `generate()` for every family, greedy and beam, and `benchmarks/bench_inference.py` on every run.
+`prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: on CPU in float32 an inference
+copy whose linear layers and decoding attention are compiled kernels (`Float32Linear`, `decoding_attention.py`), with
+`quantization="int8"` one whose linear layers are int8 (`Int8Linear`); elsewhere the model itself.
 
-`prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: the model itself, or with
-`quantization="int8"` an inference copy whose linear layers are int8 (see `Int8Linear`). Anything the loop does not
-cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping criteria, a prompt for the
-decoder, attention implementations other than eager and SDPA (and the int8 copy's), ...) runs `generate()` itself, with one warning naming
-the reason; `fast_generate(..., fallback=False)` raises `UnsupportedFastGeneration` instead.
+In float32 the numbers are `generate()`'s except for the order of sums (the kernels', and beam search attends a
+sentence's beams together), so the tokens are the same unless two candidates tie to the last bits;
+tests/test_fast_generation.py checks the tokens against `generate()` for every family, greedy and beam, and
+`benchmarks/bench_inference.py` on every run.
+
+Anything the loop does not cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping
+criteria, a prompt for the decoder, attention implementations other than eager and SDPA (and the copies'), ...) runs
+`generate()` itself, with one warning naming the reason; `fast_generate(..., fallback=False)` raises
+`UnsupportedFastGeneration` instead.
 """
 
 from __future__ import annotations
@@ -52,12 +56,12 @@ from transformers.utils import logging
 
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
-from .quantization import prepare_for_inference
+from .inference_copies import prepare_for_inference
 from .search import BEAM_SEARCH_HELPERS, beam_search, greedy_search
 
 fast_generation_logger = logging.get_logger(__name__)
 
-FAST_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", DECODING_ATTENTION)  # the last: the int8 copy's
+FAST_ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", DECODING_ATTENTION)  # the last: the inference copies'
 # logits processors whose output row depends only on that row's scores and tokens (and the step): rows that can no
 # longer change the output may leave the batch without changing what the processors do to the other rows
 ROW_WISE_PROCESSORS = (
@@ -164,10 +168,13 @@ def fast_decoding_loop(fallback: bool = True):
 
 def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
     """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
-    greedy and beam search. `quantization="int8"` runs the int8 inference copy of the model
-    (`prepare_for_inference`; not token-exact, see there). Settings the loop does not cover run `generate()` itself
-    (a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
+    greedy and beam search. It runs the model's inference copy (`prepare_for_inference`): on CPU in float32 the
+    compiled kernels' copy (the same function, sums in another order), with `quantization="int8"` the int8 copy (not
+    token-exact, see there). Settings the loop does not cover run `generate()` itself (of `model`, or of the int8
+    copy; a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
     engine = prepare_for_inference(model, quantization)
+    # a fallback is generate() of the model given, except with int8, whose numbers are the point of the call
+    fallback_model = engine if quantization == "int8" else model
     if inputs is not None:
         kwargs["inputs"] = inputs
     covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
@@ -178,9 +185,11 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
         if not fallback:
             raise UnsupportedFastGeneration(reason)
         report_fallback(reason)
-        return engine.generate(**kwargs)
+        return fallback_model.generate(**kwargs)
 
-    decode = fast_decoding_loop(fallback)
+    # inside the loop a fallback runs transformers' loop on the model generate() was called on: only where that is
+    # the fallback model (not the float32 copy, whose attention returns no weights)
+    decode = fast_decoding_loop(fallback and engine is fallback_model)
     try:
         with torch.inference_mode():
             return engine.generate(custom_generate=decode, **kwargs)
@@ -188,4 +197,4 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
         if not fallback:
             raise
         report_fallback(str(error))
-        return engine.generate(**kwargs)
+        return fallback_model.generate(**kwargs)

@@ -8,6 +8,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("weight_tiles"), pybind11::arg("column_sums"),
         pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu") = false);
+  m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512).");
+  m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
+        pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),
+        pybind11::arg("relu") = false);
   m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
         pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
         pybind11::arg("scaling"));

@@ -1,7 +1,7 @@
 // Attention of a few query positions over cached keys/values: the attention of a decoding step (one query per row,
 // or the beams of a sentence folded into query positions over the sentence's shared cross-attention keys). It is
 // what `scaled_dot_product_attention` computes without a causal mask, with a boolean padding mask or none, and
-// what the int8 copy's attention interface (`hf_layerfusion.inference.decoding_attention`) runs at decoding
+// what the inference copies' attention interface (`hf_layerfusion.inference.decoding_attention`) runs at decoding
 // steps. At these sizes (a few queries, tens of keys, 128 to 512 row-heads) SDPA's cost is mostly fixed per row-head
 // (a small matrix product per block); here each row-head is a pass over its keys with 16-float vectors, and the
 // exponentials are computed 16 at a time.

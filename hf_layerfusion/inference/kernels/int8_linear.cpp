@@ -1,8 +1,8 @@
-// The int8 linear layer of `hf_layerfusion.inference.quantization.Int8Linear` in one call: each row of the input is
+// The int8 linear layer of `hf_layerfusion.inference.inference_copies.Int8Linear` in one call: each row of the input is
 // quantized to int8 with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto
 // [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float. The product runs on the CPU's AMX tiles where it has them (the weights packed
 // into tiles once, `pack_amx_tiles`), else through `at::_int_mm` (oneDNN's VNNI kernels): both sum exactly in int32,
-// so they give the same numbers. The arithmetic is that of `int8_linear_reference` (quantization.py), bit for bit: no
+// so they give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
 // fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
 #include "cpu_kernels.h"
 

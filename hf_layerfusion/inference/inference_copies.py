@@ -1,5 +1,7 @@
-"""The int8 inference copy of a model (`prepare_for_inference(model, "int8")`), which `fast_generate` and the
-translation helpers run: int8 linear layers, faster on CPU, not token-exact."""
+"""The inference copies of a model that `fast_generate` and the translation helpers run on CPU
+(`prepare_for_inference`): the float32 copy (`Float32Linear` layers: the same function as the model's, with the sums
+in another order) and the int8 copy (`Int8Linear` layers: faster, not token-exact). Both share every other tensor
+with the model and attend through the decoding-attention kernel (`decoding_attention.py`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,43 @@ from .cpu_kernels import compiled_kernels
 from .decoding_attention import register_decoding_attention
 
 QUANTIZATIONS = (None, "int8")
+PANEL_COLUMNS = 16  # output features per panel of `Float32Linear` (kernels/float32_linear.cpp: one AVX-512 register)
+
+
+class Float32Linear(nn.Module):
+    """A float32 linear layer for decoding steps, through the compiled kernel `float32_linear`
+    (kernels/float32_linear.cpp): the weights packed once into panels of 16 output features, position-major
+    `(panels, in_features, 16)`, read as one stream per product, each output one fused multiply-add chain over the
+    inputs in order, plus the bias. `F.linear` (MKL) computes the same sums, in blocks for long ones: the two agree to
+    float rounding. With `relu=True` a following ReLU is folded into the call. The packed weights are a copy (the
+    layer's weight memory once more). Built only where `float32_kernel_available()` (AVX-512)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+        super().__init__()
+        if not isinstance(relu, bool):
+            raise TypeError(f"Float32Linear: relu must be a bool, got {relu!r}.")
+        if not float32_kernel_available():
+            raise RuntimeError("Float32Linear needs the compiled float32_linear kernel (AVX-512), not available here.")
+        self.in_features, self.out_features, self.relu = weight.shape[1], weight.shape[0], relu
+        # panels in pairs (the kernel's 32 output features per pass), zero past out_features
+        padded = -(-self.out_features // (2 * PANEL_COLUMNS)) * 2 * PANEL_COLUMNS
+        panels = weight.detach().float().new_zeros(padded, self.in_features)
+        panels[: self.out_features] = weight.detach()
+        self.panels = panels.view(padded // PANEL_COLUMNS, PANEL_COLUMNS, self.in_features).transpose(1, 2).contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return compiled_kernels().float32_linear(hidden_states, self.panels, self.out_features, self.bias, self.relu)
+
+    def extra_repr(self) -> str:
+        relu = ", relu=True" if self.relu else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}{relu}"
+
+
+def float32_kernel_available() -> bool:
+    """Whether the float32 copy can be made here: the CPU kernels compiled and the CPU has AVX-512."""
+    kernels = compiled_kernels()
+    return kernels is not None and kernels.float32_linear_available()
 
 
 MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite scales
@@ -57,7 +96,7 @@ class Int8Linear(nn.Module):
     by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way. Quantization, product and dequantization
     with the bias are one call of the compiled kernel (`compiled_kernels`): as separate torch operations the
     per-row quantization cost more than the product itself at decoding sizes. With `relu=True` the layer is followed
-    by a ReLU, folded into the same call (`int8_copy` folds the feed-forward activation)."""
+    by a ReLU, folded into the same call (`kernel_copy` folds the feed-forward activation)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
@@ -91,25 +130,38 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}{relu}"
 
 
-def int8_copy(model):
+def kernel_copy(model, linear_class: type[nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
-    (`project`, with Marian's `final_logits_bias`), is an `Int8Linear` (a feed-forward ReLU folded into the first
-    one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding steps, SDPA
-    elsewhere); every other tensor (embeddings, LayerNorms, fusion weights) is shared with `model`, not copied."""
+    (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
+    folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
+    steps, SDPA elsewhere). Every other tensor (embeddings, LayerNorms, fusion weights) and the generation config are
+    shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
     for module in list(engine.model.modules()):
         if type(module).forward is FeedForward.forward and type(module.activation_fn) is nn.ReLU:
             # act(fc1(x)) with act = ReLU: folded into fc1's kernel call
-            module.fc1, module.activation_fn = Int8Linear(module.fc1.weight, module.fc1.bias, relu=True), nn.Identity()
-        for name, child in list(module.named_children()):
+            module.fc1, module.activation_fn = linear_class(module.fc1.weight, module.fc1.bias, relu=True), nn.Identity()
+        for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, Int8Linear(child.weight, child.bias))
+                setattr(module, child_name, linear_class(child.weight, child.bias))
     engine.set_attn_implementation(register_decoding_attention())
-    engine.int8_output_projection = Int8Linear(engine.lm_head.weight, engine.final_logits_bias[0])
+    engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one
-    engine.__dict__["project"] = engine.int8_output_projection
+    engine.__dict__["project"] = engine.inference_output_projection
+    engine.prepared_for_inference = name
     return engine
+
+
+def int8_copy(model):
+    """`kernel_copy` with `Int8Linear` layers."""
+    return kernel_copy(model, Int8Linear, "int8")
+
+
+def float32_copy(model):
+    """`kernel_copy` with `Float32Linear` layers."""
+    return kernel_copy(model, Float32Linear, "float32")
 
 
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -124,20 +176,48 @@ def weights_fingerprint(model) -> tuple | None:
         return None
 
 
+def float32_copy_applies(model) -> bool:
+    """Whether `prepare_for_inference(model)` makes the float32 copy: an hf_layerfusion model in eval mode, float32,
+    on the CPU, where `float32_kernel_available()`."""
+    parameters = list(model.parameters())
+    return (
+        hasattr(model, "output_head")
+        and not model.training
+        and all(parameter.device.type == "cpu" and parameter.dtype == torch.float32 for parameter in parameters)
+        and float32_kernel_available()
+    )
+
+
 def prepare_for_inference(model, quantization: str | None = None):
-    """The model `fast_generate` runs: `model` itself for `quantization=None` (float, token-exact), or for
-    `quantization="int8"` its int8 copy (`int8_copy`, made once and kept while `model` and its weights are
-    unchanged). int8 changes the numbers, hence possibly tokens: its BLEU cost is measured in the README."""
+    """The model `fast_generate` runs for `model`, made once and kept while `model` and its weights are unchanged:
+
+    - `quantization=None`: its float32 copy (`float32_copy`: the compiled `Float32Linear` and decoding-attention
+      kernels, the same function as the model's with the sums in another order, so the tokens of `generate()` unless
+      two candidates tie to the last bits), where `float32_copy_applies`; elsewhere (no AVX-512 or no compiler, GPU,
+      half precision, training mode, the Hub code) the model itself;
+    - `quantization="int8"`: its int8 copy (`int8_copy`; changes the numbers, hence possibly tokens: its BLEU cost is
+      measured in the README).
+
+    A copy given back to this function is returned as it is."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"Unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}.")
-    if quantization is None:
+    prepared = getattr(model, "prepared_for_inference", None)
+    if prepared is not None:
+        if quantization not in (None, prepared):
+            raise ValueError(
+                f"This model is already the {prepared} inference copy of a model; prepare the original model for "
+                f"quantization={quantization!r}."
+            )
+        return model
+    if quantization is None and not float32_copy_applies(model):
         return model
     if any(parameter.device.type != "cpu" for parameter in model.parameters()):
         raise ValueError(f"quantization={quantization!r} runs on the CPU; move the model there (`model.to('cpu')`).")
+    key = quantization or "float32"
     fingerprint = weights_fingerprint(model)
-    cached = _prepared.get(model, {}).get(quantization)
+    cached = _prepared.get(model, {}).get(key)
     if cached is not None and fingerprint is not None and cached[0] == fingerprint:
         return cached[1]
-    engine = int8_copy(model)
-    _prepared.setdefault(model, {})[quantization] = (fingerprint, engine)
+    engine = int8_copy(model) if quantization == "int8" else float32_copy(model)
+    _prepared.setdefault(model, {})[key] = (fingerprint, engine)
     return engine

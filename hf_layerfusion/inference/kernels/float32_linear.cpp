@@ -1,0 +1,150 @@
+// The float32 linear layer of `hf_layerfusion.inference.inference_copies.Float32Linear`: y = x W^T + b (then
+// max(0, y) with `relu`), for the few rows of a decoding step (on the encoder's thousands of rows it is as fast as
+// MKL's sgemm). The weights are packed once into panels of 16 output features, position-major (`Float32Linear` packs
+// them: (panels, in_features, 16), zero past out_features), so that a product reads them as one contiguous stream.
+// Each pass keeps 12 rows x 32 output features in 24 AVX-512 registers and adds, per input feature, the rows'
+// broadcast inputs times two panel vectors.
+//
+// Numbers: each output is one fused multiply-add chain over the input features in order, then plus the bias. MKL's
+// sgemm (`F.linear`) sums in the same order up to its block length (its results are equal for 256 inputs on this
+// project's machine, not for 1024, where it sums blocks of 384 separately), so the two agree to float rounding.
+// AVX-512 only: `float32_linear_available()` says whether this CPU has it; the package runs `F.linear` elsewhere.
+#include "cpu_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HLF_FLOAT32_LINEAR 1
+#else
+#define HLF_FLOAT32_LINEAR 0
+#endif
+
+namespace {
+
+constexpr int64_t kPanelColumns = 16;                 // one AVX-512 register of output features
+constexpr int64_t kPassColumns = 2 * kPanelColumns;   // output features per pass
+constexpr int kPassRows = 12;                         // 12 x 2 accumulators, 2 weight registers, 1 broadcast
+// how far ahead (in input features: 4 KB of each panel) the first pass over a panel pair asks for its weights, which
+// come from memory: at decoding sizes a product is bound by reading them (the later passes find them in cache)
+constexpr int64_t kPrefetchDistance = 64;
+
+#if HLF_FLOAT32_LINEAR
+// rows [0, R) of x (row stride K) times the panel pair at `panels` (K x 32 floats: two panels of K x 16) into
+// `columns` (<= 32) features of y (row stride y_stride), plus `bias` (32 floats); `prefetch` on the first pass over
+// the pair
+template <int R>
+__attribute__((target("avx512f"))) void rows_times_panels(const float* __restrict x, int64_t K,
+                                                          const float* __restrict panels, const float* __restrict bias,
+                                                          float* __restrict y, int64_t y_stride, int64_t columns,
+                                                          bool relu, bool prefetch) {
+  const float* __restrict first = panels;
+  const float* __restrict second = panels + K * kPanelColumns;
+  __m512 low[R], high[R];
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (prefetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(first + (k + kPrefetchDistance) * kPanelColumns), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(second + (k + kPrefetchDistance) * kPanelColumns), _MM_HINT_T0);
+    }
+    const __m512 w_low = _mm512_load_ps(first + k * kPanelColumns);
+    const __m512 w_high = _mm512_load_ps(second + k * kPanelColumns);
+    for (int r = 0; r < R; ++r) {
+      const __m512 input = _mm512_set1_ps(x[r * K + k]);
+      low[r] = _mm512_fmadd_ps(input, w_low, low[r]);
+      high[r] = _mm512_fmadd_ps(input, w_high, high[r]);
+    }
+  }
+  const __m512 bias_low = _mm512_loadu_ps(bias), bias_high = _mm512_loadu_ps(bias + kPanelColumns);
+  for (int r = 0; r < R; ++r) {
+    __m512 out_low = _mm512_add_ps(low[r], bias_low), out_high = _mm512_add_ps(high[r], bias_high);
+    if (relu) {
+      // max(0, y): the second operand where either is NaN, so that NaN stays NaN (as torch.relu)
+      out_low = _mm512_max_ps(_mm512_setzero_ps(), out_low);
+      out_high = _mm512_max_ps(_mm512_setzero_ps(), out_high);
+    }
+    float* row = y + r * y_stride;
+    if (columns == kPassColumns) {
+      _mm512_storeu_ps(row, out_low);
+      _mm512_storeu_ps(row + kPanelColumns, out_high);
+    } else {  // the last, partial pass of a layer whose out_features is not a multiple of 32
+      alignas(64) float buffer[kPassColumns];
+      _mm512_store_ps(buffer, out_low);
+      _mm512_store_ps(buffer + kPanelColumns, out_high);
+      std::memcpy(row, buffer, columns * sizeof(float));
+    }
+  }
+}
+
+template <int... R>
+struct RowsTimesPanels {
+  // the pass for 1..kPassRows rows, indexed by rows - 1
+  static constexpr decltype(&rows_times_panels<1>) table[] = {&rows_times_panels<R>...};
+};
+using PassTable = RowsTimesPanels<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>;
+#endif
+
+}  // namespace
+
+bool float32_linear_available() {
+#if HLF_FLOAT32_LINEAR
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
+                             const c10::optional<torch::Tensor>& bias, bool relu) {
+  TORCH_CHECK(float32_linear_available(), "float32_linear: this CPU has no AVX-512 (float32_linear_available())");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+              "float32_linear: the input must be a float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 && panels.is_contiguous() &&
+                  panels.size(2) == kPanelColumns && panels.size(0) % 2 == 0,
+              "float32_linear: panels must be contiguous float32 (an even number of panels, in_features, 16), got ",
+              panels.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(panels.data_ptr<float>()) % 64 == 0,
+              "float32_linear: panels must be 64-byte aligned");
+  const int64_t K = panels.size(1), padded = panels.size(0) * kPanelColumns, N = out_features;
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "float32_linear: the input has ", x.size(-1),
+              " features, the weights expect ", K);
+  TORCH_CHECK(N > padded - kPassColumns && N <= padded, "float32_linear: out_features ", N,
+              " does not match panels for ", padded, " features");
+  TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
+                                    bias->scalar_type() == torch::kFloat32),
+              "float32_linear: bias must be contiguous float32 with ", N, " values");
+  const auto rows = x.reshape({-1, K}).contiguous();
+  const int64_t M = rows.size(0);
+  auto output_sizes = x.sizes().vec();
+  output_sizes.back() = N;
+  auto y = torch::empty({M, N}, x.options());
+#if HLF_FLOAT32_LINEAR
+  const float* x_data = rows.data_ptr<float>();
+  const float* panel_data = panels.data_ptr<float>();
+  const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* y_data = y.data_ptr<float>();
+  const int64_t passes = padded / kPassColumns;
+  // about 64k multiply-adds or more per task, so that small products stay on one thread
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * K * kPassColumns, 1));
+  at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
+    alignas(64) float pass_bias[kPassColumns];
+    for (int64_t pass = begin; pass < end; ++pass) {
+      const int64_t first_column = pass * kPassColumns;
+      const int64_t columns = std::min(kPassColumns, N - first_column);
+      std::fill(pass_bias, pass_bias + kPassColumns, 0.f);
+      if (bias_data != nullptr) std::memcpy(pass_bias, bias_data + first_column, columns * sizeof(float));
+      const float* pass_panels = panel_data + first_column * K;
+      for (int64_t m = 0; m < M; m += kPassRows) {
+        const int64_t pass_rows = std::min<int64_t>(kPassRows, M - m);
+        PassTable::table[pass_rows - 1](x_data + m * K, K, pass_panels, pass_bias, y_data + m * N + first_column, N,
+                                        columns, relu, /*prefetch=*/m == 0);
+      }
+    }
+  });
+#endif
+  return y.view(output_sizes);
+}

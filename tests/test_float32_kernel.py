@@ -1,0 +1,107 @@
+"""`Float32Linear` and its compiled kernel (kernels/float32_linear.cpp) against the product written out in float64
+numpy: every row count of a pass (1-12 rows and more), layer sizes that are and are not multiples of its 32-feature
+passes, bias, folded ReLU, batched and strided inputs; its checks name the bad input."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import cpu_flags
+
+from hf_layerfusion.inference import inference_copies
+from hf_layerfusion.inference.inference_copies import Float32Linear, float32_kernel_available
+
+
+def brute_force_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> np.ndarray:
+    output = inputs.double().numpy() @ weight.double().numpy().T
+    if bias is not None:
+        output = output + bias.double().numpy()
+    return np.maximum(output, 0) if relu else output
+
+
+def assert_float_rounding_of(actual: torch.Tensor, inputs, weight, bias, relu: bool = False):
+    """Equal to float64 arithmetic up to float32 rounding of a sum over the inputs: |error| <= 1e-5 of the sum of
+    the terms' magnitudes (a term left out or counted twice is 1/in_features of it, 1e-3 for 1024 inputs)."""
+    expected = brute_force_linear(inputs, weight, bias, relu)
+    magnitude = inputs.double().abs().numpy() @ weight.double().abs().numpy().T
+    if bias is not None:
+        magnitude = magnitude + bias.double().abs().numpy()
+    assert actual.shape == expected.shape and actual.dtype == torch.float32
+    assert np.all(np.abs(actual.double().numpy() - expected) <= 1e-5 * magnitude + 1e-30), (
+        np.abs(actual.double().numpy() - expected).max()
+    )
+
+
+def test_the_kernel_runs_where_the_cpu_has_avx512(kernels):
+    assert kernels.float32_linear_available() == ("avx512f" in cpu_flags())
+
+
+needs_avx512 = pytest.mark.skipif(
+    "avx512f" not in cpu_flags(), reason="the float32 kernel is AVX-512 only (elsewhere the package runs F.linear)"
+)
+
+
+@needs_avx512
+@pytest.mark.parametrize("in_features,out_features", [(16, 32), (100, 50), (256, 256), (1024, 256), (256, 1000)])
+@pytest.mark.parametrize("rows", [1, 5, 12, 13, 32, 128])
+def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features):
+    generator = torch.Generator().manual_seed(rows * 7 + in_features)
+    weight = torch.randn(out_features, in_features, generator=generator) * in_features**-0.5
+    bias = torch.randn(out_features, generator=generator)
+    inputs = torch.randn(rows, in_features, generator=generator)
+    for layer_bias in (bias, None):
+        for relu in (False, True):
+            layer = Float32Linear(weight, layer_bias, relu=relu)
+            assert_float_rounding_of(layer(inputs), inputs, weight, layer_bias, relu)
+
+
+@needs_avx512
+def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
+    layer = Float32Linear(weight, bias)
+    batched = torch.randn(2, 3, 24, generator=generator)
+    assert layer(batched).shape == (2, 3, 40)
+    assert_float_rounding_of(layer(batched).view(6, 40), batched.view(6, 24), weight, bias)
+    strided = torch.randn(24, 7, generator=generator).t()  # rows not contiguous
+    assert_float_rounding_of(layer(strided), strided, weight, bias)
+    # a row's output does not depend on the rows it is computed with
+    assert torch.equal(layer(batched.view(6, 24))[4:5], layer(batched.view(6, 24)[4:5]))
+    assert layer(torch.empty(0, 24)).shape == (0, 40)
+
+
+@needs_avx512
+def test_folded_relu_keeps_nan_as_torch_relu_does():
+    layer = Float32Linear(torch.randn(40, 24), torch.randn(40), relu=True)
+    inputs = torch.randn(3, 24)
+    inputs[1, 5] = float("nan")
+    output = layer(inputs)
+    assert output[1].isnan().all() and not output[[0, 2]].isnan().any()
+    assert (output[[0, 2]] >= 0).all()
+
+
+@needs_avx512
+def test_kernel_rejects_inputs_it_cannot_compute(kernels):
+    layer = Float32Linear(torch.randn(40, 24), torch.randn(40))
+    with pytest.raises(RuntimeError, match="the input must be a float32 CPU tensor, got Double"):
+        layer(torch.randn(2, 24, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="the input has 23 features, the weights expect 24"):
+        layer(torch.randn(2, 23))
+    with pytest.raises(RuntimeError, match="out_features 100 does not match panels for 64 features"):
+        kernels.float32_linear(torch.randn(2, 24), layer.panels, 100, None, False)
+    with pytest.raises(RuntimeError, match="bias must be contiguous float32 with 40 values"):
+        kernels.float32_linear(torch.randn(2, 24), layer.panels, 40, torch.randn(39), False)
+    with pytest.raises(RuntimeError, match="panels must be contiguous float32"):
+        kernels.float32_linear(torch.randn(2, 24), layer.panels[:3], 40, None, False)
+    with pytest.raises(TypeError, match="relu must be a bool, got 1"):
+        Float32Linear(torch.randn(4, 4), None, relu=1)
+
+
+def test_without_avx512_no_float32_layer_is_built(monkeypatch):
+    monkeypatch.setattr(inference_copies, "float32_kernel_available", lambda: False)
+    with pytest.raises(RuntimeError, match="needs the compiled float32_linear kernel"):
+        Float32Linear(torch.randn(4, 4), None)
+
+
+def test_availability_needs_the_compiled_kernels(monkeypatch):
+    monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: None)
+    assert not float32_kernel_available()
