@@ -10,7 +10,9 @@ backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (o
   `decode_attention (compiled kernel)` (the copies' attention at decoding steps), their self time includes their call
   from Python);
 - the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64),
-  whose products and attention take next to no time, divided by its 33 decoder steps.
+  whose products and attention take next to no time, divided by its 33 decoder steps;
+- the copy's linear layers by product shape (one more translation, each call timed): over the source positions (the
+  encoder, and the cross-attention keys/values computed once per input) or at decoding steps.
 
     python benchmarks/profile_decoder_step.py [--repeats 5] [--rows 12]
     python benchmarks/profile_decoder_step.py --model lc_14 --num-beams 4
@@ -66,6 +68,35 @@ def profiled(function, label: str):
             return function(*args, **kwargs)
 
     return labelled
+
+
+def linear_times_by_shape(run, source_rows: int) -> list[str]:
+    """Markdown rows: per (kernel layer, in -> out, source positions or decoding steps) the calls, total ms and µs
+    per call of one `run()` (each call timed with `time.perf_counter`)."""
+    totals: dict[tuple, list] = {}
+    forwards = {layer: layer.forward for layer in (Float32Linear, Int8Linear)}
+
+    def timed(forward):
+        def call(self, hidden_states):
+            start = time.perf_counter()
+            output = forward(self, hidden_states)
+            where = "source positions" if hidden_states.numel() // hidden_states.shape[-1] == source_rows else "decoding steps"
+            entry = totals.setdefault((type(self).__name__, f"{self.in_features} -> {self.out_features}", where), [0, 0.0])
+            entry[0] += 1
+            entry[1] += time.perf_counter() - start
+            return output
+
+        return call
+
+    for layer, forward in forwards.items():
+        layer.forward = timed(forward)
+    try:
+        run()
+    finally:
+        for layer, forward in forwards.items():
+            layer.forward = forward
+    return [f"| {layer} | {shape} | {where} | {calls} | {seconds * 1e3:.1f} | {seconds / calls * 1e6:.0f} |"
+            for (layer, shape, where), (calls, seconds) in sorted(totals.items())]
 
 
 def narrow_copy(model):
@@ -135,6 +166,10 @@ def main(argv=None) -> None:
         print("```")
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
         print("```")
+        print(f"\nIts linear layers by product shape ({batch['input_ids'].numel()} source positions, padding included):\n")
+        print("| layer | product | rows | calls | ms | µs per call |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(linear_times_by_shape(run, batch["input_ids"].numel())))
     print(f"\n(load average at end {backbone.loadavg()})")
 
 
