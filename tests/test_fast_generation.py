@@ -292,14 +292,16 @@ def test_translate_and_the_pipeline_decode_fast_by_default_and_can_fall_back(tok
     reference = hf_layerfusion.translate(model, tokenizer, SOURCES, fast=False, **settings)
     assert hf_layerfusion.translate(model, tokenizer, SOURCES, **settings) == reference
     assert len(hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="int8", **settings)) == len(SOURCES)
-    with pytest.raises(ValueError, match="Unknown quantization"):
-        hf_layerfusion.translate(model, tokenizer, SOURCES, quantization="fp8")
+    for bad in ("fp8", "", False):  # a falsy value is not None: named, not taken for float32
+        with pytest.raises(ValueError, match="Unknown quantization"):
+            hf_layerfusion.translate(model, tokenizer, SOURCES, quantization=bad)
     translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
     texts = [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), fast=False, **settings)]
     assert [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), **settings)] == texts
     assert len(translator(SOURCES, quantization="int8", **settings)) == len(SOURCES)
-    with pytest.raises(ValueError, match="Unknown quantization"):
-        translator(SOURCES, quantization="fp8")
+    for bad in ("fp8", ""):
+        with pytest.raises(ValueError, match="Unknown quantization"):
+            translator(SOURCES, quantization=bad)
 
 
 def test_translate_script_fast_generate_and_int8(tokenizer, tmp_path):

@@ -108,7 +108,7 @@ class LayerFusionTranslationPipeline(Pipeline):
 
     def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        engine = prepare_for_inference(self.model, quantization) if quantization else self.model
+        engine = self.model if quantization is None else prepare_for_inference(self.model, quantization)
         if fast:
             output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)
         else:

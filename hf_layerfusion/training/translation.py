@@ -60,7 +60,7 @@ def translate(
     if decoder_groups is not None:
         generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
     max_source_length = max_source_length or model.config.max_position_embeddings
-    engine = prepare_for_inference(model, quantization) if quantization else model
+    engine = model if quantization is None else prepare_for_inference(model, quantization)
     lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
     order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
     translations: list[str] = [""] * len(sentences)
