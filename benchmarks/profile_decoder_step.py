@@ -9,8 +9,9 @@ backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (o
   compiled kernels are labelled `Float32Linear (compiled kernel)`, `Int8Linear (compiled kernel)` and
   `decode_attention (compiled kernel)` (the copies' attention at decoding steps), their self time includes their call
   from Python);
-- the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64),
-  whose products and attention take next to no time, divided by its 33 decoder steps;
+- the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64,
+  one attention head of 16 dimensions, the decoding-attention kernel's smallest), whose products and attention take
+  next to no time, divided by its 33 decoder steps;
 - the copy's linear layers by product shape (one more translation, each call timed): over the source positions (the
   encoder, and the cross-attention keys/values computed once per input) or at decoding steps.
 
@@ -100,9 +101,11 @@ def linear_times_by_shape(run, source_rows: int) -> list[str]:
 
 
 def narrow_copy(model):
-    """A model of `model`'s shape (layers, heads, vocabulary, family settings) with d_model 16 and FFN 64."""
+    """A model of `model`'s shape (layers, vocabulary, family settings) with d_model 16, FFN 64 and one attention head
+    (head_dim 16: the copies' attention runs the decoding-attention kernel, as in the full-size model)."""
     config = model.config.__class__(**{**model.config.to_dict(), "d_model": 16, "encoder_ffn_dim": 64,
-                                       "decoder_ffn_dim": 64})
+                                       "decoder_ffn_dim": 64, "encoder_attention_heads": 1,
+                                       "decoder_attention_heads": 1})
     return LayerFusionForConditionalGeneration(config).eval()
 
 
