@@ -179,11 +179,10 @@ def weights_fingerprint(model) -> tuple | None:
 def float32_copy_applies(model) -> bool:
     """Whether `prepare_for_inference(model)` makes the float32 copy: an hf_layerfusion model in eval mode, float32,
     on the CPU, where `float32_kernel_available()`."""
-    parameters = list(model.parameters())
     return (
-        hasattr(model, "output_head")
+        hasattr(model, "output_head")  # first: anything else (a stand-in, a wrapper) is run as it is
         and not model.training
-        and all(parameter.device.type == "cpu" and parameter.dtype == torch.float32 for parameter in parameters)
+        and all(parameter.device.type == "cpu" and parameter.dtype == torch.float32 for parameter in model.parameters())
         and float32_kernel_available()
     )
 
