@@ -208,9 +208,10 @@ def prepare_for_inference(model, quantization: str | None = None):
                 f"quantization={quantization!r}."
             )
         return model
-    if quantization is None and not float32_copy_applies(model):
-        return model
-    if any(parameter.device.type != "cpu" for parameter in model.parameters()):
+    if quantization is None:
+        if not float32_copy_applies(model):  # which also checks that it is on the CPU
+            return model
+    elif any(parameter.device.type != "cpu" for parameter in model.parameters()):
         raise ValueError(f"quantization={quantization!r} runs on the CPU; move the model there (`model.to('cpu')`).")
     key = quantization or "float32"
     fingerprint = weights_fingerprint(model)
