@@ -29,8 +29,9 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    seed, 1,000 steps (warm-up 400): at 24 + 18 if its training fits `MAX_DEEP_TRAIN_MINUTES`, else at the shallowest
    probed depth at which the plain model fails (if that fits), else, when the plain model trains at every probed
    depth, at the deepest one that fits (`deep_post_norm_pair`).
-3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3): layer-wise coordination with
-   14 shared layers (parameter-matched, paper Sec. 4.2), Re-Transformer-2 and -4 and
+3. Each other family in its paper's setting (seed 1 of each first, then seeds 2-3, layer-wise coordination's and
+   Re-Transformer's first, the arms the issue's done-when names): layer-wise coordination with 14 shared layers
+   (parameter-matched, paper Sec. 4.2), Re-Transformer-2 and -4 and
    deep representations' hierarchical aggregation from scratch against the plain 6 + 6 model of priority 1; RTAL
    as its paper ran it (EWP + FFN, children residual, pre-norm) against the pre-norm plain model; deep
    representations' recipe (the plain run fine-tuned with hierarchical aggregation and lambda = 1 for 2,000 more
@@ -225,8 +226,11 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
                       "deep_representations_no_diversity",
                       "plain_transformer_prenorm", "rtal_paper", "plain_transformer_continued",
                       "deep_representations_paper")
-    for seeds in ((1,), (2, 3)):  # priority 3: seed 1 of every family first
-        queue += [StudyRun(arm, seed, **standard) for seed in seeds for arm in other_families]
+    queue += [StudyRun(arm, 1, **standard) for arm in other_families]  # priority 3: seed 1 of every family first,
+    # then seeds 2-3 of the arms the issue's done-when names (layer-wise coordination, Re-Transformer), then the rest
+    done_when_arms = ("layerwise_coordination_14", "re_transformer_2", "re_transformer_4")
+    for arms in (done_when_arms, [arm for arm in other_families if arm not in done_when_arms]):
+        queue += [StudyRun(arm, seed, **standard) for seed in (2, 3) for arm in arms]
     study_arms = ("plain_transformer_embed_init", "gtrans_embed_init", "plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
                   "gtrans_wd_decay_fusion", "gtrans_init_w1", "gtrans_tau1", "gtrans_fused_dropout")
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in study_arms]  # priority 4

@@ -287,6 +287,11 @@ def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike():
             assert queue.index(next(r for r in queue if (r.arm, r.seed) == (baseline, run.seed))) < queue.index(run)
     assert [(r.arm, r.seed) for r in queue[:6]] == [
         (arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer", "gtrans")]  # priority 1 first
+    # priority 3: the done-when's arms (layer-wise coordination, Re-Transformer) reach 3 seeds before the others' seed 2
+    position = {(r.arm, r.seed): i for i, r in enumerate(queue)}
+    done_when = ("layerwise_coordination_14", "re_transformer_2", "re_transformer_4")
+    assert max(position[(arm, seed)] for arm in done_when for seed in (1, 2, 3)) < min(
+        position[(arm, 2)] for arm in ("deep_representations_no_diversity", "rtal_paper", "deep_representations_paper"))
 
 
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
