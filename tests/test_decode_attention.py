@@ -62,6 +62,12 @@ def test_kernel_is_softmax_attention(kernels, head_dim, queries):
         np.testing.assert_allclose(output.numpy(), expected, rtol=1e-5, atol=1e-5)
     fully_masked = kernels.decode_attention(query, key, value, per_row, 0.3)[1]
     assert torch.equal(fully_masked, torch.zeros(queries, heads, head_dim))
+    # masked keys are not read: what they hold (here NaN) does not reach the output
+    poisoned_key, poisoned_value = key.clone(), value.clone()
+    poisoned_key.masked_fill_(~per_row.transpose(2, 3), float("nan"))
+    poisoned_value.masked_fill_(~per_row.transpose(2, 3), float("nan"))
+    assert torch.equal(kernels.decode_attention(query, poisoned_key, poisoned_value, per_row, 0.3),
+                       kernels.decode_attention(query, key, value, per_row, 0.3))
 
 
 def test_kernel_reads_the_decoding_caches_layouts(kernels):

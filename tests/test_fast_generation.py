@@ -11,6 +11,7 @@ import hf_layerfusion
 from hf_layerfusion.inference import (
     UnsupportedFastGeneration,
     decoding_attention,
+    encoding,
     fast_decoding_loop,
     fast_generate,
     fast_generation,
@@ -26,6 +27,13 @@ SEARCHES = {
     "greedy": dict(num_beams=1, max_new_tokens=10),
     "beam": dict(num_beams=3, max_new_tokens=10),
 }
+
+
+@pytest.fixture(autouse=True)
+def every_length_its_own_encoder_group(monkeypatch):
+    """Every test below runs `fast_generate`'s encoder in groups of one source length each (at these tiny sizes one
+    group covers the batch best): the tokens are checked with the grouped encoder."""
+    monkeypatch.setattr(encoding, "CALL_COST_POSITIONS", 0)
 
 
 @pytest.fixture

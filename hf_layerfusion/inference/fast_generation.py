@@ -1,9 +1,12 @@
 """Fast generation for every hf_layerfusion family: the tokens of `generate()`, with less work per step.
 
 `fast_generate(model, **inputs_and_generate_kwargs)` returns what `model.generate(...)` returns for greedy search and
-beam search. It runs `generate()`'s own preparation (generation config, special tokens, encoder, beam expansion,
-logits processors, stopping criteria) and replaces only the decoding loop (transformers' `custom_generate` hook):
+beam search. It runs `generate()`'s own preparation (generation config, special tokens, beam expansion, logits
+processors, stopping criteria) and replaces only the encoder call and the decoding loop (transformers' `custom_generate`
+hook):
 
+- a padded batch is encoded in groups of sentences of similar length, each cut to its longest sentence
+  (`encoding.encode_by_length`), so that the encoder's products skip most of the padding;
 - the decoder runs through the model's own stack (`LayerStack.run_layers`: the family's layers, connection, readout
   and `output_head`), one position per step, without `forward()`'s per-step work (output-capture hooks, mask
   building, input checks, output dataclasses);
@@ -22,8 +25,8 @@ logits processors, stopping criteria) and replaces only the decoding loop (trans
 copy whose linear layers and decoding attention are compiled kernels (`Float32Linear`, `decoding_attention.py`), with
 `quantization="int8"` one whose linear layers are int8 (`Int8Linear`); elsewhere the model itself.
 
-In float32 the numbers are `generate()`'s except for the order of sums (the kernels', and beam search attends a
-sentence's beams together), so the tokens are the same unless two candidates tie to the last bits;
+In float32 the numbers are `generate()`'s except for the order of sums (the kernels', an encoder group's attention
+over fewer masked keys, and beam search attends a sentence's beams together), so the tokens are the same unless two candidates tie to the last bits;
 tests/test_fast_generation.py checks the tokens against `generate()` for every family, greedy and beam, and
 `benchmarks/bench_inference.py` on every run.
 
@@ -36,6 +39,7 @@ criteria, a prompt for the decoder, attention implementations other than eager a
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.logits_process import (
@@ -52,10 +56,11 @@ from transformers.generation.logits_process import (
     SuppressTokensLogitsProcessor,
 )
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
-from transformers.utils import logging
+from transformers.utils import ModelOutput, logging
 
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
+from .encoding import encode_by_length
 from .inference_copies import prepare_for_inference
 from .search import BEAM_SEARCH_HELPERS, beam_search, greedy_search
 
@@ -166,6 +171,24 @@ def fast_decoding_loop(fallback: bool = True):
     return decode
 
 
+def encodes_by_length(model, kwargs: dict) -> bool:
+    """Whether `fast_generate` encodes the batch itself, in groups of similar length (`encode_by_length`), and hands
+    `generate()` the encoder outputs: for token ids with an attention mask as the encoder's only tensors, and no
+    encoder attentions or hidden states asked for (the groups' outputs leave them out)."""
+    input_ids = kwargs["inputs"] if "inputs" in kwargs else kwargs.get("input_ids")
+    mask = kwargs.get("attention_mask")
+    if not (isinstance(input_ids, torch.Tensor) and isinstance(mask, torch.Tensor) and input_ids.shape == mask.shape):
+        return False
+    others = [name for name, value in kwargs.items() if name not in ("inputs", "input_ids", "attention_mask")
+              and isinstance(value, (torch.Tensor, ModelOutput, Cache))]
+    config = kwargs.get("generation_config") or model.generation_config
+    wants_encoder_details = any(
+        kwargs.get(name, getattr(config, name, False))
+        for name in ("return_dict_in_generate", "output_attentions", "output_hidden_states")
+    )
+    return not others and not wants_encoder_details
+
+
 def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
     """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
     greedy and beam search. It runs the model's inference copy (`prepare_for_inference`): on CPU in float32 the
@@ -192,6 +215,10 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     decode = fast_decoding_loop(fallback and engine is fallback_model)
     try:
         with torch.inference_mode():
+            if encodes_by_length(engine, kwargs):
+                input_ids = kwargs["inputs"] if "inputs" in kwargs else kwargs["input_ids"]
+                encoder_outputs = encode_by_length(engine.get_encoder(), input_ids, kwargs["attention_mask"])
+                return engine.generate(custom_generate=decode, encoder_outputs=encoder_outputs, **kwargs)
             return engine.generate(custom_generate=decode, **kwargs)
     except UnsupportedFastGeneration as error:
         if not fallback:

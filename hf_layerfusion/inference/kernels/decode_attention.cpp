@@ -8,7 +8,8 @@
 //
 // Numbers: softmax(q k^T * scaling + mask) v in float32, the scores' dot products summed in 16 lanes and then
 // pairwise, exp(x) by range reduction and a degree-6 polynomial (Cephes' expf, about 1 ulp), rows whose keys are all
-// masked give zeros (as SDPA does). It agrees with SDPA to float rounding (about 1e-6), not bit for bit.
+// masked give zeros (as SDPA does). Masked keys and their values are not read: they weigh exactly nothing, whatever
+// they hold. It agrees with SDPA to float rounding (about 1e-6), not bit for bit.
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -94,13 +95,17 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
       Vec16 scaled_query[kChunks];
       for (int c = 0; c < kChunks; ++c) scaled_query[c] = load(query + kLanes * c) * p.scaling;
-      // scores q . k (scaled), their maximum
+      // scores q . k (scaled), their maximum; masked keys are not read (in a padded batch, most of some rows' keys)
       float maximum = -INFINITY;
       for (int64_t k = 0; k < p.keys; ++k) {
+        if (mask && !mask[k]) {
+          scores[k] = -INFINITY;
+          continue;
+        }
         const float* key = keys + k * p.key_strides[2];
         Vec16 products = scaled_query[0] * load(key);
         for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load(key + kLanes * c);
-        const float score = (mask && !mask[k]) ? -INFINITY : lane_sum(products);
+        const float score = lane_sum(products);
         scores[k] = score;
         maximum = score > maximum ? score : maximum;
       }
@@ -122,6 +127,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       Vec16 accumulated[kChunks];
       for (int c = 0; c < kChunks; ++c) accumulated[c] = Vec16{};
       for (int64_t k = 0; k < p.keys; ++k) {
+        if (mask && !mask[k]) continue;
         const float weight = scores[k];
         const float* value = values + k * p.value_strides[2];
         for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load(value + kLanes * c);
