@@ -134,8 +134,9 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
     folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
-    steps, SDPA elsewhere). Every other tensor (embeddings, LayerNorms, fusion weights) and the generation config are
-    shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
+    steps, SDPA elsewhere), and whose GTrans output mixture, where the family has one (`mixture_log_probs`), is the
+    compiled kernel of the same name. Every other tensor (embeddings, LayerNorms, fusion weights) and the generation
+    config are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
@@ -150,8 +151,31 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
     engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one
     engine.__dict__["project"] = engine.inference_output_projection
+    if hasattr(engine, "mixture_log_probs"):  # GTrans' output mixture (Eq. 5): five torch passes, or one kernel call
+        engine.__dict__["mixture_log_probs"] = mixture_log_probs_kernel(engine.mixture_log_probs)
     engine.prepared_for_inference = name
     return engine
+
+
+def mixture_log_probs_kernel(torch_mixture):
+    """The compiled `mixture_log_probs` kernel (kernels/mixture_log_probs.cpp: the same function, float rounding apart)
+    for float32 CPU group logits `(groups, ..., vocab)` without gradients, else `torch_mixture` (the model's own torch
+    operations)."""
+
+    def mixture_log_probs(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        kernels = compiled_kernels()
+        if (
+            kernels is None
+            or group_logits.dim() < 2
+            or group_logits.dtype != torch.float32
+            or group_logits.device.type != "cpu"
+            or (torch.is_grad_enabled() and (group_logits.requires_grad or psi.requires_grad))  # the kernel has no backward
+        ):
+            return torch_mixture(group_logits, psi)
+        rows = group_logits.reshape(group_logits.shape[0], -1, group_logits.shape[-1])  # (groups, rows, vocab)
+        return kernels.mixture_log_probs(rows, psi.float()).view(group_logits.shape[1:])
+
+    return mixture_log_probs
 
 
 def int8_copy(model):

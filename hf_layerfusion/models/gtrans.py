@@ -224,10 +224,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
             )  # Eq. 7
         else:
             group_logits = self.project(torch.stack(group_features)).float()  # h_i^{df} W_o for every group
-            # Eq. 5 in probability space (one softmax per group, one weighted sum); the clamp keeps log finite for
-            # tokens whose probability underflows in every group
-            mixture = torch.tensordot(psi, F.softmax(group_logits, dim=-1), dims=1)
-            logits = mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
+            logits = self.mixture_log_probs(group_logits, psi)
             if return_group_log_probs:
                 group_log_probs = F.log_softmax(group_logits, dim=-1)
             loss = None
@@ -237,6 +234,14 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
                 )
                 loss = (psi * group_ce).sum()  # Eq. 7
         return HeadOutput(loss, logits, group_log_probs, psi if return_group_log_probs else None)
+
+    def mixture_log_probs(self, group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        """Eq. 5 in probability space: log sum_i psi_i softmax(h_i^{df} W_o) from the group logits `(groups, ..., vocab)`
+        (one softmax per group, one weighted sum); the clamp at the smallest normal float keeps the log finite for tokens
+        whose probability underflows in every group. The inference copies compute it with a compiled kernel
+        (`hf_layerfusion.inference.inference_copies.kernel_copy`)."""
+        mixture = torch.tensordot(psi, F.softmax(group_logits, dim=-1), dims=1)
+        return mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
 
     def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
         """`generate()` that may mix a subset of decoder groups (paper Table VI: mixing groups 3..6 of 6 is close

@@ -15,4 +15,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
         pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
         pybind11::arg("scaling"));
+  m.def("mixture_log_probs", &mixture_log_probs, "GTrans' log sum_g psi_g softmax(z_g), clamped at FLT_MIN (Eq. 5).",
+        pybind11::arg("group_logits"), pybind11::arg("psi"));
 }

@@ -12,3 +12,4 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
                              const c10::optional<torch::Tensor>& bias, bool relu);
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const c10::optional<torch::Tensor>& mask, double scaling);
+torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi);

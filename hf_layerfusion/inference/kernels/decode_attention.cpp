@@ -14,63 +14,13 @@
 
 #include <ATen/Parallel.h>
 
-#include <cmath>
-#include <cstdint>
-#include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// compiled for several x86 vector widths; the best one the CPU has is picked when the module loads
-#define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HLF_VECTOR_CLONES
-#endif
-#define HLF_INLINE inline __attribute__((always_inline))
+#include "vector16.h"
 
 namespace {
 
-// 16 floats: GCC's generic vectors, lowered to the clone's instruction set (one AVX-512 register, two AVX2 ones)
-typedef float Vec16 __attribute__((vector_size(64)));
-typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4)));
-typedef int32_t Int16 __attribute__((vector_size(64)));
-
-constexpr int64_t kLanes = 16;
 constexpr int64_t kMaxChunks = 8;  // head_dim up to 128
-
-HLF_INLINE Vec16 load(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
-HLF_INLINE void store(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
-HLF_INLINE Vec16 splat(float a) { return Vec16{} + a; }
-
-// the sum of the 16 lanes, pairwise (a fixed order)
-HLF_INLINE float lane_sum(Vec16 v) {
-  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-}
-
-// exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts), exp(r) by
-// Cephes' expf polynomial, times 2^n built in the exponent bits. Below -87 (exp < 2^-125) the result is 0, so that
-// masked keys weigh exactly nothing and no subnormal arithmetic (slow on x86) follows.
-HLF_INLINE Vec16 exp_nonpositive(Vec16 x) {
-  const auto underflow = x < splat(-87.f);
-  x = underflow ? splat(-87.f) : x;
-  const Vec16 round_to_integer = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const Vec16 n = (x * 1.44269504f + round_to_integer) - round_to_integer;
-  Vec16 r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  Vec16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.f;
-  const Int16 exponent = (__builtin_convertvector(n, Int16) + 127) << 23;
-  Vec16 power;
-  std::memcpy(&power, &exponent, sizeof(power));
-  return underflow ? Vec16{} : p * power;
-}
 
 struct Problem {
   const float *query, *key, *value;

@@ -1,0 +1,92 @@
+// 16-float vectors for the CPU kernels that are compiled for several x86 vector widths (decode_attention.cpp,
+// mixture_log_probs.cpp): GCC's generic vectors, lowered to the clone's instruction set, and the functions both use.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// compiled for several x86 vector widths; the best one the CPU has is picked when the module loads
+#define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HLF_VECTOR_CLONES
+#endif
+#define HLF_INLINE inline __attribute__((always_inline))
+
+// 16 floats: GCC's generic vectors, lowered to the clone's instruction set (one AVX-512 register, two AVX2 ones)
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4)));
+typedef int32_t Int16 __attribute__((vector_size(64)));
+
+constexpr int64_t kLanes = 16;
+
+HLF_INLINE Vec16 load(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
+HLF_INLINE void store(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
+HLF_INLINE Vec16 splat(float a) { return Vec16{} + a; }
+
+// the sum of the 16 lanes, pairwise (a fixed order)
+HLF_INLINE float lane_sum(Vec16 v) {
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+}
+
+// the largest of the 16 lanes
+HLF_INLINE float lane_max(Vec16 v) {
+  float maximum = v[0];
+  for (int lane = 1; lane < kLanes; ++lane) maximum = v[lane] > maximum ? v[lane] : maximum;
+  return maximum;
+}
+
+// exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts), exp(r) by
+// Cephes' expf polynomial (about 1 ulp), times 2^n built in the exponent bits. Below -87 (exp < 2^-125) the result is
+// 0, so that no subnormal arithmetic (slow on x86) follows.
+HLF_INLINE Vec16 exp_nonpositive(Vec16 x) {
+  const auto underflow = x < splat(-87.f);
+  x = underflow ? splat(-87.f) : x;
+  const Vec16 round_to_integer = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const Vec16 n = (x * 1.44269504f + round_to_integer) - round_to_integer;
+  Vec16 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  Vec16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const Int16 exponent = (__builtin_convertvector(n, Int16) + 127) << 23;
+  Vec16 power;
+  std::memcpy(&power, &exponent, sizeof(power));
+  return underflow ? Vec16{} : p * power;
+}
+
+// log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) by Cephes' logf polynomial in m - 1
+// (about 1 ulp), plus e ln2 (ln2 in two parts)
+HLF_INLINE Vec16 log_positive(Vec16 x) {
+  Int16 bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  Int16 exponent = ((bits >> 23) & 0xff) - 126;  // x = 2^exponent * m, m in [1/2, 1)
+  bits = (bits & 0x807fffff) | 0x3f000000;
+  Vec16 m;
+  std::memcpy(&m, &bits, sizeof(m));
+  const auto small = m < splat(0.707106781186547524f);  // m in [1/2, sqrt(1/2)): use 2m and exponent - 1
+  exponent = small ? exponent - 1 : exponent;
+  m = (small ? m + m : m) - 1.f;
+  const Vec16 e = __builtin_convertvector(exponent, Vec16);
+  const Vec16 z = m * m;
+  Vec16 y = m * 7.0376836292e-2f - 1.1514610310e-1f;
+  y = y * m + 1.1676998740e-1f;
+  y = y * m - 1.2420140846e-1f;
+  y = y * m + 1.4249322787e-1f;
+  y = y * m - 1.6668057665e-1f;
+  y = y * m + 2.0000714765e-1f;
+  y = y * m - 2.4999993993e-1f;
+  y = y * m + 3.3333331174e-1f;
+  y = y * m * z;
+  y = y + e * -2.12194440e-4f;
+  y = y - z * 0.5f;
+  return m + y + e * 0.693359375f;
+}

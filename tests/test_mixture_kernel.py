@@ -1,0 +1,64 @@
+"""The compiled GTrans output mixture (`mixture_log_probs`, kernels/mixture_log_probs.cpp) against Eq. 5 computed in
+float64, and the inference copies' use of it."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import tiny_model
+
+from hf_layerfusion.inference import prepare_for_inference
+
+
+def eq5_float64(group_logits: torch.Tensor, psi: torch.Tensor) -> np.ndarray:
+    """log max(sum_i psi_i softmax(z_i), FLT_MIN) in float64 (paper Eq. 5 with the model's clamp)."""
+    z = group_logits.double().numpy()
+    probabilities = np.exp(z - z.max(axis=-1, keepdims=True))
+    probabilities /= probabilities.sum(axis=-1, keepdims=True)
+    mixture = np.tensordot(psi.double().numpy(), probabilities, axes=1)
+    return np.log(np.maximum(mixture, np.finfo(np.float32).tiny))
+
+
+@pytest.mark.parametrize("groups, rows, vocab", [(1, 3, 16), (2, 5, 37), (3, 4, 8000), (6, 2, 5)])
+def test_kernel_is_eq5(kernels, groups, rows, vocab):
+    torch.manual_seed(groups * 1000 + vocab)
+    group_logits = torch.randn(groups, rows, vocab) * 6
+    psi = torch.softmax(torch.randn(groups), dim=0)
+    output = kernels.mixture_log_probs(group_logits, psi)
+    assert output.shape == (rows, vocab) and output.dtype == torch.float32
+    np.testing.assert_allclose(output.numpy(), eq5_float64(group_logits, psi), rtol=2e-6, atol=2e-6)
+
+
+def test_kernel_clamps_probabilities_that_underflow_in_every_group(kernels):
+    group_logits = torch.zeros(2, 1, 20)
+    group_logits[:, 0, 0] = 200.0  # every other token: probability e^-200 in both groups
+    group_logits[1, 0, 1] = 150.0  # token 1: e^-50 / 2 in the mixture
+    output = kernels.mixture_log_probs(group_logits, torch.tensor([0.5, 0.5]))
+    expected = eq5_float64(group_logits, torch.tensor([0.5, 0.5]))
+    tiny_log = float(np.log(np.finfo(np.float32).tiny))
+    assert torch.equal(output[0, 2:], torch.full((18,), tiny_log, dtype=torch.float32))
+    np.testing.assert_allclose(output.numpy(), expected, rtol=2e-6)
+
+
+def test_kernel_names_bad_inputs(kernels):
+    with pytest.raises(RuntimeError, match="group_logits must be a float32 CPU tensor"):
+        kernels.mixture_log_probs(torch.randn(2, 3), torch.ones(2))
+    with pytest.raises(RuntimeError, match="group_logits must be a float32 CPU tensor"):
+        kernels.mixture_log_probs(torch.randn(2, 3, 4, dtype=torch.float64), torch.ones(2))
+    with pytest.raises(RuntimeError, match=r"psi must be float32 with one weight per group \(2\)"):
+        kernels.mixture_log_probs(torch.randn(2, 3, 4), torch.ones(3))
+
+
+def test_the_copies_mix_gtrans_groups_with_the_kernel_and_the_model_with_torch(kernels):
+    model = tiny_model("gtrans")
+    group_logits, psi = torch.randn(3, 4, 2, 50), torch.softmax(torch.randn(3), dim=0)  # (groups, batch, length, vocab)
+    with torch.no_grad():
+        expected = model.mixture_log_probs(group_logits, psi)
+        for quantization in (None, "int8"):
+            engine = prepare_for_inference(model, quantization)
+            if engine is model:  # no float32 copy on this CPU
+                continue
+            torch.testing.assert_close(engine.mixture_log_probs(group_logits, psi), expected, rtol=1e-5, atol=1e-5)
+    with torch.enable_grad():  # the kernel has no backward: a differentiable call runs the model's torch operations
+        logits = group_logits.clone().requires_grad_()
+        prepare_for_inference(model, "int8").mixture_log_probs(logits, psi).sum().backward()
+    assert logits.grad is not None
