@@ -12,8 +12,8 @@ backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (o
 - the per-step cost of everything but arithmetic: the same loop on a model of the same shape with d_model 16 (FFN 64,
   one attention head of 16 dimensions, the decoding-attention kernel's smallest), whose products and attention take
   next to no time, divided by its 33 decoder steps;
-- the copy's linear layers by product shape (one more translation, each call timed): over the source positions (the
-  encoder, and the cross-attention keys/values computed once per input) or at decoding steps.
+- the copy's linear layers by product shape (one more translation, each call timed): in the encoder (its groups of
+  sentences of similar length), for the cross-attention keys/values (once per input) or at decoding steps.
 
     python benchmarks/profile_decoder_step.py [--repeats 5] [--rows 12]
     python benchmarks/profile_decoder_step.py --model lc_14 --num-beams 4
@@ -46,6 +46,7 @@ import transformers  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
+from hf_layerfusion.inference.decoding import DecoderSteps  # noqa: E402
 from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear  # noqa: E402
 
 NEW_TOKENS = 32
@@ -72,16 +73,28 @@ def profiled(function, label: str):
 
 
 def linear_times_by_shape(run, source_rows: int) -> list[str]:
-    """Markdown rows: per (kernel layer, in -> out, source positions or decoding steps) the calls, total ms and µs
-    per call of one `run()` (each call timed with `time.perf_counter`)."""
+    """Markdown rows: per (kernel layer, in -> out, where) the calls, total ms and µs per call of one `run()` (each
+    call timed with `time.perf_counter`); where: the encoder (its groups of similar length), the cross-attention
+    keys/values (`source_rows` positions, once per input) or the decoding steps."""
     totals: dict[tuple, list] = {}
     forwards = {layer: layer.forward for layer in (Float32Linear, Int8Linear)}
+    logits = DecoderSteps.logits
+    in_decoder = [False]
+
+    def decoder_step(self, tokens):
+        in_decoder[0] = True
+        try:
+            return logits(self, tokens)
+        finally:
+            in_decoder[0] = False
 
     def timed(forward):
         def call(self, hidden_states):
             start = time.perf_counter()
             output = forward(self, hidden_states)
-            where = "source positions" if hidden_states.numel() // hidden_states.shape[-1] == source_rows else "decoding steps"
+            rows = hidden_states.numel() // hidden_states.shape[-1]
+            where = ("encoder" if not in_decoder[0] else
+                     "cross-attention keys/values" if rows == source_rows else "decoding steps")
             entry = totals.setdefault((type(self).__name__, f"{self.in_features} -> {self.out_features}", where), [0, 0.0])
             entry[0] += 1
             entry[1] += time.perf_counter() - start
@@ -91,11 +104,13 @@ def linear_times_by_shape(run, source_rows: int) -> list[str]:
 
     for layer, forward in forwards.items():
         layer.forward = timed(forward)
+    DecoderSteps.logits = decoder_step
     try:
         run()
     finally:
         for layer, forward in forwards.items():
             layer.forward = forward
+        DecoderSteps.logits = logits
     return [f"| {layer} | {shape} | {where} | {calls} | {seconds * 1e3:.1f} | {seconds / calls * 1e6:.0f} |"
             for (layer, shape, where), (calls, seconds) in sorted(totals.items())]
 
@@ -169,7 +184,8 @@ def main(argv=None) -> None:
         print("```")
         print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
         print("```")
-        print(f"\nIts linear layers by product shape ({batch['input_ids'].numel()} source positions, padding included):\n")
+        print(f"\nIts linear layers by product shape ({int(batch['attention_mask'].sum())} source tokens, "
+              f"{batch['input_ids'].numel()} positions with padding):\n")
         print("| layer | product | rows | calls | ms | µs per call |")
         print("|---|---|---|---|---|---|")
         print("\n".join(linear_times_by_shape(run, batch["input_ids"].numel())))
