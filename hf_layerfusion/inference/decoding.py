@@ -124,8 +124,9 @@ class _CrossAttentionCache:
         self.layers: dict[int, _StaticLayer] = {}
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        # stored contiguous (the projections' transposed views are not): attention reads them at every step
-        layer = self.layers[layer_idx] = _StaticLayer(key_states.contiguous(), value_states.contiguous())
+        # kept as the projections' transposed views: a contiguous copy would cost a pass over (rows, source, d_model)
+        # per slot, and neither the attention kernel nor SDPA reads it faster
+        layer = self.layers[layer_idx] = _StaticLayer(key_states, value_states)
         return layer.keys, layer.values
 
     def select(self, index: torch.Tensor) -> None:
