@@ -195,6 +195,7 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
         counting.calls.clear()
         assert torch.equal(fast_generate(model, **source, max_new_tokens=8, fallback=False, **settings), expected)
         assert counting.calls["decode_attention"] >= 8 and counting.calls["float32_linear"] >= 8, counting.calls
+        assert counting.calls["add_layer_norm"] >= 8, counting.calls
         if model.config.num_decoder_groups > 1 and hasattr(model, "mixture_log_probs"):  # GTrans' output mixture
             assert counting.calls["mixture_log_probs"] >= 8, counting.calls
 

@@ -11,7 +11,7 @@ import weakref
 import torch
 from torch import nn
 
-from ..modeling.layers import FeedForward
+from ..modeling.layers import FeedForward, ResidualSublayer
 from .cpu_kernels import compiled_kernels
 from .decoding_attention import register_decoding_attention
 
@@ -130,12 +130,55 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}{relu}"
 
 
+class KernelResidualSublayer(ResidualSublayer):
+    """A `ResidualSublayer` of the inference copies whose LayerNorm, with the residual sum before it (post-norm `exit`)
+    or alone (pre-norm `enter`), is one call of the compiled `add_layer_norm` kernel (kernels/layer_norm.cpp: torch's
+    LayerNorm up to float rounding) on float32 CPU inputs in eval mode; anything else runs `ResidualSublayer`'s own
+    torch operations."""
+
+    def __init__(self, sublayer: ResidualSublayer):  # `sublayer`'s LayerNorm module, its parameters shared
+        nn.Module.__init__(self)
+        self.layer_norm = sublayer.layer_norm
+        self.normalize_before, self.dropout = sublayer.normalize_before, sublayer.dropout
+        self.train(sublayer.training)
+
+    def normalize(self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
+        """LayerNorm(hidden_states (+ residual)) through the kernel, or None where it does not apply."""
+        kernels, norm = compiled_kernels(), self.layer_norm
+        if (
+            kernels is None
+            or self.training
+            or norm.weight is None
+            or norm.bias is None
+            or hidden_states.dtype != torch.float32
+            or hidden_states.device.type != "cpu"
+            or hidden_states.shape[-1] % 16
+            or (residual is not None and residual.shape != hidden_states.shape)
+        ):
+            return None
+        return kernels.add_layer_norm(hidden_states, residual, norm.weight, norm.bias, norm.eps)
+
+    def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.normalize_before:
+            normalized = self.normalize(hidden_states)
+            if normalized is not None:
+                return normalized
+        return super().enter(hidden_states)
+
+    def exit(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        if not self.normalize_before:
+            normalized = self.normalize(sublayer_output, residual)
+            if normalized is not None:
+                return normalized
+        return super().exit(residual, sublayer_output)
+
+
 def kernel_copy(model, linear_class: type[nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
     folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
-    steps, SDPA elsewhere), and whose GTrans output mixture, where the family has one (`mixture_log_probs`), is the
-    compiled kernel of the same name. Every other tensor (embeddings, LayerNorms, fusion weights) and the generation
+    steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s and whose
+    GTrans output mixture, where the family has one (`mixture_log_probs`), is the compiled kernel of the same name. Every other tensor (embeddings, LayerNorms, fusion weights) and the generation
     config are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
@@ -147,6 +190,8 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, child_name, linear_class(child.weight, child.bias))
+            elif type(child) is ResidualSublayer:
+                setattr(module, child_name, KernelResidualSublayer(child))
     engine.set_attn_implementation(register_decoding_attention())
     engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one

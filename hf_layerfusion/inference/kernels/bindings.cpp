@@ -17,4 +17,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("scaling"));
   m.def("mixture_log_probs", &mixture_log_probs, "GTrans' log sum_g psi_g softmax(z_g), clamped at FLT_MIN (Eq. 5).",
         pybind11::arg("group_logits"), pybind11::arg("psi"));
+  m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
+        pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"));
 }

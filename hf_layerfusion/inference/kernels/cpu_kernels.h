@@ -13,3 +13,5 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const c10::optional<torch::Tensor>& mask, double scaling);
 torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi);
+torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
+                             const torch::Tensor& bias, double eps);

@@ -1,0 +1,65 @@
+// The residual sum and LayerNorm of a sub-layer in one call, for the inference copies' `KernelResidualSublayer`
+// (`hf_layerfusion.inference.inference_copies`): `add_layer_norm(x, y, weight, bias, eps)` is LayerNorm(x + y), and
+// with y = None LayerNorm(x). At a decoding step (tens of rows of a few hundred features) torch's `add` and
+// `layer_norm` cost mostly their fixed per-call work; here each row is three passes over its features in cache.
+//
+// Numbers: float32, the row's mean and then the mean of its squared deviations, each summed in 16 lanes and then
+// pairwise (`lane_sum`), (x - mean) / sqrt(variance + eps) * weight + bias: torch's LayerNorm up to float rounding.
+#include "cpu_kernels.h"
+
+#include <ATen/Parallel.h>
+
+#include "vector16.h"
+
+namespace {
+
+// rows [begin, end) of (rows, features): LayerNorm(x + y) (y may be null) into `output`; features % 16 == 0
+HLF_VECTOR_CLONES void normalize_rows(const float* x, const float* y, const float* weight, const float* bias, float eps,
+                                      float* output, int64_t features, int64_t begin, int64_t end) {
+  const float inverse_features = 1.f / static_cast<float>(features);
+  for (int64_t row = begin; row < end; ++row) {
+    const float* a = x + row * features;
+    const float* b = y ? y + row * features : nullptr;
+    float* out = output + row * features;
+    Vec16 total{};
+    for (int64_t f = 0; f < features; f += kLanes) {  // the sum x + y, kept in `out` for the next passes
+      const Vec16 value = b ? load(a + f) + load(b + f) : load(a + f);
+      store(out + f, value);
+      total += value;
+    }
+    const float mean = lane_sum(total) * inverse_features;
+    Vec16 squares{};
+    for (int64_t f = 0; f < features; f += kLanes) {
+      const Vec16 deviation = load(out + f) - mean;
+      squares += deviation * deviation;
+    }
+    const float inverse_std = 1.f / std::sqrt(lane_sum(squares) * inverse_features + eps);
+    for (int64_t f = 0; f < features; f += kLanes) {
+      store(out + f, (load(out + f) - mean) * inverse_std * load(weight + f) + load(bias + f));
+    }
+  }
+}
+
+}  // namespace
+
+torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
+                             const torch::Tensor& bias, double eps) {
+  const int64_t features = x.size(-1);
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.dim() >= 1 && features % kLanes == 0,
+              "add_layer_norm: x must be a float32 CPU tensor whose last dimension is a multiple of 16, got ",
+              x.scalar_type(), " ", x.sizes(), " on ", x.device());
+  TORCH_CHECK(!y.has_value() || (y->sizes() == x.sizes() && y->scalar_type() == torch::kFloat32 && y->device().is_cpu()),
+              "add_layer_norm: y must be float32 of x's shape ", x.sizes());
+  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
+                  weight.numel() == features && bias.numel() == features,
+              "add_layer_norm: weight and bias must be float32 with ", features, " values");
+  const auto a = x.contiguous();
+  const auto b = y.has_value() ? y->contiguous() : torch::Tensor();
+  const auto w = weight.contiguous(), c = bias.contiguous();
+  auto output = torch::empty_like(a);
+  at::parallel_for(0, a.numel() / features, 64, [&](int64_t begin, int64_t end) {
+    normalize_rows(a.data_ptr<float>(), y.has_value() ? b.data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                   c.data_ptr<float>(), static_cast<float>(eps), output.data_ptr<float>(), features, begin, end);
+  });
+  return output;
+}
