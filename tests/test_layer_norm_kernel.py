@@ -4,9 +4,9 @@ float64, and the inference copies' `KernelResidualSublayer` against the model's 
 import numpy as np
 import pytest
 import torch
-from helpers import tiny_model
+from helpers import CountingKernels, tiny_model
 
-from hf_layerfusion.inference import prepare_for_inference
+from hf_layerfusion.inference import inference_copies, prepare_for_inference
 from hf_layerfusion.inference.inference_copies import KernelResidualSublayer
 from hf_layerfusion.modeling.layers import ResidualSublayer
 
@@ -43,7 +43,9 @@ def test_kernel_names_bad_inputs(kernels):
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_the_copies_sublayers_compute_the_models(kernels, normalize_before):
+def test_the_copies_sublayers_compute_the_models(kernels, normalize_before, monkeypatch):
+    counting = CountingKernels(kernels)
+    monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: counting)
     model = tiny_model("plain_transformer", d_model=32, normalize_before=normalize_before)
     engine = prepare_for_inference(model, "int8")  # both copies come from kernel_copy
     blocks = [m for m in engine.model.modules() if isinstance(m, ResidualSublayer)]
@@ -55,6 +57,10 @@ def test_the_copies_sublayers_compute_the_models(kernels, normalize_before):
     with torch.no_grad():
         torch.testing.assert_close(copied.enter(residual), own.enter(residual), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(copied.exit(residual, output), own.exit(residual, output), rtol=1e-5, atol=1e-5)
+        assert counting.calls["add_layer_norm"] == 1  # pre-norm: in `enter`; post-norm: with the sum, in `exit`
+        with torch.enable_grad():  # differentiable: the sub-layer's own torch operations (the kernel has no backward)
+            assert copied.exit(residual, output.requires_grad_()).grad_fn is not None
+        assert counting.calls["add_layer_norm"] == 1
         copied.train()  # training mode (dropout): the sub-layer's own torch operations
         torch.manual_seed(0)
         trained = copied.exit(residual, output)

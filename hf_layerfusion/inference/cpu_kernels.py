@@ -1,6 +1,7 @@
-"""The C++ CPU kernels of the inference copies (`kernels/`): `float32_linear` (`Float32Linear`) and `int8_linear`
-(`Int8Linear`, both in inference_copies.py) and `decode_attention` (the copies' attention at decoding steps,
-decoding_attention.py), compiled into one extension module at first use."""
+"""The C++ CPU kernels of the inference copies (`kernels/`): `float32_linear` (`Float32Linear`), `int8_linear`
+(`Int8Linear`), `add_layer_norm` (`KernelResidualSublayer`) and `mixture_log_probs` (GTrans' output mixture), all
+used in inference_copies.py, and `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
+compiled into one extension module at first use."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The inference copies of a model that `fast_generate` and the translation helpers run on CPU
 (`prepare_for_inference`): the float32 copy (`Float32Linear` layers: the same function as the model's, with the sums
 in another order) and the int8 copy (`Int8Linear` layers: faster, not token-exact). Both share every other tensor
-with the model and attend through the decoding-attention kernel (`decoding_attention.py`)."""
+with the model, attend through the decoding-attention kernel (`decoding_attention.py`), and run their sub-layers'
+LayerNorms and GTrans' output mixture as compiled kernels too (`KernelResidualSublayer`, `mixture_log_probs_kernel`)."""
 
 from __future__ import annotations
 
@@ -133,8 +134,8 @@ class Int8Linear(nn.Module):
 class KernelResidualSublayer(ResidualSublayer):
     """A `ResidualSublayer` of the inference copies whose LayerNorm, with the residual sum before it (post-norm `exit`)
     or alone (pre-norm `enter`), is one call of the compiled `add_layer_norm` kernel (kernels/layer_norm.cpp: torch's
-    LayerNorm up to float rounding) on float32 CPU inputs in eval mode; anything else runs `ResidualSublayer`'s own
-    torch operations."""
+    LayerNorm up to float rounding) on float32 CPU inputs in eval mode without gradients; anything else runs
+    `ResidualSublayer`'s own torch operations."""
 
     def __init__(self, sublayer: ResidualSublayer):  # `sublayer`'s LayerNorm module, its parameters shared
         nn.Module.__init__(self)
@@ -154,6 +155,7 @@ class KernelResidualSublayer(ResidualSublayer):
             or hidden_states.device.type != "cpu"
             or hidden_states.shape[-1] % 16
             or (residual is not None and residual.shape != hidden_states.shape)
+            or (torch.is_grad_enabled() and norm.weight.requires_grad)  # the kernel has no backward
         ):
             return None
         return kernels.add_layer_norm(hidden_states, residual, norm.weight, norm.bias, norm.eps)
@@ -177,9 +179,10 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
     folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
-    steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s and whose
-    GTrans output mixture, where the family has one (`mixture_log_probs`), is the compiled kernel of the same name. Every other tensor (embeddings, LayerNorms, fusion weights) and the generation
-    config are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
+    steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s, and whose
+    GTrans output mixture, where the family has one (`mixture_log_probs`), is the compiled kernel of that name. Every
+    other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config are shared with `model`, not
+    copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
@@ -214,7 +217,7 @@ def mixture_log_probs_kernel(torch_mixture):
             or group_logits.dim() < 2
             or group_logits.dtype != torch.float32
             or group_logits.device.type != "cpu"
-            or (torch.is_grad_enabled() and (group_logits.requires_grad or psi.requires_grad))  # the kernel has no backward
+            or (torch.is_grad_enabled() and (group_logits.requires_grad or psi.requires_grad))  # no backward
         ):
             return torch_mixture(group_logits, psi)
         rows = group_logits.reshape(group_logits.shape[0], -1, group_logits.shape[-1])  # (groups, rows, vocab)
