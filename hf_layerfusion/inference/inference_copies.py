@@ -139,26 +139,28 @@ class KernelResidualSublayer(ResidualSublayer):
 
     def __init__(self, sublayer: ResidualSublayer):  # `sublayer`'s LayerNorm module, its parameters shared
         nn.Module.__init__(self)
-        self.layer_norm = sublayer.layer_norm
+        self.layer_norm = norm = sublayer.layer_norm
         self.normalize_before, self.dropout = sublayer.normalize_before, sublayer.dropout
         self.train(sublayer.training)
+        # the kernel's arguments, read once (a plain tuple: not registered again as parameters), where it takes this
+        # LayerNorm: affine, over one dimension of a multiple of 16 features
+        kernel_fits = norm.weight is not None and norm.bias is not None and norm.weight.shape[-1] % 16 == 0
+        self.kernel_arguments = (norm.weight, norm.bias, norm.eps) if kernel_fits else None
 
     def normalize(self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
         """LayerNorm(hidden_states (+ residual)) through the kernel, or None where it does not apply."""
-        kernels, norm = compiled_kernels(), self.layer_norm
+        arguments = self.kernel_arguments
         if (
-            kernels is None
+            arguments is None
             or self.training
-            or norm.weight is None
-            or norm.bias is None
             or hidden_states.dtype != torch.float32
             or hidden_states.device.type != "cpu"
-            or hidden_states.shape[-1] % 16
             or (residual is not None and residual.shape != hidden_states.shape)
-            or (torch.is_grad_enabled() and norm.weight.requires_grad)  # the kernel has no backward
+            or (torch.is_grad_enabled() and arguments[0].requires_grad)  # the kernel has no backward
         ):
             return None
-        return kernels.add_layer_norm(hidden_states, residual, norm.weight, norm.bias, norm.eps)
+        kernels = compiled_kernels()
+        return None if kernels is None else kernels.add_layer_norm(hidden_states, residual, *arguments)
 
     def enter(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if self.normalize_before:
