@@ -11,8 +11,8 @@ hook):
   and `output_head`), one position per step, without `forward()`'s per-step work (output-capture hooks, mask
   building, input checks, output dataclasses);
 - keys/values live in `DecodingCache`: self-attention slots preallocated row-major (a step writes its position in
-  place instead of concatenating the whole cache), cross-attention keys/values computed once per input, kept
-  contiguous and, in beam search, once per sentence instead of once per beam (the backbone's attention folds a
+  place instead of concatenating the whole cache), cross-attention keys/values computed once per input and, in
+  beam search, once per sentence instead of once per beam (the backbone's attention folds a
   sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder moves, in place,
   the rows whose beam changed (`generate()` reorders every slot, cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
