@@ -13,8 +13,10 @@ import warnings
 from pathlib import Path
 
 KERNEL_DIRECTORY = "kernels"  # beside this file
-KERNEL_SOURCES = ("float32_linear.cpp", "int8_linear.cpp", "decode_attention.cpp", "mixture_log_probs.cpp", "layer_norm.cpp",
-                  "bindings.cpp")
+KERNEL_SOURCES = (
+    "float32_linear.cpp", "int8_linear.cpp", "decode_attention.cpp", "mixture_log_probs.cpp", "layer_norm.cpp",
+    "bindings.cpp",
+)
 # no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
 # bit for bit (the float32 kernel's multiply-adds are explicit)
 KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]

@@ -9,6 +9,8 @@ zeros: the decoder's cross-attention masks them."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 # an encoder call's fixed cost (Python, per-layer dispatch), in source positions of work at the Multi30k preset's size
@@ -21,8 +23,9 @@ def length_groups(lengths: list[int], call_cost: int) -> list[list[int]]:
     """Rows grouped by length: the partition of the rows, sorted by length, into runs of consecutive lengths that
     minimises `sum(rows in group * longest length in group) + call_cost * groups` (a dynamic programme over the
     distinct lengths). Each group lists its rows in ascending row order."""
-    distinct = sorted(set(lengths))
-    counts = [lengths.count(length) for length in distinct]
+    rows_per_length = Counter(lengths)
+    distinct = sorted(rows_per_length)
+    counts = [rows_per_length[length] for length in distinct]
     # best[j]: the cheapest grouping of the first j distinct lengths; cut[j]: where its last group starts
     best, cut = [0] + [None] * len(distinct), [0] * (len(distinct) + 1)
     for end in range(1, len(distinct) + 1):
