@@ -12,9 +12,11 @@ import weakref
 import torch
 from torch import nn
 
-from ..modeling.layers import FeedForward, ResidualSublayer
+from ..modeling.attention import CrossAttention, MultiHeadAttention
+from ..modeling.layers import FeedForward, ResidualSublayer, TransformerLayer
 from .cpu_kernels import compiled_kernels
-from .decoding_attention import register_decoding_attention
+from .decoding import DecodingCache
+from .decoding_attention import HEAD_DIMS, register_decoding_attention
 
 QUANTIZATIONS = (None, "int8")
 PANEL_COLUMNS = 16  # output features per panel of `Float32Linear` (kernels/float32_linear.cpp: one AVX-512 register)
@@ -135,7 +137,13 @@ class KernelResidualSublayer(ResidualSublayer):
     """A `ResidualSublayer` of the inference copies whose LayerNorm, with the residual sum before it (post-norm `exit`)
     or alone (pre-norm `enter`), is one call of the compiled `add_layer_norm` kernel (kernels/layer_norm.cpp: torch's
     LayerNorm up to float rounding) on float32 CPU inputs in eval mode without gradients; anything else runs
-    `ResidualSublayer`'s own torch operations."""
+    `ResidualSublayer`'s own torch operations.
+
+    In the float32 copy, a block around a sub-layer whose class declares its decoding step (`decoding_step_form`: the
+    backbone's attention, cross-attention and ReLU feed-forward, layer-wise coordination's mixed attention) also runs
+    each step of the fast decoding loop (`DecodingCache`) as one compiled call (`bind_decoding_step`,
+    kernels/decoding_step.cpp): the same kernels on the same views as its Python path, so the same numbers bit for
+    bit, without the Python around them. Other sub-layers run their Python path."""
 
     def __init__(self, sublayer: ResidualSublayer):  # `sublayer`'s LayerNorm module, its parameters shared
         nn.Module.__init__(self)
@@ -146,6 +154,71 @@ class KernelResidualSublayer(ResidualSublayer):
         # LayerNorm: affine, over one dimension of a multiple of 16 features
         kernel_fits = norm.weight is not None and norm.bias is not None and norm.weight.shape[-1] % 16 == 0
         self.kernel_arguments = (norm.weight, norm.bias, norm.eps) if kernel_fits else None
+        self.decoding_step = None  # (hidden_states, context) -> output or None; see `bind_decoding_step`
+
+    def bind_decoding_step(self, sublayer: nn.Module) -> bool:
+        """Run the decoding steps of this block around `sublayer` as one compiled call, where its class declares what
+        a step computes (`decoding_step_form`, hf_layerfusion.modeling.extension_points) and the kernel computes
+        exactly that: `Float32Linear` projections (a feed-forward's ReLU folded into its first layer), head_dim a
+        multiple of 16 up to 128, and this block's LayerNorm in the kernel. Returns whether it does."""
+        form = type(sublayer).__dict__.get("decoding_step_form")  # declared by the class itself, never inherited
+        if form is None or compiled_kernels() is None or self.kernel_arguments is None:
+            return False
+        norm = (*self.kernel_arguments, self.normalize_before)
+        if form == "feed_forward":
+            if not (type(sublayer.activation_fn) is nn.Identity and sublayer.fc1.relu is True
+                    and all(type(layer) is Float32Linear for layer in (sublayer.fc1, sublayer.fc2))):
+                return False  # an activation other than ReLU is not folded into fc1
+            arguments = (*norm, sublayer.fc1.panels, sublayer.fc1.out_features, sublayer.fc1.bias,
+                         sublayer.fc2.panels, sublayer.fc2.bias)
+            self.decoding_step = lambda hidden_states, context: compiled_kernels().feed_forward_step(hidden_states, *arguments)
+            return True
+        projections = {"self": ("q_proj", "k_proj", "v_proj", "out_proj"), "memory": ("q_proj", "out_proj")}[form]
+        linears = [getattr(sublayer, name) for name in projections]
+        if sublayer.head_dim not in HEAD_DIMS or not all(type(linear) is Float32Linear for linear in linears):
+            return False
+        arguments = (*norm, *[tensor for linear in linears for tensor in (linear.panels, linear.bias)])
+        layer_idx, scaling = sublayer.layer_idx, sublayer.scaling
+
+        def self_attention_step(hidden_states, context):
+            slot = context.past_key_values.self_attention_cache.slots.get(layer_idx)
+            if slot is None or context.attention_mask is not None or slot.length >= slot.keys.shape[1]:
+                return None  # the first step makes the slot; a full slot raises in the Python path
+            prefix_mask = context.memory_mask if slot.prefix else None
+            if prefix_mask is not None and prefix_mask.dtype != torch.bool:
+                return None
+            output = compiled_kernels().self_attention_step(
+                hidden_states, *arguments, slot.keys, slot.values, slot.length, slot.prefix, prefix_mask, scaling
+            )
+            slot.length += 1
+            return output
+
+        def memory_attention_step(hidden_states, context):
+            cache, mask = context.past_key_values, context.memory_mask
+            if not cache.is_updated.get(layer_idx, False) or not (mask is None or mask.dtype == torch.bool):
+                return None  # the first step computes the keys/values
+            layer = cache.cross_attention_cache.layers[layer_idx]
+            return compiled_kernels().cross_attention_step(hidden_states, *arguments, layer.keys, layer.values, mask, scaling)
+
+        self.decoding_step = self_attention_step if form == "self" else memory_attention_step
+        return True
+
+    def run(self, kind, sublayer, hidden_states, context):
+        step = self.decoding_step
+        if (
+            step is not None
+            and type(context.past_key_values) is DecodingCache  # a step of the fast decoding loop, one position per row
+            and hidden_states.dim() == 3
+            and hidden_states.shape[1] == 1
+            and hidden_states.dtype == torch.float32
+            and not context.attention_kwargs
+            and not self.training
+            and not torch.is_grad_enabled()
+        ):
+            output = step(hidden_states, context)
+            if output is not None:
+                return output, None
+        return super().run(kind, sublayer, hidden_states, context)
 
     def normalize(self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor | None:
         """LayerNorm(hidden_states (+ residual)) through the kernel, or None where it does not apply."""
@@ -197,6 +270,12 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
                 setattr(module, child_name, linear_class(child.weight, child.bias))
             elif type(child) is ResidualSublayer:
                 setattr(module, child_name, KernelResidualSublayer(child))
+    if linear_class is Float32Linear:
+        for layer in engine.model.modules():
+            if isinstance(layer, TransformerLayer):
+                for _, sublayer_name in layer.sublayers:
+                    block = layer.get_submodule(f"{sublayer_name}_block")
+                    block.bind_decoding_step(layer.get_submodule(sublayer_name))
     engine.set_attn_implementation(register_decoding_attention())
     engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one

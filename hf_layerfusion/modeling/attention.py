@@ -48,6 +48,7 @@ class MultiHeadAttention(AttentionSublayer):
     """
 
     accepts_key_groups = True
+    decoding_step_form = "self"
 
     def __init__(self, config: LayerFusionConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -159,6 +160,8 @@ class MultiHeadAttention(AttentionSublayer):
 
 class CrossAttention(MultiHeadAttention):
     """The `c` sub-layer: attention over the encoder memory, whose keys/values are computed once per input."""
+
+    decoding_step_form = "memory"
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.attend(

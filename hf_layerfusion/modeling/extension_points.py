@@ -57,7 +57,16 @@ class LayerContext:
 class AttentionSublayer(nn.Module):
     """An `s` or `c` sub-layer. Every attention of the package is a `MultiHeadAttention`
     (`hf_layerfusion.modeling.attention`), whose weights transformers' output capture records as `attentions` /
-    `cross_attentions`."""
+    `cross_attentions`.
+
+    `decoding_step_form` says what one step of the fast decoding loop (`hf_layerfusion.inference`) computes with a
+    `MultiHeadAttention`'s projections, so that the float32 inference copy can run it as one compiled call:
+    `"self"` (attention over its own cache slot: the keys/values of every position so far, after a prefix if the slot
+    has one, the prefix masked by the memory mask), `"memory"` (over the keys/values of the memory, kept in its
+    cross-attention slot since the first step, with the memory mask), or None (its Python forward). It is read from
+    the class itself, never inherited: a subclass that computes something else is not run as its parent's step."""
+
+    decoding_step_form: str | None = None
 
     def forward(
         self, hidden_states: torch.Tensor, context: LayerContext
@@ -68,7 +77,10 @@ class AttentionSublayer(nn.Module):
 
 
 class FeedForwardSublayer(nn.Module):
-    """An `f` sub-layer."""
+    """An `f` sub-layer. `decoding_step_form` as for `AttentionSublayer`: `"feed_forward"` (`fc2(act(fc1(x)))`, the
+    backbone's `FeedForward`) or None."""
+
+    decoding_step_form: str | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The output of the sub-layer's normalised input."""

@@ -19,8 +19,8 @@ from .extension_points import AttentionSublayer, FeedForwardSublayer, LayerConte
 class ResidualSublayer(nn.Module):
     """Holds the LayerNorm of one residual sub-layer `x + dropout(f(x))`, placed after the sum (post-norm, the
     default, as in GTrans and Dou et al.) or before `f` (pre-norm, as in RTAL's tensor2tensor setting).
-    `enter`/`exit` are plain methods, not module calls: they run on every decoding step, where module-call overhead
-    shows."""
+    `run`, `enter` and `exit` are plain methods, not module calls: they run on every decoding step, where module-call
+    overhead shows."""
 
     def __init__(self, config: LayerFusionConfig):
         super().__init__()
@@ -37,9 +37,24 @@ class ResidualSublayer(nn.Module):
         hidden_states = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
         return hidden_states if self.normalize_before else self.layer_norm(hidden_states)
 
+    def run(
+        self, kind: str, sublayer: nn.Module, hidden_states: torch.Tensor, context: LayerContext
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The residual sub-layer of `kind` (`s`, `c` or `f`) around `sublayer`: its output, and the attention weights
+        of an attention sub-layer (None otherwise, or where the implementation returns none). The float32 inference
+        copy overrides it to run a decoding step of a sub-layer that declares one (`decoding_step_form`) in one
+        compiled call."""
+        if kind == "f":
+            return self.exit(hidden_states, sublayer(self.enter(hidden_states))), None
+        context.normalize = self.enter
+        output, attn_weights = sublayer(self.enter(hidden_states), context)
+        return self.exit(hidden_states, output), attn_weights
+
 
 class FeedForward(FeedForwardSublayer):
     """The `f` sub-layer: `W_2 act(W_1 x + b_1) + b_2`, dropout after the activation."""
+
+    decoding_step_form = "feed_forward"
 
     def __init__(self, config: LayerFusionConfig, ffn_dim: int):
         super().__init__()
@@ -112,15 +127,9 @@ class TransformerLayer(GradientCheckpointingLayer):
             if kind == "c" and memory is None:
                 continue
             block: ResidualSublayer = self._modules[f"{name}_block"]
-            sublayer = self._modules[name]
-            if kind == "f":
-                output = sublayer(block.enter(hidden_states))
-            else:
-                context.normalize = block.enter
-                output, attn_weights = sublayer(block.enter(hidden_states), context)
-                if weights[kind] is None:
-                    weights[kind] = attn_weights
-            hidden_states = block.exit(hidden_states, output)
+            hidden_states, attn_weights = block.run(kind, self._modules[name], hidden_states, context)
+            if kind != "f" and weights[kind] is None:
+                weights[kind] = attn_weights
         return hidden_states, weights["s"], weights["c"]
 
 

@@ -229,6 +229,8 @@ class MixedAttention(MultiHeadAttention):
     """
 
     accepts_key_groups = False  # the source keys are concatenated with each row's own target keys
+    # at a decoding step: attention over its slot [source ; target so far], the source masked by the memory mask
+    decoding_step_form = "self"
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if context.memory is None:
@@ -261,6 +263,8 @@ class LayerwiseCrossAttention(MultiHeadAttention):
     """The `c` sub-layer of the `mixed_attention=False` ablation: attention over the per-layer encoder state s_{i-1},
     normalised like its own input (pre-norm; the plain model's top-layer memory is normalised by the encoder). Its
     parameters are the layer's self-attention's unless `unshared_cross_attention` (`_tied_weights_keys`)."""
+
+    decoding_step_form = "memory"  # at a decoding step: the keys/values of s_{i-1} kept since the first step
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys, values = memory_keys_values(self, context)

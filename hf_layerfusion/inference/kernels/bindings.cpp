@@ -19,4 +19,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("group_logits"), pybind11::arg("psi"));
   m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
         pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"));
+  m.def("self_attention_step", &self_attention_step,
+        "A decoding step of a residual self-attention sub-layer (Float32Linear panels, cache write at `position`).");
+  m.def("cross_attention_step", &cross_attention_step,
+        "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.");
+  m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
 }

@@ -1,0 +1,115 @@
+// A decoding step of one standard residual sub-layer of the float32 inference copy in one call, for
+// `KernelResidualSublayer.run` (`hf_layerfusion.inference.inference_copies`): what `ResidualSublayer.run` computes
+// around the backbone's `MultiHeadAttention` (`s`), `CrossAttention` (`c`) or ReLU `FeedForward` (`f`) whose linear
+// layers are `Float32Linear`s, at a step of the fast decoding loop. It calls the same kernels on the same views in the
+// same order as the Python path (`float32_linear`, `decode_attention`, `add_layer_norm`, torch's `add`), so its
+// numbers are that path's bit for bit; what it saves is the Python around them (module calls, views, the cache
+// write, the attention interface's checks), about as long as the kernels themselves at d_model 256.
+//
+// Residual block (`ResidualSublayer`): post-norm LayerNorm(h + f(h)), pre-norm h + f(LayerNorm(h)).
+#include "cpu_kernels.h"
+
+namespace {
+
+struct ResidualNorm {
+  const torch::Tensor& weight;
+  const torch::Tensor& bias;
+  double eps;
+  bool normalize_before;
+
+  torch::Tensor enter(const torch::Tensor& h) const {
+    return normalize_before ? add_layer_norm(h, c10::nullopt, weight, bias, eps) : h;
+  }
+  torch::Tensor exit(const torch::Tensor& h, const torch::Tensor& output) const {
+    return normalize_before ? h + output : add_layer_norm(output, h, weight, bias, eps);
+  }
+};
+
+void check_step_input(const torch::Tensor& h, const char* name) {
+  TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == torch::kFloat32 && h.device().is_cpu(),
+              name, ": the input must be a float32 CPU tensor (rows, 1, d_model), got ", h.scalar_type(), " ",
+              h.sizes(), " on ", h.device());
+}
+
+}  // namespace
+
+// `s`: keys/values of this position written at `position` of the cache buffers (rows, capacity, heads, head_dim),
+// then attention over positions [0, position]; the first `prefix` positions are keys/values given once per input
+// (layer-wise coordination's source part), masked by `prefix_mask` (bool (rows or 1, 1, 1, prefix), true = attend;
+// None: all attended) and the rest attended, the mask `mixed_attention_mask` builds
+torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
+                                  const torch::Tensor& norm_bias, double eps, bool normalize_before,
+                                  const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
+                                  const torch::Tensor& k_panels, const c10::optional<torch::Tensor>& k_bias,
+                                  const torch::Tensor& v_panels, const c10::optional<torch::Tensor>& v_bias,
+                                  const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
+                                  const torch::Tensor& key_buffer, const torch::Tensor& value_buffer,
+                                  int64_t position, int64_t prefix,
+                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling) {
+  check_step_input(h, "self_attention_step");
+  const int64_t rows = h.size(0), d_model = h.size(2);
+  TORCH_CHECK(key_buffer.dim() == 4 && key_buffer.sizes() == value_buffer.sizes() && key_buffer.size(0) == rows &&
+                  key_buffer.size(2) * key_buffer.size(3) == d_model,
+              "self_attention_step: the cache buffers must be (", rows, ", capacity, heads, head_dim) with heads x "
+              "head_dim = ", d_model, ", got ", key_buffer.sizes(), " and ", value_buffer.sizes());
+  TORCH_CHECK(prefix >= 0 && position >= prefix && position < key_buffer.size(1), "self_attention_step: position ",
+              position, " is outside the cache's ", key_buffer.size(1), " positions after a prefix of ", prefix);
+  c10::optional<torch::Tensor> mask;
+  if (prefix > 0) {
+    mask = torch::ones({rows, 1, 1, position + 1}, h.options().dtype(torch::kBool));
+    if (prefix_mask.has_value()) {
+      TORCH_CHECK(prefix_mask->dim() == 4 && prefix_mask->scalar_type() == torch::kBool &&
+                      prefix_mask->size(3) == prefix,
+                  "self_attention_step: the prefix mask must be bool (rows or 1, 1, 1, ", prefix, "), got ",
+                  prefix_mask->scalar_type(), " ", prefix_mask->sizes());
+      mask->narrow(3, 0, prefix).copy_(prefix_mask->expand({rows, 1, 1, prefix}));
+    }
+  }
+  const int64_t heads = key_buffer.size(2), head_dim = key_buffer.size(3);
+  const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
+  const auto x = norm.enter(h);
+  key_buffer.select(1, position).copy_(float32_linear(x, k_panels, d_model, k_bias, false).view({rows, heads, head_dim}));
+  value_buffer.select(1, position).copy_(
+      float32_linear(x, v_panels, d_model, v_bias, false).view({rows, heads, head_dim}));
+  const auto query = float32_linear(x, q_panels, d_model, q_bias, false).view({rows, 1, heads, head_dim}).transpose(1, 2);
+  const auto attention = decode_attention(query, key_buffer.narrow(1, 0, position + 1).transpose(1, 2),
+                                          value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling);
+  return norm.exit(h, float32_linear(attention.view({rows, 1, d_model}), out_panels, d_model, out_bias, false));
+}
+
+// `c`: attention over the cross-attention keys/values (key rows, heads, source, head_dim) computed at the first step;
+// with fewer key rows than rows, each key row serves `rows / key rows` consecutive rows (a sentence's beams), folded
+// into query positions as `MultiHeadAttention.attend_to` does
+torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
+                                   const torch::Tensor& norm_bias, double eps, bool normalize_before,
+                                   const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
+                                   const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
+                                   const torch::Tensor& keys, const torch::Tensor& values,
+                                   const c10::optional<torch::Tensor>& mask, double scaling) {
+  check_step_input(h, "cross_attention_step");
+  const int64_t rows = h.size(0), d_model = h.size(2);
+  TORCH_CHECK(keys.dim() == 4 && keys.size(0) > 0 && rows % keys.size(0) == 0 &&
+                  keys.size(1) * keys.size(3) == d_model,
+              "cross_attention_step: the keys must be (key rows dividing ", rows, ", heads, source, head_dim) with "
+              "heads x head_dim = ", d_model, ", got ", keys.sizes());
+  const int64_t key_rows = keys.size(0), groups = rows / key_rows, heads = keys.size(1), head_dim = keys.size(3);
+  const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
+  auto query = float32_linear(norm.enter(h), q_panels, d_model, q_bias, false).view({rows, 1, heads, head_dim})
+                   .transpose(1, 2);
+  if (groups > 1) {  // (rows, heads, 1, d) -> (key rows, heads, groups, d)
+    query = query.reshape({key_rows, groups, heads, 1, head_dim}).transpose(1, 2).reshape({key_rows, heads, groups, head_dim});
+  }
+  const auto attention = decode_attention(query, keys, values, mask, scaling);  // (key rows, groups, heads, d)
+  return norm.exit(h, float32_linear(attention.reshape({rows, 1, d_model}), out_panels, d_model, out_bias, false));
+}
+
+// `f`: fc2(ReLU(fc1(x))), the ReLU folded into fc1's call as in the copy's `FeedForward`
+torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+                                double eps, bool normalize_before, const torch::Tensor& fc1_panels,
+                                int64_t ffn_dim, const c10::optional<torch::Tensor>& fc1_bias,
+                                const torch::Tensor& fc2_panels, const c10::optional<torch::Tensor>& fc2_bias) {
+  check_step_input(h, "feed_forward_step");
+  const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
+  const auto inner = float32_linear(norm.enter(h), fc1_panels, ffn_dim, fc1_bias, true);
+  return norm.exit(h, float32_linear(inner, fc2_panels, h.size(2), fc2_bias, false));
+}
