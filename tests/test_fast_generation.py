@@ -17,6 +17,7 @@ from hf_layerfusion.inference import (
     fast_generation,
     inference_copies,
     prepare_for_inference,
+    search,
 )
 from hf_layerfusion.inference.decoding import DecoderSteps
 from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, float32_kernel_available
@@ -190,6 +191,7 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
     counting = CountingKernels(kernels)
     monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
     monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: counting)
+    monkeypatch.setattr(search, "compiled_kernels", lambda: counting)
     for settings in ({"num_beams": 1}, {"num_beams": 3}):
         expected = reference(model, source, max_new_tokens=8, **settings)
         counting.calls.clear()
@@ -198,6 +200,8 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
         assert counting.calls["add_layer_norm"] >= 8, counting.calls
         if model.config.num_decoder_groups > 1 and hasattr(model, "mixture_log_probs"):  # GTrans' output mixture
             assert counting.calls["mixture_log_probs"] >= 8, counting.calls
+        if settings["num_beams"] == 1:  # greedy search's choice
+            assert counting.calls["first_argmax"] >= 8, counting.calls
 
 
 @needs_float32_kernel

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
+from .cpu_kernels import compiled_kernels
 from .decoding import DecoderSteps
 
 # the parts of transformers' beam search the fast loop calls (private methods of transformers; `unsupported_reason` checks
@@ -40,6 +41,16 @@ def apply_logits_processors(processors, input_ids: torch.Tensor, scores: torch.T
     return scores
 
 
+def first_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """`scores.argmax(dim=-1)` of `(rows, vocab)` scores (`generate()`'s choice: the first maximal index, the first NaN
+    in a row that has one), through the compiled kernel for float32 CPU scores (a tenth of torch's time at 32 x 8000),
+    else `max`, which returns the same index 2-3x faster than `argmax` on CPU."""
+    kernels = compiled_kernels() if scores.device.type == "cpu" and scores.dtype == torch.float32 else None
+    if kernels is None or scores.dim() != 2 or scores.shape[1] == 0 or scores.stride(1) != 1:
+        return scores.max(dim=-1).indices
+    return kernels.first_argmax(scores)
+
+
 def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
     """`GenerationMixin._sample` without sampling: argmax of the processed scores; a finished row gets padding (and,
     with `compact`, leaves the batch once enough rows have finished)."""
@@ -54,8 +65,7 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
     while True:
         scores = steps.logits(tokens)
         context = sequences[:, :cur_len] if rows is None else sequences[rows, :cur_len]
-        # `max` returns the first maximal index like `argmax` (in `generate()`), 2-3x faster on CPU
-        next_tokens = apply_logits_processors(logits_processor, context, scores).max(dim=-1).indices
+        next_tokens = first_argmax(apply_logits_processors(logits_processor, context, scores))
         if eos_token_id is not None:
             next_tokens = torch.where(finished, pad_token_id, next_tokens)
         if rows is None:

@@ -24,4 +24,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cross_attention_step", &cross_attention_step,
         "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.");
   m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
+  m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",
+        pybind11::arg("scores"));
 }

@@ -34,3 +34,4 @@ torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& nor
                                 double eps, bool normalize_before, const torch::Tensor& fc1_panels,
                                 int64_t ffn_dim, const c10::optional<torch::Tensor>& fc1_bias,
                                 const torch::Tensor& fc2_panels, const c10::optional<torch::Tensor>& fc2_bias);
+torch::Tensor first_argmax(const torch::Tensor& scores);
