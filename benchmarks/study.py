@@ -5,6 +5,7 @@ Start it first whenever you work on the project, and commit the new ledger files
 
     python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
     python benchmarks/study.py --list     # the queue, in priority order, with what is done
+    python benchmarks/study.py --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
     python benchmarks/bench_multi30k.py --report --update_readme
     git add benchmarks/results README.md && git commit -m "ledger: ..."
 
@@ -239,9 +240,14 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
     return queue
 
 
-def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR
+def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None
                  ) -> list[ArmRun | DepthProbe]:
-    return [run for run in study_queue(probe_dir) if not run.result_file(ledger_dir, probe_dir).is_file()]
+    """The queue's runs that the ledger lacks, in queue order; with `arms`, only the runs of those arms."""
+    return [
+        run for run in study_queue(probe_dir)
+        if not run.result_file(ledger_dir, probe_dir).is_file()
+        and (arms is None or (isinstance(run, ArmRun) and run.arm in arms))
+    ]
 
 
 def git(*arguments: str) -> str:
@@ -316,6 +322,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="Print the queue with what is done, and exit.")
     parser.add_argument("--once", action="store_true", help="Run only the next pending run.")
+    parser.add_argument(
+        "--arms", nargs="+", metavar="ARM",
+        help="Run only these arms' pending runs, in queue order (e.g. the shorter arms, where a session cannot fit the "
+             "next one on this machine); default: the whole queue.",
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of a run (default: %(default)s).")
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
@@ -327,6 +338,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--threads must be positive, got {args.threads}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
+    if args.arms is not None:
+        known = {run.arm for run in study_queue(args.probe_dir) if isinstance(run, ArmRun)}
+        unknown = sorted(set(args.arms) - known)
+        if unknown:
+            parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the queue's arms: {', '.join(sorted(known))}")
     args.ledger_dir, args.probe_dir, args.data_dir = (path.resolve() for path in
                                                       (args.ledger_dir, args.probe_dir, args.data_dir))
     return args
@@ -351,12 +367,13 @@ def main(argv=None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise SystemExit("study: another study.py is running in this checkout (runs/study/lock)") from None
-    while pending := pending_runs(args.ledger_dir, args.probe_dir):
+    while pending := pending_runs(args.ledger_dir, args.probe_dir, args.arms):
         if not execute(pending[0], args):
             raise SystemExit(1)  # a failing run is not retried in a loop: read its log
         if args.once:
             return
-    print("study: the queue is empty: every run is in the ledger.")
+    print("study: the queue is empty: every run is in the ledger." if args.arms is None
+          else f"study: every run of {', '.join(args.arms)} is in the ledger.")
 
 
 if __name__ == "__main__":

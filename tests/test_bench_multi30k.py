@@ -294,6 +294,21 @@ def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike():
         position[(arm, 2)] for arm in ("deep_representations_no_diversity", "rtal_paper", "deep_representations_paper"))
 
 
+def test_the_queue_can_be_limited_to_some_arms(tmp_path):
+    ledger_dir = tmp_path / "ledger"
+    pending = study.pending_runs(ledger_dir, arms=["re_transformer_4", "re_transformer_2"])
+    assert [(run.arm, run.seed) for run in pending] == [
+        (arm, seed) for seed in (1, 2, 3) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
+    done = study.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    assert study.StudyRun("re_transformer_2", 1) not in study.pending_runs(ledger_dir, arms=["re_transformer_2"])
+    unfiltered = {run.arm for run in study.pending_runs(ledger_dir) if isinstance(run, study.ArmRun)}
+    assert {"plain_transformer", "re_transformer_2", "re_transformer_4"} < unfiltered
+    with pytest.raises(SystemExit):
+        study.parse_args(["--arms", "re_transformer_2", "re_transformer_9"])
+
+
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
 def test_readme_results_section_is_the_report_of_the_committed_ledger():
     expected = bench.report_text(ledger.DEFAULT_LEDGER, MULTI30K)
