@@ -14,7 +14,7 @@ from hf_layerfusion.inference.inference_copies import KernelResidualSublayer, fl
 from hf_layerfusion.modeling.layers import TransformerLayer
 
 pytestmark = pytest.mark.skipif(
-    not float32_kernel_available(), reason="the float32 copy needs the compiled kernels and AVX-512"
+    not float32_kernel_available(), reason="the float32 copy needs the compiled kernels and AVX-512 or AVX2 with FMA"
 )
 
 # head_dim 16 (the attention kernel's smallest), sources with padding

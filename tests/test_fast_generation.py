@@ -171,7 +171,7 @@ def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
 
 
 needs_float32_kernel = pytest.mark.skipif(
-    not float32_kernel_available(), reason="the float32 copy needs the compiled kernels and AVX-512"
+    not float32_kernel_available(), reason="the float32 copy needs the compiled kernels and AVX-512 or AVX2 with FMA"
 )
 
 

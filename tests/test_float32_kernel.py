@@ -1,5 +1,5 @@
 """`Float32Linear` and its compiled kernel (kernels/float32_linear.cpp) against the product written out in float64
-numpy: every row count of a pass (1-12 rows and more), layer sizes that are and are not multiples of its 32-feature
+numpy: every row count of a pass (1-12 rows and more: AVX-512 passes of 12, AVX2 passes of 6), layer sizes that are and are not multiples of its 32-feature
 passes, bias, folded ReLU, batched and strided inputs; its checks name the bad input."""
 
 import numpy as np
@@ -31,18 +31,25 @@ def assert_float_rounding_of(actual: torch.Tensor, inputs, weight, bias, relu: b
     )
 
 
-def test_the_kernel_runs_where_the_cpu_has_avx512(kernels):
-    assert kernels.float32_linear_available() == ("avx512f" in cpu_flags())
+def kernel_instruction_set_in_cpu_flags() -> bool:
+    """AVX-512, or AVX2 with FMA: the instruction sets the kernel is written for."""
+    flags = cpu_flags()
+    return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
-needs_avx512 = pytest.mark.skipif(
-    "avx512f" not in cpu_flags(), reason="the float32 kernel is AVX-512 only (elsewhere the package runs F.linear)"
+def test_the_kernel_runs_where_the_cpu_has_avx512_or_avx2_with_fma(kernels):
+    assert kernels.float32_linear_available() == kernel_instruction_set_in_cpu_flags()
+
+
+needs_vector_fma = pytest.mark.skipif(
+    not kernel_instruction_set_in_cpu_flags(),
+    reason="the float32 kernel needs AVX-512 or AVX2 with FMA (elsewhere the package runs F.linear)",
 )
 
 
-@needs_avx512
+@needs_vector_fma
 @pytest.mark.parametrize("in_features,out_features", [(16, 32), (100, 50), (256, 256), (1024, 256), (256, 1000)])
-@pytest.mark.parametrize("rows", [1, 5, 12, 13, 32, 128])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 32, 128])
 def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features):
     generator = torch.Generator().manual_seed(rows * 7 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator) * in_features**-0.5
@@ -54,7 +61,7 @@ def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features
             assert_float_rounding_of(layer(inputs), inputs, weight, layer_bias, relu)
 
 
-@needs_avx512
+@needs_vector_fma
 def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
@@ -69,7 +76,7 @@ def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
     assert layer(torch.empty(0, 24)).shape == (0, 40)
 
 
-@needs_avx512
+@needs_vector_fma
 def test_folded_relu_keeps_nan_as_torch_relu_does():
     layer = Float32Linear(torch.randn(40, 24), torch.randn(40), relu=True)
     inputs = torch.randn(3, 24)
@@ -79,7 +86,7 @@ def test_folded_relu_keeps_nan_as_torch_relu_does():
     assert (output[[0, 2]] >= 0).all()
 
 
-@needs_avx512
+@needs_vector_fma
 def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     layer = Float32Linear(torch.randn(40, 24), torch.randn(40))
     with pytest.raises(RuntimeError, match="the input must be a float32 CPU tensor, got Double"):
@@ -96,7 +103,7 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
         Float32Linear(torch.randn(4, 4), None, relu=1)
 
 
-def test_without_avx512_no_float32_layer_is_built(monkeypatch):
+def test_without_the_kernel_no_float32_layer_is_built(monkeypatch):
     monkeypatch.setattr(inference_copies, "float32_kernel_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs the compiled float32_linear kernel"):
         Float32Linear(torch.randn(4, 4), None)

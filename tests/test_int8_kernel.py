@@ -1,5 +1,5 @@
 """`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row asymmetric int8 quantization (scale
-and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX and `torch._int_mm` products and the
+and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX, AVX2 and `torch._int_mm` products and the
 torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
@@ -41,11 +41,13 @@ def brute_force_int8_linear(
 NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's `torch._int_mm` product
 
 
-def test_amx_is_used_where_the_cpu_has_it(kernels):
+def test_amx_or_avx2_is_used_where_the_cpu_has_it(kernels):
     layer = Int8Linear(torch.randn(8, 16), None)
     has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
     assert kernels.amx_available() == has_amx
-    assert (layer.weight_tiles.numel() > 0) == has_amx
+    expected = "AMX" if has_amx else "AVX2" if "avx2" in cpu_flags() else "torch._int_mm"
+    assert kernels.int8_product() == expected
+    assert (layer.packed_weights.numel() > 0) == (expected != "torch._int_mm")
 
 
 # odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows
@@ -70,7 +72,7 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernels, s
     weight = torch.randn(out_features, shape[-1], generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
     layer = Int8Linear(weight, bias, relu=relu)
-    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, layer.bias, relu)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, relu)
     compiled = kernels.int8_linear(inputs, *codes)
     int_mm = kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
@@ -87,7 +89,7 @@ def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels):
     # identity weights: each output is (code - zero) x span / 255 of its input, i.e. the rounded input where the
     # row's range [min(x, 0), max(x, 0)] spans 255
     layer = Int8Linear(torch.eye(6), None)
-    codes = (layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale, None)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None)
     rows = torch.tensor([[255.0, 0.5, 1.5, 2.5, 0.0, 3.5], [-1.0, 254.0, 0.5, 1.5, 2.5, -0.5]])
     expected = torch.tensor([[255.0, 0.0, 2.0, 2.0, 0.0, 4.0], [-1.0, 254.0, 0.0, 2.0, 2.0, 0.0]])
     torch.testing.assert_close(kernels.int8_linear(rows, *codes), expected)
@@ -105,7 +107,7 @@ def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels):
 
 def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
-    weight_t, tiles, sums, scale = layer.weight_t, layer.weight_tiles, layer.column_sums, layer.weight_scale
+    weight_t, tiles, sums, scale = layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale
     with pytest.raises(RuntimeError, match="must be float32, got Double"):
         kernels.int8_linear(torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias)
     with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
@@ -114,8 +116,8 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
         kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3))
     with pytest.raises(RuntimeError, match="column_sums must have 4 contiguous int32"):
         kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias)
-    if kernels.amx_available():
-        with pytest.raises(RuntimeError, match="weight_tiles do not match weight_t"):
+    if tiles.numel() > 0:
+        with pytest.raises(RuntimeError, match="packed_weights do not match weight_t"):
             kernels.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
@@ -154,3 +156,21 @@ def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_t
             assert torch.equal(layer(inputs), compiled)
     finally:
         compiled_kernels.cache_clear()
+
+
+def test_extreme_codes_sum_exactly(kernels):
+    """Rows whose codes are all at the ends of the int8 range times weights at +-127 over 1,024 inputs: sums of
+    +-2^24 that an 8-bit multiply-add (`vpmaddubsw`, which saturates pairs at 2^15) or a float32 product could not hold
+    exactly; every product of the kernel equals the torch operations' exact integer arithmetic."""
+    weight = torch.full((20, 1024), 1.0)
+    weight[1::2] = -1.0
+    weight[::3, ::2] *= -1
+    inputs = torch.full((5, 1024), -1.0)
+    inputs[1] = 1.0
+    inputs[2, ::2] = 1.0
+    inputs[3] = torch.linspace(-1.0, 1.0, 1024)
+    layer = Int8Linear(weight, None)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None)
+    expected = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
+    assert torch.equal(kernels.int8_linear(inputs, *codes), expected)
+    np.testing.assert_allclose(expected.numpy(), brute_force_int8_linear(inputs, weight, None), rtol=1e-5, atol=1e-3)

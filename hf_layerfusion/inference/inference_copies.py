@@ -28,14 +28,16 @@ class Float32Linear(nn.Module):
     `(panels, in_features, 16)`, read as one stream per product, each output one fused multiply-add chain over the
     inputs in order, plus the bias. `F.linear` (MKL) computes the same sums, in blocks for long ones: the two agree to
     float rounding. With `relu=True` a following ReLU is folded into the call. The packed weights are a copy (the
-    layer's weight memory once more). Built only where `float32_kernel_available()` (AVX-512)."""
+    layer's weight memory once more). Built only where `float32_kernel_available()` (AVX-512, or AVX2 with FMA)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
         if not isinstance(relu, bool):
             raise TypeError(f"Float32Linear: relu must be a bool, got {relu!r}.")
         if not float32_kernel_available():
-            raise RuntimeError("Float32Linear needs the compiled float32_linear kernel (AVX-512), not available here.")
+            raise RuntimeError(
+                "Float32Linear needs the compiled float32_linear kernel (AVX-512, or AVX2 with FMA), not available here."
+            )
         self.in_features, self.out_features, self.relu = weight.shape[1], weight.shape[0], relu
         # panels in pairs (the kernel's 32 output features per pass), zero past out_features
         padded = -(-self.out_features // (2 * PANEL_COLUMNS)) * 2 * PANEL_COLUMNS
@@ -53,7 +55,7 @@ class Float32Linear(nn.Module):
 
 
 def float32_kernel_available() -> bool:
-    """Whether the float32 copy can be made here: the CPU kernels compiled and the CPU has AVX-512."""
+    """Whether the float32 copy can be made here: the CPU kernels compiled and the CPU has AVX-512, or AVX2 with FMA."""
     kernels = compiled_kernels()
     return kernels is not None and kernels.float32_linear_available()
 
@@ -95,8 +97,8 @@ class Int8Linear(nn.Module):
     the fly with one scale and zero point per row (token): asymmetric, so that one-signed rows (after a ReLU) use all
     256 codes, and per row, so that a row with large activations (an outlier token, or another sentence of the batch)
     does not coarsen the other rows' resolution and a row's output does not depend on the rest of its batch. Products
-    are summed exactly in int32, on the CPU's AMX tiles where it has them (weights packed into tiles here, once), else
-    by `torch._int_mm` (oneDNN's VNNI kernels): the same numbers either way. Quantization, product and dequantization
+    are summed exactly in int32, on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds
+    (the weights packed for either here, once), else by `torch._int_mm`: the same numbers either way. Quantization, product and dequantization
     with the bias are one call of the compiled kernel (`compiled_kernels`): as separate torch operations the
     per-row quantization cost more than the product itself at decoding sizes. With `relu=True` the layer is followed
     by a ReLU, folded into the same call (`kernel_copy` folds the feed-forward activation)."""
@@ -112,8 +114,8 @@ class Int8Linear(nn.Module):
         self.column_sums = self.weight_t.sum(dim=0, dtype=torch.int32)  # the zero points' share of the sums
         self.bias = None if bias is None else bias.detach().float().contiguous()
         kernel = compiled_kernels()
-        # empty where the CPU has no AMX: the kernel then runs `torch._int_mm`
-        self.weight_tiles = self.weight_t.new_empty(0) if kernel is None else kernel.pack_amx_tiles(self.weight_t)
+        # empty where the CPU has neither AMX nor AVX2: the kernel then runs `torch._int_mm`
+        self.packed_weights = self.weight_t.new_empty(0) if kernel is None else kernel.pack_int8_weights(self.weight_t)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         kernel = compiled_kernels()
@@ -124,7 +126,7 @@ class Int8Linear(nn.Module):
             )
         else:
             output = kernel.int8_linear(
-                inputs, self.weight_t, self.weight_tiles, self.column_sums, self.weight_scale, self.bias, self.relu
+                inputs, self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, self.relu
             )
         return output.to(hidden_states.dtype)
 
@@ -345,7 +347,7 @@ def prepare_for_inference(model, quantization: str | None = None):
 
     - `quantization=None`: its float32 copy (`float32_copy`: the compiled `Float32Linear` and decoding-attention
       kernels, the same function as the model's with the sums in another order, so the tokens of `generate()` unless
-      two candidates tie to the last bits), where `float32_copy_applies`; elsewhere (no AVX-512 or no compiler, GPU,
+      two candidates tie to the last bits), where `float32_copy_applies`; elsewhere (neither AVX-512 nor AVX2 with FMA, no compiler, GPU,
       half precision, training mode, the Hub code) the model itself;
     - `quantization="int8"`: its int8 copy (`int8_copy`; changes the numbers, hence possibly tokens: its BLEU cost is
       measured in the README).

@@ -3,12 +3,14 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
-  m.def("pack_amx_tiles", &pack_amx_tiles, "int8 weights (in, out) as AMX tiles; empty where AMX is not usable.");
+  m.def("int8_product", &int8_product, "What sums int8_linear's products on this CPU: AMX, AVX2 or torch._int_mm.");
+  m.def("pack_int8_weights", &pack_int8_weights,
+        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty for torch._int_mm.");
   m.def("int8_linear", &int8_linear,
         "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias (and ReLU).",
-        pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("weight_tiles"), pybind11::arg("column_sums"),
+        pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
         pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu") = false);
-  m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512).");
+  m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
   m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),
         pybind11::arg("relu") = false);

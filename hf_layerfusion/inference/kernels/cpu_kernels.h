@@ -3,8 +3,9 @@
 #include <torch/extension.h>
 
 bool amx_available();
-torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t);
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_tiles,
+std::string int8_product();
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t);
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu);
 bool float32_linear_available();

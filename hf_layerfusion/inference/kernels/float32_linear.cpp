@@ -2,13 +2,15 @@
 // max(0, y) with `relu`), for the few rows of a decoding step (on the encoder's thousands of rows it is as fast as
 // MKL's sgemm). The weights are packed once into panels of 16 output features, position-major (`Float32Linear` packs
 // them: (panels, in_features, 16), zero past out_features), so that a product reads them as one contiguous stream.
-// Each pass keeps 12 rows x 32 output features in 24 AVX-512 registers and adds, per input feature, the rows'
-// broadcast inputs times two panel vectors.
+// With AVX-512 each pass keeps 12 rows x 32 output features in 24 registers and adds, per input feature, the rows'
+// broadcast inputs times two panel vectors; with AVX2 and FMA (no AVX-512) a pass takes one panel at a time and keeps
+// 6 rows x 16 output features in 12 of its 16 registers.
 //
 // Numbers: each output is one fused multiply-add chain over the input features in order, then plus the bias. MKL's
 // sgemm (`F.linear`) sums in the same order up to its block length (its results are equal for 256 inputs on this
 // project's machine, not for 1024, where it sums blocks of 384 separately), so the two agree to float rounding.
-// AVX-512 only: `float32_linear_available()` says whether this CPU has it; the package runs `F.linear` elsewhere.
+// Both instruction sets compute the same fused multiply-add chains, so the same numbers bit for bit.
+// `float32_linear_available()` says whether this CPU has either; the package runs `F.linear` elsewhere.
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -26,9 +28,10 @@
 
 namespace {
 
-constexpr int64_t kPanelColumns = 16;                 // one AVX-512 register of output features
+constexpr int64_t kPanelColumns = 16;                 // one AVX-512 register of output features, two AVX2 ones
 constexpr int64_t kPassColumns = 2 * kPanelColumns;   // output features per pass
 constexpr int kPassRows = 12;                         // 12 x 2 accumulators, 2 weight registers, 1 broadcast
+constexpr int kAvx2PassRows = 6;                      // AVX2: 6 x 2 accumulators, 2 weight registers, 1 broadcast
 // how far ahead (in input features: 4 KB of each panel) the first pass over a panel pair asks for its weights, which
 // come from memory: at decoding sizes a product is bound by reading them (the later passes find them in cache)
 constexpr int64_t kPrefetchDistance = 64;
@@ -86,13 +89,61 @@ struct RowsTimesPanels {
   static constexpr decltype(&rows_times_panels<1>) table[] = {&rows_times_panels<R>...};
 };
 using PassTable = RowsTimesPanels<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>;
+
+// AVX2: rows [0, R) of x times the one panel at `panel` (K x 16 floats) into `columns` (<= 16) features of y, plus
+// `bias` (16 floats); the same multiply-add chain per output as `rows_times_panels`
+template <int R>
+__attribute__((target("avx2,fma"))) void rows_times_panel_avx2(const float* __restrict x, int64_t K,
+                                                               const float* __restrict panel,
+                                                               const float* __restrict bias, float* __restrict y,
+                                                               int64_t y_stride, int64_t columns, bool relu,
+                                                               bool prefetch) {
+  __m256 low[R], high[R];
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    if (prefetch) _mm_prefetch(reinterpret_cast<const char*>(panel + (k + kPrefetchDistance) * kPanelColumns), _MM_HINT_T0);
+    const __m256 w_low = _mm256_load_ps(panel + k * kPanelColumns);
+    const __m256 w_high = _mm256_load_ps(panel + k * kPanelColumns + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 input = _mm256_set1_ps(x[r * K + k]);
+      low[r] = _mm256_fmadd_ps(input, w_low, low[r]);
+      high[r] = _mm256_fmadd_ps(input, w_high, high[r]);
+    }
+  }
+  const __m256 bias_low = _mm256_loadu_ps(bias), bias_high = _mm256_loadu_ps(bias + 8);
+  for (int r = 0; r < R; ++r) {
+    __m256 out_low = _mm256_add_ps(low[r], bias_low), out_high = _mm256_add_ps(high[r], bias_high);
+    if (relu) {  // the second operand where either is NaN, as above
+      out_low = _mm256_max_ps(_mm256_setzero_ps(), out_low);
+      out_high = _mm256_max_ps(_mm256_setzero_ps(), out_high);
+    }
+    float* row = y + r * y_stride;
+    if (columns == kPanelColumns) {
+      _mm256_storeu_ps(row, out_low);
+      _mm256_storeu_ps(row + 8, out_high);
+    } else {  // the last, partial panel (a store through a stack buffer here made GCC keep the sums on the stack)
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      _mm256_maskstore_ps(row, _mm256_cmpgt_epi32(_mm256_set1_epi32(columns), lane), out_low);
+      _mm256_maskstore_ps(row + 8, _mm256_cmpgt_epi32(_mm256_set1_epi32(columns - 8), lane), out_high);
+    }
+  }
+}
+
+template <int... R>
+struct RowsTimesPanelAvx2 {
+  static constexpr decltype(&rows_times_panel_avx2<1>) table[] = {&rows_times_panel_avx2<R>...};
+};
+using Avx2PassTable = RowsTimesPanelAvx2<1, 2, 3, 4, 5, 6>;
+
+bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
+bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #endif
 
 }  // namespace
 
 bool float32_linear_available() {
 #if HLF_FLOAT32_LINEAR
-  return __builtin_cpu_supports("avx512f");
+  return has_avx512() || has_avx2_fma();
 #else
   return false;
 #endif
@@ -100,7 +151,8 @@ bool float32_linear_available() {
 
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                              const c10::optional<torch::Tensor>& bias, bool relu) {
-  TORCH_CHECK(float32_linear_available(), "float32_linear: this CPU has no AVX-512 (float32_linear_available())");
+  TORCH_CHECK(float32_linear_available(),
+              "float32_linear: this CPU has neither AVX-512 nor AVX2 with FMA (float32_linear_available())");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
               "float32_linear: the input must be a float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
   TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 && panels.is_contiguous() &&
@@ -128,6 +180,7 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
   const float* bias_data = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* y_data = y.data_ptr<float>();
   const int64_t passes = padded / kPassColumns;
+  const bool avx512 = has_avx512();
   // about 64k multiply-adds or more per task, so that small products stay on one thread
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * K * kPassColumns, 1));
   at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
@@ -138,10 +191,22 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
       std::fill(pass_bias, pass_bias + kPassColumns, 0.f);
       if (bias_data != nullptr) std::memcpy(pass_bias, bias_data + first_column, columns * sizeof(float));
       const float* pass_panels = panel_data + first_column * K;
-      for (int64_t m = 0; m < M; m += kPassRows) {
-        const int64_t pass_rows = std::min<int64_t>(kPassRows, M - m);
-        PassTable::table[pass_rows - 1](x_data + m * K, K, pass_panels, pass_bias, y_data + m * N + first_column, N,
-                                        columns, relu, /*prefetch=*/m == 0);
+      if (avx512) {
+        for (int64_t m = 0; m < M; m += kPassRows) {
+          const int64_t pass_rows = std::min<int64_t>(kPassRows, M - m);
+          PassTable::table[pass_rows - 1](x_data + m * K, K, pass_panels, pass_bias, y_data + m * N + first_column,
+                                          N, columns, relu, /*prefetch=*/m == 0);
+        }
+        continue;
+      }
+      for (int64_t panel = 0; panel * kPanelColumns < columns; ++panel) {
+        const int64_t offset = panel * kPanelColumns;
+        for (int64_t m = 0; m < M; m += kAvx2PassRows) {
+          const int64_t pass_rows = std::min<int64_t>(kAvx2PassRows, M - m);
+          Avx2PassTable::table[pass_rows - 1](x_data + m * K, K, pass_panels + offset * K, pass_bias + offset,
+                                              y_data + m * N + first_column + offset, N,
+                                              std::min(kPanelColumns, columns - offset), relu, /*prefetch=*/m == 0);
+        }
       }
     }
   });

@@ -1,8 +1,9 @@
 // The int8 linear layer of `hf_layerfusion.inference.inference_copies.Int8Linear` in one call: each row of the input is
 // quantized to int8 with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto
-// [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float. The product runs on the CPU's AMX tiles where it has them (the weights packed
-// into tiles once, `pack_amx_tiles`), else through `at::_int_mm` (oneDNN's VNNI kernels): both sum exactly in int32,
-// so they give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
+// [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
+// The product runs on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds (`vpmaddwd`: the
+// codes widened to 16 bits, so no product saturates, as the 8-bit `vpmaddubsw` would), the weights packed once for
+// either (`pack_int8_weights`), else through `at::_int_mm`: all sum exactly in int32, so they give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
 // fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
 #include "cpu_kernels.h"
 
@@ -38,6 +39,7 @@ constexpr int64_t kTileBytes = kTileRows * 64;
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 constexpr float kMinimumSpan = 1e-30f;  // an all-zero row: finite scales, every code at the zero point
+constexpr int64_t kPairColumns = 16;  // AVX2 layout: output features per panel, two registers of 8 int32 sums
 
 // rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * 255 / span) + zero, -128, 127)
 // with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * 255 / span) - 128 (rounding half to
@@ -164,17 +166,80 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t
 bool amx_usable() { return false; }
 #endif
 
+#if HLF_AMX
+bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
+
+// rows [0, R) of the codes q16 (int16, row stride Kp, Kp even) times one AVX2 panel (Kp / 2 pairs x 32 bytes: per
+// input pair, 8 columns x (w[2j], w[2j + 1]) then the next 8) into 16 int32 sums per row at `sums` (row stride
+// sums_stride): each `vpmaddwd` adds q[2j] w[2j] + q[2j + 1] w[2j + 1] for 8 columns, exactly (|each| <= 2^15)
+template <int R>
+__attribute__((target("avx2"))) void avx2_rows_times_panel(const int16_t* __restrict q16, int64_t Kp,
+                                                          const int8_t* __restrict panel, int32_t* __restrict sums,
+                                                          int64_t sums_stride) {
+  __m256i low[R], high[R];
+  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_si256();
+  for (int64_t j = 0; j < Kp / 2; ++j) {
+    const __m256i w_low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 32 * j)));
+    const __m256i w_high =
+        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 32 * j + 16)));
+    for (int r = 0; r < R; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, q16 + r * Kp + 2 * j, sizeof(pair));
+      const __m256i input = _mm256_set1_epi32(pair);
+      low[r] = _mm256_add_epi32(low[r], _mm256_madd_epi16(input, w_low));
+      high[r] = _mm256_add_epi32(high[r], _mm256_madd_epi16(input, w_high));
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride), low[r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride + 8), high[r]);
+  }
+}
+
+constexpr int kAvx2Rows = 4;  // 4 x 2 accumulators, 2 weight registers, the broadcast and a product
+template <int... R>
+struct Avx2RowsTimesPanel {
+  static constexpr decltype(&avx2_rows_times_panel<1>) table[] = {&avx2_rows_times_panel<R>...};
+};
+using Avx2PanelTable = Avx2RowsTimesPanel<1, 2, 3, 4>;
+#else
+bool avx2_usable() { return false; }
+#endif
+
+// where `pack_int8_weights` packs for: "amx", "avx2" or "" (`at::_int_mm` reads weight_t itself)
+const char* packed_layout() { return amx_usable() ? "amx" : avx2_usable() ? "avx2" : ""; }
+
 }  // namespace
 
 bool amx_available() { return amx_usable(); }
 
-// weight_t (K, N) int8 -> AMX weight tiles (empty where AMX is not usable): for each tile of 16 columns nt and each
-// 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] = weight_t[64 * d + 4 * r + i][16 * nt + j], zero
-// past K and N (the layout `_tile_dpbssd` reads, columns padded to whole 64-column blocks)
-torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t) {
-  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "pack_amx_tiles: weight_t must be 2-D int8");
-  if (!amx_usable()) return torch::empty({0}, weight_t.options());
+std::string int8_product() { return amx_usable() ? "AMX" : avx2_usable() ? "AVX2" : "torch._int_mm"; }
+
+// weight_t (K, N) int8 -> the weights in the layout of this CPU's product (`int8_product()`), empty for
+// `at::_int_mm`:
+// - AMX tiles: for each tile of 16 columns nt and each 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] =
+//   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
+//   whole 64-column blocks);
+// - AVX2 panels: for each panel of 16 columns p and each input pair j, 32 bytes with byte [16 * h + 2 * c + i] =
+//   weight_t[2 * j + i][16 * p + 8 * h + c], zero past K and N (`avx2_rows_times_panel`).
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t) {
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
+              "pack_int8_weights: weight_t must be 2-D int8");
+  const std::string layout = packed_layout();
+  if (layout.empty()) return torch::empty({0}, weight_t.options());
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
+  if (layout == "avx2") {
+    const int64_t Kp = round_up(K, 2), Np = round_up(N, kPairColumns);
+    auto panels = torch::zeros({Np * Kp}, weight_t.options());
+    const auto weights = weight_t.contiguous();
+    const int8_t* src = weights.data_ptr<int8_t>();
+    int8_t* dst = panels.data_ptr<int8_t>();
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n)
+        dst[n / kPairColumns * Kp * kPairColumns + k / 2 * 32 + (n % kPairColumns) / 8 * 16 + 2 * (n % 8) + k % 2] =
+            src[k * N + n];
+    return panels;
+  }
   const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
   auto tiles = torch::zeros({Np / kTileColumns * depth_blocks * kTileBytes}, weight_t.options());
   const auto weights = weight_t.contiguous();
@@ -188,10 +253,10 @@ torch::Tensor pack_amx_tiles(const torch::Tensor& weight_t) {
   return tiles;
 }
 
-// x (..., K) float32; weight_t (K, N) int8; weight_tiles: pack_amx_tiles(weight_t), or empty for `at::_int_mm`;
+// x (..., K) float32; weight_t (K, N) int8; packed_weights: pack_int8_weights(weight_t), or empty for `at::_int_mm`;
 // column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the
 // output's max(., 0) (a ReLU that follows the layer, folded in) -> (..., N)
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& weight_tiles,
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
@@ -206,15 +271,20 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
-  const bool amx = weight_tiles.numel() > 0;
-  TORCH_CHECK(!amx || amx_usable(), "int8_linear: AMX weight tiles given, but this CPU / process cannot use AMX");
+  const std::string layout = packed_weights.numel() > 0 ? packed_layout() : "";
+  TORCH_CHECK(packed_weights.numel() == 0 || !layout.empty(),
+              "int8_linear: packed weights given, but this CPU has neither AMX nor AVX2 to read them");
+  const bool amx = layout == "amx", avx2 = layout == "avx2";
   const auto rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
-  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros), results cut back
-  const int64_t Mp = amx ? round_up(M, kTileRows) : M, Kp = amx ? round_up(K, kTileDepth) : K;
-  const int64_t Np = amx ? round_up(N, kBlockColumns) : N;
-  TORCH_CHECK(!amx || weight_tiles.numel() == Np / kTileColumns * (Kp / kTileDepth) * kTileBytes,
-              "int8_linear: weight_tiles do not match weight_t");
+  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); AVX2 reads input pairs and panels
+  // of 16 columns; results cut back
+  const int64_t Mp = amx ? round_up(M, kTileRows) : M;
+  const int64_t Kp = amx ? round_up(K, kTileDepth) : avx2 ? round_up(K, 2) : K;
+  const int64_t Np = amx ? round_up(N, kBlockColumns) : avx2 ? round_up(N, kPairColumns) : N;
+  TORCH_CHECK(packed_weights.numel() == (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : avx2 ? Np * Kp : 0),
+              "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
+              N, " weights)");
   auto q = torch::empty({Mp, Kp}, rows.options().dtype(torch::kInt8));
   auto row_scale = torch::empty({M}, rows.options());
   auto row_zero = torch::empty({M}, rows.options().dtype(torch::kInt32));
@@ -229,14 +299,32 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   if (amx) {
     std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});  // padding rows: their sums are not read
     sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
-    const int8_t* tiles = weight_tiles.data_ptr<int8_t>();
+    const int8_t* tiles = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     at::parallel_for(0, Np / kBlockColumns, 1, [&](int64_t begin, int64_t end) {
       amx_column_blocks(qp, tiles, sp, Mp, Kp, Np, begin, end);
     });
   }
+  if (avx2) {
+    auto q16 = torch::empty({M, Kp}, q.options().dtype(torch::kInt16));
+    int16_t* q16p = q16.data_ptr<int16_t>();
+    for (int64_t i = 0; i < M * Kp; ++i) q16p[i] = qp[i];
+    sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
+    const int8_t* panels = packed_weights.data_ptr<int8_t>();
+    int32_t* sp = sums.data_ptr<int32_t>();
+    // about 64k multiply-adds or more per task, so that small products stay on one thread
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kPairColumns, 1));
+    at::parallel_for(0, Np / kPairColumns, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t panel = begin; panel < end; ++panel)
+        for (int64_t m = 0; m < M; m += kAvx2Rows) {
+          const int64_t pass_rows = std::min<int64_t>(kAvx2Rows, M - m);
+          Avx2PanelTable::table[pass_rows - 1](q16p + m * Kp, Kp, panels + panel * Kp * kPairColumns,
+                                               sp + m * Np + panel * kPairColumns, Np);
+        }
+    });
+  }
 #endif
-  if (!amx) sums = at::_int_mm(q, weight_t);  // (M, N) int32, exact
+  if (!amx && !avx2) sums = at::_int_mm(q, weight_t);  // (M, N) int32, exact
   // dequantize in place where the sums have the output's shape, else into a new tensor
   const bool in_place = Np == N;
   auto out = in_place ? sums.view(torch::kFloat32).narrow(0, 0, M) : torch::empty({M, N}, rows.options());
