@@ -16,8 +16,8 @@ copy (`kernel_copy`: the same copy with another linear layer; attention is the d
 - float32: the fast loop on **the model itself** (`F.linear` and SDPA: what runs where the compiled kernels do not).
 - int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
   int8 weights and symmetric per-row activation codes computed in Python.
-- int8: the compiled kernel with **`torch._int_mm`** (oneDNN's VNNI `gemm_api`) for the product, what it runs on CPUs
-  without AMX (the same numbers).
+- int8: the compiled kernel with **exact float32 block products** (`at::mm` over blocks of 1,024 inputs) for the
+  product, what it runs on CPUs without AMX or AVX2 (the same numbers).
 - int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
   largest magnitude in Python, then the kernel quantizes the whole input with one scale itself.
 
@@ -114,12 +114,12 @@ class OneDNNInt8Linear(nn.Module):
         return torch.relu(output) if self.relu else output
 
 
-class IntMmInt8Linear(Int8Linear):
-    """`Int8Linear` without AMX weight tiles: the compiled kernel's `torch._int_mm` product."""
+class FloatBlocksInt8Linear(Int8Linear):
+    """`Int8Linear` without packed weights: the compiled kernel's exact float32 block products."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__(weight, bias, relu)
-        self.weight_tiles = self.weight_t.new_empty(0)
+        self.packed_weights = self.weight_t.new_empty(0)
 
 
 class DynamicInt8Linear(nn.Module):
@@ -163,7 +163,7 @@ def print_isolated_products(rows: int) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
     print("| product | F.linear | MKL packed | float32 compiled (Float32Linear) | int8 compiled (Int8Linear) | "
-          "int8 compiled, torch._int_mm | int8 oneDNN qlinear | int8 linear_dynamic |")
+          "int8 compiled, float32 blocks | int8 oneDNN qlinear | int8 linear_dynamic |")
     print("|---|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
@@ -236,7 +236,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message=".*quantized.*")
 
     kernel = compiled_kernels()
-    int8_product = "not compiled" if kernel is None else "AMX" if kernel.amx_available() else "torch._int_mm"
+    int8_product = "not compiled" if kernel is None else kernel.int8_product()
     print("## Candidate kernels for the fast CPU path (issue 19)\n")
     print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
@@ -251,7 +251,7 @@ def main(argv=None) -> None:
         "plain: fast float32, F.linear (addmm)": kernel_copy(plain, TorchLinear, "float32"),
         "plain: fast float32, MKL packed": kernel_copy(plain, MKLPackedLinear, "float32"),
         INT8: prepare_for_inference(plain, "int8"),
-        "plain: fast int8, torch._int_mm": kernel_copy(plain, IntMmInt8Linear, "int8"),
+        "plain: fast int8, float32 blocks": kernel_copy(plain, FloatBlocksInt8Linear, "int8"),
         "plain: fast int8, oneDNN qlinear": kernel_copy(plain, OneDNNInt8Linear, "int8"),
         "plain: fast int8, linear_dynamic": kernel_copy(plain, DynamicInt8Linear, "int8"),
     }
@@ -276,8 +276,8 @@ def main(argv=None) -> None:
         print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
         print(f"- tokens == MarianMTModel's: fast float32 compiled {same(FLOAT32)}, F.linear "
               f"{same('plain: fast float32, F.linear (addmm)')}, MKL packed {same('plain: fast float32, MKL packed')}, "
-              f"the model itself {same(MODEL_ITSELF)}; compiled int8 with torch._int_mm == with AMX: "
-              f"{same('plain: fast int8, torch._int_mm', tokens[INT8])}; "
+              f"the model itself {same(MODEL_ITSELF)}; compiled int8 with float32 blocks == with {int8_product}: "
+              f"{same('plain: fast int8, float32 blocks', tokens[INT8])}; "
               f"rows equal to float32: compiled int8 {int((tokens[INT8] == float_tokens).all(1).sum())}/32, "
               f"linear_dynamic {int((tokens['plain: fast int8, linear_dynamic'] == float_tokens).all(1).sum())}/32\n")
 

@@ -1,5 +1,5 @@
 """`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row asymmetric int8 quantization (scale
-and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX, AVX2 and `torch._int_mm` products and the
+and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX, AVX2 and float32-block products and the
 torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
@@ -11,7 +11,7 @@ from helpers import cpu_flags
 
 from hf_layerfusion.inference import cpu_kernels
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
-from hf_layerfusion.inference.inference_copies import Int8Linear, int8_linear_reference
+from hf_layerfusion.inference.inference_copies import Int8Linear, exact_int8_product, int8_linear_reference
 
 
 def brute_force_int8_linear(
@@ -38,16 +38,16 @@ def brute_force_int8_linear(
     return output.reshape(*inputs.shape[:-1], w.shape[0])
 
 
-NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's `torch._int_mm` product
+NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's float32-block product
 
 
 def test_amx_or_avx2_is_used_where_the_cpu_has_it(kernels):
     layer = Int8Linear(torch.randn(8, 16), None)
     has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
     assert kernels.amx_available() == has_amx
-    expected = "AMX" if has_amx else "AVX2" if "avx2" in cpu_flags() else "torch._int_mm"
+    expected = "AMX" if has_amx else "AVX2" if "avx2" in cpu_flags() else "float32 blocks"
     assert kernels.int8_product() == expected
-    assert (layer.packed_weights.numel() > 0) == (expected != "torch._int_mm")
+    assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
 
 
 # odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows
@@ -74,10 +74,10 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernels, s
     layer = Int8Linear(weight, bias, relu=relu)
     codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, relu)
     compiled = kernels.int8_linear(inputs, *codes)
-    int_mm = kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
+    blocks = kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
-    assert torch.equal(compiled, fallback) and torch.equal(int_mm, fallback)
+    assert torch.equal(compiled, fallback) and torch.equal(blocks, fallback)
     expected = brute_force_int8_linear(inputs, weight, bias, relu)
     np.testing.assert_allclose(compiled.numpy(), expected, rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
@@ -159,18 +159,34 @@ def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_t
 
 
 def test_extreme_codes_sum_exactly(kernels):
-    """Rows whose codes are all at the ends of the int8 range times weights at +-127 over 1,024 inputs: sums of
-    +-2^24 that an 8-bit multiply-add (`vpmaddubsw`, which saturates pairs at 2^15) or a float32 product could not hold
-    exactly; every product of the kernel equals the torch operations' exact integer arithmetic."""
-    weight = torch.full((20, 1024), 1.0)
+    """Rows whose codes are all at the ends of the int8 range times weights at +-127 over 2,500 inputs: sums of
+    +-2^25 that an 8-bit multiply-add (`vpmaddubsw`, which saturates pairs at 2^15) or one float32 product could not
+    hold exactly; the kernel's products (this CPU's and the float32-block one) equal exact integer arithmetic."""
+    weight = torch.full((20, 2500), 1.0)
     weight[1::2] = -1.0
     weight[::3, ::2] *= -1
-    inputs = torch.full((5, 1024), -1.0)
+    inputs = torch.full((5, 2500), -1.0)
     inputs[1] = 1.0
     inputs[2, ::2] = 1.0
-    inputs[3] = torch.linspace(-1.0, 1.0, 1024)
+    inputs[3] = torch.linspace(-1.0, 1.0, 2500)
     layer = Int8Linear(weight, None)
     codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None)
     expected = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert torch.equal(kernels.int8_linear(inputs, *codes), expected)
+    assert torch.equal(kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:]), expected)
+    sums = (inputs.sign().clamp_min(0) * 255 - 128).long() @ layer.weight_t.long()  # the codes of rows 0-2 are exact
+    assert sums[:3].abs().max() > 2**24
     np.testing.assert_allclose(expected.numpy(), brute_force_int8_linear(inputs, weight, None), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 1024, 1025, 3000])
+def test_the_torch_operations_sum_int8_products_exactly_past_float32_precision(depth):
+    """`exact_int8_product` (the float32 products of `int8_linear_reference`) equals torch's integer product, also
+    where one float32 product over all inputs could not be exact (sums past 2^24 at 1,025 inputs and more)."""
+    generator = torch.Generator().manual_seed(depth)
+    codes = torch.randint(-128, 128, (6, depth), dtype=torch.int8, generator=generator)
+    weight_t = torch.randint(-127, 128, (depth, 33), dtype=torch.int8, generator=generator)
+    codes[:2], weight_t[:, :2] = -128, -127  # the largest sums: 16,256 per input
+    expected = (codes.long() @ weight_t.long()).to(torch.int32)
+    assert expected.abs().max() >= (2**24 if depth > 1032 else 0)
+    assert torch.equal(exact_int8_product(codes, weight_t), expected)

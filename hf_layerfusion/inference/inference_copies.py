@@ -61,6 +61,22 @@ def float32_kernel_available() -> bool:
 
 
 MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite scales
+# int8 x int8 products summed over at most this many inputs stay below 2^24 in magnitude (1032 x 128 x 127 < 2^24),
+# where float32 holds every integer exactly: such a float32 matrix product is the exact integer product
+EXACT_FLOAT32_DEPTH = 1024
+
+
+def exact_int8_product(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """`codes (M, K) @ weight_t (K, N)` of int8 matrices, exactly, as int32: float32 matrix products over blocks of
+    `EXACT_FLOAT32_DEPTH` inputs (each exact), summed in int32. What `torch._int_mm` computes, at the speed of a float
+    product on every CPU (`torch._int_mm` is far slower than a float product where the CPU has no VNNI:
+    docs/fast_cpu_translation.md)."""
+    sums = None
+    for start in range(0, codes.shape[1], EXACT_FLOAT32_DEPTH):
+        block = slice(start, start + EXACT_FLOAT32_DEPTH)
+        product = (codes[:, block].float() @ weight_t[block].float()).to(torch.int32)
+        sums = product if sums is None else sums + product
+    return sums if sums is not None else codes.new_zeros(codes.shape[0], weight_t.shape[1], dtype=torch.int32)
 
 
 def int8_linear_reference(
@@ -83,7 +99,7 @@ def int8_linear_reference(
     inverse = 255 / span
     zero = torch.round(-low * inverse) - 128
     codes = torch.clamp(torch.round(rows * inverse) + zero, -128, 127).to(torch.int8)
-    sums = torch._int_mm(codes, weight_t) - zero.to(torch.int32) * column_sums
+    sums = exact_int8_product(codes, weight_t) - zero.to(torch.int32) * column_sums
     output = sums.float() * ((span / 255) * weight_scale)
     if bias is not None:
         output = output + bias
@@ -98,7 +114,8 @@ class Int8Linear(nn.Module):
     256 codes, and per row, so that a row with large activations (an outlier token, or another sentence of the batch)
     does not coarsen the other rows' resolution and a row's output does not depend on the rest of its batch. Products
     are summed exactly in int32, on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds
-    (the weights packed for either here, once), else by `torch._int_mm`: the same numbers either way. Quantization, product and dequantization
+    (the weights packed for either here, once), else as exact float32 block products (`exact_int8_product`): the same
+    numbers either way. Quantization, product and dequantization
     with the bias are one call of the compiled kernel (`compiled_kernels`): as separate torch operations the
     per-row quantization cost more than the product itself at decoding sizes. With `relu=True` the layer is followed
     by a ReLU, folded into the same call (`kernel_copy` folds the feed-forward activation)."""
@@ -114,7 +131,7 @@ class Int8Linear(nn.Module):
         self.column_sums = self.weight_t.sum(dim=0, dtype=torch.int32)  # the zero points' share of the sums
         self.bias = None if bias is None else bias.detach().float().contiguous()
         kernel = compiled_kernels()
-        # empty where the CPU has neither AMX nor AVX2: the kernel then runs `torch._int_mm`
+        # empty where the CPU has neither AMX nor AVX2: the kernel then runs float32 block products
         self.packed_weights = self.weight_t.new_empty(0) if kernel is None else kernel.pack_int8_weights(self.weight_t)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

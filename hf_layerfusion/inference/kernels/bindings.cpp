@@ -3,9 +3,9 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
-  m.def("int8_product", &int8_product, "What sums int8_linear's products on this CPU: AMX, AVX2 or torch._int_mm.");
+  m.def("int8_product", &int8_product, "What sums int8_linear's products on this CPU: AMX, AVX2 or float32 blocks.");
   m.def("pack_int8_weights", &pack_int8_weights,
-        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty for torch._int_mm.");
+        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty otherwise.");
   m.def("int8_linear", &int8_linear,
         "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),

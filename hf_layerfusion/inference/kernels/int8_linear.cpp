@@ -3,7 +3,8 @@
 // [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
 // The product runs on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds (`vpmaddwd`: the
 // codes widened to 16 bits, so no product saturates, as the 8-bit `vpmaddubsw` would), the weights packed once for
-// either (`pack_int8_weights`), else through `at::_int_mm`: all sum exactly in int32, so they give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
+// either (`pack_int8_weights`), else as float32 products of blocks short enough to be exact: all sum exactly, so they
+// give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
 // fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
 #include "cpu_kernels.h"
 
@@ -39,6 +40,9 @@ constexpr int64_t kTileBytes = kTileRows * 64;
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 constexpr float kMinimumSpan = 1e-30f;  // an all-zero row: finite scales, every code at the zero point
+// int8 x int8 products summed over at most this many inputs stay below 2^24, where float32 is exact
+// (inference_copies.py's EXACT_FLOAT32_DEPTH)
+constexpr int64_t kExactFloatDepth = 1024;
 constexpr int64_t kPairColumns = 16;  // AVX2 layout: output features per panel, two registers of 8 int32 sums
 
 // rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * 255 / span) + zero, -128, 127)
@@ -206,17 +210,17 @@ using Avx2PanelTable = Avx2RowsTimesPanel<1, 2, 3, 4>;
 bool avx2_usable() { return false; }
 #endif
 
-// where `pack_int8_weights` packs for: "amx", "avx2" or "" (`at::_int_mm` reads weight_t itself)
+// where `pack_int8_weights` packs for: "amx", "avx2" or "" (the float32 block products read weight_t itself)
 const char* packed_layout() { return amx_usable() ? "amx" : avx2_usable() ? "avx2" : ""; }
 
 }  // namespace
 
 bool amx_available() { return amx_usable(); }
 
-std::string int8_product() { return amx_usable() ? "AMX" : avx2_usable() ? "AVX2" : "torch._int_mm"; }
+std::string int8_product() { return amx_usable() ? "AMX" : avx2_usable() ? "AVX2" : "float32 blocks"; }
 
-// weight_t (K, N) int8 -> the weights in the layout of this CPU's product (`int8_product()`), empty for
-// `at::_int_mm`:
+// weight_t (K, N) int8 -> the weights in the layout of this CPU's product (`int8_product()`), empty for the
+// float32 block products:
 // - AMX tiles: for each tile of 16 columns nt and each 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] =
 //   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
 //   whole 64-column blocks);
@@ -253,7 +257,8 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t) {
   return tiles;
 }
 
-// x (..., K) float32; weight_t (K, N) int8; packed_weights: pack_int8_weights(weight_t), or empty for `at::_int_mm`;
+// x (..., K) float32; weight_t (K, N) int8; packed_weights: pack_int8_weights(weight_t), or empty for the float32
+// block products;
 // column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the
 // output's max(., 0) (a ReLU that follows the layer, folded in) -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
@@ -324,7 +329,18 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
 #endif
-  if (!amx && !avx2) sums = at::_int_mm(q, weight_t);  // (M, N) int32, exact
+  if (!amx && !avx2) {
+    // (M, N) int32, exact: float32 products over blocks of kExactFloatDepth inputs, each below 2^24 in magnitude
+    // (so exact), summed in int32, as `exact_int8_product` (inference_copies.py); `at::_int_mm` is far slower than a
+    // float product on CPUs without VNNI
+    const auto weights = weight_t.to(torch::kFloat32);
+    const auto codes = q.to(torch::kFloat32);
+    for (int64_t start = 0; start < K || start == 0; start += kExactFloatDepth) {
+      const int64_t depth = std::min(kExactFloatDepth, K - start);
+      const auto block = at::mm(codes.narrow(1, start, depth), weights.narrow(0, start, depth)).to(torch::kInt32);
+      sums = start == 0 ? block : sums + block;
+    }
+  }
   // dequantize in place where the sums have the output's shape, else into a new tensor
   const bool in_place = Np == N;
   auto out = in_place ? sums.view(torch::kFloat32).narrow(0, 0, M) : torch::empty({M, N}, rows.options());
