@@ -170,7 +170,7 @@ def print_isolated_products(rows: int) -> None:
         states = torch.randn(rows, inputs, generator=generator)
         linear = nn.Linear(inputs, outputs)
         layers = [cls(linear.weight, linear.bias) for cls in (MKLPackedLinear, Float32Linear, Int8Linear,
-                                                                  IntMmInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
+                                                                  FloatBlocksInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
         with torch.inference_mode():
             cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, *layers)]
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
