@@ -3,10 +3,11 @@
 // what `scaled_dot_product_attention` computes without a causal mask, with a boolean padding mask or none, and
 // what the inference copies' attention interface (`hf_layerfusion.inference.decoding_attention`) runs at decoding
 // steps. At these sizes (a few queries, tens of keys, 128 to 512 row-heads) SDPA's cost is mostly fixed per row-head
-// (a small matrix product per block); here each row-head is a pass over its keys with 16-float vectors, and the
-// exponentials are computed 16 at a time.
+// (a small matrix product per block); here each row-head is a pass over its keys with 16-float vectors (8-float ones
+// on AVX2 without AVX-512, where GCC kept 16-float vectors on the stack), and the exponentials are computed a vector at
+// a time.
 //
-// Numbers: softmax(q k^T * scaling + mask) v in float32, the scores' dot products summed in 16 lanes and then
+// Numbers: softmax(q k^T * scaling + mask) v in float32, the scores' dot products summed in 16 (or 8) lanes and then
 // pairwise, exp(x) by range reduction and a degree-6 polynomial (Cephes' expf, about 1 ulp), rows whose keys are all
 // masked give zeros (as SDPA does). Masked keys and their values are not read: they weigh exactly nothing, whatever
 // they hold. It agrees with SDPA to float rounding (about 1e-6), not bit for bit.
@@ -20,7 +21,7 @@
 
 namespace {
 
-constexpr int64_t kMaxChunks = 8;  // head_dim up to 128
+constexpr int64_t kMaxHeadDim = 128;
 
 struct Problem {
   const float *query, *key, *value;
@@ -31,9 +32,11 @@ struct Problem {
   float scaling;
 };
 
-// row-heads [begin, end) of `problem`, row-head = row * heads + head; `scores` holds keys rounded up to 16 floats
-template <int kChunks>
+// row-heads [begin, end) of `problem`, row-head = row * heads + head, with vectors V of head_dim / kChunks floats;
+// `scores` holds keys rounded up to 16 floats
+template <class V, int kChunks>
 HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t end, float* scores) {
+  constexpr int64_t kWidth = sizeof(V) / sizeof(float);
   const Problem& p = problem;
   const int64_t padded_keys = (p.keys + kLanes - 1) / kLanes * kLanes;
   for (int64_t row_head = begin; row_head < end; ++row_head) {
@@ -43,8 +46,8 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
     for (int64_t position = 0; position < p.queries; ++position) {
       const float* query = p.query + row * p.query_strides[0] + head * p.query_strides[1] + position * p.query_strides[2];
       const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
-      Vec16 scaled_query[kChunks];
-      for (int c = 0; c < kChunks; ++c) scaled_query[c] = load(query + kLanes * c) * p.scaling;
+      V scaled_query[kChunks];
+      for (int c = 0; c < kChunks; ++c) scaled_query[c] = load_vector<V>(query + kWidth * c) * p.scaling;
       // scores q . k (scaled), their maximum; masked keys are not read (in a padded batch, most of some rows' keys)
       float maximum = -INFINITY;
       for (int64_t k = 0; k < p.keys; ++k) {
@@ -53,8 +56,8 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
           continue;
         }
         const float* key = keys + k * p.key_strides[2];
-        Vec16 products = scaled_query[0] * load(key);
-        for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load(key + kLanes * c);
+        V products = scaled_query[0] * load_vector<V>(key);
+        for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load_vector<V>(key + kWidth * c);
         const float score = lane_sum(products);
         scores[k] = score;
         maximum = score > maximum ? score : maximum;
@@ -64,40 +67,58 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
         std::memset(out, 0, sizeof(float) * p.head_dim);
         continue;
       }
-      // weights exp(score - maximum), 16 at a time (padding keys weigh 0), and their sum
+      // weights exp(score - maximum), a vector at a time (padding keys weigh 0), and their sum
       for (int64_t k = p.keys; k < padded_keys; ++k) scores[k] = -INFINITY;
-      Vec16 sums{};
-      for (int64_t k = 0; k < padded_keys; k += kLanes) {
-        const Vec16 weights = exp_nonpositive(load(scores + k) - maximum);
-        store(scores + k, weights);
+      V sums{};
+      for (int64_t k = 0; k < padded_keys; k += kWidth) {
+        const V weights = exp_nonpositive(load_vector<V>(scores + k) - maximum);
+        store_vector(scores + k, weights);
         sums += weights;
       }
       const float inverse_sum = 1.f / lane_sum(sums);
       // the weighted sum of the values
-      Vec16 accumulated[kChunks];
-      for (int c = 0; c < kChunks; ++c) accumulated[c] = Vec16{};
+      V accumulated[kChunks];
+      for (int c = 0; c < kChunks; ++c) accumulated[c] = V{};
       for (int64_t k = 0; k < p.keys; ++k) {
         if (mask && !mask[k]) continue;
         const float weight = scores[k];
         const float* value = values + k * p.value_strides[2];
-        for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load(value + kLanes * c);
+        for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load_vector<V>(value + kWidth * c);
       }
-      for (int c = 0; c < kChunks; ++c) store(out + kLanes * c, accumulated[c] * inverse_sum);
+      for (int c = 0; c < kChunks; ++c) store_vector(out + kWidth * c, accumulated[c] * inverse_sum);
     }
   }
 }
 
-HLF_VECTOR_CLONES void attend(const Problem& problem, int64_t begin, int64_t end, float* scores) {
-  switch (problem.head_dim / kLanes) {
-    case 1: return attend_row_heads<1>(problem, begin, end, scores);
-    case 2: return attend_row_heads<2>(problem, begin, end, scores);
-    case 3: return attend_row_heads<3>(problem, begin, end, scores);
-    case 4: return attend_row_heads<4>(problem, begin, end, scores);
-    case 5: return attend_row_heads<5>(problem, begin, end, scores);
-    case 6: return attend_row_heads<6>(problem, begin, end, scores);
-    case 7: return attend_row_heads<7>(problem, begin, end, scores);
-    case 8: return attend_row_heads<8>(problem, begin, end, scores);
+// the pass with head_dim / width(V) chunks, width(V) dividing head_dim
+template <class V, int kChunks = 1>
+HLF_INLINE void attend_with(const Problem& problem, int64_t begin, int64_t end, float* scores) {
+  if constexpr (kChunks * sizeof(V) / sizeof(float) <= kMaxHeadDim) {
+    if (problem.head_dim == kChunks * static_cast<int64_t>(sizeof(V) / sizeof(float)))
+      return attend_row_heads<V, kChunks>(problem, begin, end, scores);
+    return attend_with<V, kChunks + 1>(problem, begin, end, scores);
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void attend_avx512(const Problem& problem, int64_t begin, int64_t end,
+                                                      float* scores) {
+  attend_with<Vec16>(problem, begin, end, scores);
+}
+__attribute__((target("avx2,fma"))) void attend_avx2(const Problem& problem, int64_t begin, int64_t end,
+                                                    float* scores) {
+  attend_with<Vec8>(problem, begin, end, scores);
+}
+#endif
+
+void attend(const Problem& problem, int64_t begin, int64_t end, float* scores) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const int isa = __builtin_cpu_supports("avx512f") ? 2
+                         : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+  if (isa == 2) return attend_avx512(problem, begin, end, scores);
+  if (isa == 1) return attend_avx2(problem, begin, end, scores);
+#endif
+  attend_with<Vec16>(problem, begin, end, scores);
 }
 
 void check_layout(const torch::Tensor& tensor, const char* name) {
@@ -118,7 +139,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   check_layout(value, "value");
   const int64_t rows = query.size(0), heads = query.size(1), queries = query.size(2), head_dim = query.size(3);
   const int64_t keys = key.size(2);
-  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kLanes * kMaxChunks,
+  TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kMaxHeadDim,
               "decode_attention: head_dim must be a multiple of 16 up to 128, got ", head_dim);
   TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == rows && key.size(1) == heads && key.size(3) == head_dim,
               "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (", rows, ", ", heads,

@@ -1,5 +1,7 @@
 // 16-float vectors for the CPU kernels that are compiled for several x86 vector widths (decode_attention.cpp,
 // mixture_log_probs.cpp): GCC's generic vectors, lowered to the clone's instruction set, and the functions both use.
+// On AVX2 a 16-float vector is two registers, and GCC keeps many of them on the stack: decode_attention.cpp runs
+// 8-float vectors there (`Vec8`, `load_vector`, the templated `exp_nonpositive`).
 #pragma once
 
 #include <cmath>
@@ -18,8 +20,22 @@
 typedef float Vec16 __attribute__((vector_size(64)));
 typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4)));
 typedef int32_t Int16 __attribute__((vector_size(64)));
+// 8 floats: one AVX2 register, for kernels that pick their vector width per instruction set (decode_attention.cpp)
+typedef float Vec8 __attribute__((vector_size(32)));
+typedef float Vec8Unaligned __attribute__((vector_size(32), aligned(4)));
+typedef int32_t Int8Lanes __attribute__((vector_size(32)));
 
 constexpr int64_t kLanes = 16;
+
+// the unaligned and the integer vector of a float vector type
+template <class V> struct VectorTypes;
+template <> struct VectorTypes<Vec16> { using Unaligned = Vec16Unaligned; using Int = Int16; };
+template <> struct VectorTypes<Vec8> { using Unaligned = Vec8Unaligned; using Int = Int8Lanes; };
+
+template <class V>
+HLF_INLINE V load_vector(const float* p) { return *reinterpret_cast<const typename VectorTypes<V>::Unaligned*>(p); }
+template <class V>
+HLF_INLINE void store_vector(float* p, V v) { *reinterpret_cast<typename VectorTypes<V>::Unaligned*>(p) = v; }
 
 HLF_INLINE Vec16 load(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
 HLF_INLINE void store(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
@@ -34,6 +50,14 @@ HLF_INLINE float lane_sum(Vec16 v) {
   return v[0];
 }
 
+// the sum of the 8 lanes, pairwise
+HLF_INLINE float lane_sum(Vec8 v) {
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  return v[0];
+}
+
 // the largest of the 16 lanes
 HLF_INLINE float lane_max(Vec16 v) {
   float maximum = v[0];
@@ -44,23 +68,27 @@ HLF_INLINE float lane_max(Vec16 v) {
 // exp(x) for x <= 0 (scores minus their maximum): x = n ln2 + r, |r| <= ln2 / 2 (ln2 in two parts), exp(r) by
 // Cephes' expf polynomial (about 1 ulp), times 2^n built in the exponent bits. Below -87 (exp < 2^-125) the result is
 // 0, so that no subnormal arithmetic (slow on x86) follows.
-HLF_INLINE Vec16 exp_nonpositive(Vec16 x) {
-  const auto underflow = x < splat(-87.f);
-  x = underflow ? splat(-87.f) : x;
-  const Vec16 round_to_integer = splat(12582912.f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const Vec16 n = (x * 1.44269504f + round_to_integer) - round_to_integer;
-  Vec16 r = x - n * 0.693359375f;
+// (for Vec16 and Vec8)
+template <class V>
+HLF_INLINE V exp_nonpositive(V x) {
+  using Int = typename VectorTypes<V>::Int;
+  const V lowest = V{} - 87.f;
+  const auto underflow = x < lowest;
+  x = underflow ? lowest : x;
+  const V round_to_integer = V{} + 12582912.f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const V n = (x * 1.44269504f + round_to_integer) - round_to_integer;
+  V r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  Vec16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  V p = r * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const Int16 exponent = (__builtin_convertvector(n, Int16) + 127) << 23;
-  Vec16 power;
+  const Int exponent = (__builtin_convertvector(n, Int) + 127) << 23;
+  V power;
   std::memcpy(&power, &exponent, sizeof(power));
-  return underflow ? Vec16{} : p * power;
+  return underflow ? V{} : p * power;
 }
 
 // log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) by Cephes' logf polynomial in m - 1
