@@ -36,7 +36,6 @@ struct Problem {
 // `scores` holds keys rounded up to 16 floats
 template <class V, int kChunks>
 HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t end, float* scores) {
-  constexpr int64_t kWidth = sizeof(V) / sizeof(float);
   const Problem& p = problem;
   const int64_t padded_keys = (p.keys + kLanes - 1) / kLanes * kLanes;
   for (int64_t row_head = begin; row_head < end; ++row_head) {
@@ -47,7 +46,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       const float* query = p.query + row * p.query_strides[0] + head * p.query_strides[1] + position * p.query_strides[2];
       const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
       V scaled_query[kChunks];
-      for (int c = 0; c < kChunks; ++c) scaled_query[c] = load_vector<V>(query + kWidth * c) * p.scaling;
+      for (int c = 0; c < kChunks; ++c) scaled_query[c] = load_vector<V>(query + kWidth<V> * c) * p.scaling;
       // scores q . k (scaled), their maximum; masked keys are not read (in a padded batch, most of some rows' keys)
       float maximum = -INFINITY;
       for (int64_t k = 0; k < p.keys; ++k) {
@@ -57,7 +56,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
         }
         const float* key = keys + k * p.key_strides[2];
         V products = scaled_query[0] * load_vector<V>(key);
-        for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load_vector<V>(key + kWidth * c);
+        for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load_vector<V>(key + kWidth<V> * c);
         const float score = lane_sum(products);
         scores[k] = score;
         maximum = score > maximum ? score : maximum;
@@ -70,7 +69,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       // weights exp(score - maximum), a vector at a time (padding keys weigh 0), and their sum
       for (int64_t k = p.keys; k < padded_keys; ++k) scores[k] = -INFINITY;
       V sums{};
-      for (int64_t k = 0; k < padded_keys; k += kWidth) {
+      for (int64_t k = 0; k < padded_keys; k += kWidth<V>) {
         const V weights = exp_nonpositive(load_vector<V>(scores + k) - maximum);
         store_vector(scores + k, weights);
         sums += weights;
@@ -83,9 +82,9 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
         if (mask && !mask[k]) continue;
         const float weight = scores[k];
         const float* value = values + k * p.value_strides[2];
-        for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load_vector<V>(value + kWidth * c);
+        for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load_vector<V>(value + kWidth<V> * c);
       }
-      for (int c = 0; c < kChunks; ++c) store_vector(out + kWidth * c, accumulated[c] * inverse_sum);
+      for (int c = 0; c < kChunks; ++c) store_vector(out + kWidth<V> * c, accumulated[c] * inverse_sum);
     }
   }
 }
@@ -93,33 +92,19 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
 // the pass with head_dim / width(V) chunks, width(V) dividing head_dim
 template <class V, int kChunks = 1>
 HLF_INLINE void attend_with(const Problem& problem, int64_t begin, int64_t end, float* scores) {
-  if constexpr (kChunks * sizeof(V) / sizeof(float) <= kMaxHeadDim) {
-    if (problem.head_dim == kChunks * static_cast<int64_t>(sizeof(V) / sizeof(float)))
+  if constexpr (kChunks * kWidth<V> <= kMaxHeadDim) {
+    if (problem.head_dim == kChunks * kWidth<V>)
       return attend_row_heads<V, kChunks>(problem, begin, end, scores);
     return attend_with<V, kChunks + 1>(problem, begin, end, scores);
   }
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) void attend_avx512(const Problem& problem, int64_t begin, int64_t end,
-                                                      float* scores) {
-  attend_with<Vec16>(problem, begin, end, scores);
-}
-__attribute__((target("avx2,fma"))) void attend_avx2(const Problem& problem, int64_t begin, int64_t end,
-                                                    float* scores) {
-  attend_with<Vec8>(problem, begin, end, scores);
-}
-#endif
-
-void attend(const Problem& problem, int64_t begin, int64_t end, float* scores) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  static const int isa = __builtin_cpu_supports("avx512f") ? 2
-                         : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-  if (isa == 2) return attend_avx512(problem, begin, end, scores);
-  if (isa == 1) return attend_avx2(problem, begin, end, scores);
-#endif
-  attend_with<Vec16>(problem, begin, end, scores);
-}
+struct Attend {
+  template <class V>
+  HLF_INLINE static void run(const Problem* problem, int64_t begin, int64_t end, float* scores) {
+    attend_with<V>(*problem, begin, end, scores);
+  }
+};
 
 void check_layout(const torch::Tensor& tensor, const char* name) {
   TORCH_CHECK(tensor.dim() == 4 && tensor.scalar_type() == torch::kFloat32 && tensor.device().is_cpu(),
@@ -167,7 +152,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t padded_keys = (keys + kLanes - 1) / kLanes * kLanes;
   at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(padded_keys);
-    attend(problem, begin, end, scores.data());
+    run_with_widest_vectors<Attend>(&problem, begin, end, scores.data());
   });
   return output;
 }

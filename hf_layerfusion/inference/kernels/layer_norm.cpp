@@ -3,7 +3,7 @@
 // with y = None LayerNorm(x). At a decoding step (tens of rows of a few hundred features) torch's `add` and
 // `layer_norm` cost mostly their fixed per-call work; here each row is three passes over its features in cache.
 //
-// Numbers: float32, the row's mean and then the mean of its squared deviations, each summed in 16 lanes and then
+// Numbers: float32, the row's mean and then the mean of its squared deviations, each summed in 16 lanes (8 on AVX2) and then
 // pairwise (`lane_sum`), (x - mean) / sqrt(variance + eps) * weight + bias: torch's LayerNorm up to float rounding.
 #include "cpu_kernels.h"
 
@@ -14,31 +14,34 @@
 namespace {
 
 // rows [begin, end) of (rows, features): LayerNorm(x + y) (y may be null) into `output`; features % 16 == 0
-HLF_VECTOR_CLONES void normalize_rows(const float* x, const float* y, const float* weight, const float* bias, float eps,
-                                      float* output, int64_t features, int64_t begin, int64_t end) {
-  const float inverse_features = 1.f / static_cast<float>(features);
-  for (int64_t row = begin; row < end; ++row) {
-    const float* a = x + row * features;
-    const float* b = y ? y + row * features : nullptr;
-    float* out = output + row * features;
-    Vec16 total{};
-    for (int64_t f = 0; f < features; f += kLanes) {  // the sum x + y, kept in `out` for the next passes
-      const Vec16 value = b ? load(a + f) + load(b + f) : load(a + f);
-      store(out + f, value);
-      total += value;
-    }
-    const float mean = lane_sum(total) * inverse_features;
-    Vec16 squares{};
-    for (int64_t f = 0; f < features; f += kLanes) {
-      const Vec16 deviation = load(out + f) - mean;
-      squares += deviation * deviation;
-    }
-    const float inverse_std = 1.f / std::sqrt(lane_sum(squares) * inverse_features + eps);
-    for (int64_t f = 0; f < features; f += kLanes) {
-      store(out + f, (load(out + f) - mean) * inverse_std * load(weight + f) + load(bias + f));
+struct NormalizeRows {
+  template <class V>
+  HLF_INLINE static void run(const float* x, const float* y, const float* weight, const float* bias, float eps,
+                             float* output, int64_t features, int64_t begin, int64_t end) {
+    const float inverse_features = 1.f / static_cast<float>(features);
+    for (int64_t row = begin; row < end; ++row) {
+      const float* a = x + row * features;
+      const float* b = y ? y + row * features : nullptr;
+      float* out = output + row * features;
+      V total{};
+      for (int64_t f = 0; f < features; f += kWidth<V>) {  // the sum x + y, kept in `out` for the next passes
+        const V value = b ? load_vector<V>(a + f) + load_vector<V>(b + f) : load_vector<V>(a + f);
+        store_vector(out + f, value);
+        total += value;
+      }
+      const float mean = lane_sum(total) * inverse_features;
+      V squares{};
+      for (int64_t f = 0; f < features; f += kWidth<V>) {
+        const V deviation = load_vector<V>(out + f) - mean;
+        squares += deviation * deviation;
+      }
+      const float inverse_std = 1.f / std::sqrt(lane_sum(squares) * inverse_features + eps);
+      for (int64_t f = 0; f < features; f += kWidth<V>) {
+        store_vector(out + f, (load_vector<V>(out + f) - mean) * inverse_std * load_vector<V>(weight + f) + load_vector<V>(bias + f));
+      }
     }
   }
-}
+};
 
 }  // namespace
 
@@ -58,8 +61,9 @@ torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::
   const auto w = weight.contiguous(), c = bias.contiguous();
   auto output = torch::empty_like(a);
   at::parallel_for(0, a.numel() / features, 64, [&](int64_t begin, int64_t end) {
-    normalize_rows(a.data_ptr<float>(), y.has_value() ? b.data_ptr<float>() : nullptr, w.data_ptr<float>(),
-                   c.data_ptr<float>(), static_cast<float>(eps), output.data_ptr<float>(), features, begin, end);
+    run_with_widest_vectors<NormalizeRows>(a.data_ptr<float>(), y.has_value() ? b.data_ptr<float>() : nullptr,
+                                           w.data_ptr<float>(), c.data_ptr<float>(), static_cast<float>(eps),
+                                           output.data_ptr<float>(), features, begin, end);
   });
   return output;
 }

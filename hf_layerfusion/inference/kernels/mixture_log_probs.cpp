@@ -2,7 +2,7 @@
 // z `(groups, rows, vocab)`, clamped below at the smallest normal float before the log, what
 // `GTransForConditionalGeneration.mixture_log_probs` computes with torch operations (a softmax per group, a weighted
 // sum, a clamp, a log: five passes over `(groups, rows, vocab)`). Here each row is done in three passes over its
-// groups' logits (maximum; exponentials and their sum; the weighted sum and its log), 16 floats at a time.
+// groups' logits (maximum; exponentials and their sum; the weighted sum and its log), 16 floats at a time (8 on AVX2).
 //
 // Numbers: float32; exp and log by Cephes' polynomials (about 1 ulp, exp flushes below e^-87 to 0: such terms are
 // below the clamp anyway), sums in another order than torch's: the same function up to float rounding.
@@ -19,54 +19,58 @@ namespace {
 
 // rows [begin, end): logits (groups, rows, vocab) contiguous, psi (groups), output (rows, vocab); `scratch` holds
 // groups * vocab rounded up to 16 floats
-HLF_VECTOR_CLONES void mix_rows(const float* logits, const float* psi, float* output, int64_t groups, int64_t rows,
-                                int64_t vocab, int64_t begin, int64_t end, float* scratch) {
-  const int64_t padded = (vocab + kLanes - 1) / kLanes * kLanes;
-  std::vector<float> weight(groups);
-  for (int64_t row = begin; row < end; ++row) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* z = logits + (g * rows + row) * vocab;
-      float* e = scratch + g * padded;
-      // the group's maximum, then exp(z - max) (the padding past vocab weighs 0) and their sum
-      const int64_t whole = vocab / kLanes * kLanes;
-      Vec16 maxima = splat(-INFINITY);
-      for (int64_t v = 0; v < whole; v += kLanes) {
-        const Vec16 x = load(z + v);
-        maxima = x > maxima ? x : maxima;
+struct MixRows {
+  template <class V>
+  HLF_INLINE static void run(const float* logits, const float* psi, float* output, int64_t groups, int64_t rows,
+                             int64_t vocab, int64_t begin, int64_t end, float* scratch) {
+    const int64_t stride = (vocab + kWidth<V> - 1) / kWidth<V> * kWidth<V>;  // of `scratch`, per group
+    const int64_t padded = (vocab + kWidth<V> - 1) / kWidth<V> * kWidth<V>;  // <= stride
+    std::vector<float> weight(groups);
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* z = logits + (g * rows + row) * vocab;
+        float* e = scratch + g * stride;
+        // the group's maximum, then exp(z - max) (the padding past vocab weighs 0) and their sum
+        const int64_t whole = vocab / kWidth<V> * kWidth<V>;
+        V maxima = splat_vector<V>(-INFINITY);
+        for (int64_t v = 0; v < whole; v += kWidth<V>) {
+          const V x = load_vector<V>(z + v);
+          maxima = x > maxima ? x : maxima;
+        }
+        float maximum = lane_max(maxima);
+        for (int64_t v = whole; v < vocab; ++v) maximum = z[v] > maximum ? z[v] : maximum;
+        V sums{};
+        for (int64_t v = 0; v < whole; v += kWidth<V>) {
+          const V x = exp_nonpositive(load_vector<V>(z + v) - maximum);
+          store_vector(e + v, x);
+          sums += x;
+        }
+        if (whole < padded) {
+          float tail[kWidth<V>];
+          for (int64_t v = 0; v < kWidth<V>; ++v) tail[v] = whole + v < vocab ? z[whole + v] : -INFINITY;
+          const V x = exp_nonpositive(load_vector<V>(tail) - maximum);
+          store_vector(e + whole, x);
+          sums += x;
+        }
+        weight[g] = psi[g] / lane_sum(sums);  // psi_g / sum_v exp(z_gv - max_g)
       }
-      float maximum = lane_max(maxima);
-      for (int64_t v = whole; v < vocab; ++v) maximum = z[v] > maximum ? z[v] : maximum;
-      Vec16 sums{};
-      for (int64_t v = 0; v < whole; v += kLanes) {
-        const Vec16 x = exp_nonpositive(load(z + v) - maximum);
-        store(e + v, x);
-        sums += x;
-      }
-      if (whole < padded) {
-        float tail[kLanes];
-        for (int64_t v = 0; v < kLanes; ++v) tail[v] = whole + v < vocab ? z[whole + v] : -INFINITY;
-        const Vec16 x = exp_nonpositive(load(tail) - maximum);
-        store(e + whole, x);
-        sums += x;
-      }
-      weight[g] = psi[g] / lane_sum(sums);  // psi_g / sum_v exp(z_gv - max_g)
-    }
-    float* out = output + row * vocab;
-    const Vec16 tiny = splat(FLT_MIN);
-    for (int64_t v = 0; v < padded; v += kLanes) {
-      Vec16 mixture = load(scratch + v) * weight[0];
-      for (int64_t g = 1; g < groups; ++g) mixture += load(scratch + g * padded + v) * weight[g];
-      const Vec16 log_mixture = log_positive(mixture > tiny ? mixture : tiny);
-      if (v + kLanes <= vocab) {
-        store(out + v, log_mixture);
-      } else {
-        float tail[kLanes];
-        store(tail, log_mixture);
-        std::memcpy(out + v, tail, (vocab - v) * sizeof(float));
+      float* out = output + row * vocab;
+      const V tiny = splat_vector<V>(FLT_MIN);
+      for (int64_t v = 0; v < padded; v += kWidth<V>) {
+        V mixture = load_vector<V>(scratch + v) * weight[0];
+        for (int64_t g = 1; g < groups; ++g) mixture += load_vector<V>(scratch + g * stride + v) * weight[g];
+        const V log_mixture = log_positive(mixture > tiny ? mixture : tiny);
+        if (v + kWidth<V> <= vocab) {
+          store_vector(out + v, log_mixture);
+        } else {
+          float tail[kWidth<V>];
+          store_vector(tail, log_mixture);
+          std::memcpy(out + v, tail, (vocab - v) * sizeof(float));
+        }
       }
     }
   }
-}
+};
 
 }  // namespace
 
@@ -85,8 +89,8 @@ torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::
   const int64_t padded = (vocab + kLanes - 1) / kLanes * kLanes;
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(groups * padded);
-    mix_rows(logits.data_ptr<float>(), weights.data_ptr<float>(), output.data_ptr<float>(), groups, rows, vocab, begin,
-             end, scratch.data());
+    run_with_widest_vectors<MixRows>(logits.data_ptr<float>(), weights.data_ptr<float>(), output.data_ptr<float>(),
+                                     groups, rows, vocab, begin, end, scratch.data());
   });
   return output;
 }

@@ -1,19 +1,14 @@
-// 16-float vectors for the CPU kernels that are compiled for several x86 vector widths (decode_attention.cpp,
-// mixture_log_probs.cpp): GCC's generic vectors, lowered to the clone's instruction set, and the functions both use.
-// On AVX2 a 16-float vector is two registers, and GCC keeps many of them on the stack: decode_attention.cpp runs
-// 8-float vectors there (`Vec8`, `load_vector`, the templated `exp_nonpositive`).
+// Float vectors for the CPU kernels that run on several x86 instruction sets (decode_attention.cpp, layer_norm.cpp,
+// mixture_log_probs.cpp, first_argmax.cpp): GCC's generic vectors of 16 floats (one AVX-512 register) or 8 (one AVX2
+// register), the functions they use, and `run_with_widest_vectors`, which compiles a kernel for each instruction set
+// and runs the one this CPU has. (16-float vectors on AVX2 are two registers each, and GCC kept many of them on the
+// stack: the kernels ran 2-6x slower there than with 8-float vectors.)
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// compiled for several x86 vector widths; the best one the CPU has is picked when the module loads
-#define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define HLF_VECTOR_CLONES
-#endif
 #define HLF_INLINE inline __attribute__((always_inline))
 
 // 16 floats: GCC's generic vectors, lowered to the clone's instruction set (one AVX-512 register, two AVX2 ones)
@@ -37,9 +32,10 @@ HLF_INLINE V load_vector(const float* p) { return *reinterpret_cast<const typena
 template <class V>
 HLF_INLINE void store_vector(float* p, V v) { *reinterpret_cast<typename VectorTypes<V>::Unaligned*>(p) = v; }
 
-HLF_INLINE Vec16 load(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
-HLF_INLINE void store(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
-HLF_INLINE Vec16 splat(float a) { return Vec16{} + a; }
+template <class V>
+constexpr int64_t kWidth = sizeof(V) / sizeof(float);  // floats per vector
+template <class V>
+HLF_INLINE V splat_vector(float a) { return V{} + a; }
 
 // the sum of the 16 lanes, pairwise (a fixed order)
 HLF_INLINE float lane_sum(Vec16 v) {
@@ -58,10 +54,11 @@ HLF_INLINE float lane_sum(Vec8 v) {
   return v[0];
 }
 
-// the largest of the 16 lanes
-HLF_INLINE float lane_max(Vec16 v) {
+// the largest of the lanes
+template <class V>
+HLF_INLINE float lane_max(V v) {
   float maximum = v[0];
-  for (int lane = 1; lane < kLanes; ++lane) maximum = v[lane] > maximum ? v[lane] : maximum;
+  for (int lane = 1; lane < kWidth<V>; ++lane) maximum = v[lane] > maximum ? v[lane] : maximum;
   return maximum;
 }
 
@@ -93,19 +90,21 @@ HLF_INLINE V exp_nonpositive(V x) {
 
 // log(x) for normal x > 0: x = 2^e m with m in [sqrt(1/2), sqrt(2)), log(m) by Cephes' logf polynomial in m - 1
 // (about 1 ulp), plus e ln2 (ln2 in two parts)
-HLF_INLINE Vec16 log_positive(Vec16 x) {
-  Int16 bits;
+template <class V>
+HLF_INLINE V log_positive(V x) {
+  using Int = typename VectorTypes<V>::Int;
+  Int bits;
   std::memcpy(&bits, &x, sizeof(bits));
-  Int16 exponent = ((bits >> 23) & 0xff) - 126;  // x = 2^exponent * m, m in [1/2, 1)
+  Int exponent = ((bits >> 23) & 0xff) - 126;  // x = 2^exponent * m, m in [1/2, 1)
   bits = (bits & 0x807fffff) | 0x3f000000;
-  Vec16 m;
+  V m;
   std::memcpy(&m, &bits, sizeof(m));
-  const auto small = m < splat(0.707106781186547524f);  // m in [1/2, sqrt(1/2)): use 2m and exponent - 1
+  const auto small = m < splat_vector<V>(0.707106781186547524f);  // m in [1/2, sqrt(1/2)): use 2m and exponent - 1
   exponent = small ? exponent - 1 : exponent;
   m = (small ? m + m : m) - 1.f;
-  const Vec16 e = __builtin_convertvector(exponent, Vec16);
-  const Vec16 z = m * m;
-  Vec16 y = m * 7.0376836292e-2f - 1.1514610310e-1f;
+  const V e = __builtin_convertvector(exponent, V);
+  const V z = m * m;
+  V y = m * 7.0376836292e-2f - 1.1514610310e-1f;
   y = y * m + 1.1676998740e-1f;
   y = y * m - 1.2420140846e-1f;
   y = y * m + 1.4249322787e-1f;
@@ -117,4 +116,28 @@ HLF_INLINE Vec16 log_positive(Vec16 x) {
   y = y + e * -2.12194440e-4f;
   y = y - z * 0.5f;
   return m + y + e * 0.693359375f;
+}
+
+// `Kernel::template run<V>(arguments...)` (an HLF_INLINE static member, so that it is compiled for its caller's
+// instruction set) with V = Vec16 on AVX-512, Vec8 on AVX2 with FMA, else Vec16 in generic code
+#if defined(__x86_64__) && defined(__GNUC__)
+template <class Kernel, class... Arguments>
+__attribute__((target("avx512f"))) void run_avx512(Arguments... arguments) {
+  Kernel::template run<Vec16>(arguments...);
+}
+template <class Kernel, class... Arguments>
+__attribute__((target("avx2,fma"))) void run_avx2(Arguments... arguments) {
+  Kernel::template run<Vec8>(arguments...);
+}
+#endif
+
+template <class Kernel, class... Arguments>
+void run_with_widest_vectors(Arguments... arguments) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const int instruction_set = __builtin_cpu_supports("avx512f") ? 2
+                                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
+  if (instruction_set == 2) return run_avx512<Kernel>(arguments...);
+  if (instruction_set == 1) return run_avx2<Kernel>(arguments...);
+#endif
+  Kernel::template run<Vec16>(arguments...);
 }
