@@ -127,6 +127,8 @@ class Comparison:
     test_deltas: list
     val_deltas: list
     p_values: list
+    # seeds whose arm and baseline ran on different kinds of hardware (one on a GPU, the other on a CPU)
+    cross_hardware_seeds: list = ()
 
     @property
     def better(self) -> int:
@@ -171,7 +173,15 @@ def compare(arm_runs: dict, baseline_runs: dict, references: list[str], paired_b
         test_deltas=[arm_runs[s]["test"]["bleu"] - baseline_runs[s]["test"]["bleu"] for s in seeds],
         val_deltas=[arm_runs[s]["validation"]["bleu"] - baseline_runs[s]["validation"]["bleu"] for s in seeds],
         p_values=[test["p_value"] for test in tests],
+        cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baseline_runs[s])],
     )
+
+
+def hardware_kind(entry: dict) -> str:
+    return "GPU" if entry["device"].get("gpu") else "CPU"
+
+
+CROSS_HARDWARE_MARK = "†"
 
 
 def check_comparable(runs: dict) -> None:
@@ -230,7 +240,8 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
             cells += [
                 signed_mean_std(comparison.test_deltas),
                 signed_mean_std(comparison.val_deltas),
-                " / ".join(f"{p:.3f}" for p in comparison.p_values),
+                " / ".join(f"{p:.3f}" + (CROSS_HARDWARE_MARK if s in comparison.cross_hardware_seeds else "")
+                           for s, p in zip(comparison.seeds, comparison.p_values)),
                 comparison.verdict(),
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -241,6 +252,13 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
         "translations against its baseline's of the same seed. Verdict: *wins* / *loses* when significantly "
         f"better / worse (p < {SIGNIFICANCE_LEVEL}) on a majority of seeds with a mean Δ of that sign, else *ties*.",
     ]
+    if any(c.cross_hardware_seeds for c in comparisons.values()):
+        lines[-1] += (
+            f" {CROSS_HARDWARE_MARK}: the arm and its baseline of this seed were trained on different kinds of "
+            "hardware (one on a GPU, the other on a CPU): the same recipe, seed and batch order, but other dropout "
+            "draws (the GPU's random stream) and float rounding, so a systematic difference between GPU and CPU "
+            "training would show in this seed's Δ; the baseline's seed on the arm's hardware removes the doubt."
+        )
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
     lines += provenance(runs)

@@ -205,6 +205,22 @@ def test_verdict_needs_significance_on_a_majority_of_seeds():
     assert ledger.Comparison([1, 2, 3], [-0.5, -0.4, 0.1], [0] * 3, [0.01, 0.03, 0.6]).verdict() == "loses"
 
 
+def test_seeds_whose_arm_and_baseline_ran_on_other_hardware_are_marked(tmp_path):
+    gpu = {"cpu": "Some CPU", "gpu": "Some GPU", "torch_threads": 1}
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", seed),
+                           fake_entry("plain_transformer", seed, 11.0, WRONG, baseline=None))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", 1), fake_entry("gtrans", 1, 40.0, REFERENCES))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", 2), fake_entry("gtrans", 2, 40.0, REFERENCES, device=gpu))
+    text = ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {}, [])
+    gtrans = next(line for line in text.splitlines() if line.startswith("| `gtrans`")).split(" | ")
+    assert gtrans[9] == "0.001 / 0.001†"
+    assert "†: the arm and its baseline of this seed were trained on different kinds of hardware" in text
+    # without a cross-hardware pair there is no footnote
+    (tmp_path / "gtrans" / "seed_2.json").unlink()
+    assert "†" not in ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {}, [])
+
+
 def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
     entry = fake_entry("plain_transformer_24x18", 1, 1.0, WRONG, baseline=None, show_loss_curve=True)
     ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_24x18", 1), entry)
