@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -407,6 +408,7 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
         if train["last_session_minutes"] >= train["train_minutes"] else None,
         **ledger.code_revision(REPO_ROOT),
         "device": ledger.device_description(),
+        "runs_at_once": args.runs_at_once,
         "finished_at": ledger.now(),
         "tokenizer_sha256": ledger.file_sha256(tokenizer_dir / "tokenizer.json"),
         "test_references_sha256": ledger.sha256_lines(references["test"]),
@@ -542,7 +544,10 @@ def check_settings(args) -> None:
                              "--output_dir (and --tokenizer_dir to share the tokenizer).")
     else:
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        settings_file.write_text(json.dumps(settings, indent=2) + "\n")
+        # atomically: runs started together (study.py --parallel) may write it at once and read it meanwhile
+        temporary = settings_file.with_name(f"settings.json.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(settings, indent=2) + "\n")
+        os.replace(temporary, settings_file)
 
 
 def with_prerequisites(arm_names: list[str], baselines: bool = True) -> list[str]:
@@ -603,6 +608,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_eval_samples", type=positive_int, default=None, help="Validation sentences (default: all).")
     parser.add_argument("--max_predict_samples", type=positive_int, default=None, help="Test sentences (default: all).")
     parser.add_argument("--num_beams", type=positive_int, default=4)
+    parser.add_argument("--runs_at_once", type=positive_int, default=1,
+                        help="How many runs share the device with this one (study.py --parallel); the ledger records "
+                        "it beside the throughput, which is then a share of the device.")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None,
                         help="Longest translation (default: run_translation's, 128 tokens); for smoke runs.")
     parser.add_argument(

@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""The Multi30k study queue: runs, one at a time, the next run that the results ledger lacks.
+"""The Multi30k study queue: runs, one at a time (or `--parallel N` at a time), the next runs the results ledger lacks.
 
 Start it first whenever you work on the project, and commit the new ledger files before you stop:
 
     python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
     python benchmarks/study.py --list     # the queue, in priority order, with what is done
     python benchmarks/study.py --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
+    python benchmarks/study.py --parallel 8   # on a GPU: 8 runs share it
     python benchmarks/bench_multi30k.py --report --update_readme
     git add benchmarks/results README.md && git commit -m "ledger: ..."
 
@@ -19,8 +20,11 @@ commit is discarded and its run starts over. Every en->de run uses the committed
 runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A
 run interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
 commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine staying up
-for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the CPU threads);
-the ledger records the device.
+for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the CPU threads),
+best with `--parallel` (one of these runs keeps a big GPU mostly idle); the ledger records the device and how many
+runs shared it. A copy of the repository without its .git (sent to a lent machine, say) runs its own tree as the
+code once its commit is written into its `SNAPSHOT_COMMIT` file (`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean
+checkout).
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
@@ -74,6 +78,9 @@ DEEP_SHAPES = ((12, 12), (18, 12), (24, 18))  # probed post-norm depths; the pap
 # GTrans decoder-group grid) it must fit ~90 minutes on one core
 MAX_DEEP_TRAIN_MINUTES = 60
 M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de ledger dir
+# the fine-tuning arms of the queue and the arm whose run of the same seed they start from (bench_multi30k.MODELS'
+# `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
+STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer"}
 
 
 @dataclass(frozen=True)
@@ -283,15 +290,49 @@ def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
     marker.write_text(commit + "\n")
 
 
-def execute(run: ArmRun | DepthProbe, args) -> bool:
-    """Run one study run in a subprocess; True when its result file exists afterwards."""
+def code_to_run() -> tuple[str, Path]:
+    """The commit a run runs and the tree that holds its code: HEAD, exported into runs/study/code/<commit>; or,
+    in a tree exported from a commit without its .git (a copy sent to a lent GPU machine, say: write the commit
+    into its SNAPSHOT_COMMIT file first), that tree itself."""
+    exported = REPO_ROOT / SNAPSHOT_COMMIT_FILE
+    if exported.is_file() and not (REPO_ROOT / ".git").exists():
+        return exported.read_text().strip(), REPO_ROOT
     commit = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
         print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
               flush=True)
-    snapshot = code_snapshot(commit)
+    return commit, code_snapshot(commit)
+
+
+def shared_state(run: ArmRun | DepthProbe) -> tuple:
+    """What a run shares with other runs of the queue: runs with the same key never run at the same time. A
+    fine-tuning arm shares (and may first train) its starting run; many-to-many runs share their tokenizer; a depth
+    probe measures seconds per step, so it runs alone (`ALONE`)."""
+    if isinstance(run, DepthProbe):
+        return ALONE
+    if isinstance(run, ManyToManyRun):
+        return ("many-to-many",)
+    return (STARTING_RUNS.get(run.arm, run.arm), run.seed, run.max_steps, run.warmup_steps)
+
+
+ALONE = ("alone",)
+
+
+@dataclass
+class RunningRun:
+    run: ArmRun | DepthProbe
+    process: subprocess.Popen
+    log: Path
+    started: float
+
+
+def start(run: ArmRun | DepthProbe, args) -> RunningRun:
+    """Start one study run in a subprocess."""
+    commit, snapshot = code_to_run()
     discard_stale_run(run, commit)
     command = run.command(snapshot, args)
+    if isinstance(run, StudyRun):
+        command += ["--runs_at_once", str(args.parallel)]
     environment = {
         **os.environ,
         "PYTHONPATH": str(snapshot),  # before the editable install of the working tree
@@ -304,18 +345,62 @@ def execute(run: ArmRun | DepthProbe, args) -> bool:
     log = WORK_DIR / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}_{run.run_dir().parent.name}_{run.run_dir().name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"study: {time.strftime('%H:%M:%S')} {run.label}, commit {commit[:12]}; log {log}", flush=True)
-    started = time.monotonic()
     with open(log, "w") as stream:
         stream.write(" ".join(command) + "\n")
         stream.flush()
-        returncode = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=environment,
-                                    cwd=snapshot).returncode
-    minutes = (time.monotonic() - started) / 60
-    done = run.result_file(args.ledger_dir, args.probe_dir).is_file()
-    print(f"study: {time.strftime('%H:%M:%S')} {run.label} "
+        process = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT, env=environment, cwd=snapshot)
+    return RunningRun(run, process, log, time.monotonic())
+
+
+def finish(running: RunningRun, args) -> bool:
+    """Wait for a started run; True when its result file exists afterwards."""
+    returncode = running.process.wait()
+    minutes = (time.monotonic() - running.started) / 60
+    done = running.run.result_file(args.ledger_dir, args.probe_dir).is_file()
+    print(f"study: {time.strftime('%H:%M:%S')} {running.run.label} "
           f"{'finished' if done else f'FAILED (exit {returncode})'} after {minutes:.0f} min"
-          + ("" if done else f"; see {log}"), flush=True)
+          + ("" if done else f"; see {running.log}"), flush=True)
     return done
+
+
+def startable(pending: list, running: list[RunningRun], slots: int) -> list:
+    """The pending runs to start now, in queue order: up to `slots` more than are running, none sharing state with
+    a running run or with each other (`shared_state`), and a depth probe only when nothing else runs."""
+    chosen: list = []
+    busy = {shared_state(r.run) for r in running} | {r.run for r in running}
+    for run in pending:
+        if len(running) + len(chosen) >= slots:
+            break
+        key = shared_state(run)
+        if run in busy or key in busy:
+            continue
+        if key == ALONE and (running or chosen):
+            break  # a probe waits for the runs before it, and nothing after it starts before it
+        chosen.append(run)
+        busy |= {key, run}
+        if key == ALONE:
+            break
+    return chosen
+
+
+def run_queue(args) -> bool:
+    """Run the pending runs, `args.parallel` at a time; False when a run failed (the running ones are waited for,
+    no new one starts: a failing run is not retried in a loop, its log says why)."""
+    running: list[RunningRun] = []
+    failed, started = False, 0
+    while True:
+        pending = ([] if failed or (args.once and started) else
+                   pending_runs(args.ledger_dir, args.probe_dir, args.arms)[: 1 if args.once else None])
+        for run in startable(pending, running, args.parallel):
+            running.append(start(run, args))
+            started += 1
+        if not running:
+            return not failed
+        while all(r.process.poll() is None for r in running):
+            time.sleep(2)
+        for done in [r for r in running if r.process.poll() is not None]:
+            running.remove(done)
+            failed |= not finish(done, args)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -328,6 +413,14 @@ def parse_args(argv=None) -> argparse.Namespace:
              "next one on this machine); default: the whole queue.",
     )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of a run (default: %(default)s).")
+    parser.add_argument(
+        "--parallel", type=int, default=1, metavar="N",
+        help="Runs at once (default: %(default)s). On a GPU several of these small runs share it well (8 at once "
+             "took 7 minutes for 8 runs on an H200); on a CPU keep 1 (one core). The ledger records N with each run "
+             "(`runs_at_once`), since its throughput then is a share of the device. Runs that share state (a "
+             "fine-tuning arm and its starting run, the many-to-many runs) never run together, and a depth probe "
+             "(it measures seconds per step) runs alone.",
+    )
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
     parser.add_argument("--probe_dir", type=Path, default=PROBE_DIR,
@@ -336,6 +429,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.threads < 1:
         parser.error(f"--threads must be positive, got {args.threads}")
+    if args.parallel < 1:
+        parser.error(f"--parallel must be positive, got {args.parallel}")
+    if args.once and args.parallel != 1:
+        parser.error(f"--once runs one run; it does not go with --parallel {args.parallel}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
     if args.arms is not None:
@@ -367,11 +464,10 @@ def main(argv=None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise SystemExit("study: another study.py is running in this checkout (runs/study/lock)") from None
-    while pending := pending_runs(args.ledger_dir, args.probe_dir, args.arms):
-        if not execute(pending[0], args):
-            raise SystemExit(1)  # a failing run is not retried in a loop: read its log
-        if args.once:
-            return
+    if not run_queue(args):
+        raise SystemExit(1)
+    if args.once:
+        return
     print("study: the queue is empty: every run is in the ledger." if args.arms is None
           else f"study: every run of {', '.join(args.arms)} is in the ledger.")
 

@@ -325,6 +325,76 @@ def test_the_queue_can_be_limited_to_some_arms(tmp_path):
         study.parse_args(["--arms", "re_transformer_2", "re_transformer_9"])
 
 
+def test_starting_runs_of_the_queue_are_the_arms_init_from():
+    fine_tuning = {run.arm for run in study.study_queue() if isinstance(run, study.StudyRun)
+                   and bench.MODELS[run.arm].init_from is not None}
+    assert study.STARTING_RUNS == {arm: bench.MODELS[arm].init_from for arm in fine_tuning}
+
+
+def test_parallel_runs_never_share_state_and_probes_run_alone():
+    run = study.StudyRun
+    continued, deep, plain_2 = (run("plain_transformer_continued", 2), run("deep_representations_paper", 2),
+                                run("plain_transformer", 2))
+    pending = [continued, deep, run("gtrans", 2), run("gtrans", 3), run("rtal_paper", 2)]
+    # the two fine-tuning arms of seed 2 share their starting run: only the first starts
+    assert study.startable(pending, [], 3) == [continued, run("gtrans", 2), run("gtrans", 3)]
+    assert study.startable(pending, [], 1) == [continued]
+    assert study.startable([plain_2, deep], [], 2) == [plain_2]  # nor with the starting run itself
+    running = [study.RunningRun(continued, None, Path("log"), 0.0)]
+    assert study.startable(pending, running, 3) == [run("gtrans", 2), run("gtrans", 3)]  # running ones are skipped
+    probe = study.DepthProbe(12, 12)
+    assert study.startable([probe, run("gtrans", 2)], [], 4) == [probe]  # a probe alone ...
+    assert study.startable([run("gtrans", 2), probe, run("gtrans", 3)], [], 4) == [run("gtrans", 2)]  # ... after
+    assert study.startable([probe], running, 4) == []  # the runs before it
+    m2m = [study.ManyToManyRun("plain_transformer_m2m", 1), study.ManyToManyRun("gtrans_m2m", 1)]
+    assert study.startable(m2m, [], 4) == m2m[:1]  # they share their tokenizer
+
+
+def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_path, monkeypatch, capsys):
+    """run_queue with runs that are stand-ins (a subprocess that writes the run's ledger file, or fails): it keeps
+    `--parallel` runs going, records when each started and ended, and starts nothing after a failure."""
+    ledger_dir, events = tmp_path / "ledger", tmp_path / "events"
+    events.mkdir()
+    arms = ["re_transformer_2", "re_transformer_4"]
+    failing = {study.StudyRun("re_transformer_4", 2)}
+
+    def fake_start(run, args):
+        result = run.result_file(args.ledger_dir)
+        script = (f"import pathlib, time; e = pathlib.Path({str(events)!r}); (e / '{run.arm}_{run.seed}.start')"
+                  f".write_text(repr(time.monotonic())); "
+                  + ("raise SystemExit(3)" if run in failing else "time.sleep(1.0); "
+                     f"r = pathlib.Path({str(result)!r}); r.parent.mkdir(parents=True, exist_ok=True); "
+                     f"r.write_text('{{}}')")
+                  + f"; (e / '{run.arm}_{run.seed}.end').write_text(repr(time.monotonic()))")
+        process = study.subprocess.Popen([sys.executable, "-c", script])
+        return study.RunningRun(run, process, tmp_path / "log", study.time.monotonic())
+
+    monkeypatch.setattr(study, "start", fake_start)
+    args = study.parse_args(["--arms", *arms, "--parallel", "2", "--ledger_dir", str(ledger_dir),
+                             "--data_dir", str(tmp_path)])
+    assert study.run_queue(args) is False
+    started = sorted(path.stem for path in events.glob("*.start"))
+    # seeds 1 of both arms, then seeds 2 of both (re_transformer_4 seed 2 fails); seed 3 never starts
+    assert started == ["re_transformer_2_1", "re_transformer_2_2", "re_transformer_4_1", "re_transformer_4_2"]
+    times = {path.name: float(path.read_text()) for path in events.iterdir()}
+    for name in ("re_transformer_2_1", "re_transformer_4_1"):  # the first two ran at the same time
+        other = "re_transformer_4_1" if name == "re_transformer_2_1" else "re_transformer_2_1"
+        assert times[f"{name}.start"] < times[f"{other}.end"]
+    assert "`re_transformer_4` seed 2 FAILED (exit 3)" in capsys.readouterr().out
+    assert [(r.arm, r.seed) for r in study.pending_runs(ledger_dir, arms=arms)] == [
+        ("re_transformer_4", 2), ("re_transformer_2", 3), ("re_transformer_4", 3)]
+    with pytest.raises(SystemExit):
+        study.parse_args(["--parallel", "0"])
+    with pytest.raises(SystemExit):
+        study.parse_args(["--once", "--parallel", "2"])
+
+
+def test_an_exported_tree_without_git_runs_its_own_code(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "REPO_ROOT", tmp_path)
+    (tmp_path / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
+    assert study.code_to_run() == ("0123abcd", tmp_path)
+
+
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
 def test_readme_results_section_is_the_report_of_the_committed_ledger():
     expected = bench.report_text(ledger.DEFAULT_LEDGER, MULTI30K)
@@ -387,6 +457,7 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
 
     entries = bench.ledger.read_ledger(ledger_dir)
     assert entries["plain_transformer"][1]["init_from"] is None
+    assert entries["plain_transformer"][1]["runs_at_once"] == 1  # the default: the run had the device to itself
     entry = entries["deep_representations_paper"][1]
     assert entry["baseline"] == "plain_transformer_continued" and entry["steps"] == 3
     assert entry["init_from"] == {"arm": "plain_transformer", "seed": 1, "steps": 3, "validation_bleu": 21.0,
