@@ -368,6 +368,8 @@ def startable(pending: list, running: list[RunningRun], slots: int) -> list:
     a running run or with each other (`shared_state`), and a depth probe only when nothing else runs."""
     chosen: list = []
     busy = {shared_state(r.run) for r in running} | {r.run for r in running}
+    if ALONE in busy:
+        return []
     for run in pending:
         if len(running) + len(chosen) >= slots:
             break

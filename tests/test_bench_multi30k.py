@@ -346,6 +346,7 @@ def test_parallel_runs_never_share_state_and_probes_run_alone():
     assert study.startable([probe, run("gtrans", 2)], [], 4) == [probe]  # a probe alone ...
     assert study.startable([run("gtrans", 2), probe, run("gtrans", 3)], [], 4) == [run("gtrans", 2)]  # ... after
     assert study.startable([probe], running, 4) == []  # the runs before it
+    assert study.startable([run("gtrans", 2)], [study.RunningRun(probe, None, Path("log"), 0.0)], 4) == []
     m2m = [study.ManyToManyRun("plain_transformer_m2m", 1), study.ManyToManyRun("gtrans_m2m", 1)]
     assert study.startable(m2m, [], 4) == m2m[:1]  # they share their tokenizer
 
