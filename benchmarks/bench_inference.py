@@ -64,6 +64,7 @@ import transformers  # noqa: E402
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
@@ -411,6 +412,21 @@ def parse_args(argv=None):
     return args
 
 
+def kernel_summary(thread_counts: list[int]) -> str:
+    """What the fast loop's compiled kernels run on here: the int8 product, and how many threads their
+    `at::parallel_for` uses at each --threads count (1 everywhere means they were built without OpenMP)."""
+    kernels = compiled_kernels()
+    if kernels is None:
+        return "not compiled (the fast loop runs torch operations)"
+    before = torch.get_num_threads()
+    used = []
+    for threads in thread_counts:
+        torch.set_num_threads(threads)
+        used.append(f"{kernels.parallel_for_threads(64)} at {threads}")
+    torch.set_num_threads(before)
+    return f"int8 product {kernels.int8_product()}, threads used by their parallel loops {', '.join(used)}"
+
+
 def main(argv=None):
     args = parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
@@ -423,6 +439,7 @@ def main(argv=None):
           f"{hf_layerfusion.__version__} (git {backbone.git_revision()}), Python {platform.python_version()}")
     print(f"- CPU: {backbone.cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
           f"{os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg_start}")
+    print(f"- compiled kernels: {kernel_summary(args.threads)}")
     lines, ratios, results, cpu_results = [], {}, {}, {}
     if args.speed == "all":
         tokenizer = backbone.train_tokenizer(args.data, args.vocab_size)

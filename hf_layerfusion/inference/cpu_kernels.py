@@ -21,6 +21,11 @@ KERNEL_SOURCES = (
 # no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
 # bit for bit (the float32 kernel's multiply-adds are explicit)
 KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
+# `at::parallel_for` is a header template that splits work across threads only where the including code is compiled
+# with OpenMP (ATen/Parallel-inl.h: `INTRA_OP_PARALLEL` comes from `_OPENMP`); without it every kernel runs on one
+# thread whatever `torch.set_num_threads` says. Linked against libgomp.so.1, the extension shares the OpenMP runtime
+# that torch's Linux wheels load (the same soname), so `torch.set_num_threads` governs its threads too.
+OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
 
 
 @functools.cache
@@ -56,7 +61,8 @@ def compiled_kernels():
         return load(
             name="hf_layerfusion_cpu_kernels",
             sources=[str(source) for source in sources],
-            extra_cflags=KERNEL_CFLAGS,
+            extra_cflags=KERNEL_CFLAGS + OPENMP_FLAGS,
+            extra_ldflags=OPENMP_FLAGS,
             extra_include_paths=[str(directory)],
         )
     except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError

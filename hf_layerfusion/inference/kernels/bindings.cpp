@@ -1,7 +1,27 @@
 // The Python module of the CPU kernels (`hf_layerfusion.inference.cpu_kernels.compiled_kernels`).
 #include "cpu_kernels.h"
 
+#include <mutex>
+#include <set>
+
+// How many threads the kernels' `at::parallel_for` spreads `tasks` one-item tasks over: torch's thread count (at most
+// `tasks`) where the kernels were compiled with OpenMP, 1 where not (`at::parallel_for` is a header template that is
+// serial unless its includer defines _OPENMP; cpu_kernels.py's OPENMP_FLAGS)
+int64_t parallel_for_threads(int64_t tasks) {
+  TORCH_CHECK(tasks > 0, "parallel_for_threads: tasks must be positive, got ", tasks);
+  std::mutex mutex;
+  std::set<int> threads;
+  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    threads.insert(at::get_thread_num());
+  });
+  return static_cast<int64_t>(threads.size());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("parallel_for_threads", &parallel_for_threads,
+        "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
+        pybind11::arg("tasks"));
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
   m.def("int8_product", &int8_product, "What sums int8_linear's products on this CPU: AMX, AVX2 or float32 blocks.");
   m.def("pack_int8_weights", &pack_int8_weights,

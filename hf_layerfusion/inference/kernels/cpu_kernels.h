@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/extension.h>
 
+int64_t parallel_for_threads(int64_t tasks);
 bool amx_available();
 std::string int8_product();
 torch::Tensor pack_int8_weights(const torch::Tensor& weight_t);
