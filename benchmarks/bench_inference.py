@@ -424,7 +424,9 @@ def kernel_summary(thread_counts: list[int]) -> str:
         torch.set_num_threads(threads)
         used.append(f"{kernels.parallel_for_threads(64)} at {threads}")
     torch.set_num_threads(before)
-    return f"int8 product {kernels.int8_product()}, threads used by their parallel loops {', '.join(used)}"
+    bits = kernels.int8_code_bits()
+    return (f"int8 product {kernels.int8_product(bits)} ({bits}-bit codes), threads used by their parallel loops "
+            f"{', '.join(used)}")
 
 
 def main(argv=None):

@@ -98,7 +98,7 @@ class OneDNNInt8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
-        codes = Int8Linear(weight, bias)
+        codes = Int8Linear(weight, bias, code_bits=8)
         self.weight_scales, self.bias, self.relu = codes.weight_scale, codes.bias, relu
         self.packed = torch.ops.onednn.qlinear_prepack(codes.weight_t.t(), None)
         self.zero_points = torch.zeros(weight.shape[0], dtype=torch.int64)
@@ -128,7 +128,7 @@ class DynamicInt8Linear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__()
-        codes = Int8Linear(weight, bias)
+        codes = Int8Linear(weight, bias, code_bits=8)
         self.relu = relu
         qweight = torch._make_per_channel_quantized_tensor(
             codes.weight_t.t(), codes.weight_scale.double(), torch.zeros(weight.shape[0], dtype=torch.int64), 0
@@ -236,7 +236,7 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore", message=".*quantized.*")
 
     kernel = compiled_kernels()
-    int8_product = "not compiled" if kernel is None else kernel.int8_product()
+    int8_product = "not compiled" if kernel is None else kernel.int8_product(kernel.int8_code_bits())
     print("## Candidate kernels for the fast CPU path (issue 19)\n")
     print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "

@@ -1,6 +1,7 @@
-"""`Int8Linear` and its compiled kernel against brute-force arithmetic: per-row asymmetric int8 quantization (scale
-and zero point, round half to even), an exact integer product, float dequantization; the kernel's AMX, AVX2 and float32-block products and the
-torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
+"""`Int8Linear` and its compiled kernel against brute-force arithmetic, in both formats (8-bit codes, and the 7-bit
+codes of AVX2's `vpmaddubsw` product): per-row asymmetric quantization (scale and zero point, round half to even), an
+exact integer product, float dequantization; the kernel's AMX, AVX2 and float32-block products and the torch
+operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
 
 import warnings
 
@@ -14,23 +15,30 @@ from hf_layerfusion.inference.cpu_kernels import compiled_kernels
 from hf_layerfusion.inference.inference_copies import Int8Linear, exact_int8_product, int8_linear_reference
 
 
+# code_bits -> (lowest activation code, number of activation steps, largest weight code), written out here
+FORMATS = {8: (-128, 255, 127), 7: (0, 127, 63)}
+
+
 def brute_force_int8_linear(
-    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False
+    inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False, code_bits: int = 8
 ) -> np.ndarray:
-    """The scheme written out in numpy: symmetric int8 codes per output feature; per input row, codes c with
-    x ~ (c - zero) * span / 255 over the row's range [min(x, 0), max(x, 0)]; an int64 product; float64
-    dequantization (so it matches the kernel's float32 to rounding, not bit for bit)."""
+    """The scheme written out in numpy: symmetric weight codes per output feature in [-largest, largest]; per input
+    row, codes c in [lowest, lowest + steps] with x ~ (c - zero) * span / steps over the row's range
+    [min(x, 0), max(x, 0)]; an int64 product; float64 dequantization (so it matches the kernel's float32 to rounding,
+    not bit for bit)."""
+    lowest, steps, largest = FORMATS[code_bits]
     w = weight.numpy().astype(np.float32)
-    w_scale = np.maximum(np.abs(w).max(axis=1), np.finfo(np.float32).tiny) / np.float32(127)
+    w_scale = np.maximum(np.abs(w).max(axis=1), np.finfo(np.float32).tiny) / np.float32(largest)
     w_codes = np.rint(w / w_scale[:, None]).astype(np.int64)
     x = inputs.reshape(-1, w.shape[1]).numpy().astype(np.float32)
     low = np.minimum(x.min(axis=1, initial=0), 0)
     span = np.maximum(np.maximum(x.max(axis=1, initial=0), 0) - low, np.float32(1e-30))
-    zero = np.rint(-low * (np.float32(255) / span)) - 128  # np.rint: half to even
-    x_codes = np.clip(np.rint(x * (np.float32(255) / span)[:, None]) + zero[:, None], -128, 127).astype(np.int64)
-    assert np.abs(w_codes).max() <= 127
+    zero = np.rint(-low * (np.float32(steps) / span)) + lowest  # np.rint: half to even
+    x_codes = np.clip(np.rint(x * (np.float32(steps) / span)[:, None]) + zero[:, None], lowest, lowest + steps)
+    x_codes = x_codes.astype(np.int64)
+    assert np.abs(w_codes).max() <= largest
     centred = x_codes - zero.astype(np.int64)[:, None]
-    output = (centred @ w_codes.T) * (span.astype(np.float64)[:, None] / 255) * w_scale.astype(np.float64)[None, :]
+    output = (centred @ w_codes.T) * (span.astype(np.float64)[:, None] / steps) * w_scale.astype(np.float64)[None, :]
     if bias is not None:
         output = output + bias.numpy().astype(np.float64)
     if relu:
@@ -41,13 +49,20 @@ def brute_force_int8_linear(
 NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's float32-block product
 
 
-def test_amx_or_avx2_is_used_where_the_cpu_has_it(kernels):
-    layer = Int8Linear(torch.randn(8, 16), None)
-    has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
+def test_amx_or_avx2_is_used_where_the_cpu_has_it_with_its_format(kernels):
+    """AMX takes either format; AVX2 (without AMX) only 7-bit codes, which layers then use by default; 8-bit layers
+    there, and every layer on CPUs with neither, run the float32 block products."""
+    has_amx, has_avx2 = {"amx_tile", "amx_int8"} <= cpu_flags(), "avx2" in cpu_flags()
     assert kernels.amx_available() == has_amx
-    expected = "AMX" if has_amx else "AVX2" if "avx2" in cpu_flags() else "float32 blocks"
-    assert kernels.int8_product() == expected
-    assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
+    default_bits = 7 if has_avx2 and not has_amx else 8
+    assert kernels.int8_code_bits() == default_bits
+    assert Int8Linear(torch.randn(8, 16), None).code_bits == default_bits
+    for code_bits in (7, 8):
+        expected = "AMX" if has_amx else "AVX2" if has_avx2 and code_bits == 7 else "float32 blocks"
+        assert kernels.int8_product(code_bits) == expected
+        layer = Int8Linear(torch.randn(8, 16), None, code_bits=code_bits)
+        assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
+        assert f"code_bits={code_bits}" in repr(layer)
 
 
 # odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows
@@ -62,40 +77,45 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("code_bits", [7, 8])
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
-def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(kernels, shape, out_features, with_bias, relu):
+def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(
+    kernels, shape, out_features, with_bias, relu, code_bits
+):
     generator = torch.Generator().manual_seed(sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
     inputs[..., ::3] = inputs[..., ::3].relu()  # some rows one-signed (after a ReLU), shifting their zero point
     inputs[1::2] = inputs[1::2].relu()
     weight = torch.randn(out_features, shape[-1], generator=generator)
     bias = torch.randn(out_features, generator=generator) if with_bias else None
-    layer = Int8Linear(weight, bias, relu=relu)
-    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, relu)
+    layer = Int8Linear(weight, bias, relu=relu, code_bits=code_bits)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, relu, code_bits)
     compiled = kernels.int8_linear(inputs, *codes)
     blocks = kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:])
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
     assert torch.equal(compiled, fallback) and torch.equal(blocks, fallback)
-    expected = brute_force_int8_linear(inputs, weight, bias, relu)
+    expected = brute_force_int8_linear(inputs, weight, bias, relu, code_bits)
     np.testing.assert_allclose(compiled.numpy(), expected, rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
     if relu:  # the folded ReLU is the layer followed by torch's ReLU, bit for bit
-        assert torch.equal(compiled, torch.relu(Int8Linear(weight, bias)(inputs)))
+        assert torch.equal(compiled, torch.relu(Int8Linear(weight, bias, code_bits=code_bits)(inputs)))
 
 
-def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels):
-    # identity weights: each output is (code - zero) x span / 255 of its input, i.e. the rounded input where the
-    # row's range [min(x, 0), max(x, 0)] spans 255
-    layer = Int8Linear(torch.eye(6), None)
-    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None)
-    rows = torch.tensor([[255.0, 0.5, 1.5, 2.5, 0.0, 3.5], [-1.0, 254.0, 0.5, 1.5, 2.5, -0.5]])
-    expected = torch.tensor([[255.0, 0.0, 2.0, 2.0, 0.0, 4.0], [-1.0, 254.0, 0.0, 2.0, 2.0, 0.0]])
+@pytest.mark.parametrize("code_bits", [7, 8])
+def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels, code_bits):
+    # identity weights: each output is (code - zero) x span / steps of its input, i.e. the rounded input where the
+    # row's range [min(x, 0), max(x, 0)] spans `steps` (255 codes apart with 8 bits, 127 with 7)
+    steps = FORMATS[code_bits][1]
+    layer = Int8Linear(torch.eye(6), None, code_bits=code_bits)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None, False, code_bits)
+    rows = torch.tensor([[steps, 0.5, 1.5, 2.5, 0.0, 3.5], [-1.0, steps - 1, 0.5, 1.5, 2.5, -0.5]])
+    expected = torch.tensor([[steps, 0.0, 2.0, 2.0, 0.0, 4.0], [-1.0, steps - 1, 0.0, 2.0, 2.0, 0.0]])
     torch.testing.assert_close(kernels.int8_linear(rows, *codes), expected)
-    # a one-signed row uses all 256 codes: values on its grid (multiples of span / 255) come back exactly, where a
-    # symmetric scheme (steps of max / 127) would miss them by up to 1
-    ramp = torch.arange(6.0)[None, :] * 51  # 0, 51, ..., 255
+    # a one-signed row uses all its codes: values on its grid (multiples of span / steps) come back exactly, where a
+    # symmetric scheme (steps of max / largest weight code) would miss them by up to 1
+    ramp = torch.linspace(0, steps, 6).round()[None, :]
     torch.testing.assert_close(kernels.int8_linear(ramp, *codes), ramp)
     # one row with large activations leaves the other rows' numbers unchanged (the output is batch-independent)
     batch = torch.randn(5, 6)
@@ -108,17 +128,36 @@ def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels):
 def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
     weight_t, tiles, sums, scale = layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale
+    bits = layer.code_bits
     with pytest.raises(RuntimeError, match="must be float32, got Double"):
-        kernels.int8_linear(torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias)
+        kernels.int8_linear(
+            torch.randn(2, 8, dtype=torch.float64), weight_t, tiles, sums, scale, layer.bias, False, bits
+        )
     with pytest.raises(RuntimeError, match="has 5 features, the weight expects 8"):
-        kernels.int8_linear(torch.randn(2, 5), weight_t, tiles, sums, scale, layer.bias)
+        kernels.int8_linear(torch.randn(2, 5), weight_t, tiles, sums, scale, layer.bias, False, bits)
     with pytest.raises(RuntimeError, match="bias must have 4"):
-        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3))
+        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, torch.randn(3), False, bits)
     with pytest.raises(RuntimeError, match="column_sums must have 4 contiguous int32"):
-        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias)
+        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums.long(), scale, layer.bias, False, bits)
+    with pytest.raises(RuntimeError, match="code_bits must be 7 or 8, got 6"):
+        kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, layer.bias, False, 6)
     if tiles.numel() > 0:
         with pytest.raises(RuntimeError, match="packed_weights do not match weight_t"):
-            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias)
+            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias, False, bits)
+    if kernels.int8_product(7) == "AVX2":  # its panels hold 7-bit weights only
+        with pytest.raises(RuntimeError, match="7-bit weights lie in \\[-63, 63\\], got one of magnitude 127"):
+            kernels.pack_int8_weights(Int8Linear(torch.randn(4, 8), None, code_bits=8).weight_t, 7)
+        with pytest.raises(RuntimeError, match="no product that reads 8-bit weights packed"):
+            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, layer.bias, False, 8)
+    wide = Int8Linear(torch.randn(1, 2**17), None)
+    with pytest.raises(RuntimeError, match="131073 input features; at most 131072"):
+        kernels.int8_linear(torch.randn(1, 2**17 + 1), torch.zeros(2**17 + 1, 1, dtype=torch.int8), NO_TILES,
+                            wide.column_sums, wide.weight_scale, None, False, 8)
+    with pytest.raises(ValueError, match="131073 input features; at most 131072"):
+        Int8Linear(torch.randn(1, 2**17 + 1), None)
+    for bad in (6, 16, True, 7.0, "7"):
+        with pytest.raises(ValueError, match=f"code_bits must be one of \\[7, 8\\], got {bad!r}"):
+            Int8Linear(torch.randn(4, 8), None, code_bits=bad)
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
     with pytest.raises(TypeError, match="relu must be a bool, got 1"):
@@ -158,10 +197,13 @@ def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_t
         compiled_kernels.cache_clear()
 
 
-def test_extreme_codes_sum_exactly(kernels):
-    """Rows whose codes are all at the ends of the int8 range times weights at +-127 over 2,500 inputs: sums of
-    +-2^25 that an 8-bit multiply-add (`vpmaddubsw`, which saturates pairs at 2^15) or one float32 product could not
-    hold exactly; the kernel's products (this CPU's and the float32-block one) equal exact integer arithmetic."""
+@pytest.mark.parametrize("code_bits", [7, 8])
+def test_extreme_codes_sum_exactly(kernels, code_bits):
+    """Rows whose codes are all at the ends of their range times weights at +-largest over 2,500 inputs: sums past
+    2^24 that one float32 product could not hold exactly, and, with 7 bits, the largest pairs AVX2's `vpmaddubsw`
+    adds (codes 127 x offset weights 127, twice: 32,258 < 2^15; 8-bit codes would saturate it); the kernel's
+    products (this CPU's and the float32-block one) equal exact integer arithmetic."""
+    lowest, steps, largest = FORMATS[code_bits]
     weight = torch.full((20, 2500), 1.0)
     weight[1::2] = -1.0
     weight[::3, ::2] *= -1
@@ -169,14 +211,18 @@ def test_extreme_codes_sum_exactly(kernels):
     inputs[1] = 1.0
     inputs[2, ::2] = 1.0
     inputs[3] = torch.linspace(-1.0, 1.0, 2500)
-    layer = Int8Linear(weight, None)
-    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None)
+    layer = Int8Linear(weight, None, code_bits=code_bits)
+    assert layer.weight_t.abs().max() == largest
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, None, False, code_bits)
     expected = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert torch.equal(kernels.int8_linear(inputs, *codes), expected)
     assert torch.equal(kernels.int8_linear(inputs, layer.weight_t, NO_TILES, *codes[2:]), expected)
-    sums = (inputs.sign().clamp_min(0) * 255 - 128).long() @ layer.weight_t.long()  # the codes of rows 0-2 are exact
+    row_codes = lowest + (inputs > 0).long() * steps  # the codes of rows 0-2 are exact
+    sums = row_codes @ layer.weight_t.long()
     assert sums[:3].abs().max() > 2**24
-    np.testing.assert_allclose(expected.numpy(), brute_force_int8_linear(inputs, weight, None), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(
+        expected.numpy(), brute_force_int8_linear(inputs, weight, None, code_bits=code_bits), rtol=1e-5, atol=1e-3
+    )
 
 
 @pytest.mark.parametrize("depth", [0, 1, 1024, 1025, 3000])

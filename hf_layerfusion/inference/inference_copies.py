@@ -64,6 +64,18 @@ MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite s
 # int8 x int8 products summed over at most this many inputs stay below 2^24 in magnitude (1032 x 128 x 127 < 2^24),
 # where float32 holds every integer exactly: such a float32 matrix product is the exact integer product
 EXACT_FLOAT32_DEPTH = 1024
+# The int8 formats, by `code_bits`: the activation codes (lowest, highest) and the largest weight code. 8 bits use
+# every int8 code; 7 bits (activation codes [0, 127], weights [-63, 63]) are what AVX2's 8-bit multiply-add
+# `vpmaddubsw` sums without saturating (kernels/int8_linear.cpp).
+ACTIVATION_CODES = {8: (-128, 127), 7: (0, 127)}
+WEIGHT_CODE_MAX = {8: 127, 7: 63}
+MAXIMUM_IN_FEATURES = 2**17  # sums of this many products (|each| <= 128 x 127) stay within int32 (the kernel's too)
+
+
+def check_code_bits(code_bits) -> int:
+    if type(code_bits) is not int or code_bits not in ACTIVATION_CODES:
+        raise ValueError(f"code_bits must be one of {sorted(ACTIVATION_CODES)}, got {code_bits!r}.")
+    return code_bits
 
 
 def exact_int8_product(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -86,21 +98,24 @@ def int8_linear_reference(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     relu: bool = False,
+    code_bits: int = 8,
 ) -> torch.Tensor:
     """`Int8Linear`'s arithmetic in torch operations (what runs where the compiled kernel cannot be built, and
-    what it computes): each row quantized to int8 with its own scale and zero point, its range [min(x, 0), max(x, 0)]
-    mapped onto [-128, 127] (round half to even), an exact int32 product with the int8 weights `weight_t` `(in, out)`
-    corrected by zero point x the weights' `column_sums`, dequantized by row scale x weight scale, plus the bias (then
-    max(., 0) with `relu`)."""
+    what it computes): each row quantized with its own scale and zero point, its range [min(x, 0), max(x, 0)] mapped
+    onto the activation codes of the `code_bits` format (`ACTIVATION_CODES`; round half to even), an exact int32
+    product with the int8 weights `weight_t` `(in, out)` corrected by zero point x the weights' `column_sums`,
+    dequantized by row scale x weight scale, plus the bias (then max(., 0) with `relu`)."""
+    code_low, code_high = ACTIVATION_CODES[check_code_bits(code_bits)]
+    levels = code_high - code_low
     rows = hidden_states.reshape(-1, weight_t.shape[0])
     low = rows.amin(dim=-1, keepdim=True).clamp_max(0)
     high = rows.amax(dim=-1, keepdim=True).clamp_min(0)
     span = (high - low).clamp_min(MINIMUM_SPAN)
-    inverse = 255 / span
-    zero = torch.round(-low * inverse) - 128
-    codes = torch.clamp(torch.round(rows * inverse) + zero, -128, 127).to(torch.int8)
+    inverse = levels / span
+    zero = torch.round(-low * inverse) + code_low
+    codes = torch.clamp(torch.round(rows * inverse) + zero, code_low, code_high).to(torch.int8)
     sums = exact_int8_product(codes, weight_t) - zero.to(torch.int32) * column_sums
-    output = sums.float() * ((span / 255) * weight_scale)
+    output = sums.float() * ((span / levels) * weight_scale)
     if bias is not None:
         output = output + bias
     if relu:
@@ -111,45 +126,62 @@ def int8_linear_reference(
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights (symmetric, one scale per output feature) and int8 activations quantized on
     the fly with one scale and zero point per row (token): asymmetric, so that one-signed rows (after a ReLU) use all
-    256 codes, and per row, so that a row with large activations (an outlier token, or another sentence of the batch)
+    the codes, and per row, so that a row with large activations (an outlier token, or another sentence of the batch)
     does not coarsen the other rows' resolution and a row's output does not depend on the rest of its batch. Products
-    are summed exactly in int32, on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds
-    (the weights packed for either here, once), else as exact float32 block products (`exact_int8_product`): the same
-    numbers either way. Quantization, product and dequantization
-    with the bias are one call of the compiled kernel (`compiled_kernels`): as separate torch operations the
-    per-row quantization cost more than the product itself at decoding sizes. With `relu=True` the layer is followed
-    by a ReLU, folded into the same call (`kernel_copy` folds the feed-forward activation)."""
+    are summed exactly in int32. Quantization, product and dequantization with the bias are one call of the compiled
+    kernel (`compiled_kernels`): as separate torch operations the per-row quantization cost more than the product
+    itself at decoding sizes. With `relu=True` the layer is followed by a ReLU, folded into the same call
+    (`kernel_copy` folds the feed-forward activation).
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+    `code_bits` picks the format (`ACTIVATION_CODES`, `WEIGHT_CODE_MAX`); by default the one this CPU's fastest
+    product takes (the kernel's `int8_code_bits()`): 8 bits (activation codes [-128, 127], weights [-127, 127]) on
+    AMX tiles, or where there is no AVX2 (exact float32 block products, `exact_int8_product`), or without the
+    compiled kernel; 7 bits (activation codes [0, 127], weights [-63, 63]) on AVX2 without AMX, where the 8-bit
+    multiply-add `vpmaddubsw` sums 7-bit codes without saturating, with twice the multiply-adds per instruction of
+    the 16-bit products an exact 8-bit product needs there (kernels/int8_linear.cpp). The weights are packed here,
+    once, for this CPU's product. Each format gives the same numbers on every product (`int8_linear_reference` with
+    its `code_bits`); the formats' speed and BLEU cost are measured in docs/fast_cpu_translation.md."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False, code_bits: int | None = None
+    ):
         super().__init__()
         if not isinstance(relu, bool):
             raise TypeError(f"Int8Linear: relu must be a bool, got {relu!r}.")
+        kernel = compiled_kernels()
+        if code_bits is None:
+            code_bits = 8 if kernel is None else kernel.int8_code_bits()
+        self.code_bits = check_code_bits(code_bits)
         self.in_features, self.out_features, self.relu = weight.shape[1], weight.shape[0], relu
+        if self.in_features > MAXIMUM_IN_FEATURES:
+            raise ValueError(
+                f"Int8Linear: {self.in_features} input features; at most {MAXIMUM_IN_FEATURES} keep its int32 sums "
+                "exact."
+            )
         weight = weight.detach().float()
-        self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+        largest_code = WEIGHT_CODE_MAX[self.code_bits]
+        self.weight_scale = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / largest_code
         self.weight_t = torch.round(weight / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
         self.column_sums = self.weight_t.sum(dim=0, dtype=torch.int32)  # the zero points' share of the sums
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        kernel = compiled_kernels()
-        # empty where the CPU has neither AMX nor AVX2: the kernel then runs float32 block products
-        self.packed_weights = self.weight_t.new_empty(0) if kernel is None else kernel.pack_int8_weights(self.weight_t)
+        # empty where this CPU has no packed product for the format: the kernel then runs float32 block products
+        self.packed_weights = (
+            self.weight_t.new_empty(0) if kernel is None else kernel.pack_int8_weights(self.weight_t, self.code_bits)
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         kernel = compiled_kernels()
         inputs = hidden_states.float()
+        arguments = (self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu, self.code_bits)
         if kernel is None:
-            output = int8_linear_reference(
-                inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu
-            )
+            output = int8_linear_reference(inputs, *arguments)
         else:
-            output = kernel.int8_linear(
-                inputs, self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, self.relu
-            )
+            output = kernel.int8_linear(inputs, self.weight_t, self.packed_weights, *arguments[1:])
         return output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         relu = ", relu=True" if self.relu else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}{relu}"
+        return f"in_features={self.in_features}, out_features={self.out_features}{relu}, code_bits={self.code_bits}"
 
 
 class KernelResidualSublayer(ResidualSublayer):

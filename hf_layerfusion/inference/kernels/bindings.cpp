@@ -23,13 +23,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
         pybind11::arg("tasks"));
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
-  m.def("int8_product", &int8_product, "What sums int8_linear's products on this CPU: AMX, AVX2 or float32 blocks.");
+  m.def("int8_product", &int8_product,
+        "What sums int8_linear's products of code_bits codes on this CPU: AMX, AVX2 or float32 blocks.",
+        pybind11::arg("code_bits"));
+  m.def("int8_code_bits", &int8_code_bits,
+        "The int8 format this CPU's fastest product takes: 8 bits (AMX, or no AVX2), 7 bits (AVX2's vpmaddubsw).");
   m.def("pack_int8_weights", &pack_int8_weights,
-        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty otherwise.");
+        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty otherwise.",
+        pybind11::arg("weight_t"), pybind11::arg("code_bits"));
   m.def("int8_linear", &int8_linear,
-        "Per-row asymmetric int8 quantization, exact int32 product, float dequantization + bias (and ReLU).",
+        "Per-row asymmetric quantization to code_bits codes, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
-        pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu") = false);
+        pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"));
   m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
   m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),

@@ -4,11 +4,12 @@
 
 int64_t parallel_for_threads(int64_t tasks);
 bool amx_available();
-std::string int8_product();
-torch::Tensor pack_int8_weights(const torch::Tensor& weight_t);
+std::string int8_product(int64_t code_bits);
+int64_t int8_code_bits();
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits);
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias, bool relu);
+                          const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits);
 bool float32_linear_available();
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                              const c10::optional<torch::Tensor>& bias, bool relu);

@@ -1,11 +1,18 @@
 // The int8 linear layer of `hf_layerfusion.inference.inference_copies.Int8Linear` in one call: each row of the input is
-// quantized to int8 with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto
-// [-128, 127]), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
-// The product runs on the CPU's AMX tiles where it has them, else with AVX2's 16-bit multiply-adds (`vpmaddwd`: the
-// codes widened to 16 bits, so no product saturates, as the 8-bit `vpmaddubsw` would), the weights packed once for
-// either (`pack_int8_weights`), else as float32 products of blocks short enough to be exact: all sum exactly, so they
-// give the same numbers. The arithmetic is that of `int8_linear_reference` (inference_copies.py), bit for bit: no
-// fused multiply-add (-ffp-contract=off), the same rounding (half to even), the same order of float operations.
+// quantized with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto the codes of
+// the format), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
+// Two formats (`code_bits`): 8 bits (activation codes [-128, 127], weights [-127, 127]) and 7 bits (activation codes
+// [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format), else, on
+// AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
+// format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
+// so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
+// widening (`avx2_rows_times_panel`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
+// product needs there) per cycle, no more multiply-adds than float32's two FMAs (an AMD Zen 2: measured by
+// benchmarks/probe_int8_instructions.py, docs/fast_cpu_translation.md), this doubles them. Else the product is float32
+// products of blocks short enough to be exact. The weights are packed once for AMX or AVX2 (`pack_int8_weights`).
+// Every product sums exactly, so all give the same numbers. The arithmetic is that of `int8_linear_reference`
+// (inference_copies.py), bit for bit: no fused multiply-add (-ffp-contract=off), the same rounding (half to even),
+// the same order of float operations.
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -13,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
@@ -43,14 +51,26 @@ constexpr float kMinimumSpan = 1e-30f;  // an all-zero row: finite scales, every
 // int8 x int8 products summed over at most this many inputs stay below 2^24, where float32 is exact
 // (inference_copies.py's EXACT_FLOAT32_DEPTH)
 constexpr int64_t kExactFloatDepth = 1024;
-constexpr int64_t kPairColumns = 16;  // AVX2 layout: output features per panel, two registers of 8 int32 sums
+// the sums of products (|each| <= 128 x 127, or 127 x 127 with the AVX2 product's offset weights) stay within int32
+constexpr int64_t kMaximumDepth = int64_t{1} << 17;
+constexpr int64_t kAvx2Columns = 8;   // AVX2 layout: output features per panel, one register of 8 int32 sums
+constexpr int64_t kAvx2Depth = 8;     // inputs per step of the AVX2 product (two groups of 4)
+constexpr int32_t kAvx2WeightOffset = 64;  // 7-bit weights [-63, 63] are packed as [1, 127] for `vpmaddubsw`
 
-// rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * 255 / span) + zero, -128, 127)
-// with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * 255 / span) - 128 (rounding half to
-// even), so that x ~ (q - zero) * span / 255; row_scale = span / 255, row_zero = zero
+// The activation codes of a format: [code_low, code_low + levels]
+struct ActivationCodes {
+  float code_low, levels;
+};
+ActivationCodes activation_codes(int64_t code_bits) {
+  return code_bits == 8 ? ActivationCodes{-128.f, 255.f} : ActivationCodes{0.f, 127.f};
+}
+
+// rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * levels / span) + zero, code_low,
+// code_low + levels) with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * levels / span) +
+// code_low (rounding half to even), so that x ~ (q - zero) * span / levels; row_scale = span / levels, row_zero = zero
 HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
                                      int32_t* __restrict row_zero, int64_t begin, int64_t end, int64_t K,
-                                     int64_t q_stride) {
+                                     int64_t q_stride, ActivationCodes codes) {
   for (int64_t m = begin; m < end; ++m) {
     const float* __restrict row = x + m * K;
     float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima: reductions that vectorize
@@ -70,14 +90,15 @@ HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restri
       high = std::max(high, high_lanes[j]);
     }
     const float span = std::max(high - low, kMinimumSpan);
-    const float inverse = 255.f / span;
-    const float zero = std::nearbyint(-low * inverse) - 128.f;
+    const float inverse = codes.levels / span;
+    const float zero = std::nearbyint(-low * inverse) + codes.code_low;
+    const float code_high = codes.code_low + codes.levels;
     int8_t* __restrict qrow = q + m * q_stride;
     for (k = 0; k < K; ++k)
-      qrow[k] = static_cast<int8_t>(
-          static_cast<int32_t>(std::min(std::max(std::nearbyint(row[k] * inverse) + zero, -128.f), 127.f)));
-    for (; k < q_stride; ++k) qrow[k] = 0;  // AMX depth padding (the padded weights are zero too)
-    row_scale[m] = span / 255.f;
+      qrow[k] = static_cast<int8_t>(static_cast<int32_t>(
+          std::min(std::max(std::nearbyint(row[k] * inverse) + zero, codes.code_low), code_high)));
+    for (; k < q_stride; ++k) qrow[k] = 0;  // AMX / AVX2 depth padding (the padded weights are zero too)
+    row_scale[m] = span / codes.levels;
     row_zero[m] = static_cast<int32_t>(zero);
   }
 }
@@ -173,34 +194,40 @@ bool amx_usable() { return false; }
 #if HLF_AMX
 bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
 
-// rows [0, R) of the codes q16 (int16, row stride Kp, Kp even) times one AVX2 panel (Kp / 2 pairs x 32 bytes: per
-// input pair, 8 columns x (w[2j], w[2j + 1]) then the next 8) into 16 int32 sums per row at `sums` (row stride
-// sums_stride): each `vpmaddwd` adds q[2j] w[2j] + q[2j + 1] w[2j + 1] for 8 columns, exactly (|each| <= 2^15)
+// rows [0, R) of the 7-bit codes q (row stride Kp, Kp a multiple of 8, each in [0, 127]) times one AVX2 panel of 8
+// columns (Kp / 4 groups of 32 bytes: per group of 4 inputs, 8 columns x the 4 offset weights w + 64, each in [1, 127])
+// minus 64 x the row's code sum (`code_sums`: the offset's share) into 8 int32 sums per row at `sums` (row stride
+// sums_stride). Per 8 inputs, two `vpmaddubsw` give 16-bit sums of pairs, each <= 2 x 127 x 127 < 2^15 (no
+// saturation), added as 32-bit lanes: each lane holds (high pairs) x 2^16 + (low pairs), both below 2^16, so no carry
+// crosses; A sums the lanes, H their high halves, and the exact sum is A - (2^16 - 1) H (mod 2^32, where it fits).
 template <int R>
-__attribute__((target("avx2"))) void avx2_rows_times_panel(const int16_t* __restrict q16, int64_t Kp,
-                                                          const int8_t* __restrict panel, int32_t* __restrict sums,
-                                                          int64_t sums_stride) {
-  __m256i low[R], high[R];
-  for (int r = 0; r < R; ++r) low[r] = high[r] = _mm256_setzero_si256();
-  for (int64_t j = 0; j < Kp / 2; ++j) {
-    const __m256i w_low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 32 * j)));
-    const __m256i w_high =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + 32 * j + 16)));
+__attribute__((target("avx2"))) void avx2_rows_times_panel(const int8_t* __restrict q, int64_t Kp,
+                                                          const int8_t* __restrict panel,
+                                                          const int32_t* __restrict code_sums,
+                                                          int32_t* __restrict sums, int64_t sums_stride) {
+  __m256i lanes[R], highs[R];
+  for (int r = 0; r < R; ++r) lanes[r] = highs[r] = _mm256_setzero_si256();
+  for (int64_t j = 0; j < Kp / 8; ++j) {
+    const __m256i w_first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * j));
+    const __m256i w_second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * j + 32));
     for (int r = 0; r < R; ++r) {
-      int32_t pair;
-      std::memcpy(&pair, q16 + r * Kp + 2 * j, sizeof(pair));
-      const __m256i input = _mm256_set1_epi32(pair);
-      low[r] = _mm256_add_epi32(low[r], _mm256_madd_epi16(input, w_low));
-      high[r] = _mm256_add_epi32(high[r], _mm256_madd_epi16(input, w_high));
+      int32_t first, second;  // the row's 4 + 4 codes of these 8 inputs, broadcast to every column
+      std::memcpy(&first, q + r * Kp + 8 * j, sizeof(first));
+      std::memcpy(&second, q + r * Kp + 8 * j + 4, sizeof(second));
+      const __m256i pairs = _mm256_add_epi32(_mm256_maddubs_epi16(_mm256_set1_epi32(first), w_first),
+                                             _mm256_maddubs_epi16(_mm256_set1_epi32(second), w_second));
+      lanes[r] = _mm256_add_epi32(lanes[r], pairs);
+      highs[r] = _mm256_add_epi32(highs[r], _mm256_srli_epi32(pairs, 16));
     }
   }
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride), low[r]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride + 8), high[r]);
+    const __m256i exact = _mm256_sub_epi32(lanes[r], _mm256_sub_epi32(_mm256_slli_epi32(highs[r], 16), highs[r]));
+    const __m256i offset_share = _mm256_set1_epi32(kAvx2WeightOffset * code_sums[r]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride), _mm256_sub_epi32(exact, offset_share));
   }
 }
 
-constexpr int kAvx2Rows = 4;  // 4 x 2 accumulators, 2 weight registers, the broadcast and a product
+constexpr int kAvx2Rows = 4;  // 4 x 2 accumulators, 2 weight registers, the broadcasts and the pair sums
 template <int... R>
 struct Avx2RowsTimesPanel {
   static constexpr decltype(&avx2_rows_times_panel<1>) table[] = {&avx2_rows_times_panel<R>...};
@@ -210,44 +237,59 @@ using Avx2PanelTable = Avx2RowsTimesPanel<1, 2, 3, 4>;
 bool avx2_usable() { return false; }
 #endif
 
-// where `pack_int8_weights` packs for: "amx", "avx2" or "" (the float32 block products read weight_t itself)
-const char* packed_layout() { return amx_usable() ? "amx" : avx2_usable() ? "avx2" : ""; }
+// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "avx2"
+// (the 7-bit format), or "" (the float32 block products read weight_t itself)
+std::string packed_layout(int64_t code_bits) {
+  if (amx_usable()) return "amx";
+  return avx2_usable() && code_bits == 7 ? "avx2" : "";
+}
+
+void check_code_bits(int64_t code_bits, const char* function) {
+  TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
+}
 
 }  // namespace
 
 bool amx_available() { return amx_usable(); }
 
-std::string int8_product() { return amx_usable() ? "AMX" : avx2_usable() ? "AVX2" : "float32 blocks"; }
+std::string int8_product(int64_t code_bits) {
+  check_code_bits(code_bits, "int8_product");
+  const std::string layout = packed_layout(code_bits);
+  return layout == "amx" ? "AMX" : layout == "avx2" ? "AVX2" : "float32 blocks";
+}
 
-// weight_t (K, N) int8 -> the weights in the layout of this CPU's product (`int8_product()`), empty for the
-// float32 block products:
+int64_t int8_code_bits() { return amx_usable() || !avx2_usable() ? 8 : 7; }
+
+// weight_t (K, N) int8, codes of the `code_bits` format -> the weights in the layout of this CPU's product for that
+// format (`int8_product(code_bits)`), empty for the float32 block products:
 // - AMX tiles: for each tile of 16 columns nt and each 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] =
 //   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
 //   whole 64-column blocks);
-// - AVX2 panels: for each panel of 16 columns p and each input pair j, 32 bytes with byte [16 * h + 2 * c + i] =
-//   weight_t[2 * j + i][16 * p + 8 * h + c], zero past K and N (`avx2_rows_times_panel`).
-torch::Tensor pack_int8_weights(const torch::Tensor& weight_t) {
+// - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
+//   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_rows_times_panel`).
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
-  const std::string layout = packed_layout();
+  check_code_bits(code_bits, "pack_int8_weights");
+  const std::string layout = packed_layout(code_bits);
   if (layout.empty()) return torch::empty({0}, weight_t.options());
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
+  const auto weights = weight_t.contiguous();
+  const int8_t* src = weights.data_ptr<int8_t>();
   if (layout == "avx2") {
-    const int64_t Kp = round_up(K, 2), Np = round_up(N, kPairColumns);
+    const auto largest = K * N > 0 ? weights.abs().max().item<int64_t>() : 0;
+    TORCH_CHECK(largest <= 63, "pack_int8_weights: 7-bit weights lie in [-63, 63], got one of magnitude ", largest);
+    const int64_t Kp = round_up(K, kAvx2Depth), Np = round_up(N, kAvx2Columns);
     auto panels = torch::zeros({Np * Kp}, weight_t.options());
-    const auto weights = weight_t.contiguous();
-    const int8_t* src = weights.data_ptr<int8_t>();
     int8_t* dst = panels.data_ptr<int8_t>();
     for (int64_t k = 0; k < K; ++k)
       for (int64_t n = 0; n < N; ++n)
-        dst[n / kPairColumns * Kp * kPairColumns + k / 2 * 32 + (n % kPairColumns) / 8 * 16 + 2 * (n % 8) + k % 2] =
-            src[k * N + n];
+        dst[n / kAvx2Columns * Kp * kAvx2Columns + k / 4 * 32 + 4 * (n % kAvx2Columns) + k % 4] =
+            static_cast<int8_t>(src[k * N + n] + kAvx2WeightOffset);
     return panels;
   }
   const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
   auto tiles = torch::zeros({Np / kTileColumns * depth_blocks * kTileBytes}, weight_t.options());
-  const auto weights = weight_t.contiguous();
-  const int8_t* src = weights.data_ptr<int8_t>();
   int8_t* dst = tiles.data_ptr<int8_t>();
   for (int64_t k = 0; k < K; ++k)
     for (int64_t n = 0; n < N; ++n) {
@@ -257,15 +299,16 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t) {
   return tiles;
 }
 
-// x (..., K) float32; weight_t (K, N) int8; packed_weights: pack_int8_weights(weight_t), or empty for the float32
-// block products;
-// column_sums (N,) int32: weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the
-// output's max(., 0) (a ReLU that follows the layer, folded in) -> (..., N)
+// x (..., K) float32; weight_t (K, N) int8 codes of the `code_bits` format; packed_weights:
+// pack_int8_weights(weight_t, code_bits), or empty for the float32 block products; column_sums (N,) int32: weight_t's
+// column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the output's max(., 0) (a ReLU that
+// follows the layer, folded in) -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias, bool relu) {
+                          const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
+  check_code_bits(code_bits, "int8_linear");
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   TORCH_CHECK(x.size(-1) == K, "int8_linear: the input has ", x.size(-1), " features, the weight expects ", K);
   TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N &&
@@ -276,17 +319,20 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
-  const std::string layout = packed_weights.numel() > 0 ? packed_layout() : "";
+  const std::string layout = packed_weights.numel() > 0 ? packed_layout(code_bits) : "";
   TORCH_CHECK(packed_weights.numel() == 0 || !layout.empty(),
-              "int8_linear: packed weights given, but this CPU has neither AMX nor AVX2 to read them");
+              "int8_linear: packed weights given, but this CPU has no product that reads ", code_bits,
+              "-bit weights packed (AMX: either format; AVX2: 7 bits)");
   const bool amx = layout == "amx", avx2 = layout == "avx2";
+  TORCH_CHECK(K <= kMaximumDepth, "int8_linear: ", K, " input features; at most ", kMaximumDepth,
+              " keep every sum within int32");
   const auto rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
-  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); AVX2 reads input pairs and panels
-  // of 16 columns; results cut back
+  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); AVX2 reads groups of 8 inputs and
+  // panels of 8 columns; results cut back
   const int64_t Mp = amx ? round_up(M, kTileRows) : M;
-  const int64_t Kp = amx ? round_up(K, kTileDepth) : avx2 ? round_up(K, 2) : K;
-  const int64_t Np = amx ? round_up(N, kBlockColumns) : avx2 ? round_up(N, kPairColumns) : N;
+  const int64_t Kp = amx ? round_up(K, kTileDepth) : avx2 ? round_up(K, kAvx2Depth) : K;
+  const int64_t Np = amx ? round_up(N, kBlockColumns) : avx2 ? round_up(N, kAvx2Columns) : N;
   TORCH_CHECK(packed_weights.numel() == (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : avx2 ? Np * Kp : 0),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
@@ -297,8 +343,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   int8_t* qp = q.data_ptr<int8_t>();
   float* rs = row_scale.data_ptr<float>();
   int32_t* rz = row_zero.data_ptr<int32_t>();
+  const ActivationCodes codes = activation_codes(code_bits);
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, begin, end, K, Kp); });
+                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, begin, end, K, Kp, codes); });
   torch::Tensor sums;
 #if HLF_AMX
   if (amx) {
@@ -311,20 +358,19 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
   if (avx2) {
-    auto q16 = torch::empty({M, Kp}, q.options().dtype(torch::kInt16));
-    int16_t* q16p = q16.data_ptr<int16_t>();
-    for (int64_t i = 0; i < M * Kp; ++i) q16p[i] = qp[i];
+    auto code_sums = q.sum(1, /*keepdim=*/false, torch::kInt32);  // the offset weights' share, per row
+    const int32_t* csp = code_sums.data_ptr<int32_t>();
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     // about 64k multiply-adds or more per task, so that small products stay on one thread
-    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kPairColumns, 1));
-    at::parallel_for(0, Np / kPairColumns, grain, [&](int64_t begin, int64_t end) {
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kAvx2Columns, 1));
+    at::parallel_for(0, Np / kAvx2Columns, grain, [&](int64_t begin, int64_t end) {
       for (int64_t panel = begin; panel < end; ++panel)
         for (int64_t m = 0; m < M; m += kAvx2Rows) {
           const int64_t pass_rows = std::min<int64_t>(kAvx2Rows, M - m);
-          Avx2PanelTable::table[pass_rows - 1](q16p + m * Kp, Kp, panels + panel * Kp * kPairColumns,
-                                               sp + m * Np + panel * kPairColumns, Np);
+          Avx2PanelTable::table[pass_rows - 1](qp + m * Kp, Kp, panels + panel * Kp * kAvx2Columns, csp + m,
+                                               sp + m * Np + panel * kAvx2Columns, Np);
         }
     });
   }
