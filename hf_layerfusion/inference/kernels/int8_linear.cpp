@@ -57,6 +57,36 @@ constexpr int64_t kAvx2Columns = 8;   // AVX2 layout: output features per panel,
 constexpr int64_t kAvx2Depth = 8;     // inputs per step of the AVX2 product (two groups of 4)
 constexpr int32_t kAvx2WeightOffset = 64;  // 7-bit weights [-63, 63] are packed as [1, 127] for `vpmaddubsw`
 
+#if HLF_AMX
+bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
+
+// low = min(0, the row's values), high = max(0, ...), with std::min / std::max's rule (a value replaces the running one
+// only if strictly smaller / larger: NaN never does), 8 lanes at a time
+__attribute__((target("avx2"))) void avx2_row_range(const float* __restrict row, int64_t K, float& low, float& high) {
+  __m256 lows = _mm256_setzero_ps(), highs = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 values = _mm256_loadu_ps(row + k);
+    lows = _mm256_min_ps(values, lows);  // values < lows ? values : lows
+    highs = _mm256_max_ps(values, highs);
+  }
+  alignas(32) float low_lanes[8], high_lanes[8];
+  _mm256_store_ps(low_lanes, lows);
+  _mm256_store_ps(high_lanes, highs);
+  low = high = 0.f;
+  for (int j = 0; j < 8; ++j) {
+    low = std::min(low, low_lanes[j]);
+    high = std::max(high, high_lanes[j]);
+  }
+  for (; k < K; ++k) {
+    low = std::min(low, row[k]);
+    high = std::max(high, row[k]);
+  }
+}
+#else
+bool avx2_usable() { return false; }
+#endif
+
 // The activation codes of a format: [code_low, code_low + levels]
 struct ActivationCodes {
   float code_low, levels;
@@ -67,27 +97,34 @@ ActivationCodes activation_codes(int64_t code_bits) {
 
 // rows [begin, end) of x (M, K) -> q (stride q_stride, zero past K) = clamp(round(x * levels / span) + zero, code_low,
 // code_low + levels) with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * levels / span) +
-// code_low (rounding half to even), so that x ~ (q - zero) * span / levels; row_scale = span / levels, row_zero = zero
+// code_low (rounding half to even), so that x ~ (q - zero) * span / levels; row_scale = span / levels, row_zero = zero;
+// code_sums (if not null) = the sum of the row's codes
 HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
-                                     int32_t* __restrict row_zero, int64_t begin, int64_t end, int64_t K,
-                                     int64_t q_stride, ActivationCodes codes) {
+                                     int32_t* __restrict row_zero, int32_t* __restrict code_sums, int64_t begin,
+                                     int64_t end, int64_t K, int64_t q_stride, ActivationCodes codes) {
+  const bool avx2 = avx2_usable();
   for (int64_t m = begin; m < end; ++m) {
     const float* __restrict row = x + m * K;
-    float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima: reductions that vectorize
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16)
-      for (int j = 0; j < 16; ++j) {
-        low_lanes[j] = std::min(low_lanes[j], row[k + j]);
-        high_lanes[j] = std::max(high_lanes[j], row[k + j]);
-      }
     float low = 0.f, high = 0.f;
-    for (; k < K; ++k) {
-      low = std::min(low, row[k]);
-      high = std::max(high, row[k]);
-    }
-    for (int j = 0; j < 16; ++j) {
-      low = std::min(low, low_lanes[j]);
-      high = std::max(high, high_lanes[j]);
+    int64_t k = 0;
+#if HLF_AMX
+    if (avx2) avx2_row_range(row, K, low, high);
+#endif
+    if (!avx2) {
+      float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima
+      for (; k + 16 <= K; k += 16)
+        for (int j = 0; j < 16; ++j) {
+          low_lanes[j] = std::min(low_lanes[j], row[k + j]);
+          high_lanes[j] = std::max(high_lanes[j], row[k + j]);
+        }
+      for (; k < K; ++k) {
+        low = std::min(low, row[k]);
+        high = std::max(high, row[k]);
+      }
+      for (int j = 0; j < 16; ++j) {
+        low = std::min(low, low_lanes[j]);
+        high = std::max(high, high_lanes[j]);
+      }
     }
     const float span = std::max(high - low, kMinimumSpan);
     const float inverse = codes.levels / span;
@@ -98,6 +135,11 @@ HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restri
       qrow[k] = static_cast<int8_t>(static_cast<int32_t>(
           std::min(std::max(std::nearbyint(row[k] * inverse) + zero, codes.code_low), code_high)));
     for (; k < q_stride; ++k) qrow[k] = 0;  // AMX / AVX2 depth padding (the padded weights are zero too)
+    if (code_sums != nullptr) {
+      int32_t sum = 0;
+      for (k = 0; k < K; ++k) sum += qrow[k];
+      code_sums[m] = sum;
+    }
     row_scale[m] = span / codes.levels;
     row_zero[m] = static_cast<int32_t>(zero);
   }
@@ -192,8 +234,6 @@ bool amx_usable() { return false; }
 #endif
 
 #if HLF_AMX
-bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
-
 // rows [0, R) of the 7-bit codes q (row stride Kp, Kp a multiple of 8, each in [0, 127]) times one AVX2 panel of 8
 // columns (Kp / 4 groups of 32 bytes: per group of 4 inputs, 8 columns x the 4 offset weights w + 64, each in [1, 127])
 // minus 64 x the row's code sum (`code_sums`: the offset's share) into 8 int32 sums per row at `sums` (row stride
@@ -233,8 +273,6 @@ struct Avx2RowsTimesPanel {
   static constexpr decltype(&avx2_rows_times_panel<1>) table[] = {&avx2_rows_times_panel<R>...};
 };
 using Avx2PanelTable = Avx2RowsTimesPanel<1, 2, 3, 4>;
-#else
-bool avx2_usable() { return false; }
 #endif
 
 // the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "avx2"
@@ -344,8 +382,11 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   float* rs = row_scale.data_ptr<float>();
   int32_t* rz = row_zero.data_ptr<int32_t>();
   const ActivationCodes codes = activation_codes(code_bits);
+  // the AVX2 product's offset weights add 64 x each row's code sum, taken back with these
+  auto code_sums = torch::empty({avx2 ? M : 0}, rows.options().dtype(torch::kInt32));
+  int32_t* csp = avx2 ? code_sums.data_ptr<int32_t>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, begin, end, K, Kp, codes); });
+                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
   torch::Tensor sums;
 #if HLF_AMX
   if (amx) {
@@ -358,8 +399,6 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
   if (avx2) {
-    auto code_sums = q.sum(1, /*keepdim=*/false, torch::kInt32);  // the offset weights' share, per row
-    const int32_t* csp = code_sums.data_ptr<int32_t>();
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
