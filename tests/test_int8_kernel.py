@@ -147,6 +147,8 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     if kernels.int8_product(7) == "AVX2":  # its panels hold 7-bit weights only
         with pytest.raises(RuntimeError, match="7-bit weights lie in \\[-63, 63\\], got one of magnitude 127"):
             kernels.pack_int8_weights(Int8Linear(torch.randn(4, 8), None, code_bits=8).weight_t, 7)
+        with pytest.raises(RuntimeError, match="got one of magnitude 128"):  # int8's abs(-128) is -128
+            kernels.pack_int8_weights(torch.full((8, 4), -128, dtype=torch.int8), 7)
         with pytest.raises(RuntimeError, match="no product that reads 8-bit weights packed"):
             kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, layer.bias, False, 8)
     wide = Int8Linear(torch.randn(1, 2**17), None)

@@ -173,11 +173,15 @@ class Int8Linear(nn.Module):
         kernel = compiled_kernels()
         # (no-op conversions skipped: each costs microseconds, at decoding steps a visible share of a product's call)
         inputs = hidden_states if hidden_states.dtype == torch.float32 else hidden_states.float()
-        arguments = (self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu, self.code_bits)
         if kernel is None:
-            output = int8_linear_reference(inputs, *arguments)
+            output = int8_linear_reference(
+                inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu, self.code_bits
+            )
         else:
-            output = kernel.int8_linear(inputs, self.weight_t, self.packed_weights, *arguments[1:])
+            output = kernel.int8_linear(
+                inputs, self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, self.relu,
+                self.code_bits,
+            )
         return output if output.dtype == hidden_states.dtype else output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:

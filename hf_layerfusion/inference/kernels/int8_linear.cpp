@@ -315,7 +315,9 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
   const auto weights = weight_t.contiguous();
   const int8_t* src = weights.data_ptr<int8_t>();
   if (layout == "avx2") {
-    const auto largest = K * N > 0 ? weights.abs().max().item<int64_t>() : 0;
+    // in int64: the int8 abs() of -128 would be -128 itself
+    const int64_t largest =
+        K * N > 0 ? std::max(-weights.min().item<int64_t>(), weights.max().item<int64_t>()) : 0;
     TORCH_CHECK(largest <= 63, "pack_int8_weights: 7-bit weights lie in [-63, 63], got one of magnitude ", largest);
     const int64_t Kp = round_up(K, kAvx2Depth), Np = round_up(N, kAvx2Columns);
     auto panels = torch::zeros({Np * Kp}, weight_t.options());
