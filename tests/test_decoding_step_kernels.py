@@ -1,7 +1,11 @@
-"""The compiled decoding steps of the float32 copy's sub-layers (`KernelResidualSublayer.run`,
-kernels/decoding_step.cpp) against the copy's own Python path: the same logits bit for bit at every step, for every
-family and the variants whose sub-layers they cover (pre-norm, mixed attention with its source prefix, beams sharing a
-sentence's cross-attention keys), and which sub-layers get a compiled step."""
+"""The compiled decoding steps of the inference copies' sub-layers (`KernelResidualSublayer.run`,
+kernels/decoding_step.cpp), float32 and int8, against the copy's own Python path: the same logits bit for bit at every
+step, for every family and the variants whose sub-layers they cover (pre-norm, mixed attention with its source prefix,
+beams sharing a sentence's cross-attention keys), which sub-layers get a compiled step, and `KernelLinear`, the
+layers' weights as the steps take them."""
+
+import copy
+
 
 import pytest
 import torch
@@ -52,11 +56,12 @@ def decoder_logits(engine, group: int, tokens: torch.Tensor) -> list[torch.Tenso
         return [steps.logits(step_tokens) for step_tokens in tokens]
 
 
+@pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, kernels, monkeypatch):
+def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, quantization, kernels, monkeypatch):
     model_type, overrides = CASES[case]
     model = tiny_model(model_type, d_model=32, **overrides)
-    engine = prepare_for_inference(model)
+    engine = prepare_for_inference(model, quantization)
     blocks = step_blocks(engine)
     compiled = {block: block.decoding_step for _, block in blocks}
     assert all(block.decoding_step is not None for name, block in blocks if name != "MultiLayerSelfAttention"), blocks
@@ -79,37 +84,42 @@ def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, kernels, 
         for block, step in compiled.items():
             block.decoding_step = step
         for step, (actual, expected) in enumerate(zip(with_kernels, python_path)):
-            assert torch.equal(actual, expected), (case, group, step, (actual - expected).abs().max())
+            assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
 
 
-def test_only_sub_layers_that_declare_their_step_get_one(kernels):
+def test_only_sub_layers_that_declare_their_step_get_one(kernels, monkeypatch):
     """A family's subclass that does not declare `decoding_step_form` itself (deep representations' multi-layer
-    attention) runs its Python path; so do every sub-layer of the int8 copy, attention of head_dim 8, and a GELU
-    feed-forward."""
+    attention) runs its Python path; so do attention of head_dim 8 and a GELU feed-forward, in both copies, and the
+    int8 copy's layers where the kernels are not compiled (`Int8Linear` then runs torch operations)."""
     model = tiny_model("deep_representations", d_model=32, decoder_aggregation="multi_layer_attention",
                        encoder_aggregation="multi_layer_attention", encoder_layers=4, decoder_layers=4)
-    bound = {(name, block.decoding_step is not None) for name, block in step_blocks(prepare_for_inference(model))}
-    assert bound == {("MultiHeadAttention", True), ("MultiLayerSelfAttention", False), ("CrossAttention", True),
-                     ("FeedForward", True)}
-    assert not [block for _, block in step_blocks(prepare_for_inference(tiny_model("gtrans", d_model=32), "int8"))
-                if block.decoding_step is not None]
-    for overrides, expected in (
-        (dict(d_model=16), ["FeedForward"]),
-        (dict(d_model=32, activation_function="gelu"), ["MultiHeadAttention", "CrossAttention"]),
-    ):
-        blocks = step_blocks(prepare_for_inference(tiny_model("plain_transformer", **overrides)))
-        assert [name for name, block in blocks if block.decoding_step is not None] == expected * 2  # 2 layers
+    for quantization in (None, "int8"):
+        engine = prepare_for_inference(model, quantization)
+        bound = {(name, block.decoding_step is not None) for name, block in step_blocks(engine)}
+        assert bound == {("MultiHeadAttention", True), ("MultiLayerSelfAttention", False), ("CrossAttention", True),
+                         ("FeedForward", True)}, quantization
+        for overrides, expected in (
+            (dict(d_model=16), ["FeedForward"]),
+            (dict(d_model=32, activation_function="gelu"), ["MultiHeadAttention", "CrossAttention"]),
+        ):
+            blocks = step_blocks(prepare_for_inference(tiny_model("plain_transformer", **overrides), quantization))
+            assert [name for name, block in blocks if block.decoding_step is not None] == expected * 2  # 2 layers
+    monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: None)
+    engine = inference_copies.int8_copy(tiny_model("gtrans", d_model=32))
+    assert not [block for _, block in step_blocks(engine) if block.decoding_step is not None]
 
 
 def test_step_kernels_name_bad_inputs(kernels):
-    engine = prepare_for_inference(tiny_model("plain_transformer", d_model=32))
-    attention = engine.model.decoder.layers[0].self_attn
-    norm = engine.model.decoder.layers[0].self_attn_block.kernel_arguments
-    projections = [tensor for name in ("q_proj", "k_proj", "v_proj", "out_proj")
-                   for tensor in (getattr(attention, name).panels, getattr(attention, name).bias)]
+    engine = prepare_for_inference(tiny_model("plain_transformer", d_model=32, decoder_ffn_dim=48))
+    layer = engine.model.decoder.layers[0]
+    attention = layer.self_attn
+    norm = layer.self_attn_block.kernel_arguments
+    qkv_proj = kernels.KernelLinear.concatenate([getattr(attention, name).kernel_linear
+                                                 for name in ("q_proj", "k_proj", "v_proj")])
+    projections = [qkv_proj, attention.out_proj.kernel_linear]
     hidden, buffer = torch.randn(3, 1, 32), torch.zeros(3, 4, 2, 16)
 
-    def self_step(hidden=hidden, keys=buffer, position=0, prefix=0, prefix_mask=None):
+    def self_step(hidden=hidden, keys=buffer, position=0, prefix=0, prefix_mask=None, projections=projections):
         return kernels.self_attention_step(hidden, *norm, False, *projections, keys, keys.clone(), position, prefix,
                                            prefix_mask, attention.scaling)
 
@@ -122,8 +132,74 @@ def test_step_kernels_name_bad_inputs(kernels):
         self_step(keys=torch.zeros(2, 4, 2, 16))
     with pytest.raises(RuntimeError, match=r"prefix mask must be bool \(rows or 1, 1, 1, 2\)"):
         self_step(position=2, prefix=2, prefix_mask=torch.ones(3, 1, 1, 3, dtype=torch.bool))
-    cross = engine.model.decoder.layers[0].encoder_attn
+    fc1, fc2 = layer.ffn.fc1.kernel_linear, layer.ffn.fc2.kernel_linear
+    with pytest.raises(RuntimeError, match="qkv_proj must have 96 output features and no ReLU, got 48 and a ReLU"):
+        self_step(projections=[fc1, projections[1]])
+    cross = layer.encoder_attn
+    q_proj, out_proj = cross.q_proj.kernel_linear, cross.out_proj.kernel_linear
     with pytest.raises(RuntimeError, match="key rows dividing 3"):
-        kernels.cross_attention_step(hidden, *norm, False, cross.q_proj.panels, cross.q_proj.bias, cross.out_proj.panels,
-                                     cross.out_proj.bias, torch.zeros(2, 2, 5, 16), torch.zeros(2, 2, 5, 16), None,
-                                     cross.scaling)
+        kernels.cross_attention_step(hidden, *norm, False, q_proj, out_proj, torch.zeros(2, 2, 5, 16),
+                                     torch.zeros(2, 2, 5, 16), None, cross.scaling)
+    feed_forward_norm = layer.ffn_block.kernel_arguments
+    assert kernels.feed_forward_step(hidden, *feed_forward_norm, False, fc1, fc2).shape == (3, 1, 32)
+    with pytest.raises(RuntimeError, match="fc1 must have the ReLU folded in"):
+        kernels.feed_forward_step(hidden, *feed_forward_norm, False, q_proj, fc2)
+    with pytest.raises(RuntimeError, match="fc2 must have 32 output features and no ReLU, got 48 and a ReLU"):
+        kernels.feed_forward_step(hidden, *feed_forward_norm, False, fc1, fc1)
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_kernel_linear_is_its_layers_product_and_survives_deep_copies(quantization, kernels):
+    """`KernelLinear` computes the product of the layer it was made for (`float32_linear` / `int8_linear` with the
+    layer's tensors) and survives deep copies (of a whole inference copy too): the copy gives the same logits and
+    runs its compiled steps on its own tensors."""
+    model = tiny_model("plain_transformer", d_model=32)
+    engine = prepare_for_inference(model, quantization)
+    fc1 = engine.model.decoder.layers[0].ffn.fc1
+    inputs = torch.randn(5, 32)
+    if quantization is None:
+        expected = kernels.float32_linear(inputs, fc1.panels, fc1.out_features, fc1.bias, True)
+    else:
+        expected = kernels.int8_linear(inputs, fc1.weight_t, fc1.packed_weights, fc1.column_sums, fc1.weight_scale,
+                                       fc1.bias, True, fc1.code_bits)
+    assert expected.min() == 0 and torch.equal(fc1.kernel_linear(inputs), expected)
+    assert (fc1.kernel_linear.out_features, fc1.kernel_linear.relu) == (fc1.out_features, True)
+    assert fc1.kernel_linear.code_bits == (0 if quantization is None else fc1.code_bits)
+    assert torch.equal(copy.deepcopy(fc1.kernel_linear)(inputs), expected)
+    tokens = torch.randint(4, model.config.vocab_size, (4, 5), generator=torch.Generator().manual_seed(0))
+    tokens[0] = model.config.decoder_start_token_id
+    duplicate = copy.deepcopy(engine)
+    assert duplicate.model.decoder.layers[0].ffn_block.decoding_step is not None
+    for expected, actual in zip(decoder_logits(engine, 1, tokens), decoder_logits(duplicate, 1, tokens)):
+        assert torch.equal(actual, expected)
+    duplicate.model.decoder.layers[0].ffn.fc2.bias[0] += 1.0  # the duplicate's steps read the duplicate's tensors
+    assert not torch.equal(decoder_logits(duplicate, 1, tokens)[1], decoder_logits(engine, 1, tokens)[1])
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_concatenated_kernel_linears_give_each_layers_outputs_bit_for_bit(quantization, kernels):
+    """What the self-attention step runs for q, k and v: one layer of the three whose outputs side by side are each
+    layer's own, bit for bit (widths that are not a multiple of the float32 panels' 32 columns included)."""
+    engine = prepare_for_inference(tiny_model("plain_transformer", d_model=48, decoder_ffn_dim=80), quantization)
+    layer = engine.model.decoder.layers[0]
+    linears = [layer.self_attn.q_proj, layer.encoder_attn.out_proj, layer.self_attn.v_proj]  # 48 outputs each
+    inputs = torch.randn(7, 48)
+    joint = kernels.KernelLinear.concatenate([linear.kernel_linear for linear in linears])
+    assert joint.out_features == 144
+    assert torch.equal(joint(inputs), torch.cat([linear(inputs) for linear in linears], dim=-1))
+    with pytest.raises(RuntimeError, match="the layers differ in kind .*, ReLU, bias or input features"):
+        kernels.KernelLinear.concatenate([layer.ffn.fc1.kernel_linear, layer.ffn.fc2.kernel_linear])
+
+
+def test_kernel_linear_names_bad_weights(kernels):
+    panels = torch.zeros(2, 32, 16)
+    with pytest.raises(RuntimeError, match="out_features 40 does not match panels for 32 features"):
+        kernels.KernelLinear.float32(panels, 40, None, False)
+    with pytest.raises(RuntimeError, match=r"panels must be \(panels, in_features, 16\), got \[32, 16\]"):
+        kernels.KernelLinear.float32(torch.zeros(32, 16), 16, None, False)
+    weight_t = torch.zeros(32, 8, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="column_sums must have 8 contiguous int32 entries"):
+        kernels.KernelLinear.int8(weight_t, weight_t.new_empty(0), torch.zeros(4, dtype=torch.int32),
+                                  torch.ones(8), None, False, 8)
+    with pytest.raises(RuntimeError, match="not a KernelLinear's state"):
+        kernels.KernelLinear.__new__(kernels.KernelLinear).__setstate__(("int4", weight_t))

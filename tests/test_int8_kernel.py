@@ -167,8 +167,10 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
 
 
 def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(kernels, monkeypatch):
-    layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
-    compiled = layer(inputs)
+    """Without the compiled kernels a layer takes the 8-bit format and runs `int8_linear_reference`: the numbers of the
+    kernel in that format."""
+    weight, bias, inputs = torch.randn(12, 16), torch.randn(12), torch.randn(3, 16)
+    compiled = Int8Linear(weight, bias, code_bits=8)(inputs)
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")
@@ -177,10 +179,12 @@ def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(k
     compiled_kernels.cache_clear()
     try:
         with pytest.warns(UserWarning, match=r"could not be compiled \(RuntimeError: Ninja is required"):
-            assert torch.equal(layer(inputs), compiled)
+            layer = Int8Linear(weight, bias)
+        assert layer.kernel_linear is None and layer.code_bits == 8
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once: later calls reuse the answer
             assert torch.equal(layer(inputs), compiled)
+            assert torch.equal(Int8Linear(weight, bias)(inputs), compiled)
     finally:
         compiled_kernels.cache_clear()
     monkeypatch.undo()
@@ -188,13 +192,14 @@ def test_without_a_compiler_int8_layers_warn_once_and_compute_the_same_numbers(k
 
 
 def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_the_same_numbers(kernels, monkeypatch):
-    layer, inputs = Int8Linear(torch.randn(12, 16), torch.randn(12)), torch.randn(3, 16)
-    compiled = layer(inputs)
+    weight, bias, inputs = torch.randn(12, 16), torch.randn(12), torch.randn(3, 16)
+    compiled = Int8Linear(weight, bias, code_bits=8)(inputs)
     monkeypatch.setattr(cpu_kernels, "KERNEL_SOURCES", ("int8_linear.cpp", "missing.cpp"))
     compiled_kernels.cache_clear()
     try:
         with pytest.warns(UserWarning, match=r"missing.cpp is not there .*Hub code.*same numbers"):
-            assert torch.equal(layer(inputs), compiled)
+            layer = Int8Linear(weight, bias)
+        assert layer.kernel_linear is None and torch.equal(layer(inputs), compiled)
     finally:
         compiled_kernels.cache_clear()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -45,9 +46,12 @@ class Float32Linear(nn.Module):
         panels[: self.out_features] = weight.detach()
         self.panels = panels.view(padded // PANEL_COLUMNS, PANEL_COLUMNS, self.in_features).transpose(1, 2).contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        # the kernel's arguments bound once (kernels/kernel_linear.cpp): a call passes only its input, and the
+        # compiled decoding steps take the layer as it is
+        self.kernel_linear = compiled_kernels().KernelLinear.float32(self.panels, self.out_features, self.bias, relu)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return compiled_kernels().float32_linear(hidden_states, self.panels, self.out_features, self.bias, self.relu)
+        return self.kernel_linear(hidden_states)
 
     def extra_repr(self) -> str:
         relu = ", relu=True" if self.relu else ""
@@ -168,25 +172,41 @@ class Int8Linear(nn.Module):
         self.packed_weights = (
             self.weight_t.new_empty(0) if kernel is None else kernel.pack_int8_weights(self.weight_t, self.code_bits)
         )
+        # the kernel's arguments bound once (kernels/kernel_linear.cpp), as `Float32Linear` does; None without it
+        self.kernel_linear = None if kernel is None else kernel.KernelLinear.int8(
+            self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, relu, self.code_bits
+        )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        kernel = compiled_kernels()
         # (no-op conversions skipped: each costs microseconds, at decoding steps a visible share of a product's call)
         inputs = hidden_states if hidden_states.dtype == torch.float32 else hidden_states.float()
-        if kernel is None:
+        if self.kernel_linear is None:
             output = int8_linear_reference(
                 inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu, self.code_bits
             )
         else:
-            output = kernel.int8_linear(
-                inputs, self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, self.relu,
-                self.code_bits,
-            )
+            output = self.kernel_linear(inputs)
         return output if output.dtype == hidden_states.dtype else output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
         relu = ", relu=True" if self.relu else ""
         return f"in_features={self.in_features}, out_features={self.out_features}{relu}, code_bits={self.code_bits}"
+
+
+class DecodingStep(NamedTuple):
+    """A sub-layer's compiled decoding step (`KernelResidualSublayer.bind_decoding_step`): its `decoding_step_form`,
+    the kernel's arguments bound once (LayerNorm, `KernelLinear` projections), and an attention's cache index and
+    scaling. Data, not a closure, so that a deep copy of an inference copy steps with its own tensors."""
+
+    form: str
+    arguments: tuple
+    layer_idx: int | None = None
+    scaling: float | None = None
+
+
+def compiled_linear(linear: nn.Module) -> bool:
+    """Whether `linear` is an inference copy's linear layer that the compiled decoding steps can call."""
+    return type(linear) in (Float32Linear, Int8Linear) and linear.kernel_linear is not None
 
 
 class KernelResidualSublayer(ResidualSublayer):
@@ -195,7 +215,7 @@ class KernelResidualSublayer(ResidualSublayer):
     LayerNorm up to float rounding) on float32 CPU inputs in eval mode without gradients; anything else runs
     `ResidualSublayer`'s own torch operations.
 
-    In the float32 copy, a block around a sub-layer whose class declares its decoding step (`decoding_step_form`: the
+    In both copies, a block around a sub-layer whose class declares its decoding step (`decoding_step_form`: the
     backbone's attention, cross-attention and ReLU feed-forward, layer-wise coordination's mixed attention) also runs
     each step of the fast decoding loop (`DecodingCache`) as one compiled call (`bind_decoding_step`,
     kernels/decoding_step.cpp): the same kernels on the same views as its Python path, so the same numbers bit for
@@ -210,59 +230,63 @@ class KernelResidualSublayer(ResidualSublayer):
         # LayerNorm: affine, over one dimension of a multiple of 16 features
         kernel_fits = norm.weight is not None and norm.bias is not None and norm.weight.shape[-1] % 16 == 0
         self.kernel_arguments = (norm.weight, norm.bias, norm.eps) if kernel_fits else None
-        self.decoding_step = None  # (hidden_states, context) -> output or None; see `bind_decoding_step`
+        self.decoding_step = None  # a `DecodingStep` where bound; see `bind_decoding_step`
 
     def bind_decoding_step(self, sublayer: nn.Module) -> bool:
         """Run the decoding steps of this block around `sublayer` as one compiled call, where its class declares what
         a step computes (`decoding_step_form`, hf_layerfusion.modeling.extension_points) and the kernel computes
-        exactly that: `Float32Linear` projections (a feed-forward's ReLU folded into its first layer), head_dim a
-        multiple of 16 up to 128, and this block's LayerNorm in the kernel. Returns whether it does."""
+        exactly that: `Float32Linear` or `Int8Linear` projections with their compiled `kernel_linear` (a
+        feed-forward's ReLU folded into its first layer), head_dim a multiple of 16 up to 128, and this block's
+        LayerNorm in the kernel. Returns whether it does."""
         form = type(sublayer).__dict__.get("decoding_step_form")  # declared by the class itself, never inherited
         if form is None or compiled_kernels() is None or self.kernel_arguments is None:
             return False
         norm = (*self.kernel_arguments, self.normalize_before)
         if form == "feed_forward":
             if not (type(sublayer.activation_fn) is nn.Identity and sublayer.fc1.relu is True
-                    and all(type(layer) is Float32Linear for layer in (sublayer.fc1, sublayer.fc2))):
+                    and all(compiled_linear(layer) for layer in (sublayer.fc1, sublayer.fc2))):
                 return False  # an activation other than ReLU is not folded into fc1
-            arguments = (*norm, sublayer.fc1.panels, sublayer.fc1.out_features, sublayer.fc1.bias,
-                         sublayer.fc2.panels, sublayer.fc2.bias)
-            self.decoding_step = lambda hidden_states, context: compiled_kernels().feed_forward_step(hidden_states, *arguments)
+            self.decoding_step = DecodingStep(form, (*norm, sublayer.fc1.kernel_linear, sublayer.fc2.kernel_linear))
             return True
         projections = {"self": ("q_proj", "k_proj", "v_proj", "out_proj"), "memory": ("q_proj", "out_proj")}[form]
-        linears = [getattr(sublayer, name) for name in projections]
-        if sublayer.head_dim not in HEAD_DIMS or not all(type(linear) is Float32Linear for linear in linears):
+        linears = [getattr(sublayer, name).kernel_linear if compiled_linear(getattr(sublayer, name)) else None
+                   for name in projections]
+        if sublayer.head_dim not in HEAD_DIMS or None in linears:
             return False
-        arguments = (*norm, *[tensor for linear in linears for tensor in (linear.panels, linear.bias)])
-        layer_idx, scaling = sublayer.layer_idx, sublayer.scaling
+        if form == "self":
+            # q, k and v in one call: each output as its own layer computes it (a copy of their weights, once more)
+            linears = [type(linears[0]).concatenate(linears[:3]), linears[3]]
+        arguments = (*norm, *linears)
+        self.decoding_step = DecodingStep(form, arguments, sublayer.layer_idx, sublayer.scaling)
+        return True
 
-        def self_attention_step(hidden_states, context):
+    def run_decoding_step(self, hidden_states: torch.Tensor, context) -> torch.Tensor | None:
+        """The bound `decoding_step`'s kernel call, or None where this step is not one it computes."""
+        form, arguments, layer_idx, scaling = self.decoding_step
+        kernels = compiled_kernels()
+        if form == "feed_forward":
+            return kernels.feed_forward_step(hidden_states, *arguments)
+        if form == "self":
             slot = context.past_key_values.self_attention_cache.slots.get(layer_idx)
             if slot is None or context.attention_mask is not None or slot.length >= slot.keys.shape[1]:
                 return None  # the first step makes the slot; a full slot raises in the Python path
             prefix_mask = context.memory_mask if slot.prefix else None
             if prefix_mask is not None and prefix_mask.dtype != torch.bool:
                 return None
-            output = compiled_kernels().self_attention_step(
+            output = kernels.self_attention_step(
                 hidden_states, *arguments, slot.keys, slot.values, slot.length, slot.prefix, prefix_mask, scaling
             )
             slot.length += 1
             return output
-
-        def memory_attention_step(hidden_states, context):
-            cache, mask = context.past_key_values, context.memory_mask
-            if not cache.is_updated.get(layer_idx, False) or not (mask is None or mask.dtype == torch.bool):
-                return None  # the first step computes the keys/values
-            layer = cache.cross_attention_cache.layers[layer_idx]
-            return compiled_kernels().cross_attention_step(hidden_states, *arguments, layer.keys, layer.values, mask, scaling)
-
-        self.decoding_step = self_attention_step if form == "self" else memory_attention_step
-        return True
+        cache, mask = context.past_key_values, context.memory_mask
+        if not cache.is_updated.get(layer_idx, False) or not (mask is None or mask.dtype == torch.bool):
+            return None  # the first step computes the keys/values
+        layer = cache.cross_attention_cache.layers[layer_idx]
+        return kernels.cross_attention_step(hidden_states, *arguments, layer.keys, layer.values, mask, scaling)
 
     def run(self, kind, sublayer, hidden_states, context):
-        step = self.decoding_step
         if (
-            step is not None
+            self.decoding_step is not None
             and type(context.past_key_values) is DecodingCache  # a step of the fast decoding loop, one position per row
             and hidden_states.dim() == 3
             and hidden_states.shape[1] == 1
@@ -271,7 +295,7 @@ class KernelResidualSublayer(ResidualSublayer):
             and not self.training
             and not torch.is_grad_enabled()
         ):
-            output = step(hidden_states, context)
+            output = self.run_decoding_step(hidden_states, context)
             if output is not None:
                 return output, None
         return super().run(kind, sublayer, hidden_states, context)
@@ -326,12 +350,11 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
                 setattr(module, child_name, linear_class(child.weight, child.bias))
             elif type(child) is ResidualSublayer:
                 setattr(module, child_name, KernelResidualSublayer(child))
-    if linear_class is Float32Linear:
-        for layer in engine.model.modules():
-            if isinstance(layer, TransformerLayer):
-                for _, sublayer_name in layer.sublayers:
-                    block = layer.get_submodule(f"{sublayer_name}_block")
-                    block.bind_decoding_step(layer.get_submodule(sublayer_name))
+    for layer in engine.model.modules():
+        if isinstance(layer, TransformerLayer):
+            for _, sublayer_name in layer.sublayers:
+                block = layer.get_submodule(f"{sublayer_name}_block")
+                block.bind_decoding_step(layer.get_submodule(sublayer_name))
     engine.set_attn_implementation(register_decoding_attention())
     engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     # `output_head` reads the logits through `project`: the copy's own projection replaces the float one

@@ -46,8 +46,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("group_logits"), pybind11::arg("psi"));
   m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
         pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"));
+  // pybind11 registers a C++ class once per process, but torch's `load` imports this module anew when called again
+  // (after `compiled_kernels.cache_clear()`): a later import binds the class registered by the first
+  if (const auto registered = pybind11::detail::get_type_handle(typeid(KernelLinear), false)) {
+    m.attr("KernelLinear") = registered;
+  } else {
+    pybind11::class_<KernelLinear>(m, "KernelLinear",
+                                   "A linear layer as the kernels run it, made once: float32 panels or int8 weights, the "
+                                   "bias, an optional ReLU; called with its input only.")
+        .def_static("float32", &KernelLinear::float32, "float32_linear's weights.", pybind11::arg("panels"),
+                    pybind11::arg("out_features"), pybind11::arg("bias"), pybind11::arg("relu"))
+        .def_static("int8", &KernelLinear::int8, "int8_linear's weights.", pybind11::arg("weight_t"),
+                    pybind11::arg("packed_weights"), pybind11::arg("column_sums"), pybind11::arg("weight_scale"),
+                    pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"))
+        .def_static("concatenate", &KernelLinear::concatenate,
+                    "One layer computing these layers' outputs side by side, each exactly as its own layer.",
+                    pybind11::arg("linears"))
+        .def("__call__", &KernelLinear::operator(), pybind11::arg("x"))
+        .def_property_readonly("out_features", &KernelLinear::out_features)
+        .def_property_readonly("relu", &KernelLinear::relu)
+        .def_property_readonly("code_bits", &KernelLinear::code_bits, "8 or 7 for int8 weights, 0 for float32 ones.")
+        .def(pybind11::pickle([](const KernelLinear& linear) { return linear.state(); },
+                              [](const pybind11::tuple& state) { return KernelLinear::from_state(state); }));
+  }
   m.def("self_attention_step", &self_attention_step,
-        "A decoding step of a residual self-attention sub-layer (Float32Linear panels, cache write at `position`).");
+        "A decoding step of a residual self-attention sub-layer (KernelLinear projections, cache write at `position`).");
   m.def("cross_attention_step", &cross_attention_step,
         "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.");
   m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");

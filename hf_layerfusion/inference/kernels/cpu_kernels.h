@@ -11,6 +11,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits);
 bool float32_linear_available();
+// float32_linear's weight layout: panels of 16 output features (one AVX-512 register, two AVX2 ones), two per pass,
+// zero past out_features (inference_copies.py's PANEL_COLUMNS)
+constexpr int64_t kFloat32PanelColumns = 16;
+constexpr int64_t kFloat32PassColumns = 2 * kFloat32PanelColumns;
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                              const c10::optional<torch::Tensor>& bias, bool relu);
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
@@ -18,23 +22,51 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
 torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi);
 torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
                              const torch::Tensor& bias, double eps);
+
+// A linear layer of the inference copies as the kernels run it, made once by `Float32Linear` or `Int8Linear`
+// (inference_copies.py: their `kernel_linear`) from their weights: float32 panels (`float32_linear`) or int8 weights
+// (`int8_linear`), with the bias and an optional ReLU after the product. A call passes only its input, and the decoding
+// steps below take either kind, so the float32 and the int8 copy share them.
+class KernelLinear {
+ public:
+  static KernelLinear float32(const torch::Tensor& panels, int64_t out_features, const c10::optional<torch::Tensor>& bias,
+                              bool relu);
+  static KernelLinear int8(const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
+                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
+                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits);
+  // One layer computing `linears`' outputs side by side, each output exactly as its own layer does (every output
+  // feature's product and dequantization is its own), from one quantization of the input and one call; all of one
+  // kind (float32, or int8 of one format) and with the same ReLU
+  static KernelLinear concatenate(const std::vector<KernelLinear>& linears);
+  torch::Tensor operator()(const torch::Tensor& x) const;
+  int64_t out_features() const { return out_features_; }
+  bool relu() const { return relu_; }
+  int64_t code_bits() const { return code_bits_; }  // 0: float32
+  // the factory's name and arguments and back: pickling's state, which `copy.deepcopy` of an inference copy uses
+  pybind11::tuple state() const;
+  static KernelLinear from_state(const pybind11::tuple& state);
+
+ private:
+  KernelLinear() = default;
+  torch::Tensor weights_;                     // float32: panels (panels, in, 16); int8: weight_t (in, out)
+  torch::Tensor packed_weights_, column_sums_, weight_scale_;  // int8 only
+  c10::optional<torch::Tensor> bias_;
+  int64_t out_features_ = 0;
+  bool relu_ = false;
+  int64_t code_bits_ = 0;
+};
+
 torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                   const torch::Tensor& norm_bias, double eps, bool normalize_before,
-                                  const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
-                                  const torch::Tensor& k_panels, const c10::optional<torch::Tensor>& k_bias,
-                                  const torch::Tensor& v_panels, const c10::optional<torch::Tensor>& v_bias,
-                                  const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
-                                  const torch::Tensor& key_buffer, const torch::Tensor& value_buffer,
-                                  int64_t position, int64_t prefix,
+                                  const KernelLinear& qkv_proj, const KernelLinear& out_proj,
+                                  const torch::Tensor& key_buffer,
+                                  const torch::Tensor& value_buffer, int64_t position, int64_t prefix,
                                   const c10::optional<torch::Tensor>& prefix_mask, double scaling);
 torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                    const torch::Tensor& norm_bias, double eps, bool normalize_before,
-                                   const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
-                                   const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
-                                   const torch::Tensor& keys, const torch::Tensor& values,
-                                   const c10::optional<torch::Tensor>& mask, double scaling);
+                                   const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
+                                   const torch::Tensor& values, const c10::optional<torch::Tensor>& mask,
+                                   double scaling);
 torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
-                                double eps, bool normalize_before, const torch::Tensor& fc1_panels,
-                                int64_t ffn_dim, const c10::optional<torch::Tensor>& fc1_bias,
-                                const torch::Tensor& fc2_panels, const c10::optional<torch::Tensor>& fc2_bias);
+                                double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2);
 torch::Tensor first_argmax(const torch::Tensor& scores);

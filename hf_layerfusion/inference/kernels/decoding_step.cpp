@@ -1,10 +1,12 @@
-// A decoding step of one standard residual sub-layer of the float32 inference copy in one call, for
-// `KernelResidualSublayer.run` (`hf_layerfusion.inference.inference_copies`): what `ResidualSublayer.run` computes
-// around the backbone's `MultiHeadAttention` (`s`), `CrossAttention` (`c`) or ReLU `FeedForward` (`f`) whose linear
-// layers are `Float32Linear`s, at a step of the fast decoding loop. It calls the same kernels on the same views in the
-// same order as the Python path (`float32_linear`, `decode_attention`, `add_layer_norm`, torch's `add`), so its
-// numbers are that path's bit for bit; what it saves is the Python around them (module calls, views, the cache
-// write, the attention interface's checks), about as long as the kernels themselves at d_model 256.
+// A decoding step of one standard residual sub-layer of an inference copy in one call, for `KernelResidualSublayer.run`
+// (`hf_layerfusion.inference.inference_copies`): what `ResidualSublayer.run` computes around the backbone's
+// `MultiHeadAttention` (`s`), `CrossAttention` (`c`) or ReLU `FeedForward` (`f`) whose linear layers are
+// `KernelLinear`s (float32 in the float32 copy, int8 in the int8 copy), at a step of the fast decoding loop. It calls
+// the same kernels on the same views in the same order as the Python path (`float32_linear` or `int8_linear`,
+// `decode_attention`, `add_layer_norm`, torch's `add`), so its numbers are that path's bit for bit; what it saves is
+// the Python around them (module calls, views, the cache write, the attention interface's checks), about as long as
+// the kernels themselves at d_model 256. Self-attention's q, k and v projections are one call of their concatenation
+// (`KernelLinear::concatenate`: each output feature computed as by its own layer, the input quantized once).
 //
 // Residual block (`ResidualSublayer`): post-norm LayerNorm(h + f(h)), pre-norm h + f(LayerNorm(h)).
 #include "cpu_kernels.h"
@@ -31,23 +33,30 @@ void check_step_input(const torch::Tensor& h, const char* name) {
               h.sizes(), " on ", h.device());
 }
 
+// A projection's output width and that no ReLU follows it, as the sub-layer needs them (its input width is checked by
+// the product)
+void check_projection(const KernelLinear& linear, int64_t out_features, const char* step, const char* name) {
+  TORCH_CHECK(linear.out_features() == out_features && !linear.relu(), step, ": ", name, " must have ", out_features,
+              " output features and no ReLU, got ", linear.out_features(), linear.relu() ? " and a ReLU" : "");
+}
+
 }  // namespace
 
 // `s`: keys/values of this position written at `position` of the cache buffers (rows, capacity, heads, head_dim),
 // then attention over positions [0, position]; the first `prefix` positions are keys/values given once per input
 // (layer-wise coordination's source part), masked by `prefix_mask` (bool (rows or 1, 1, 1, prefix), true = attend;
-// None: all attended) and the rest attended, the mask `mixed_attention_mask` builds
+// None: all attended) and the rest attended, the mask `mixed_attention_mask` builds; `qkv_proj` is q_proj, k_proj and
+// v_proj concatenated
 torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                   const torch::Tensor& norm_bias, double eps, bool normalize_before,
-                                  const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
-                                  const torch::Tensor& k_panels, const c10::optional<torch::Tensor>& k_bias,
-                                  const torch::Tensor& v_panels, const c10::optional<torch::Tensor>& v_bias,
-                                  const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
+                                  const KernelLinear& qkv_proj, const KernelLinear& out_proj,
                                   const torch::Tensor& key_buffer, const torch::Tensor& value_buffer,
                                   int64_t position, int64_t prefix,
                                   const c10::optional<torch::Tensor>& prefix_mask, double scaling) {
   check_step_input(h, "self_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
+  check_projection(qkv_proj, 3 * d_model, "self_attention_step", "qkv_proj");
+  check_projection(out_proj, d_model, "self_attention_step", "out_proj");
   TORCH_CHECK(key_buffer.dim() == 4 && key_buffer.sizes() == value_buffer.sizes() && key_buffer.size(0) == rows &&
                   key_buffer.size(2) * key_buffer.size(3) == d_model,
               "self_attention_step: the cache buffers must be (", rows, ", capacity, heads, head_dim) with heads x "
@@ -68,13 +77,13 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
   const int64_t heads = key_buffer.size(2), head_dim = key_buffer.size(3);
   const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
   const auto x = norm.enter(h);
-  key_buffer.select(1, position).copy_(float32_linear(x, k_panels, d_model, k_bias, false).view({rows, heads, head_dim}));
-  value_buffer.select(1, position).copy_(
-      float32_linear(x, v_panels, d_model, v_bias, false).view({rows, heads, head_dim}));
-  const auto query = float32_linear(x, q_panels, d_model, q_bias, false).view({rows, 1, heads, head_dim}).transpose(1, 2);
+  const auto qkv = qkv_proj(x);  // (rows, 1, 3 d_model): q, k, v side by side
+  key_buffer.select(1, position).copy_(qkv.narrow(2, d_model, d_model).view({rows, heads, head_dim}));
+  value_buffer.select(1, position).copy_(qkv.narrow(2, 2 * d_model, d_model).view({rows, heads, head_dim}));
+  const auto query = qkv.narrow(2, 0, d_model).view({rows, 1, heads, head_dim}).transpose(1, 2);
   const auto attention = decode_attention(query, key_buffer.narrow(1, 0, position + 1).transpose(1, 2),
                                           value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling);
-  return norm.exit(h, float32_linear(attention.view({rows, 1, d_model}), out_panels, d_model, out_bias, false));
+  return norm.exit(h, out_proj(attention.view({rows, 1, d_model})));
 }
 
 // `c`: attention over the cross-attention keys/values (key rows, heads, source, head_dim) computed at the first step;
@@ -82,34 +91,33 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
 // into query positions as `MultiHeadAttention.attend_to` does
 torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                    const torch::Tensor& norm_bias, double eps, bool normalize_before,
-                                   const torch::Tensor& q_panels, const c10::optional<torch::Tensor>& q_bias,
-                                   const torch::Tensor& out_panels, const c10::optional<torch::Tensor>& out_bias,
-                                   const torch::Tensor& keys, const torch::Tensor& values,
-                                   const c10::optional<torch::Tensor>& mask, double scaling) {
+                                   const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
+                                   const torch::Tensor& values, const c10::optional<torch::Tensor>& mask,
+                                   double scaling) {
   check_step_input(h, "cross_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
+  check_projection(q_proj, d_model, "cross_attention_step", "q_proj");
+  check_projection(out_proj, d_model, "cross_attention_step", "out_proj");
   TORCH_CHECK(keys.dim() == 4 && keys.size(0) > 0 && rows % keys.size(0) == 0 &&
                   keys.size(1) * keys.size(3) == d_model,
               "cross_attention_step: the keys must be (key rows dividing ", rows, ", heads, source, head_dim) with "
               "heads x head_dim = ", d_model, ", got ", keys.sizes());
   const int64_t key_rows = keys.size(0), groups = rows / key_rows, heads = keys.size(1), head_dim = keys.size(3);
   const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
-  auto query = float32_linear(norm.enter(h), q_panels, d_model, q_bias, false).view({rows, 1, heads, head_dim})
-                   .transpose(1, 2);
+  auto query = q_proj(norm.enter(h)).view({rows, 1, heads, head_dim}).transpose(1, 2);
   if (groups > 1) {  // (rows, heads, 1, d) -> (key rows, heads, groups, d)
     query = query.reshape({key_rows, groups, heads, 1, head_dim}).transpose(1, 2).reshape({key_rows, heads, groups, head_dim});
   }
   const auto attention = decode_attention(query, keys, values, mask, scaling);  // (key rows, groups, heads, d)
-  return norm.exit(h, float32_linear(attention.reshape({rows, 1, d_model}), out_panels, d_model, out_bias, false));
+  return norm.exit(h, out_proj(attention.reshape({rows, 1, d_model})));
 }
 
-// `f`: fc2(ReLU(fc1(x))), the ReLU folded into fc1's call as in the copy's `FeedForward`
+// `f`: fc2(ReLU(fc1(x))), the ReLU folded into fc1's call as in the copies' `FeedForward`
 torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
-                                double eps, bool normalize_before, const torch::Tensor& fc1_panels,
-                                int64_t ffn_dim, const c10::optional<torch::Tensor>& fc1_bias,
-                                const torch::Tensor& fc2_panels, const c10::optional<torch::Tensor>& fc2_bias) {
+                                double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2) {
   check_step_input(h, "feed_forward_step");
+  TORCH_CHECK(fc1.relu(), "feed_forward_step: fc1 must have the ReLU folded in, got fc1 without one");
+  check_projection(fc2, h.size(2), "feed_forward_step", "fc2");
   const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
-  const auto inner = float32_linear(norm.enter(h), fc1_panels, ffn_dim, fc1_bias, true);
-  return norm.exit(h, float32_linear(inner, fc2_panels, h.size(2), fc2_bias, false));
+  return norm.exit(h, fc2(fc1(norm.enter(h))));
 }

@@ -28,8 +28,8 @@
 
 namespace {
 
-constexpr int64_t kPanelColumns = 16;                 // one AVX-512 register of output features, two AVX2 ones
-constexpr int64_t kPassColumns = 2 * kPanelColumns;   // output features per pass
+constexpr int64_t kPanelColumns = kFloat32PanelColumns;  // one AVX-512 register of output features, two AVX2 ones
+constexpr int64_t kPassColumns = kFloat32PassColumns;    // output features per pass
 constexpr int kPassRows = 12;                         // 12 x 2 accumulators, 2 weight registers, 1 broadcast
 constexpr int kAvx2PassRows = 6;                      // AVX2: 6 x 2 accumulators, 2 weight registers, 1 broadcast
 // how far ahead (in input features: 4 KB of each panel) the first pass over a panel pair asks for its weights, which
