@@ -16,7 +16,7 @@ from hf_layerfusion.inference.decoding_attention import (
     decode_attention_applies,
     decoding_attention_forward,
 )
-from hf_layerfusion.inference.inference_copies import prepare_for_inference
+from hf_layerfusion.inference.inference_copies import KernelResidualSublayer, prepare_for_inference
 
 
 def brute_force_attention(query, key, value, mask, scaling) -> np.ndarray:
@@ -184,10 +184,15 @@ def test_a_beam_reorder_in_place_is_a_gather_of_the_rows():
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_int8_translations_with_the_kernel_are_those_with_sdpa(kernels, model_type, monkeypatch):
     """Every family's int8 copy, with head_dim 16 (the kernel's smallest), translates through the kernel at every
-    decoding step, greedy and beam search, to the tokens its attention gives through SDPA."""
+    decoding step, greedy and beam search, to the tokens its attention gives through SDPA. Its sub-layers run their
+    Python path here (the attention interface picks the kernel or SDPA there); the compiled sub-layer steps, which call
+    the kernel from C++, give that path's numbers bit for bit (tests/test_decoding_step_kernels.py)."""
     model = tiny_model(model_type, d_model=32)
     source = tiny_sources()
     engine = prepare_for_inference(model, "int8")
+    for block in engine.modules():
+        if isinstance(block, KernelResidualSublayer):
+            monkeypatch.setattr(block, "decoding_step", None)
     counting = CountingKernels(kernels)
     monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
     for settings in ({"num_beams": 1}, {"num_beams": 3}):
