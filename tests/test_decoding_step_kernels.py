@@ -128,8 +128,10 @@ def test_step_kernels_name_bad_inputs(kernels):
         self_step(hidden=torch.randn(3, 2, 32))
     with pytest.raises(RuntimeError, match="position 4 is outside the cache's 4 positions after a prefix of 0"):
         self_step(position=4)
-    with pytest.raises(RuntimeError, match=r"cache buffers must be \(3, capacity, heads, head_dim\)"):
+    with pytest.raises(RuntimeError, match=r"cache buffers must be float32 \(3, capacity, heads, head_dim\)"):
         self_step(keys=torch.zeros(2, 4, 2, 16))
+    with pytest.raises(RuntimeError, match=r"cache buffers must be float32 .* got Double \[3, 4, 2, 16\]"):
+        self_step(keys=torch.zeros(3, 4, 2, 16, dtype=torch.float64))
     with pytest.raises(RuntimeError, match=r"prefix mask must be bool \(rows or 1, 1, 1, 2\)"):
         self_step(position=2, prefix=2, prefix_mask=torch.ones(3, 1, 1, 3, dtype=torch.bool))
     fc1, fc2 = layer.ffn.fc1.kernel_linear, layer.ffn.fc2.kernel_linear

@@ -10,6 +10,7 @@ from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, ti
 import hf_layerfusion
 from hf_layerfusion.inference import (
     UnsupportedFastGeneration,
+    decoding,
     decoding_attention,
     encoding,
     fast_decoding_loop,
@@ -193,6 +194,7 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
     monkeypatch.setattr(decoding_attention, "compiled_kernels", lambda: counting)
     monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: counting)
     monkeypatch.setattr(search, "compiled_kernels", lambda: counting)
+    monkeypatch.setattr(decoding, "compiled_kernels", lambda: counting)
     float32_forward = Float32Linear.forward
 
     def counted_forward(layer, hidden_states):  # a `KernelLinear` call (float32_linear) from Python
@@ -214,6 +216,8 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
             assert counting.calls["mixture_log_probs"] >= 8, counting.calls
         if settings["num_beams"] == 1:  # greedy search's choice
             assert counting.calls["first_argmax"] >= 8, counting.calls
+        else:  # beam search's candidates and cache reorders
+            assert counting.calls["beam_top_k"] >= 8 and counting.calls["move_rows"] >= 1, counting.calls
 
 
 @needs_float32_kernel

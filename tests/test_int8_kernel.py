@@ -74,6 +74,7 @@ CASES = [
     ((16, 128), 128, True),
     ((17, 65), 129, True),
     ((0, 16), 8, True),
+    ((5, 40), 56, True),  # 7 panels of 8 (AVX2): a pass of 4 and one of 3
 ]
 
 

@@ -2,8 +2,9 @@
 (`Int8Linear`), both called through `KernelLinear` (a layer's weights, bound once), `add_layer_norm`
 (`KernelResidualSublayer`), `mixture_log_probs` (GTrans' output mixture) and the sub-layer decoding steps
 `self_attention_step`, `cross_attention_step`, `feed_forward_step` (`KernelResidualSublayer.run`), all used in
-inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py)
-and `first_argmax` (greedy search's choice, search.py), compiled into one extension module at first use."""
+inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
+`first_argmax` (greedy search's choice) and `beam_top_k` (beam search's, search.py), and `move_rows` (beam search's
+cache reorder, decoding.py), compiled into one extension module at first use."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 KERNEL_DIRECTORY = "kernels"  # beside this file
 KERNEL_SOURCES = (
     "float32_linear.cpp", "int8_linear.cpp", "decode_attention.cpp", "mixture_log_probs.cpp", "layer_norm.cpp",
-    "kernel_linear.cpp", "decoding_step.cpp", "first_argmax.cpp", "bindings.cpp",
+    "kernel_linear.cpp", "decoding_step.cpp", "first_argmax.cpp", "beam_top_k.cpp", "move_rows.cpp", "bindings.cpp",
 )
 # no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
 # bit for bit (the float32 kernel's multiply-adds are explicit)

@@ -12,6 +12,7 @@ from transformers.masking_utils import create_bidirectional_mask
 
 from ..modeling.attention import MultiHeadAttention
 from ..modeling.input_checks import check_decoder_groups
+from .cpu_kernels import compiled_kernels
 
 
 # --------------------------------------------------------------------------------------------------- cache
@@ -44,10 +45,14 @@ class _KeyValueSlot:
         self.length = end
         return self.keys[:, :end].transpose(1, 2), self.values[:, :end].transpose(1, 2)
 
+    def filled(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values of the positions decoded so far (after the prefix), `(rows, positions, heads, dim)`."""
+        return self.keys[:, self.prefix : self.length], self.values[:, self.prefix : self.length]
+
     def move_rows(self, targets: torch.Tensor, sources: torch.Tensor) -> None:
         """Row `targets[i]` takes the filled positions of row `sources[i]` (all read before any is written), a beam
         reorder: the rows are beams of one sentence, so their prefixes are equal and stay."""
-        for buffer in (self.keys[:, self.prefix : self.length], self.values[:, self.prefix : self.length]):
+        for buffer in self.filled():
             buffer.index_copy_(0, targets, buffer.index_select(0, sources))
 
     def keep_rows(self, index: torch.Tensor) -> None:
@@ -106,8 +111,14 @@ class _SelfAttentionCache:
         if targets.numel() == 0:
             return
         sources = index[targets]
-        for slot in self.slots.values():
-            slot.move_rows(targets, sources)
+        kernels = compiled_kernels() if index.device.type == "cpu" else None
+        if kernels is None:
+            for slot in self.slots.values():
+                slot.move_rows(targets, sources)
+            return
+        # every slot's rows in one call, each moved row copied once (torch's pair copies it twice)
+        filled = [slot.filled() for slot in self.slots.values()]
+        kernels.move_rows([buffer for pair in filled for buffer in pair], targets, sources)
 
 
 class _StaticLayer:

@@ -14,12 +14,15 @@ hook):
   place instead of concatenating the whole cache), cross-attention keys/values computed once per input and, in
   beam search, once per sentence instead of once per beam (the backbone's attention folds a
   sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder moves, in place,
-  the rows whose beam changed (`generate()` reorders every slot, cross-attention ones included, whose rows are equal);
+  the rows whose beam changed, every slot's in one compiled call (`move_rows`) that copies each row once
+  (`generate()` reorders every slot, cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
   rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
   processors that are not known to act row by row, every row is kept, as `generate()` does;
 - beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
-  scoring, length penalty and early stopping are those of `generate()` by construction.
+  scoring, length penalty and early stopping are those of `generate()` by construction; only the choice of each
+  item's best candidates is a compiled kernel (`beam_top_k`: one pass over the log-probabilities instead of their sum
+  with the beam scores as a new tensor and `torch.topk`; the same scores, equal ones ranked by index).
 
 `prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: on CPU in float32 an inference
 copy whose linear layers and decoding attention are compiled kernels (`Float32Linear`, `decoding_attention.py`), with

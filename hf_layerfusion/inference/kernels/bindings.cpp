@@ -76,4 +76,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
   m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",
         pybind11::arg("scores"));
+  m.def("beam_top_k", &beam_top_k,
+        "Each item's k best candidates log_probs[beam, token] + beam_scores[beam], as torch.topk over its "
+        "beams * vocab candidates (ties: lowest index first).",
+        pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"));
+  m.def("move_rows", &move_rows,
+        "Row targets[i] of every buffer takes row sources[i]'s contents (all read before any is written), in place.",
+        pybind11::arg("buffers"), pybind11::arg("targets"), pybind11::arg("sources"));
 }

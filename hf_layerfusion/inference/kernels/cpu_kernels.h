@@ -70,3 +70,6 @@ torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& 
 torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
                                 double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2);
 torch::Tensor first_argmax(const torch::Tensor& scores);
+std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_probs, const torch::Tensor& beam_scores,
+                                                     int64_t k);
+void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& targets, const torch::Tensor& sources);

@@ -6,7 +6,7 @@
 // AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
 // format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
-// widening (`avx2_rows_times_panel`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
+// widening (`avx2_row_times_panels`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
 // product needs there) per cycle, no more multiply-adds than float32's two FMAs (an AMD Zen 2: measured by
 // benchmarks/probe_int8_instructions.py, docs/fast_cpu_translation.md), this doubles them. Else the product is float32
 // products of blocks short enough to be exact. The weights are packed once for AMX or AVX2 (`pack_int8_weights`).
@@ -234,45 +234,48 @@ bool amx_usable() { return false; }
 #endif
 
 #if HLF_AMX
-// rows [0, R) of the 7-bit codes q (row stride Kp, Kp a multiple of 8, each in [0, 127]) times one AVX2 panel of 8
-// columns (Kp / 4 groups of 32 bytes: per group of 4 inputs, 8 columns x the 4 offset weights w + 64, each in [1, 127])
-// minus 64 x the row's code sum (`code_sums`: the offset's share) into 8 int32 sums per row at `sums` (row stride
-// sums_stride). Per 8 inputs, two `vpmaddubsw` give 16-bit sums of pairs, each <= 2 x 127 x 127 < 2^15 (no
-// saturation), added as 32-bit lanes: each lane holds (high pairs) x 2^16 + (low pairs), both below 2^16, so no carry
-// crosses; A sums the lanes, H their high halves, and the exact sum is A - (2^16 - 1) H (mod 2^32, where it fits).
-template <int R>
-__attribute__((target("avx2"))) void avx2_rows_times_panel(const int8_t* __restrict q, int64_t Kp,
-                                                          const int8_t* __restrict panel,
-                                                          const int32_t* __restrict code_sums,
-                                                          int32_t* __restrict sums, int64_t sums_stride) {
-  __m256i lanes[R], highs[R];
-  for (int r = 0; r < R; ++r) lanes[r] = highs[r] = _mm256_setzero_si256();
+// one row of the 7-bit codes q (Kp of them, Kp a multiple of 8, each in [0, 127]) times P consecutive AVX2 panels of
+// 8 columns (each Kp / 4 groups of 32 bytes: per group of 4 inputs, 8 columns x the 4 offset weights w + 64, each in
+// [1, 127]) minus 64 x the row's code sum (`code_sum`: the offset's share) into 8 P int32 sums at `sums`. Per 8
+// inputs, two `vpmaddubsw` per panel give 16-bit sums of pairs, each <= 2 x 127 x 127 < 2^15 (no saturation), added
+// as 32-bit lanes: each lane holds (high pairs) x 2^16 + (low pairs), both below 2^16, so no carry crosses; A sums the
+// lanes, H their high halves, and the exact sum is A - (2^16 - 1) H (mod 2^32, where it fits). One row and 4 panels
+// (8 accumulators, the row's two broadcast code groups shared by the panels) ran 1.05-1.3x faster on an AMD Zen 2
+// than 4 rows and one panel (the broadcasts shared by nothing; docs/fast_cpu_translation.md).
+template <int P>
+__attribute__((target("avx2"))) void avx2_row_times_panels(const int8_t* __restrict q, int64_t Kp,
+                                                           const int8_t* __restrict panels, int32_t code_sum,
+                                                           int32_t* __restrict sums) {
+  __m256i lanes[P], highs[P];
+  for (int p = 0; p < P; ++p) lanes[p] = highs[p] = _mm256_setzero_si256();
+  const int64_t panel_bytes = Kp * kAvx2Columns;
   for (int64_t j = 0; j < Kp / 8; ++j) {
-    const __m256i w_first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * j));
-    const __m256i w_second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + 64 * j + 32));
-    for (int r = 0; r < R; ++r) {
-      int32_t first, second;  // the row's 4 + 4 codes of these 8 inputs, broadcast to every column
-      std::memcpy(&first, q + r * Kp + 8 * j, sizeof(first));
-      std::memcpy(&second, q + r * Kp + 8 * j + 4, sizeof(second));
-      const __m256i pairs = _mm256_add_epi32(_mm256_maddubs_epi16(_mm256_set1_epi32(first), w_first),
-                                             _mm256_maddubs_epi16(_mm256_set1_epi32(second), w_second));
-      lanes[r] = _mm256_add_epi32(lanes[r], pairs);
-      highs[r] = _mm256_add_epi32(highs[r], _mm256_srli_epi32(pairs, 16));
+    int32_t first, second;  // the row's 4 + 4 codes of these 8 inputs, broadcast to every column
+    std::memcpy(&first, q + 8 * j, sizeof(first));
+    std::memcpy(&second, q + 8 * j + 4, sizeof(second));
+    const __m256i first_codes = _mm256_set1_epi32(first), second_codes = _mm256_set1_epi32(second);
+    for (int p = 0; p < P; ++p) {
+      const int8_t* weights = panels + p * panel_bytes + 64 * j;
+      const __m256i pairs = _mm256_add_epi32(
+          _mm256_maddubs_epi16(first_codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights))),
+          _mm256_maddubs_epi16(second_codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(weights + 32))));
+      lanes[p] = _mm256_add_epi32(lanes[p], pairs);
+      highs[p] = _mm256_add_epi32(highs[p], _mm256_srli_epi32(pairs, 16));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const __m256i exact = _mm256_sub_epi32(lanes[r], _mm256_sub_epi32(_mm256_slli_epi32(highs[r], 16), highs[r]));
-    const __m256i offset_share = _mm256_set1_epi32(kAvx2WeightOffset * code_sums[r]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + r * sums_stride), _mm256_sub_epi32(exact, offset_share));
+  const __m256i offset_share = _mm256_set1_epi32(kAvx2WeightOffset * code_sum);
+  for (int p = 0; p < P; ++p) {
+    const __m256i exact = _mm256_sub_epi32(lanes[p], _mm256_sub_epi32(_mm256_slli_epi32(highs[p], 16), highs[p]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + p * kAvx2Columns), _mm256_sub_epi32(exact, offset_share));
   }
 }
 
-constexpr int kAvx2Rows = 4;  // 4 x 2 accumulators, 2 weight registers, the broadcasts and the pair sums
-template <int... R>
-struct Avx2RowsTimesPanel {
-  static constexpr decltype(&avx2_rows_times_panel<1>) table[] = {&avx2_rows_times_panel<R>...};
+constexpr int kAvx2Panels = 4;  // panels per pass over a row
+template <int... P>
+struct Avx2RowTimesPanels {
+  static constexpr decltype(&avx2_row_times_panels<1>) table[] = {&avx2_row_times_panels<P>...};
 };
-using Avx2PanelTable = Avx2RowsTimesPanel<1, 2, 3, 4>;
+using Avx2PanelTable = Avx2RowTimesPanels<1, 2, 3, 4>;
 #endif
 
 // the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "avx2"
@@ -304,7 +307,7 @@ int64_t int8_code_bits() { return amx_usable() || !avx2_usable() ? 8 : 7; }
 //   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
 //   whole 64-column blocks);
 // - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
-//   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_rows_times_panel`).
+//   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`).
 torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
@@ -407,12 +410,11 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     // about 64k multiply-adds or more per task, so that small products stay on one thread
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kAvx2Columns, 1));
     at::parallel_for(0, Np / kAvx2Columns, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t panel = begin; panel < end; ++panel)
-        for (int64_t m = 0; m < M; m += kAvx2Rows) {
-          const int64_t pass_rows = std::min<int64_t>(kAvx2Rows, M - m);
-          Avx2PanelTable::table[pass_rows - 1](qp + m * Kp, Kp, panels + panel * Kp * kAvx2Columns, csp + m,
-                                               sp + m * Np + panel * kAvx2Columns, Np);
-        }
+      for (int64_t panel = begin; panel < end; panel += kAvx2Panels) {
+        const auto times_panels = Avx2PanelTable::table[std::min<int64_t>(kAvx2Panels, end - panel) - 1];
+        for (int64_t m = 0; m < M; ++m)
+          times_panels(qp + m * Kp, Kp, panels + panel * Kp * kAvx2Columns, csp[m], sp + m * Np + panel * kAvx2Columns);
+      }
     });
   }
 #endif

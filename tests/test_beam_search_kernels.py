@@ -1,0 +1,170 @@
+"""Beam search's compiled kernels against what `generate()` does: `beam_top_k` (kernels/beam_top_k.cpp) against the
+sum of log-probabilities and beam scores followed by `torch.topk`, and, through `search.top_k_continuations`, against
+transformers' `_get_top_k_continuations`; `move_rows` (kernels/move_rows.cpp), the cache reorder, against
+`index_copy_` of an `index_select`; and the fast loop's beam search without the kernels (the torch path)."""
+
+import pytest
+import torch
+from helpers import tiny_model, tiny_sources
+from transformers.generation import GenerationMixin
+
+import hf_layerfusion
+from hf_layerfusion.inference import decoding, fast_decoding_loop, search
+
+
+def candidate_scores(log_probs: torch.Tensor, beam_scores: torch.Tensor) -> torch.Tensor:
+    """`generate()`'s candidates: `(items, beams * vocab)` scores, the same float32 additions."""
+    items, beams = beam_scores.shape
+    return (log_probs.view(items, beams, -1) + beam_scores[:, :, None]).view(items, -1)
+
+
+def brute_force_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best candidates of each item by score, equal scores by index (lowest first): a stable full sort."""
+    values, indices = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return values[:, :k], indices[:, :k]
+
+
+@pytest.mark.parametrize(
+    ("items", "beams", "vocab", "k"),
+    [(32, 4, 8000, 8), (3, 2, 5, 10), (5, 4, 37, 8), (1, 1, 1, 1), (2, 3, 17, 51), (4, 5, 16, 3)],
+)
+def test_beam_top_k_is_the_sum_and_topk_of_generate(kernels, items, beams, vocab, k):
+    generator = torch.Generator().manual_seed(items * 1000 + vocab)
+    log_probs = torch.log_softmax(torch.randn(items * beams, vocab, generator=generator) * 3, dim=-1)
+    beam_scores = torch.randn(items, beams, generator=generator) * 5
+    beam_scores[0, 1:] = -1e9  # the first step: only the first beam is live
+    scores = candidate_scores(log_probs, beam_scores)
+    values, indices = kernels.beam_top_k(log_probs, beam_scores, k)
+    assert torch.equal(values, torch.topk(scores, k).values)  # the same float32 sums, bit for bit
+    # the candidates of torch.topk; those of the first item's dead beams tie at -1e9 (float32 rounds the log-probs
+    # away): they rank by index
+    assert torch.equal(indices, brute_force_top_k(scores, k)[1])
+    if k <= vocab:
+        assert torch.equal(indices, torch.topk(scores, k).indices)
+    # rows further apart than the vocabulary (a view of wider logits)
+    wide = torch.randn(items * beams, vocab + 9, generator=generator)
+    values, indices = kernels.beam_top_k(wide[:, 4 : vocab + 4], beam_scores, k)
+    assert torch.equal(values, torch.topk(candidate_scores(wide[:, 4 : vocab + 4].contiguous(), beam_scores), k)[0])
+
+
+@pytest.mark.parametrize("vocab", [3, 16, 40, 1000])
+def test_beam_top_k_ranks_equal_scores_by_index(kernels, vocab):
+    """Equal scores (four levels; -inf rows, minimum-length EOS masking) rank lowest candidate index first, what a
+    stable sort gives (`torch.topk` leaves the order of ties unspecified)."""
+    generator = torch.Generator().manual_seed(vocab)
+    items, beams = 6, 4
+    log_probs = -torch.randint(0, 4, (items * beams, vocab), generator=generator).float()
+    beam_scores = -torch.randint(0, 2, (items, beams), generator=generator).float()
+    log_probs[0:beams] = -float("inf")  # an item whose every candidate is -inf
+    log_probs[beams : 2 * beams, 1 : vocab] = -float("inf")  # fewer finite candidates than k
+    log_probs[2 * beams :, 0] = -float("inf")  # EOS masked
+    for k in (1, 5, 8, min(2 * vocab, beams * vocab)):
+        values, indices = kernels.beam_top_k(log_probs, beam_scores, k)
+        expected_values, expected_indices = brute_force_top_k(candidate_scores(log_probs, beam_scores), k)
+        assert torch.equal(values, expected_values) and torch.equal(indices, expected_indices), k
+
+
+def test_beam_top_k_hands_nan_items_to_torch(kernels):
+    log_probs = torch.log_softmax(torch.randn(12, 50), dim=-1)
+    beam_scores = torch.randn(3, 4)
+    log_probs[5, 7] = float("nan")  # item 1
+    beam_scores[2, 3] = float("nan")  # item 2
+    values, indices = kernels.beam_top_k(log_probs, beam_scores, 8)
+    expected_values, expected_indices = torch.topk(candidate_scores(log_probs, beam_scores), 8)
+    torch.testing.assert_close(values, expected_values, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(indices, expected_indices)
+    assert values[1, 0].isnan() and indices[1, 0] == 50 + 7
+
+
+def test_beam_top_k_names_bad_inputs(kernels):
+    log_probs, beam_scores = torch.zeros(8, 5), torch.zeros(2, 4)
+    with pytest.raises(RuntimeError, match=r"float32 CPU \(items \* beams, vocab\) .* got Double"):
+        kernels.beam_top_k(log_probs.double(), beam_scores, 2)
+    with pytest.raises(RuntimeError, match=r"got Float \[5, 8\]"):
+        kernels.beam_top_k(log_probs.t(), beam_scores, 2)
+    with pytest.raises(RuntimeError, match=r"one score per row of the log-probabilities \(8 rows\), got Float \[3, 4\]"):
+        kernels.beam_top_k(log_probs, torch.zeros(3, 4), 2)
+    for k in (0, 21):
+        with pytest.raises(RuntimeError, match=rf"k must be in \[1, beams \* vocab = 20\], got {k}"):
+            kernels.beam_top_k(log_probs, beam_scores, k)
+
+
+def test_top_k_continuations_are_those_of_transformers(kernels, monkeypatch):
+    """`search.top_k_continuations` (the kernel) and its torch path give what transformers' helper gives: scores,
+    sequences with the new token, beam indices with the batch offset."""
+    generator = torch.Generator().manual_seed(0)
+    batch_size, num_beams, vocab, max_length, cur_len = 5, 3, 30, 12, 4
+    log_probs = torch.log_softmax(torch.randn(batch_size * num_beams, vocab, generator=generator), dim=-1)
+    beam_scores = torch.randn(batch_size, num_beams, generator=generator)
+    sequences = torch.randint(0, vocab, (batch_size, num_beams, max_length), generator=generator)
+    beam_indices = torch.randint(0, batch_size * num_beams, (batch_size, num_beams, max_length - 1), generator=generator)
+    beam_indices = beam_indices.to(torch.int32)
+    arguments = dict(cur_len=cur_len, decoder_prompt_len=1, beams_to_keep=2 * num_beams, num_beams=num_beams,
+                     batch_size=batch_size)
+    expected = GenerationMixin._get_top_k_continuations(
+        GenerationMixin(), accumulated_log_probs=candidate_scores(log_probs, beam_scores),
+        running_sequences=sequences.clone(), running_beam_indices=beam_indices.clone(), do_sample=False, **arguments
+    )
+    for available in (True, False):
+        if not available:
+            monkeypatch.setattr(search, "compiled_kernels", lambda: None)
+        actual = search.top_k_continuations(
+            GenerationMixin(), log_probs.clone(), beam_scores, sequences.clone(), beam_indices.clone(), **arguments
+        )
+        for got, want in zip(actual, expected):
+            assert got.dtype == want.dtype and torch.equal(got, want), available
+
+
+def moves_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A beam reorder's moves, as `_SelfAttentionCache.select` makes them: the rows whose beam changed."""
+    targets = torch.nonzero(index != torch.arange(index.shape[0])).squeeze(1)
+    return targets, index[targets]
+
+
+def test_move_rows_is_index_copy_of_index_select(kernels):
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        rows = int(torch.randint(1, 13, (), generator=generator))
+        if trial % 3 == 0:  # a permutation: cycles (beams trading places)
+            targets, sources = torch.arange(rows), torch.randperm(rows, generator=generator)
+        else:  # a beam reorder: some rows copied into several
+            targets, sources = moves_of(torch.randint(0, rows, (rows,), generator=generator))
+        buffers = [
+            torch.randn(rows, 5, 2, 3, generator=generator),
+            torch.randn(rows, 9, 4, generator=generator)[:, 2:6],  # rows further apart than their filled part
+            torch.randint(0, 100, (rows, 7), generator=generator),  # any element type
+        ]
+        expected = [buffer.clone() for buffer in buffers]
+        for buffer in expected:
+            buffer.index_copy_(0, targets, buffer.index_select(0, sources))
+        kernels.move_rows(buffers, targets.to(torch.int32) if trial % 2 else targets, sources)
+        for buffer, want in zip(buffers, expected):
+            assert torch.equal(buffer, want), (trial, targets, sources)
+
+
+def test_move_rows_names_bad_inputs(kernels):
+    buffer = torch.zeros(4, 3)
+    with pytest.raises(RuntimeError, match="row 2 is the target of two moves"):
+        kernels.move_rows([buffer], torch.tensor([2, 2]), torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match=r"move 1 \(row 4 into row 0\) is outside the 4 rows"):
+        kernels.move_rows([buffer], torch.tensor([1, 0]), torch.tensor([0, 4]))
+    with pytest.raises(RuntimeError, match="int64 or int32 CPU vectors of one length, got Float"):
+        kernels.move_rows([buffer], torch.tensor([1.0]), torch.tensor([0]))
+    with pytest.raises(RuntimeError, match=r"every buffer must be a CPU tensor of 4 rows .* buffer 1 has sizes \[3, 3\]"):
+        kernels.move_rows([buffer, torch.zeros(3, 3)], torch.tensor([1]), torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="each row of a buffer must be contiguous, buffer 0 has strides"):
+        kernels.move_rows([torch.zeros(4, 6)[:, ::2]], torch.tensor([1]), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_beam_search_without_the_kernels_gives_the_tokens_of_generate(model_type, monkeypatch):
+    """The torch path of the loop's beam search (transformers' helper for the candidates, `index_copy_` for the
+    cache reorder), where the kernels are not compiled, gives `generate()`'s tokens."""
+    model, source = tiny_model(model_type), tiny_sources()
+    settings = dict(num_beams=3, max_new_tokens=10)
+    with torch.no_grad():
+        expected = model.generate(**source, **settings)
+        for module in (search, decoding):
+            monkeypatch.setattr(module, "compiled_kernels", lambda: None)
+        actual = model.generate(**source, custom_generate=fast_decoding_loop(fallback=False), **settings)
+    assert torch.equal(actual, expected)
