@@ -14,17 +14,19 @@ Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 2's dep
 priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of the commit at HEAD when the
 run starts, exported into `runs/study/code/<commit>` (so that editing the working tree cannot change a run midway, and
 the ledger's commit is the code that ran; uncommitted changes are not part of a run). Finished runs stay in
-`runs/study/runs/` whatever commit made them (fine-tuning arms start from them); an unfinished run dir left by another
-commit is discarded and its run starts over. Every en->de run uses the committed tokenizer
-`benchmarks/results/multi30k/tokenizer` (the unigram trainer is not deterministic, so a retrained one would make new
-runs incomparable). When it finishes, `bench_multi30k.py` writes `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A
-run interrupted (killed, machine gone) resumes from its last checkpoint (every 500 steps) if HEAD is still the same
-commit, and starts over otherwise. Every run fits ~90 minutes on one core, so no result depends on a machine staying up
-for long. On a machine with a GPU the same command runs the queue there (`--threads` then only sets the CPU threads),
-best with `--parallel` (one of these runs keeps a big GPU mostly idle); the ledger records the device and how many
-runs shared it. A copy of the repository without its .git (sent to a lent machine, say) runs its own tree as the
-code once its commit is written into its `SNAPSHOT_COMMIT` file (`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean
-checkout).
+`runs/study/runs/` whatever commit made them (fine-tuning arms start from them). Every en->de run uses the committed
+tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not deterministic, so a retrained one would
+make new runs incomparable). When it finishes, `bench_multi30k.py` writes
+`benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run interrupted (killed, machine gone, a session's stop) resumes
+from its last checkpoint (every 500 steps) with the code of the commit that started it, whatever was committed since
+(delete its run dir to start it over with HEAD); an unfinished run dir without a checkpoint starts over with HEAD.
+Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps took 52-68 minutes on an Intel Xeon
+core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
+leave them: they finish across sessions through that resume. On a machine with a GPU the same command runs the queue
+there (`--threads` then only sets the CPU threads), best with `--parallel` (one of these runs keeps a big GPU mostly
+idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
+lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
+(`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean checkout).
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
@@ -290,13 +292,32 @@ def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
     marker.write_text(commit + "\n")
 
 
-def code_to_run() -> tuple[str, Path]:
-    """The commit a run runs and the tree that holds its code: HEAD, exported into runs/study/code/<commit>; or,
-    in a tree exported from a commit without its .git (a copy sent to a lent GPU machine, say: write the commit
-    into its SNAPSHOT_COMMIT file first), that tree itself."""
+def resumable_commit(run: ArmRun | DepthProbe) -> str | None:
+    """The commit that started `run`'s unfinished run dir, where the dir holds a checkpoint to resume from and the
+    repository still has that commit (its code exported or exportable): a run that a stop interrupted continues with
+    the code it started with, whatever was committed since, instead of starting over (runs longer than a session
+    would never finish otherwise)."""
+    run_dir = run.run_dir()
+    marker = run_dir / "STUDY_COMMIT"
+    if not marker.is_file() or (run_dir / "bench_results.json").is_file() or not any(run_dir.glob("checkpoint-*")):
+        return None
+    commit = marker.read_text().strip()
+    if (WORK_DIR / "code" / commit / SNAPSHOT_COMMIT_FILE).is_file():
+        return commit
+    known = subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return commit if known.returncode == 0 else None
+
+
+def code_to_run(resume: str | None = None) -> tuple[str, Path]:
+    """The commit a run runs and the tree that holds its code: `resume` (an interrupted run's own commit,
+    `resumable_commit`) or else HEAD, exported into runs/study/code/<commit>; or, in a tree exported from a commit
+    without its .git (a copy sent to a lent GPU machine, say: write the commit into its SNAPSHOT_COMMIT file first),
+    that tree itself."""
     exported = REPO_ROOT / SNAPSHOT_COMMIT_FILE
     if exported.is_file() and not (REPO_ROOT / ".git").exists():
         return exported.read_text().strip(), REPO_ROOT
+    if resume is not None:
+        return resume, code_snapshot(resume)
     commit = git("rev-parse", "HEAD")
     if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
         print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
@@ -328,7 +349,11 @@ class RunningRun:
 
 def start(run: ArmRun | DepthProbe, args) -> RunningRun:
     """Start one study run in a subprocess."""
-    commit, snapshot = code_to_run()
+    resume = resumable_commit(run)
+    commit, snapshot = code_to_run(resume)
+    if resume is not None:
+        print(f"study: resuming the unfinished {run.run_dir()} with the code of its own commit {resume[:12]}",
+              flush=True)
     discard_stale_run(run, commit)
     command = run.command(snapshot, args)
     if isinstance(run, StudyRun):

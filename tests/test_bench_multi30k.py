@@ -396,6 +396,34 @@ def test_an_exported_tree_without_git_runs_its_own_code(tmp_path, monkeypatch):
     assert study.code_to_run() == ("0123abcd", tmp_path)
 
 
+def test_an_interrupted_run_resumes_with_the_code_of_its_own_commit(tmp_path, monkeypatch):
+    """A run dir with a checkpoint, left unfinished by a commit the repository has, resumes with that commit's code
+    whatever HEAD is now; without a checkpoint, finished, or of an unknown commit, it does not."""
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    run = study.StudyRun("plain_transformer_continued", 2)
+    run_dir = run.run_dir()
+    assert study.resumable_commit(run) is None  # no run dir
+    run_dir.mkdir(parents=True)
+    older = study.git("rev-parse", "HEAD")  # any commit the repository has (a shallow clone has HEAD)
+    (run_dir / "STUDY_COMMIT").write_text(older + "\n")
+    assert study.resumable_commit(run) is None  # nothing to resume from: starts over with HEAD
+    (run_dir / "checkpoint-500").mkdir()
+    assert study.resumable_commit(run) == older  # in the repository, not exported yet
+    exported = study.WORK_DIR / "code" / "0123abcd"
+    exported.mkdir(parents=True)
+    (exported / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
+    (run_dir / "STUDY_COMMIT").write_text("0123abcd\n")
+    assert study.resumable_commit(run) == "0123abcd"  # exported before (its commit maybe gone since)
+    assert study.code_to_run("0123abcd") == ("0123abcd", exported)
+    study.discard_stale_run(run, "0123abcd")  # resumed: the checkpoint stays
+    assert (run_dir / "checkpoint-500").is_dir()
+    (run_dir / "STUDY_COMMIT").write_text("f" * 40 + "\n")
+    assert study.resumable_commit(run) is None  # neither exported nor in the repository: starts over
+    (run_dir / "STUDY_COMMIT").write_text(older + "\n")
+    (run_dir / "bench_results.json").write_text("{}")
+    assert study.resumable_commit(run) is None  # finished
+
+
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
 def test_readme_results_section_is_the_report_of_the_committed_ledger():
     expected = bench.report_text(ledger.DEFAULT_LEDGER, MULTI30K)
