@@ -70,6 +70,7 @@ from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
 from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
 from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
@@ -416,3 +417,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    exit_distributed_process()

@@ -88,6 +88,7 @@ from hf_layerfusion.training.data import (  # noqa: E402
     load_translation_dataset,
     preprocess_translation,
 )
+from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
 from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
 from hf_layerfusion.training.tokenization import (  # noqa: E402
     BOS_TOKEN,
@@ -571,3 +572,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    exit_distributed_process()

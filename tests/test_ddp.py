@@ -40,6 +40,7 @@ from hf_layerfusion import (  # noqa: E402
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
+from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
 
 PER_PROCESS_BATCH = 3
 PAD, EOS, FIRST_TOKEN_ID, VOCAB = 1, 2, 4, 24
@@ -124,16 +125,7 @@ def worker(argv: list[str]) -> None:
             assert torch.distributed.get_backend() == "gloo"
         trainer.train()
         trainer.save_model()
-    if torch.distributed.is_initialized():
-        # Both processes have saved their models: leave without running destructors. Tearing the gloo process group
-        # down while its worker thread still drops a finished collective's Python tensor deadlocks (the destructor
-        # joins that thread while holding the GIL the thread waits for: py-spy on one core, 3 hangs in 6 runs after
-        # an explicit destroy_process_group) or, left to interpreter exit, aborts the process ("terminate called
-        # without an active exception"); pytorch/pytorch#179291 describes the teardown race.
-        torch.distributed.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    exit_distributed_process()  # both processes have saved their models
 
 
 def free_port() -> int:
