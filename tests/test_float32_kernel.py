@@ -1,6 +1,7 @@
 """`Float32Linear` and its compiled kernel (kernels/float32_linear.cpp) against the product written out in float64
-numpy: every row count of a pass (1-12 rows and more: AVX-512 passes of 12, AVX2 passes of 6), layer sizes that are and are not multiples of its 32-feature
-passes, bias, folded ReLU, batched and strided inputs; its checks name the bad input."""
+numpy: every row count of a pass (1-12 rows and more, split into blocks of near-equal size: AVX-512 passes of at most
+12 rows, AVX2 passes of at most 6), layer sizes that are and are not multiples of its 32-feature passes, bias, folded
+ReLU, batched and strided inputs; its checks name the bad input."""
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ needs_vector_fma = pytest.mark.skipif(
 
 @needs_vector_fma
 @pytest.mark.parametrize("in_features,out_features", [(16, 32), (100, 50), (256, 256), (1024, 256), (256, 1000)])
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 32, 128])
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 25, 32, 35, 128])
 def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features):
     generator = torch.Generator().manual_seed(rows * 7 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator) * in_features**-0.5
@@ -71,8 +72,10 @@ def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
     assert_float_rounding_of(layer(batched).view(6, 40), batched.view(6, 24), weight, bias)
     strided = torch.randn(24, 7, generator=generator).t()  # rows not contiguous
     assert_float_rounding_of(layer(strided), strided, weight, bias)
-    # a row's output does not depend on the rows it is computed with
+    # a row's output does not depend on the rows it is computed with, nor on how the rows are split into passes
     assert torch.equal(layer(batched.view(6, 24))[4:5], layer(batched.view(6, 24)[4:5]))
+    many = torch.randn(35, 24, generator=generator)
+    assert torch.equal(layer(many), torch.cat([layer(row[None]) for row in many]))
     assert layer(torch.empty(0, 24)).shape == (0, 40)
 
 
