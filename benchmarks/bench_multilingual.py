@@ -27,9 +27,10 @@ the ledger alone (`report_lines`): mean BLEU per direction, GTrans minus plain, 
 direction and seed, and the win ratio (Table V's WR). `benchmarks/study.py` runs the six runs (seeds 1-3) after its
 priority 4.
 
-A run is not resumed: an interrupted run starts over (its training takes most of its time, its checkpoints would
-not make it shorter to redo the evaluation). Smoke test (a few steps, 5 test sentences per direction; its BLEU means
-nothing):
+A run saves a checkpoint every 500 steps (the newest kept), and an interrupted run continues from it
+(`--resume_from_checkpoint last`; `benchmarks/study.py` resumes it with the code of the commit that started it): on
+one CPU core a run takes longer than what a working session may have left. Smoke test (a few steps, 5 test sentences
+per direction; its BLEU means nothing):
 
     python benchmarks/bench_multilingual.py --arm gtrans_m2m --seed 1 --max_steps 3 --warmup_steps 1 \\
         --standin_train_size 64 --max_eval_samples 5 --max_new_tokens 8 --tiny_vocab_size 300 \\
@@ -101,13 +102,15 @@ def run_multilingual_command(args) -> list[str]:
         f"--model_type={model_type}",
         "--config_overrides=" + ",".join(f"{key}={format_value(value)}" for key, value in overrides.items()),
         f"--output_dir={directory / 'model'}",
-        "--overwrite_output_dir=True",  # an interrupted run starts over in its own directories
+        "--overwrite_output_dir=True",  # a run dir without checkpoints is started over
+        "--resume_from_checkpoint=last",  # an interrupted run continues from its newest checkpoint
         "--do_train",
         f"--max_steps={args.max_steps}",
         f"--warmup_steps={args.warmup_steps}",
         *(f"--{key}={value}" for key, value in TRAINING_OPTIONS.items()),
         f"--num_beams={args.num_beams}",
-        "--save_strategy=no",  # runs are not resumed (see the module docstring)
+        "--save_steps=500",
+        "--save_total_limit=1",
         "--logging_steps=50",  # the loss curve of the ledger
         "--report_to=none",
         "--disable_tqdm=True",
@@ -189,7 +192,8 @@ def ledger_entry(args, results: dict) -> dict:
     model_type, arm_config = ARMS[args.arm]
     model_dir = run_dir(args, args.arm, args.seed) / "model"
     state = json.loads((model_dir / "trainer_state.json").read_text())
-    train_minutes = json.loads((model_dir / "train_results.json").read_text())["train_runtime"] / 60
+    # training time across sessions (a resumed run's `train_runtime` is its last session's)
+    train_minutes = state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] / 60
     references = test_references(args.data_dir)
     directions = {}
     for direction, hypotheses in results["hypotheses"].items():

@@ -114,6 +114,10 @@ class StudyRun(ArmRun):
         """bench_multi30k.py's run dir: under one --output_dir per budget (it refuses other settings in a dir)."""
         return WORK_DIR / "runs" / f"steps_{self.max_steps}_warmup_{self.warmup_steps}" / self.arm / f"seed_{self.seed}"
 
+    def checkpoint_dir(self) -> Path:
+        """Where the run's `checkpoint-<step>` dirs are written."""
+        return self.run_dir()
+
     def command(self, snapshot: Path, args) -> list[str]:
         return [
             sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
@@ -146,6 +150,9 @@ class DepthProbe:
     def run_dir(self) -> Path:
         return WORK_DIR / "post_norm_depth" / f"plain_transformer_{self.encoder_layers}x{self.decoder_layers}_seed_1"
 
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir()
+
     def command(self, snapshot: Path, args) -> list[str]:
         return [
             sys.executable, str(snapshot / "benchmarks" / "probe_post_norm_depth.py"),
@@ -177,6 +184,10 @@ class ManyToManyRun(ArmRun):
         """bench_multilingual.py's run dir (`<output_dir>/<arm>/seed_<s>`)."""
         return (WORK_DIR / "many_to_many" / f"steps_{self.max_steps}_warmup_{self.warmup_steps}" / self.arm
                 / f"seed_{self.seed}")
+
+    def checkpoint_dir(self) -> Path:
+        """run_multilingual.py's output dir inside the run dir."""
+        return self.run_dir() / "model"
 
     def command(self, snapshot: Path, args) -> list[str]:
         return [
@@ -299,7 +310,8 @@ def resumable_commit(run: ArmRun | DepthProbe) -> str | None:
     would never finish otherwise)."""
     run_dir = run.run_dir()
     marker = run_dir / "STUDY_COMMIT"
-    if not marker.is_file() or (run_dir / "bench_results.json").is_file() or not any(run_dir.glob("checkpoint-*")):
+    finished = (run_dir / "bench_results.json").is_file()
+    if not marker.is_file() or finished or not any(run.checkpoint_dir().glob("checkpoint-*")):
         return None
     commit = marker.read_text().strip()
     if (WORK_DIR / "code" / commit / SNAPSHOT_COMMIT_FILE).is_file():

@@ -27,7 +27,8 @@ with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `benchmar
 
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
 BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
-`--baseline_scores` to get the win ratio.
+`--baseline_scores` to get the win ratio. With `--save_steps N` the run leaves checkpoints there, and
+`--resume_from_checkpoint last` continues an interrupted run from the newest (as in run_translation.py).
 Training uses `LayerFusionSeq2SeqTrainer`: `--label_smoothing_factor` is applied by the model's own loss (for GTrans,
 per decoder group as in Eq. 7), not by the Trainer's label smoother.
 """
@@ -56,7 +57,8 @@ from transformers import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from run_translation import HelpFormatter, parse_config_overrides  # noqa: E402  (same folder: same syntax and help)
+# same folder: the same syntax, help and resume rules
+from run_translation import HelpFormatter, parse_config_overrides, resolve_checkpoint  # noqa: E402
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.file_checks import (  # noqa: E402
@@ -69,6 +71,7 @@ from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E40
 from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
 from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
 from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
@@ -225,8 +228,9 @@ def check_arguments(
     data_args: DataArguments,
     run_args: RunArguments,
     training_args: Seq2SeqTrainingArguments,
-) -> dict:
-    """Check every argument before any work or write; returns the parsed `--config_overrides`."""
+) -> tuple[dict, str | None]:
+    """Check every argument before any work or write; returns the parsed `--config_overrides` and the checkpoint to
+    resume from (`--resume_from_checkpoint last`: the output dir's newest, none: start fresh; as run_translation.py)."""
     check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
     check_model_type(model_args.model_type, "--model_type")
     if data_args.dataset == "opus100":
@@ -266,12 +270,9 @@ def check_arguments(
         check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
     else:
         check_local_or_hub(model_args.xlmr, "--xlmr")
-    check_output_dir(
-        training_args.output_dir,
-        overwrite=run_args.overwrite_output_dir or not training_args.do_train,
-        what="--output_dir",
-    )
-    return parse_config_overrides(model_args.config_overrides, hf_layerfusion.FAMILIES[model_args.model_type][0])
+    checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir)
+    config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
+    return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> dict:
         formatter_class=HelpFormatter,
     )
     model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    config_overrides = check_arguments(model_args, data_args, run_args, training_args)
+    config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%H:%M:%S",
@@ -340,8 +341,10 @@ def main(argv: list[str] | None = None) -> dict:
             train_dataset=train_stream,
             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
             processing_class=tokenizer,
+            # measures only: the training time across an interrupted and resumed run (trainer_state.json)
+            callbacks=[TimeBudgetCallback(None)],
         )
-        train_result = trainer.train()
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
         logger.info("Training: %s", train_result.metrics)
         trainer.save_model()
         trainer.save_metrics("train", train_result.metrics)

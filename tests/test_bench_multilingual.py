@@ -1,6 +1,7 @@
-"""Priority 5 of the study without training: run_multilingual.py's English-centric stand-in, bench_multilingual.py's
-run and ledger entry (run_multilingual replaced by a stand-in), its report from fake ledger entries (expected values
-computed by hand), and the study queue's many-to-many runs."""
+"""Priority 5 of the study: run_multilingual.py's English-centric stand-in, bench_multilingual.py's run and ledger
+entry (run_multilingual replaced by a stand-in), its report from fake ledger entries (expected values computed by
+hand), the study queue's many-to-many runs, and an interrupted run_multilingual.py run resumed (4 steps of a tiny
+model)."""
 
 import importlib.util
 import json
@@ -71,9 +72,11 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
         options = dict(item[2:].split("=", 1) for item in command if "=" in item)
         model_dir = Path(options["output_dir"])
         model_dir.mkdir(parents=True)
+        # a resumed run: its last session's train_runtime, the whole training time in the TimeBudgetCallback state
         (model_dir / "trainer_state.json").write_text(json.dumps(
-            {"global_step": 2000, "log_history": [{"step": 50, "loss": 9.5}, {"step": 2000, "loss": 3.0}]}))
-        (model_dir / "train_results.json").write_text(json.dumps({"train_runtime": 0.0}))
+            {"global_step": 2000, "log_history": [{"step": 50, "loss": 9.5}, {"step": 2000, "loss": 3.0}],
+             "stateful_callbacks": {"TimeBudgetCallback": {"attributes": {"elapsed_seconds": 5400.0}}}}))
+        (model_dir / "train_results.json").write_text(json.dumps({"train_runtime": 600.0}))
         (model_dir / "config.json").write_text(json.dumps({"model_type": options["model_type"]}))
         (model_dir / "tokenizer.json").write_text("{}")
         hypotheses = {direction: [f"{direction.split('-')[1]} hypothesis"] * 4 for direction in SIX_DIRECTIONS}
@@ -93,7 +96,9 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
                    "--max_steps=2000", "--warmup_steps=1000", "--learning_rate=0.001", "--lr_scheduler_type=inverse_sqrt",
                    "--label_smoothing_factor=0.1", "--per_device_train_batch_size=64", "--num_beams=4", "--seed=2",
                    "--config_overrides=decoder_layers=6,decoder_ffn_dim=1024,decoder_attention_heads=4,"
-                   "encoder_group_size=3,decoder_group_size=2"):
+                   "encoder_group_size=3,decoder_group_size=2",
+                   # checkpoints every 500 steps; an interrupted run continues from its newest
+                   "--save_steps=500", "--resume_from_checkpoint=last"):
         assert option in command, option
     assert not any(item.startswith("--max_eval_samples") for item in command)  # every test sentence
 
@@ -101,6 +106,7 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert (entry["family"], entry["baseline"], entry["steps"]) == ("gtrans", "plain_transformer_m2m", 2000)
     assert entry["training"]["temperature"] == 5.0 and entry["training"]["max_steps"] == 2000
     assert entry["loss_curve"] == [[50, 9.5], [2000, 3.0]] and entry["device"]["torch_threads"] >= 1
+    assert entry["train_minutes"] == 90.0
     assert list(entry["directions"]) == SIX_DIRECTIONS and entry["train_sizes"]["en-cs"] == 8
     en_de = entry["directions"]["en-de"]
     assert en_de["bleu"] == 1.5 and en_de["hypotheses"] == ["de hypothesis"] * 4 and en_de["sentences"] == 4
@@ -221,7 +227,7 @@ def test_priority_5_commands_are_bench_multilingual_runs(tmp_path):
         assert ledger.ledger_path(parsed.ledger_dir, run.arm, run.seed) == run.result_file(args.ledger_dir)
 
 
-def test_finished_priority_5_runs_leave_the_queue_and_stale_ones_start_over(tmp_path, monkeypatch):
+def test_finished_priority_5_runs_leave_the_queue_stale_ones_start_over_interrupted_ones_resume(tmp_path, monkeypatch):
     ledger_dir = tmp_path / "multi30k"
     first = study.ManyToManyRun("plain_transformer_m2m", 1)
     assert first in study.pending_runs(ledger_dir, tmp_path / "probes")
@@ -235,6 +241,11 @@ def test_finished_priority_5_runs_leave_the_queue_and_stale_ones_start_over(tmp_
     (run_dir / "STUDY_COMMIT").write_text("old\n")
     study.discard_stale_run(first, "new")  # unfinished, another commit: discarded
     assert not (run_dir / "model").exists() and (run_dir / "STUDY_COMMIT").read_text() == "new\n"
+    older = study.git("rev-parse", "HEAD")
+    (run_dir / "STUDY_COMMIT").write_text(older + "\n")
+    assert study.resumable_commit(first) is None  # no checkpoint
+    (run_dir / "model" / "checkpoint-500").mkdir(parents=True)  # run_multilingual.py's output dir holds them
+    assert study.resumable_commit(first) == older
     (run_dir / "bench_results.json").write_text("{}")
     study.discard_stale_run(first, "newer")  # finished: kept
     assert (run_dir / "bench_results.json").is_file()
@@ -247,3 +258,36 @@ def test_a_tokenizer_is_never_written_over_other_files(tmp_path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--arm", "gtrans_m2m", "--seed", "1", "--tokenizer_dir", str(occupied)])
     assert (occupied / "notes.txt").read_text() == "keep me"
+
+
+def test_an_interrupted_run_multilingual_run_continues_from_its_newest_checkpoint(tmp_path):
+    """run_multilingual.py as bench_multilingual.py calls it: a run stopped after 2 of its steps (its checkpoint
+    saved) continues from that checkpoint with `--resume_from_checkpoint last` and counts the training time of both
+    sessions; refused without it (the checkpoints would mix with a new run's)."""
+    corpus = tiny_corpus(tmp_path, train_size=16)
+    xlmr = tmp_path / "xlmr"
+    output_dir = tmp_path / "model"
+
+    def arguments(max_steps: int, *extra: str) -> list[str]:
+        return ["--dataset=multi30k", f"--multi30k_dir={corpus}", "--english_centric=True", "--standin_train_size=8",
+                "--preset=none", "--model_type=plain_transformer", f"--output_dir={output_dir}", "--do_train",
+                f"--max_steps={max_steps}", "--save_steps=2", "--save_total_limit=1", "--warmup_steps=1",
+                "--per_device_train_batch_size=4", "--max_eval_samples=2", "--max_new_tokens=3", "--num_beams=1",
+                "--tiny_vocab_size=80", "--use_cpu=True", "--report_to=none", "--disable_tqdm=True", *extra]
+
+    run_multilingual.main(arguments(2, f"--tiny_random_xlmr={xlmr}"))
+    assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 2
+    assert (output_dir / "checkpoint-2").is_dir()
+    with pytest.raises(ValueError, match="already holds checkpoints"):
+        run_multilingual.main(arguments(4, f"--xlmr={xlmr}"))
+    # marks the checkpoint: a run that continues from it starts its clock at 1000 s
+    checkpoint_state = output_dir / "checkpoint-2" / "trainer_state.json"
+    marked = json.loads(checkpoint_state.read_text())
+    assert marked["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] > 0
+    marked["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] = 1000.0
+    checkpoint_state.write_text(json.dumps(marked))
+    run_multilingual.main(arguments(4, f"--xlmr={xlmr}", "--resume_from_checkpoint=last",
+                                    "--overwrite_output_dir=True"))
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 4 and (output_dir / "checkpoint-4").is_dir()
+    assert 1000.0 < state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] < 1000.0 + 600
