@@ -274,6 +274,7 @@ def run_translation_command(arm_name: str, seed: int, args, tokenizer_dir: Path)
         "--do_eval",
         "--do_predict",
         "--resume_from_checkpoint=last",
+        "--overwrite_output_dir=True",  # without a checkpoint the run starts over in its own dir
         f"--max_steps={args.max_steps_per_model or 1_000_000}",  # without a step cap the time budget ends training
         *(f"--{key}={value}" for key, value in options.items()),
         f"--warmup_steps={args.warmup_steps}",

@@ -64,6 +64,7 @@ def probe(shape: tuple[int, int], args) -> dict:
         f"--model_type={args.family}", "--preset=multi30k", f"--tokenizer_name={args.tokenizer_dir}",
         f"--config_overrides=encoder_layers={encoder_layers},decoder_layers={decoder_layers}",
         f"--output_dir={output_dir}", "--do_train", "--resume_from_checkpoint=last",
+        "--overwrite_output_dir=True",  # without a checkpoint the probe starts over in its own dir
         f"--max_steps={args.steps}", f"--warmup_steps={args.warmup_steps}",
         *(f"--{key}={value}" for key, value in TRAINING_OPTIONS.items()),
         f"--logging_steps={LOGGING_STEPS}", "--save_steps=200", "--save_total_limit=1", "--disable_tqdm=True",

@@ -34,7 +34,8 @@ Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (us
 `evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`). Every argument is checked before any
 work or write; training into a non-empty `--output_dir` is refused unless `--overwrite_output_dir True` (this
 script's own flag: transformers 5 dropped it; it replaces the run's files and keeps the others, and is refused while
-the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there.
+the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there (`last` with no checkpoint to
+continue is a fresh start, refused in a non-empty dir like any other).
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
 def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output_dir: bool = False) -> str | None:
     """The checkpoint to resume from: `--resume_from_checkpoint last` is the newest complete `checkpoint-*` of the
     output dir (none: start fresh); a path must exist. Refuse to start training over in a dir that already has
-    checkpoints, or any other file unless `overwrite_output_dir` (a new tokenizer and model would replace them)."""
+    checkpoints, or any other file unless `overwrite_output_dir` (a new tokenizer and model would replace them), also
+    with `last` when there is nothing to resume (a finished run saved without checkpoints, say)."""
     output_dir = training_args.output_dir
     existing = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
     requested = training_args.resume_from_checkpoint
@@ -296,7 +298,11 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output
         check_output_dir(output_dir, overwrite=overwrite_output_dir or not training_args.do_train, what="--output_dir")
         return None
     if requested == RESUME_LAST:
-        return last_complete_checkpoint(output_dir) if existing else None
+        checkpoint = last_complete_checkpoint(output_dir) if existing else None
+        if checkpoint is None:  # a fresh start after all: it must not replace another run's files unasked
+            overwrite = overwrite_output_dir or not training_args.do_train
+            check_output_dir(output_dir, overwrite=overwrite, what="--output_dir")
+        return checkpoint
     if not os.path.isdir(requested):
         raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
     return requested

@@ -495,6 +495,11 @@ ROWS = [
     Row("train-cli-into-model-dir", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
                                                                              output_dir=ws.gtrans_dir)),
         FileExistsError, r"gtrans.*not empty.*--overwrite_output_dir"),
+    # `last` with nothing to resume starts over: not over a finished model saved without checkpoints
+    Row("train-cli-resume-last-into-model-dir",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--resume_from_checkpoint=last",
+                                                 output_dir=ws.gtrans_dir)),
+        FileExistsError, r"gtrans.*not empty.*--overwrite_output_dir"),
     Row("train-cli-override-misspelt",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides=encoder_grup_size=1")),
         ValueError, r"'encoder_grup_size'"),
