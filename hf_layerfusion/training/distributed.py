@@ -14,11 +14,11 @@ def exit_distributed_process() -> None:
     CPUs) neither way of tearing the process group down is safe: an explicit `destroy_process_group()` can deadlock
     (its destructor joins gloo's worker thread while holding the GIL that thread waits for to drop a finished
     collective's tensor: py-spy on one core, 3 hangs in 6 runs of tests/test_ddp.py) and leaving it to interpreter
-    exit can abort a process that finished its work ("terminate called without an active exception", which makes
-    the launcher report the whole run as failed: 1 CI run in about 30; pytorch/pytorch#179291 describes the teardown
-    race). So every process
-    waits at a barrier, flushes its output and logs, and exits without running destructors or `atexit` handlers
-    (the trainer has already closed its own loggers at the end of training)."""
+    exit can abort a process that finished its work ("terminate called without an active exception", so the
+    launcher reports the whole run as failed: it failed a CI run of tests/test_ddp.py; pytorch/pytorch#179291
+    describes the teardown race). So every process waits at a barrier, flushes its output and logs, and exits
+    without running destructors or `atexit` handlers (the trainer has already closed its own loggers at the end of
+    training)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return
     torch.distributed.barrier()
