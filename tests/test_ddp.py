@@ -186,11 +186,13 @@ def test_two_processes_equal_one_process_on_concatenated_batch(trained, name):
     assert "model.encoder.layers.0.ffn.fc1.weight" in moved
 
 
-def test_run_translation_on_two_processes(tmp_path):
+def test_run_translation_on_two_processes(tmp_path, kernels):
     """examples/run_translation.py under DDP: the tokenizer is trained once, the time budget stops both processes at
     the same step (a process that stopped alone would leave the other waiting in the next all-reduce), and the
     written test translations are those of the saved model, in dataset order (the gathered predictions carry
-    copies of the first examples that filled the last round of batches)."""
+    copies of the first examples that filled the last round of batches). The `kernels` fixture compiles the C++
+    kernels of the predictions' fast loop first: with a fresh extensions folder both processes would build them at
+    once, one waiting for the other's lock, which can outlast the launch's time limit on a loaded machine."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_layerfusion.training.data import builtin_number_corpus
