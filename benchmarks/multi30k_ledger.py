@@ -55,21 +55,24 @@ def code_revision(code_root: Path = REPO_ROOT) -> dict:
     return {"commit": commit, "dirty": bool(status.strip())}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (the ledger's `device.cpu`)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def device_description() -> dict:
     """What the run ran on: the CPU model (and GPU, if one was used), the threads torch used, library versions."""
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

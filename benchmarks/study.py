@@ -6,6 +6,7 @@ Start it first whenever you work on the project, and commit the new ledger files
     python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
     python benchmarks/study.py --list     # the queue, in priority order, with what is done
     python benchmarks/study.py --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
+    python benchmarks/study.py --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
     python benchmarks/study.py --parallel 8   # on a GPU: 8 runs share it
     python benchmarks/bench_multi30k.py --report --update_readme
     git add benchmarks/results README.md && git commit -m "ledger: ..."
@@ -22,7 +23,9 @@ from its last checkpoint (every 500 steps) with the code of the commit that star
 (delete its run dir to start it over with HEAD); an unfinished run dir without a checkpoint starts over with HEAD.
 Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps took 52-68 minutes on an Intel Xeon
 core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
-leave them: they finish across sessions through that resume. On a machine with a GPU the same command runs the queue
+leave them: that resume carries them across sessions only where `runs/` outlives the session. A new machine starts
+without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time and
+leaves the others for a longer stay or a GPU. On a machine with a GPU the same command runs the queue
 there (`--threads` then only sets the CPU threads), best with `--parallel` (one of these runs keeps a big GPU mostly
 idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
 lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
@@ -55,8 +58,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -65,13 +71,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import multi30k_ledger as ledger  # noqa: E402  (no torch at import)
 import probe_post_norm_depth as depth_probes  # noqa: E402  (no torch at import)
 
 LEDGER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k"
 PROBE_DIR = depth_probes.RESULTS_DIR
 WORK_DIR = REPO_ROOT / "runs" / "study"
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-SNAPSHOT_COMMIT_FILE = "SNAPSHOT_COMMIT"  # multi30k_ledger.SNAPSHOT_COMMIT_FILE (not imported: it needs torch)
+SNAPSHOT_COMMIT_FILE = ledger.SNAPSHOT_COMMIT_FILE
 STANDARD_BUDGET = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 6 comparisons share
 # priority 2: a shorter warm-up, so that the learning rate peaks inside the budget (and inside the probes' 600 steps)
 DEEP_BUDGET = dict(max_steps=1000, warmup_steps=400)
@@ -83,6 +90,8 @@ M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de
 # the fine-tuning arms of the queue and the arm whose run of the same seed they start from (bench_multi30k.MODELS'
 # `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
 STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer"}
+# what `--hours` expects of a run whose arm has no CPU run in the ledger yet: the issue's bound for one run on one core
+UNTIMED_RUN_MINUTES = 90
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,35 @@ def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arm
     ]
 
 
+def ledger_cpu_minutes(result_file: Path, cpu: str) -> list[float]:
+    """Training + evaluation minutes of the finished CPU runs beside `result_file` (the same arm's other seeds), those
+    on the CPU model `cpu` where there are any."""
+    entries = [json.loads(path.read_text(encoding="utf-8")) for path in result_file.parent.glob("seed_*.json")]
+    on_cpu = [entry for entry in entries if entry["device"]["gpu"] is None]
+    same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu]
+    return [entry["train_minutes"] + (entry["evaluation_minutes"] or 0.0) for entry in same_model or on_cpu]
+
+
+def expected_minutes(run: ArmRun | DepthProbe, args, cpu: str) -> tuple[float, str]:
+    """How long `run` should take on one core of this CPU, and where that estimate comes from: the median of its
+    arm's CPU runs in the ledger (else `UNTIMED_RUN_MINUTES`), plus its starting run's when a fine-tuning arm must
+    train that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing)."""
+    if isinstance(run, DepthProbe):
+        return UNTIMED_RUN_MINUTES, "no estimate for a depth probe"
+    minutes = ledger_cpu_minutes(run.result_file(args.ledger_dir, args.probe_dir), cpu)
+    expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES
+    source = (f"the median of its arm's {len(minutes)} CPU run(s) in the ledger" if minutes
+              else f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run")
+    starting_arm = STARTING_RUNS.get(run.arm)
+    if starting_arm is not None:
+        starting_run = StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
+        if not (starting_run.run_dir() / "bench_results.json").is_file():
+            starting_minutes, _ = expected_minutes(starting_run, args, cpu)
+            expected += starting_minutes
+            source += f", plus {starting_minutes:.0f} min to train its starting run {starting_run.label} first"
+    return expected, source
+
+
 def git(*arguments: str) -> str:
     return subprocess.run(["git", "-C", str(REPO_ROOT), *arguments], capture_output=True, text=True,
                           check=True).stdout.strip()
@@ -422,14 +460,33 @@ def startable(pending: list, running: list[RunningRun], slots: int) -> list:
     return chosen
 
 
+def fitting_runs(pending: list, minutes_left: float, args, cpu: str, skipped: set) -> list:
+    """The pending runs expected to finish in `minutes_left` (`expected_minutes`), in queue order; says once for
+    each run it leaves out why (`skipped` remembers which)."""
+    fitting = []
+    for run in pending:
+        minutes, source = expected_minutes(run, args, cpu)
+        if minutes <= minutes_left:
+            fitting.append(run)
+        elif run not in skipped:
+            skipped.add(run)
+            print(f"study: {time.strftime('%H:%M:%S')} not starting {run.label}: expected {minutes:.0f} min "
+                  f"({source}), {minutes_left:.0f} min of --hours left", flush=True)
+    return fitting
+
+
 def run_queue(args) -> bool:
     """Run the pending runs, `args.parallel` at a time; False when a run failed (the running ones are waited for,
     no new one starts: a failing run is not retried in a loop, its log says why)."""
     running: list[RunningRun] = []
     failed, started = False, 0
+    deadline = None if args.hours is None else time.monotonic() + args.hours * 3600
+    cpu, skipped = ledger.cpu_model(), set()
     while True:
-        pending = ([] if failed or (args.once and started) else
-                   pending_runs(args.ledger_dir, args.probe_dir, args.arms)[: 1 if args.once else None])
+        pending = [] if failed or (args.once and started) else pending_runs(args.ledger_dir, args.probe_dir, args.arms)
+        if deadline is not None:
+            pending = fitting_runs(pending, (deadline - time.monotonic()) / 60, args, cpu, skipped)
+        pending = pending[: 1 if args.once else None]
         for run in startable(pending, running, args.parallel):
             running.append(start(run, args))
             started += 1
@@ -460,6 +517,14 @@ def parse_args(argv=None) -> argparse.Namespace:
              "fine-tuning arm and its starting run, the many-to-many runs) never run together, and a depth probe "
              "(it measures seconds per step) runs alone.",
     )
+    parser.add_argument(
+        "--hours", type=float, metavar="H",
+        help="How long this machine stays up (a session's time left, say): start only runs expected to finish within "
+             "it, on one core of this CPU (the median of the arm's CPU runs in the ledger, on this CPU model where "
+             "there are any, else %d min; plus a fine-tuning arm's starting run when that must train first), and skip "
+             "the others for later runs of the queue that fit. A new machine starts without runs/, so a run that does "
+             "not fit would only be lost. Default: no limit." % UNTIMED_RUN_MINUTES,
+    )
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
     parser.add_argument("--probe_dir", type=Path, default=PROBE_DIR,
@@ -472,6 +537,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--parallel must be positive, got {args.parallel}")
     if args.once and args.parallel != 1:
         parser.error(f"--once runs one run; it does not go with --parallel {args.parallel}")
+    if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
+        parser.error(f"--hours must be a positive number of hours, got {args.hours}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
     if args.arms is not None:
@@ -507,8 +574,12 @@ def main(argv=None) -> None:
         raise SystemExit(1)
     if args.once:
         return
-    print("study: the queue is empty: every run is in the ledger." if args.arms is None
-          else f"study: every run of {', '.join(args.arms)} is in the ledger.")
+    left = pending_runs(args.ledger_dir, args.probe_dir, args.arms)
+    if left:
+        print(f"study: {len(left)} pending run(s) do not fit the time --hours leaves; next: {left[0].label}.")
+    else:
+        print("study: the queue is empty: every run is in the ledger." if args.arms is None
+              else f"study: every run of {', '.join(args.arms)} is in the ledger.")
 
 
 if __name__ == "__main__":

@@ -390,6 +390,43 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
         study.parse_args(["--once", "--parallel", "2"])
 
 
+def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
+    """`--hours`: a run's expected minutes are the median of its arm's CPU runs in the ledger (those on this CPU
+    model where there are any; GPU runs never count), 90 without any, plus the starting run's while a fine-tuning arm
+    must train that first; runs that do not fit are left for later ones that do, each said once."""
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    ledger_dir = tmp_path / "ledger"
+
+    def run_in_ledger(arm, seed, minutes, cpu, gpu=None):
+        ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
+            arm, seed, 30.0, REFERENCES, train_minutes=minutes - 2.0, evaluation_minutes=2.0,
+            device={"cpu": cpu, "gpu": gpu, "torch_threads": 1}))
+
+    run_in_ledger("plain_transformer_continued", 1, 100.0, "CPU A")
+    run_in_ledger("plain_transformer_continued", 2, 40.0, "CPU B")
+    run_in_ledger("plain_transformer_continued", 4, 60.0, "CPU B")
+    run_in_ledger("plain_transformer_continued", 5, 3.0, "CPU A", gpu="Some GPU")
+    run_in_ledger("plain_transformer", 1, 60.0, "CPU B")
+    args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    continued, untimed = study.StudyRun("plain_transformer_continued", 3), study.StudyRun("gtrans_12x6", 2)
+    assert study.expected_minutes(continued, args, "CPU A")[0] == 100.0 + 60.0  # its starting run must train first
+    assert study.expected_minutes(continued, args, "CPU C")[0] == 60.0 + 60.0  # no run on this model: all CPUs
+    starting_run = study.StudyRun("plain_transformer", 3)
+    starting_run.run_dir().mkdir(parents=True)
+    (starting_run.run_dir() / "bench_results.json").write_text("{}")  # finished here: bench_multi30k reuses it
+    assert study.expected_minutes(continued, args, "CPU A") == (100.0, "the median of its arm's 1 CPU run(s) in the ledger")
+    assert study.expected_minutes(untimed, args, "CPU A")[0] == study.UNTIMED_RUN_MINUTES
+    skipped = set()
+    for _ in range(2):
+        assert study.fitting_runs([continued, untimed], 95.0, args, "CPU A", skipped) == [untimed]
+    said = capsys.readouterr().out
+    assert said.count("not starting `plain_transformer_continued` seed 3: expected 100 min") == 1
+    assert study.fitting_runs([continued, untimed], 60.0, args, "CPU A", skipped) == []
+    for hours in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            study.parse_args(["--hours", hours])
+
+
 def test_an_exported_tree_without_git_runs_its_own_code(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "REPO_ROOT", tmp_path)
     (tmp_path / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
