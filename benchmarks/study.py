@@ -279,6 +279,17 @@ def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arm
     ]
 
 
+def finished_here(run: ArmRun | DepthProbe) -> bool:
+    """Whether `run`'s run dir on this machine holds a finished run (its benchmark wrote bench_results.json last)."""
+    return (run.run_dir() / "bench_results.json").is_file()
+
+
+def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
+    """The run of the same seed and budget that a fine-tuning arm starts from (`STARTING_RUNS`), else None."""
+    starting_arm = STARTING_RUNS.get(run.arm) if isinstance(run, StudyRun) else None
+    return None if starting_arm is None else StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
+
+
 def ledger_cpu_minutes(result_file: Path, cpu: str) -> list[float]:
     """Training + evaluation minutes of the finished CPU runs beside `result_file` (the same arm's other seeds), those
     on the CPU model `cpu` where there are any."""
@@ -298,13 +309,11 @@ def expected_minutes(run: ArmRun | DepthProbe, args, cpu: str) -> tuple[float, s
     expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES
     source = (f"the median of its arm's {len(minutes)} CPU run(s) in the ledger" if minutes
               else f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run")
-    starting_arm = STARTING_RUNS.get(run.arm)
-    if starting_arm is not None:
-        starting_run = StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
-        if not (starting_run.run_dir() / "bench_results.json").is_file():
-            starting_minutes, _ = expected_minutes(starting_run, args, cpu)
-            expected += starting_minutes
-            source += f", plus {starting_minutes:.0f} min to train its starting run {starting_run.label} first"
+    start_from = starting_run(run)
+    if start_from is not None and not finished_here(start_from):
+        starting_minutes, _ = expected_minutes(start_from, args, cpu)
+        expected += starting_minutes
+        source += f", plus {starting_minutes:.0f} min to train its starting run {start_from.label} first"
     return expected, source
 
 
@@ -331,7 +340,7 @@ def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
     (their result file written) are kept whatever their commit: their result records it."""
     run_dir = run.run_dir()
     marker = run_dir / "STUDY_COMMIT"
-    if run_dir.is_dir() and not (run_dir / "bench_results.json").is_file():
+    if run_dir.is_dir() and not finished_here(run):
         made_by = marker.read_text().strip() if marker.is_file() else "an unknown commit"
         if made_by != commit:
             print(f"study: discarding the unfinished {run_dir} (made by {made_by[:12]}, HEAD is {commit[:12]})",
@@ -348,8 +357,7 @@ def resumable_commit(run: ArmRun | DepthProbe) -> str | None:
     would never finish otherwise)."""
     run_dir = run.run_dir()
     marker = run_dir / "STUDY_COMMIT"
-    finished = (run_dir / "bench_results.json").is_file()
-    if not marker.is_file() or finished or not any(run.checkpoint_dir().glob("checkpoint-*")):
+    if not marker.is_file() or finished_here(run) or not any(run.checkpoint_dir().glob("checkpoint-*")):
         return None
     commit = marker.read_text().strip()
     if (WORK_DIR / "code" / commit / SNAPSHOT_COMMIT_FILE).is_file():
@@ -377,13 +385,16 @@ def code_to_run(resume: str | None = None) -> tuple[str, Path]:
 
 def shared_state(run: ArmRun | DepthProbe) -> tuple:
     """What a run shares with other runs of the queue: runs with the same key never run at the same time. A
-    fine-tuning arm shares (and may first train) its starting run; many-to-many runs share their tokenizer; a depth
+    fine-tuning arm shares its starting run until that has finished here (it would train it first); once finished,
+    the arms starting from it only read it and run side by side. Many-to-many runs share their tokenizer; a depth
     probe measures seconds per step, so it runs alone (`ALONE`)."""
     if isinstance(run, DepthProbe):
         return ALONE
     if isinstance(run, ManyToManyRun):
         return ("many-to-many",)
-    return (STARTING_RUNS.get(run.arm, run.arm), run.seed, run.max_steps, run.warmup_steps)
+    start_from = starting_run(run)
+    shared = run if start_from is None or finished_here(start_from) else start_from
+    return (shared.arm, run.seed, run.max_steps, run.warmup_steps)
 
 
 ALONE = ("alone",)
@@ -514,8 +525,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Runs at once (default: %(default)s). On a GPU several of these small runs share it well (8 at once "
              "took 7 minutes for 8 runs on an H200); on a CPU keep 1 (one core). The ledger records N with each run "
              "(`runs_at_once`), since its throughput then is a share of the device. Runs that share state (a "
-             "fine-tuning arm and its starting run, the many-to-many runs) never run together, and a depth probe "
-             "(it measures seconds per step) runs alone.",
+             "fine-tuning arm and its starting run until that has finished here, the many-to-many runs) never run "
+             "together, and a depth probe (it measures seconds per step) runs alone.",
     )
     parser.add_argument(
         "--hours", type=float, metavar="H",

@@ -331,7 +331,8 @@ def test_starting_runs_of_the_queue_are_the_arms_init_from():
     assert study.STARTING_RUNS == {arm: bench.MODELS[arm].init_from for arm in fine_tuning}
 
 
-def test_parallel_runs_never_share_state_and_probes_run_alone():
+def test_parallel_runs_never_share_state_and_probes_run_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")  # no finished run here
     run = study.StudyRun
     continued, deep, plain_2 = (run("plain_transformer_continued", 2), run("deep_representations_paper", 2),
                                 run("plain_transformer", 2))
@@ -349,6 +350,11 @@ def test_parallel_runs_never_share_state_and_probes_run_alone():
     assert study.startable([run("gtrans", 2)], [study.RunningRun(probe, None, Path("log"), 0.0)], 4) == []
     m2m = [study.ManyToManyRun("plain_transformer_m2m", 1), study.ManyToManyRun("gtrans_m2m", 1)]
     assert study.startable(m2m, [], 4) == m2m[:1]  # they share their tokenizer
+    plain_2.run_dir().mkdir(parents=True)
+    (plain_2.run_dir() / "bench_results.json").write_text("{}")  # the starting run finished here: only read now
+    assert study.startable([continued, deep], [], 2) == [continued, deep]
+    assert study.startable([deep, run("deep_representations_paper", 3)], running, 3) == [
+        deep, run("deep_representations_paper", 3)]
 
 
 def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_path, monkeypatch, capsys):
