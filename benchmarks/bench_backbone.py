@@ -47,6 +47,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 
 import transformers  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel  # noqa: E402
@@ -54,6 +55,7 @@ from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel  # n
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
 from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from multi30k_ledger import cpu_model  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 # a target's verdict (met / NOT met) needs at least this many samples of its ratio: from one or two noisy samples (a
@@ -421,13 +423,6 @@ def time_models(args, eval_models, generation_batches, training_batches) -> dict
 
 
 # ------------------------------------------------------------------------------------------------ report
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def loadavg() -> str:
     return "(" + ", ".join(f"{value:.2f}" for value in os.getloadavg()) + ")"
 
