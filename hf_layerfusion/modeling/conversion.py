@@ -68,19 +68,14 @@ def _is_computed_table(model, key: str) -> bool:
 
 
 def _load_report(model, state_dict: dict, source: str) -> dict:
-    """Load `state_dict` into `model`; refuse unexpected keys or shape mismatches, log what stayed fresh."""
+    """Load `state_dict` into `model`; refuse shape mismatches, log what stayed fresh."""
     own = model.state_dict()
-    unexpected = sorted(k for k in state_dict if k not in own)
     mismatched = sorted(
-        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
-        for k, v in state_dict.items()
-        if k in own and own[k].shape != v.shape
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}" for k, v in state_dict.items()
+        if own[k].shape != v.shape
     )
-    if unexpected or mismatched:
-        raise ValueError(
-            f"{source} does not fit this {model.config.model_type} architecture.\n"
-            f"Unexpected keys: {unexpected}\nShape mismatches: {mismatched}"
-        )
+    if mismatched:
+        raise ValueError(f"{source} does not fit this {model.config.model_type} architecture: {mismatched}")
     with torch.no_grad():
         for key, value in state_dict.items():
             own[key].copy_(value)
@@ -92,13 +87,97 @@ def _load_report(model, state_dict: dict, source: str) -> dict:
     return report
 
 
-def build_with_weights(model_type: str, config_kwargs: dict, state_dict: dict, source: str):
+def _tie_source(model, key: str) -> str:
+    """The parameter `key` is tied to (following chains of ties), or `key` itself."""
+    tied = getattr(model, "all_tied_weights_keys", {}) or {}
+    while key in tied:
+        key = tied[key]
+    return key
+
+
+def _sublayer(key: str) -> tuple[str, int | None]:
+    """(`model.decoder.layers.{}.encoder_attn`, 1) for a key of that sub-layer of layer 1; (key, None) outside the
+    layers."""
+    match = _LAYER_KEY.match(key)
+    if match is None:
+        return key, None
+    stack, layer = match.group(1).rstrip(".").rsplit(".", 1)
+    return f"{stack}.{{}}.{match.group(2).split('.')[0]}", int(layer)
+
+
+_NO_SUCH_PARAMETER = "this model has no such parameter"
+
+
+def _unplaced_weights(model, state_dict: dict) -> dict[str, str]:
+    """The keys of `state_dict` whose tensors would not be in `model` after loading, each with the reason: the
+    model has no such parameter, or the parameter is tied to another one that takes a different tensor of the
+    checkpoint (one parameter holds one tensor: the tie's source keeps its own)."""
+    own = model.state_dict()
+    unplaced = dict.fromkeys((key for key in state_dict if key not in own), _NO_SUCH_PARAMETER)
+    for key, value in state_dict.items():
+        source = _tie_source(model, key)
+        if key in own and source != key and source in state_dict and not torch.equal(value, state_dict[source]):
+            unplaced[key] = f"tied to {_sublayer(source)[0].format('<same layer>')}, which keeps its own tensors"
+    return unplaced
+
+
+# the options under which a family has a place for every weight of a Marian checkpoint; said by the refusal
+_OPTIONS_THAT_KEEP_WEIGHTS = {
+    "layerwise_coordination": (
+        "share_layer_parameters=False (decoder layers with parameters of their own) and mixed_attention=False, "
+        "unshared_cross_attention=True (a source-target attention with parameters of its own)"
+    ),
+    "re_transformer": (
+        "layouts and layer counts with, in each of the checkpoint's layers, its sub-layers (encoder_layout, "
+        "decoder_layout, decoder_layers)"
+    ),
+}
+
+
+def _refuse_dropped_weights(model, source: str, unplaced: dict[str, str]) -> None:
+    """Raise the error that names the weights of `source` with no place in `model`, grouped by sub-layer (layers
+    listed as `{0,1}`), with the reasons and the options that keep them."""
+    groups: dict[tuple[str, str], list] = {}
+    for key, reason in sorted(unplaced.items()):
+        pattern, layer = _sublayer(key)
+        groups.setdefault((pattern, reason), []).append(layer)
+    lines = "\n".join(
+        f"  {pattern.format('{' + ','.join(map(str, sorted(set(layers)))) + '}')} ({len(layers)} tensors): {reason}"
+        for (pattern, reason), layers in groups.items()
+    )
+    model_type = model.config.model_type
+    keep = _OPTIONS_THAT_KEEP_WEIGHTS.get(model_type)
+    raise ValueError(
+        f"{len(unplaced)} weights of {source} have no place in this {model_type} model and would be dropped:\n"
+        f"{lines}\n"
+        + (f"Options that keep them: {keep}. " if keep else "")
+        + "To convert without them anyway, pass allow_dropped_weights=True (they are then listed in "
+        "model.conversion_report['not_loaded'])."
+    )
+
+
+def build_with_weights(
+    model_type: str,
+    config_kwargs: dict,
+    state_dict: dict,
+    source: str,
+    not_loaded: list[str] = (),
+    allow_dropped_weights: bool = False,
+):
     """A fresh `model_type` model with `config_kwargs`, loaded with `state_dict` (backbone names) via
-    `_load_report`; `model.conversion_report` says what was loaded and what stays freshly initialised."""
+    `_load_report`; `model.conversion_report` says what was loaded, what stays freshly initialised and which
+    checkpoint keys were not loaded (`not_loaded`: keys the caller already left out of `state_dict`, and the keys
+    the model has no place for). A checkpoint weight with no place is an error naming it unless
+    `allow_dropped_weights`."""
     check_model_type(model_type)
     config = AutoConfig.for_model(model_type, **config_kwargs)
     model = AutoModelForSeq2SeqLM.from_config(config)
-    model.conversion_report = _load_report(model, state_dict, source)
+    unplaced = dict.fromkeys(not_loaded, _NO_SUCH_PARAMETER) | _unplaced_weights(model, state_dict)
+    if unplaced and not allow_dropped_weights:
+        _refuse_dropped_weights(model, source, unplaced)
+    placed = {key: value for key, value in state_dict.items() if key not in unplaced}
+    model.conversion_report = _load_report(model, placed, source)
+    model.conversion_report["not_loaded"] = sorted(unplaced)
     model.tie_weights()
     return model
 
@@ -121,13 +200,20 @@ def _load_marian(name_or_path) -> MarianMTModel:
     return MarianMTModel.from_pretrained(path, config=config)
 
 
-def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overrides):
+def from_marian(
+    marian_model_or_path, model_type: str = "gtrans", allow_dropped_weights: bool = False, **config_overrides
+):
     """Build a `model_type` model from a `MarianMTModel` (instance, local directory or Hub id).
 
     The backbone keys (sizes, activation, dropout, special tokens) are taken from the Marian config; every other
     key of the family (group sizes, fusion switches, ...) comes from `config_overrides` or the family default.
     The Marian generation config (beam size, bad words, max length) is carried over. Fusion parameters start from
     their paper initialisation; `model.conversion_report` lists loaded and freshly initialised tensors.
+
+    Every Marian weight must find a place in the new model: a family or layout that has none for some of them
+    (layer-wise coordination with shared layers, or without `unshared_cross_attention`; a Re-Transformer layout
+    without a checkpoint layer's sub-layer) is an error naming those weights and the options that keep them, unless
+    `allow_dropped_weights=True`, which converts without them and lists them in `conversion_report["not_loaded"]`.
     """
     check_model_type(model_type)
     if isinstance(marian_model_or_path, (str, os.PathLike)):
@@ -180,8 +266,9 @@ def from_marian(marian_model_or_path, model_type: str = "gtrans", **config_overr
     config_kwargs, state_dict, not_loaded = FAMILIES[model_type].config.adapt_marian_checkpoint(
         backbone, config_overrides, state_dict
     )
-    model = build_with_weights(model_type, config_kwargs, state_dict, source)
-    model.conversion_report["not_loaded"] = not_loaded
+    model = build_with_weights(
+        model_type, config_kwargs, state_dict, source, not_loaded, allow_dropped_weights=allow_dropped_weights
+    )
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model
 
