@@ -16,9 +16,14 @@ Importing the package registers every family of `FAMILIES` with AutoConfig, Auto
 makes every saved model write its Hub code, and registers the translation pipeline with transformers.
 """
 
-from .version import __version__  # first: it checks the installed transformers release
+from transformers.utils.versions import require_version
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from .version import TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
+
+# first: a transformers release outside the supported range fails here, naming it, not later with an unrelated error
+require_version(TRANSFORMERS_REQUIREMENT, TRANSFORMERS_HINT)
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM  # noqa: E402
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from . import models  # noqa: F401  (imports every family module; each registers itself in FAMILIES)

@@ -41,6 +41,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
 import hf_layerfusion
+from hf_layerfusion.compat import output_cache
 
 # --------------------------------------------------------------------------------------------- sizes, data
 # Special ids of every hf_layerfusion config (fairseq convention); ordinary tokens start at FIRST_TOKEN_ID.
@@ -460,20 +461,20 @@ def assert_incremental_decoding_matches_full_forward(model, source, decoder_inpu
     with torch.no_grad():
         full = model(**source, decoder_input_ids=decoder_input_ids, **forward_kwargs).logits
         encoder_outputs = model.get_encoder()(**source)
-        past_key_values = None
+        cache = None
         for step in range(decoder_input_ids.shape[1]):
             out = model(
                 encoder_outputs=encoder_outputs,
                 attention_mask=source["attention_mask"],
                 decoder_input_ids=decoder_input_ids[:, step : step + 1],
-                past_key_values=past_key_values,
+                cache=cache,
                 use_cache=True,
                 **forward_kwargs,
             )
-            past_key_values = out.past_key_values
-            assert past_key_values.get_seq_length() == step + 1
+            cache = output_cache(out)
+            assert cache.get_seq_length() == step + 1
             torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=atol, rtol=0, msg=f"step {step}")
-    return past_key_values
+    return cache
 
 
 def assert_cached_search_is_uncached_search(model, source: dict, num_beams: int, max_new_tokens: int = 6, **kwargs):
@@ -745,11 +746,13 @@ def run_python(arguments: list[str], env_updates: dict, cwd: Path) -> subprocess
 
 
 def without_package_preamble() -> str:
-    """The first lines of a script run with `python -S` (`run_python(["-S", "-c", script], ...)`): site-packages on
-    the path without their .pth files, which hold the editable install's import hook, so that hf_layerfusion cannot be
-    imported (asserted) and a model can only load through the Hub code it carries."""
+    """The first lines of a script run with `python -S` (`run_python(["-S", "-c", script], ...)`): this process's
+    site-packages folders on the path, in order (a virtual environment's own, then the system's when it sees them: the
+    transformers-range check's environments), without their .pth files, which hold the editable install's import hook,
+    so that hf_layerfusion cannot be imported (asserted) and a model can only load through the Hub code it carries."""
+    site_packages = [path for path in sys.path if Path(path).name == "site-packages"] or [sysconfig.get_paths()["purelib"]]
     return (
-        f"import sys\nsys.path.append({sysconfig.get_paths()['purelib']!r})\n"
+        f"import sys\nsys.path.extend({site_packages!r})\n"
         "try:\n    import hf_layerfusion\nexcept ModuleNotFoundError:\n    pass\n"
         "else:\n    raise SystemExit('hf_layerfusion is importable in the process without the package')\n"
     )

@@ -46,6 +46,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
+from hf_layerfusion.compat import output_cache
 from hf_layerfusion.models.layerwise_coordination import mixed_attention_mask
 
 ABLATIONS = {
@@ -383,13 +384,13 @@ def test_source_keys_cached_once_target_keys_grow(tiny_backbone, padded_batch):
     source = source_of(padded_batch)
     with torch.no_grad():
         out = model(**source, decoder_input_ids=torch.full((3, 1), BOS), use_cache=True)
-        cache = out.past_key_values
+        cache = output_cache(out)
         source_keys = [layer.keys.clone() for layer in cache.cross_attention_cache.layers]
         out = model(
             encoder_outputs=(out.encoder_last_hidden_state,),
             attention_mask=source["attention_mask"],
             decoder_input_ids=torch.full((3, 1), FIRST_TOKEN_ID),
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
         )
     for i, layer in enumerate(cache.cross_attention_cache.layers):

@@ -41,11 +41,11 @@ def test_model_card_and_hub_code_state_the_range(tmp_path):
     assert f"Requires {TRANSFORMERS_REQUIREMENT} " in header
 
 
-# what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.24.0 (outside the range)
-_FAKE_TRANSFORMERS_5_24 = (
+# what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.25.0 (outside the range)
+_FAKE_TRANSFORMERS_5_25 = (
     "import importlib.metadata as metadata\n"
     "real_version = metadata.version\n"
-    "metadata.version = lambda name: '5.24.0' if name == 'transformers' else real_version(name)\n"
+    "metadata.version = lambda name: '5.25.0' if name == 'transformers' else real_version(name)\n"
 )
 
 
@@ -54,9 +54,9 @@ def _run(code: str, cwd) -> subprocess.CompletedProcess:
 
 
 def test_import_refuses_a_transformers_release_outside_the_range(tmp_path):
-    result = _run(_FAKE_TRANSFORMERS_5_24 + "import hf_layerfusion\n", tmp_path)
+    result = _run(_FAKE_TRANSFORMERS_5_25 + "import hf_layerfusion\n", tmp_path)
     assert result.returncode != 0
-    assert "found transformers==5.24.0" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
+    assert "found transformers==5.25.0" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
     assert _run("import hf_layerfusion\n", tmp_path).returncode == 0  # the installed release passes
 
 
@@ -66,8 +66,8 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
     # the check runs before any definition of the file
     assert hub_code.index("_require_version(") < min(hub_code.index("\nclass "), hub_code.index("\ndef "))
     hub_file = tmp_path / "model" / "modeling_layerfusion.py"
-    result = _run(_FAKE_TRANSFORMERS_5_24 + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
-    assert result.returncode != 0 and "found transformers==5.24.0" in result.stderr
+    result = _run(_FAKE_TRANSFORMERS_5_25 + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
+    assert result.returncode != 0 and "found transformers==5.25.0" in result.stderr
 
 
 def test_the_wheel_carries_the_files_the_package_reads(tmp_path):
@@ -87,3 +87,18 @@ def test_the_wheel_carries_the_files_the_package_reads(tmp_path):
     for pattern in ("hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
         assert expected and expected <= set(names), pattern
+
+
+def test_import_names_a_private_transformers_method_that_changed(tmp_path):
+    """A release in which a private name the package needs (`hf_layerfusion.compat`) is gone or takes other parameters
+    fails at import, naming the method, the installed release and the supported range."""
+    for patch, found in (
+        ("del GenerationMixin._gather_beams", "does not define"),
+        ("GenerationMixin._flatten_beam_dim = staticmethod(lambda tensors: tensors)", "parameters ('tensors',)"),
+    ):
+        code = f"from transformers.generation import GenerationMixin\n{patch}\nimport hf_layerfusion\n"
+        result = _run(code, tmp_path)
+        assert result.returncode != 0
+        message = result.stderr.strip().splitlines()[-1]
+        assert message.startswith("ImportError: ") and found in message, message
+        assert f"pip install '{TRANSFORMERS_REQUIREMENT}'" in message

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from transformers import Pipeline
 
+from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
 from ..training.multilingual import check_language_tag, language_tag, tag_source
@@ -107,7 +108,7 @@ class LayerFusionTranslationPipeline(Pipeline):
         )
 
     def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        generate_kwargs = prepare_pipeline_generate_kwargs(self, generate_kwargs)
         engine = self.model if quantization is None else prepare_for_inference(self.model, quantization)
         if fast:
             output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)

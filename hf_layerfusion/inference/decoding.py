@@ -220,7 +220,7 @@ class DecoderSteps:
             self.layers,
             self.memory_for_layer,
             # one query per step attends to every cached position: no self-attention mask, as `forward()` builds none
-            {"attention_mask": None, "memory_mask": self.memory_mask, "past_key_values": self.cache},
+            {"attention_mask": None, "memory_mask": self.memory_mask, "cache": self.cache},
         )
         features = self.decoder.readout.group_features(states, self.groups)
         logits = self.model.output_head(features, self.groups, None, None, False).logits

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
@@ -61,11 +60,12 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.utils import ModelOutput, logging
 
+from ..compat import CACHE_NAME, beam_search_loop, sample_loop
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
 from .encoding import encode_by_length
 from .inference_copies import prepare_for_inference
-from .search import BEAM_SEARCH_HELPERS, beam_search, greedy_search
+from .search import beam_search, greedy_search
 
 fast_generation_logger = logging.get_logger(__name__)
 
@@ -113,16 +113,12 @@ def unsupported_reason(model, input_ids, stopping_criteria, generation_config, m
         return "a decoder prompt (decoder_input_ids)"
     if model_kwargs.get("decoder_attention_mask") is not None or model_kwargs.get("decoder_inputs_embeds") is not None:
         return "decoder_attention_mask / decoder_inputs_embeds"
-    cache = model_kwargs.get("past_key_values")
+    cache = model_kwargs.get(CACHE_NAME)
     if cache is not None and cache.get_seq_length() > 0:
-        return "a filled past_key_values"
+        return f"a filled {CACHE_NAME}"
     criteria = {type(criterion) for criterion in stopping_criteria}
     if MaxLengthCriteria not in criteria or not criteria <= {MaxLengthCriteria, EosTokenCriteria}:
         return f"stopping criteria {sorted(c.__name__ for c in criteria)}"
-    if mode == GenerationMode.BEAM_SEARCH:
-        missing = [name for name in BEAM_SEARCH_HELPERS if not hasattr(model, name)]
-        if missing:
-            return f"this transformers version lacks the beam search helpers {missing}"
     return None
 
 
@@ -143,7 +139,7 @@ def fast_decoding_loop(fallback: bool = True):
         reason = unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs)
         if reason is not None:
             mode = generation_config.get_generation_mode()
-            method = getattr(GenerationMixin, {GenerationMode.BEAM_SEARCH: "_beam_search"}.get(mode, "_sample"))
+            method = beam_search_loop if mode == GenerationMode.BEAM_SEARCH else sample_loop
             if not fallback or mode not in (
                 GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.BEAM_SEARCH, GenerationMode.BEAM_SAMPLE
             ):

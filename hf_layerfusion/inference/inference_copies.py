@@ -267,7 +267,7 @@ class KernelResidualSublayer(ResidualSublayer):
         if form == "feed_forward":
             return kernels.feed_forward_step(hidden_states, *arguments)
         if form == "self":
-            slot = context.past_key_values.self_attention_cache.slots.get(layer_idx)
+            slot = context.cache.self_attention_cache.slots.get(layer_idx)
             if slot is None or context.attention_mask is not None or slot.length >= slot.keys.shape[1]:
                 return None  # the first step makes the slot; a full slot raises in the Python path
             prefix_mask = context.memory_mask if slot.prefix else None
@@ -278,7 +278,7 @@ class KernelResidualSublayer(ResidualSublayer):
             )
             slot.length += 1
             return output
-        cache, mask = context.past_key_values, context.memory_mask
+        cache, mask = context.cache, context.memory_mask
         if not cache.is_updated.get(layer_idx, False) or not (mask is None or mask.dtype == torch.bool):
             return None  # the first step computes the keys/values
         layer = cache.cross_attention_cache.layers[layer_idx]
@@ -287,7 +287,7 @@ class KernelResidualSublayer(ResidualSublayer):
     def run(self, kind, sublayer, hidden_states, context):
         if (
             self.decoding_step is not None
-            and type(context.past_key_values) is DecodingCache  # a step of the fast decoding loop, one position per row
+            and type(context.cache) is DecodingCache  # a step of the fast decoding loop, one position per row
             and hidden_states.dim() == 3
             and hidden_states.shape[1] == 1
             and hidden_states.dtype == torch.float32

@@ -7,21 +7,20 @@ from __future__ import annotations
 import torch
 from transformers.generation.logits_process import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
 
+from ..compat import (
+    beam_search_has_unfinished_sequences,
+    check_early_stop_heuristic,
+    flatten_beam_dim,
+    gather_beams,
+    get_running_beams_for_next_iteration,
+    get_top_k_continuations,
+    special_token_tensors,
+    unflatten_beam_dim,
+    update_finished_beams,
+)
 from .cpu_kernels import compiled_kernels
 from .decoding import DecoderSteps
 
-# the parts of transformers' beam search the fast loop calls (private methods of transformers; `unsupported_reason` checks
-# them and falls back to generate() without them)
-BEAM_SEARCH_HELPERS = (
-    "_get_top_k_continuations",
-    "_gather_beams",
-    "_get_running_beams_for_next_iteration",
-    "_update_finished_beams",
-    "_check_early_stop_heuristic",
-    "_beam_search_has_unfinished_sequences",
-    "_flatten_beam_dim",
-    "_unflatten_beam_dim",
-)
 # rows that can no longer change the output leave the batch once they are this share of the rows still computed
 # (dropping them costs a copy of the cache, so it is batched)
 COMPACTION_SHARE = 0.25
@@ -77,8 +76,9 @@ def top_k_continuations(
         else None
     )
     if kernels is None or log_probs.dim() != 2 or log_probs.stride(1) != 1:
-        log_probs = model._unflatten_beam_dim(log_probs, batch_size, num_beams).add_(running_beam_scores[:, :, None])
-        return model._get_top_k_continuations(
+        log_probs = unflatten_beam_dim(log_probs, batch_size, num_beams).add_(running_beam_scores[:, :, None])
+        return get_top_k_continuations(
+            model,
             accumulated_log_probs=torch.reshape(log_probs, (batch_size, -1)),
             running_sequences=running_sequences,
             running_beam_indices=running_beam_indices,
@@ -93,8 +93,8 @@ def top_k_continuations(
     # from here on `_get_top_k_continuations`' code: each candidate's beam and token, its sequence and beam indices
     vocab_size = log_probs.shape[-1]
     topk_current_beam_indices = topk_indices // vocab_size
-    topk_running_beam_indices = model._gather_beams(running_beam_indices, topk_current_beam_indices)
-    topk_running_sequences = model._gather_beams(running_sequences, topk_current_beam_indices)
+    topk_running_beam_indices = gather_beams(running_beam_indices, topk_current_beam_indices)
+    topk_running_sequences = gather_beams(running_sequences, topk_current_beam_indices)
     topk_running_sequences[:, :, cur_len] = topk_indices % vocab_size
     batch_offset = torch.arange(batch_size, device=topk_indices.device).view(-1, 1) * num_beams
     topk_running_beam_indices[:, :, cur_len - decoder_prompt_len] = topk_current_beam_indices + batch_offset
@@ -104,8 +104,7 @@ def top_k_continuations(
 def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
     """`GenerationMixin._sample` without sampling: argmax of the processed scores; a finished row gets padding (and,
     with `compact`, leaves the batch once enough rows have finished)."""
-    pad_token_id = generation_config._pad_token_tensor
-    eos_token_id = generation_config._eos_token_tensor
+    pad_token_id, eos_token_id = special_token_tensors(generation_config)
     batch_size, cur_len = input_ids.shape
     sequences = input_ids.new_full((batch_size, max_length), 0 if pad_token_id is None else int(pad_token_id))
     sequences[:, :cur_len] = input_ids
@@ -141,8 +140,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     the bookkeeping: the same candidates, scores, length penalty, early stopping and output. Batch items that can no
     longer change the output (no improvement possible, or all beams finished with `early_stopping=True`) leave the
     batch, with `compact`, once they are `COMPACTION_SHARE` of it."""
-    pad_token_id = generation_config._pad_token_tensor
-    eos_token_id = generation_config._eos_token_tensor
+    pad_token_id, eos_token_id = special_token_tensors(generation_config)
     early_stopping = generation_config.early_stopping
     length_penalty = generation_config.length_penalty
     num_beams = generation_config.num_beams
@@ -157,7 +155,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     output_fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
 
     running_sequences = torch.full((batch_size, num_beams, max_length), output_fill_value, dtype=torch.int64, device=device)
-    running_sequences[:, :, :cur_len] = model._unflatten_beam_dim(input_ids, batch_size, num_beams)
+    running_sequences[:, :, :cur_len] = unflatten_beam_dim(input_ids, batch_size, num_beams)
     sequences = running_sequences.detach().clone()
     running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
     running_beam_scores[:, 1:] = -1e9
@@ -173,7 +171,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     items = torch.arange(batch_size, device=device)  # original batch item of each item still searched
 
     while True:
-        flat_running_sequences = model._flatten_beam_dim(running_sequences[:, :, :cur_len])
+        flat_running_sequences = flatten_beam_dim(running_sequences[:, :, :cur_len])
         # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
         # two new (rows, vocab) tensors per step
         logits = steps.logits(flat_running_sequences[:, -1])
@@ -198,10 +196,12 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
             next_token_hits_stopping_criteria = torch.isin(topk_running_sequences[:, :, cur_len], eos_token_id)
         else:
             next_token_hits_stopping_criteria = torch.zeros_like(topk_log_probs, dtype=torch.bool)
-        running_sequences, running_beam_scores, running_beam_indices = model._get_running_beams_for_next_iteration(
+        running_sequences, running_beam_scores, running_beam_indices = get_running_beams_for_next_iteration(
+            model,
             topk_log_probs, topk_running_sequences, topk_running_beam_indices, next_token_hits_stopping_criteria, num_beams
         )
-        sequences, beam_scores, beam_indices, is_sent_finished = model._update_finished_beams(
+        sequences, beam_scores, beam_indices, is_sent_finished = update_finished_beams(
+            model,
             sequences=sequences,
             topk_running_sequences=topk_running_sequences,
             beam_scores=beam_scores,
@@ -218,9 +218,9 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
             length_penalty=length_penalty,
             early_stopping=early_stopping,
         )
-        beam_idx = model._flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
+        beam_idx = flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
         cur_len += 1
-        is_early_stop_heuristic_unsatisfied = model._check_early_stop_heuristic(
+        is_early_stop_heuristic_unsatisfied = check_early_stop_heuristic(
             is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
             running_beam_scores=running_beam_scores,
             beam_scores=beam_scores,
@@ -231,7 +231,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
             early_stopping=early_stopping,
             length_penalty=length_penalty,
         )
-        if not model._beam_search_has_unfinished_sequences(
+        if not beam_search_has_unfinished_sequences(
             is_early_stop_heuristic_unsatisfied, is_sent_finished, next_token_hits_stopping_criteria, early_stopping
         ):
             break
@@ -256,7 +256,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
 
     final_sequences[items] = sequences
     final_beam_indices[items] = beam_indices
-    sequences = model._flatten_beam_dim(final_sequences[:, :num_return_sequences, :])
-    beam_indices = model._flatten_beam_dim(final_beam_indices[:, :num_return_sequences, :])
+    sequences = flatten_beam_dim(final_sequences[:, :num_return_sequences, :])
+    beam_indices = flatten_beam_dim(final_beam_indices[:, :num_return_sequences, :])
     max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()
     return sequences[:, : decoder_prompt_len + max_generated_length]

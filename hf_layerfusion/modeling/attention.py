@@ -66,7 +66,7 @@ class MultiHeadAttention(AttentionSublayer):
     def project_keys_values(
         self,
         keys_from: torch.Tensor,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         static_keys: bool = False,
         prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,21 +76,21 @@ class MultiHeadAttention(AttentionSublayer):
         step of an input (layer-wise coordination's source part of the mixed attention): the result is
         `[prefix ; keys]` along positions. A cache with `update_with_prefix` (the fast decoding loop's) keeps them in
         one buffer; with any other the two are concatenated here, at every step."""
-        cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            if static_keys and past_key_values.is_updated.get(self.layer_idx, False):
-                layer = past_key_values.cross_attention_cache.layers[self.layer_idx]
+        slot = cache
+        if isinstance(cache, EncoderDecoderCache):
+            if static_keys and cache.is_updated.get(self.layer_idx, False):
+                layer = cache.cross_attention_cache.layers[self.layer_idx]
                 return layer.keys, layer.values
-            cache = past_key_values.cross_attention_cache if static_keys else past_key_values.self_attention_cache
+            slot = cache.cross_attention_cache if static_keys else cache.self_attention_cache
         kv_shape = (*keys_from.shape[:-1], -1, self.head_dim)
         key_states = self.k_proj(keys_from).view(kv_shape).transpose(1, 2)
         value_states = self.v_proj(keys_from).view(kv_shape).transpose(1, 2)
-        if prefix is not None and hasattr(cache, "update_with_prefix"):
-            return cache.update_with_prefix(key_states, value_states, self.layer_idx, *prefix)
-        if cache is not None:
-            key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
-            if static_keys and isinstance(past_key_values, EncoderDecoderCache):
-                past_key_values.is_updated[self.layer_idx] = True
+        if prefix is not None and hasattr(slot, "update_with_prefix"):
+            return slot.update_with_prefix(key_states, value_states, self.layer_idx, *prefix)
+        if slot is not None:
+            key_states, value_states = slot.update(key_states, value_states, self.layer_idx)
+            if static_keys and isinstance(cache, EncoderDecoderCache):
+                cache.is_updated[self.layer_idx] = True
         if prefix is not None:
             key_states = torch.cat([prefix[0], key_states], dim=2)
             value_states = torch.cat([prefix[1], value_states], dim=2)
@@ -141,11 +141,11 @@ class MultiHeadAttention(AttentionSublayer):
         queries_from: torch.Tensor,
         keys_from: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         static_keys: bool = False,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        key_states, value_states = self.project_keys_values(keys_from, past_key_values, static_keys)
+        key_states, value_states = self.project_keys_values(keys_from, cache, static_keys)
         return self.attend_to(queries_from, key_states, value_states, attention_mask, **kwargs)
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -153,7 +153,7 @@ class MultiHeadAttention(AttentionSublayer):
             hidden_states,
             hidden_states,
             context.attention_mask,
-            context.past_key_values,
+            context.cache,
             **context.attention_kwargs,
         )
 
@@ -168,7 +168,7 @@ class CrossAttention(MultiHeadAttention):
             hidden_states,
             context.memory,
             context.memory_mask,
-            context.past_key_values,
+            context.cache,
             static_keys=True,
             **context.attention_kwargs,
         )

@@ -36,7 +36,7 @@ class LayerContext:
     - `attention_mask`: the stack's self-attention mask (bidirectional in the encoder, causal in the decoder);
     - `memory`, `memory_mask`: the encoder memory this decoder layer reads (None in the encoder, and in a decoder
       called without encoder states), with its mask;
-    - `past_key_values`: the decoder's cache (None in the encoder);
+    - `cache`: the decoder's cache (None in the encoder);
     - `lower_states`: `[s_0 .. s_{l-1}]`, the states of the layers below (s_0 = embeddings; s_{l-1} is this layer's
       input), for attention that reads lower layers (multi-layer attention);
     - `attention_kwargs`: passed through to the attention interface;
@@ -48,7 +48,7 @@ class LayerContext:
     attention_mask: torch.Tensor | None
     memory: torch.Tensor | None
     memory_mask: torch.Tensor | None
-    past_key_values: Cache | None
+    cache: Cache | None
     lower_states: Sequence[torch.Tensor]
     attention_kwargs: dict
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None

@@ -118,10 +118,10 @@ class TransformerLayer(GradientCheckpointingLayer):
         memory: torch.Tensor | None = None,
         *lower_states: torch.Tensor,
         memory_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ):
-        context = LayerContext(attention_mask, memory, memory_mask, past_key_values, lower_states, kwargs)
+        context = LayerContext(attention_mask, memory, memory_mask, cache, lower_states, kwargs)
         weights = {"s": None, "c": None}
         for kind, name in self.sublayers:
             if kind == "c" and memory is None:

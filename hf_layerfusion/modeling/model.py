@@ -15,6 +15,7 @@ from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.utils import can_return_tuple
 
+from ..compat import accepts_either_cache_name, cache_field, output_cache
 from .attention import CrossAttention, MultiHeadAttention
 from .configuration import LayerFusionConfig
 from .extension_points import (
@@ -126,6 +127,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
     def get_decoder(self):
         return self.decoder
 
+    @accepts_either_cache_name
     @can_return_tuple
     def forward(
         self,
@@ -134,7 +136,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -170,7 +172,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
             encoder_layer_memories=encoder_outputs.layer_memories,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             groups=decoder_groups,
@@ -179,7 +181,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
         return LayerFusionSeq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             group_features=decoder_outputs.group_features,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_field(output_cache(decoder_outputs)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -263,16 +265,16 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self.final_logits_bias = nn.Buffer(new_bias)
         return embeddings
 
-    def _reorder_cache(self, past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
         """Beam search (`generate()` calls this hook when a model defines it): reorder the self-attention keys/values
         only. The cross-attention slots hold keys/values computed from the encoder output alone, the same for every
         beam of a sentence (beam indices never leave their sentence), so reordering them, as
         `EncoderDecoderCache.reorder_cache` does, would copy every slot into an equal one at each step."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
         else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+            cache.reorder_cache(beam_idx)
+        return cache
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -317,6 +319,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         return None, {}
 
     # ----
+    @accepts_either_cache_name
     @can_return_tuple
     def forward(
         self,
@@ -325,7 +328,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -359,7 +362,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -379,7 +382,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         return self.output_class(
             loss=loss,
             logits=head.logits,
-            past_key_values=outputs.past_key_values,
+            **cache_field(output_cache(outputs)),
             decoder_hidden_states=outputs.decoder_hidden_states if keep_hidden_states else None,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,

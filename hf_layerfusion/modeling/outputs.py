@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import Cache
-from transformers.modeling_outputs import BaseModelOutput, ModelOutput, Seq2SeqLMOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
 
 
 @dataclass
@@ -18,29 +22,20 @@ class LayerFusionEncoderOutput(BaseModelOutput):
     layer_memories: torch.Tensor | None = None
 
 
+# The decoder's and the bare model's outputs extend transformers' own, so that their cache field has the installed
+# release's name (`past_key_values`, `cache` from 5.24 on: `hf_layerfusion.compat`).
 @dataclass
-class LayerFusionDecoderOutput(ModelOutput):
+class LayerFusionDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
     """Decoder stack output. `group_features[k]` is the readout of output group `decoder_groups[k]`."""
 
-    last_hidden_state: torch.Tensor | None = None
     group_features: tuple[torch.Tensor, ...] | None = None
-    past_key_values: Cache | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-    cross_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
-class LayerFusionSeq2SeqModelOutput(ModelOutput):
-    last_hidden_state: torch.Tensor | None = None
+class LayerFusionSeq2SeqModelOutput(Seq2SeqModelOutput):
+    """The bare model's output; `group_features` as the decoder's."""
+
     group_features: tuple[torch.Tensor, ...] | None = None
-    past_key_values: Cache | None = None
-    decoder_hidden_states: tuple[torch.Tensor, ...] | None = None
-    decoder_attentions: tuple[torch.Tensor, ...] | None = None
-    cross_attentions: tuple[torch.Tensor, ...] | None = None
-    encoder_last_hidden_state: torch.Tensor | None = None
-    encoder_hidden_states: tuple[torch.Tensor, ...] | None = None
-    encoder_attentions: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass

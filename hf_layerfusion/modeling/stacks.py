@@ -13,6 +13,8 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from ..compat import accepts_either_cache_name, cache_field
+
 from .attention import MultiHeadAttention
 from .configuration import LayerFusionConfig
 from .embeddings import TokenAndPositionEmbedding
@@ -164,6 +166,7 @@ class LayerFusionDecoder(LayerStack):
         "cross_attentions": attentions_recorder("encoder_attn"),
     }
 
+    @accepts_either_cache_name
     @merge_with_config_defaults
     @capture_outputs(tie_last_hidden_states=False)
     def forward(
@@ -172,7 +175,7 @@ class LayerFusionDecoder(LayerStack):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         groups: Sequence[int] | None = None,
@@ -184,9 +187,9 @@ class LayerFusionDecoder(LayerStack):
             families whose encoder readout gives them (`EncoderReadout.layer_memories`); else every layer reads
             `encoder_hidden_states`.
         """
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
         check_model_inputs(self.config, input_ids, attention_mask, inputs_embeds, "decoder_input_ids", past_length)
         inputs_embeds = self.input_embeddings(input_ids, inputs_embeds)
         embeddings = self.embeddings(input_ids, inputs_embeds, past_length)
@@ -194,15 +197,9 @@ class LayerFusionDecoder(LayerStack):
         batch_size, seq_length = inputs_embeds.shape[:2]
         if attention_mask is None:
             attention_mask = torch.ones(batch_size, past_length + seq_length, device=inputs_embeds.device)
-        self_attn_cache = (
-            past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
-        )
-        causal_mask = create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=self_attn_cache,
-        )
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        # the cache goes by position: transformers 5.24 renamed this argument `past_key_values` -> `cache`
+        causal_mask = create_causal_mask(self.config, inputs_embeds, attention_mask, self_attn_cache)
         cross_mask = None
         if encoder_hidden_states is not None:
             cross_mask = create_bidirectional_mask(
@@ -223,10 +220,10 @@ class LayerFusionDecoder(LayerStack):
             embeddings,
             self.layers[:num_layers],
             memory_for_layer,
-            {"attention_mask": causal_mask, "memory_mask": cross_mask, "past_key_values": past_key_values, **kwargs},
+            {"attention_mask": causal_mask, "memory_mask": cross_mask, "cache": cache, **kwargs},
         )
         return LayerFusionDecoderOutput(
             last_hidden_state=states[-1],
             group_features=self.readout.group_features(states, groups),
-            past_key_values=past_key_values,
+            **cache_field(cache),
         )

@@ -101,6 +101,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.generation import GenerationMixin
 
+from ..compat import CACHE_NAME
 from ..modeling.attention import LayerContext, MultiHeadAttention
 from ..modeling.configuration import LayerFusionConfig
 from ..modeling.extension_points import (
@@ -147,7 +148,7 @@ class DeepRepresentationsConfig(LayerFusionConfig):
 
     model_type = "deep_representations"
     # training diagnostics of the output, scalars: not part of the predictions the Trainer gathers in evaluation
-    keys_to_ignore_at_inference = ["past_key_values", *DIVERSITY_DIAGNOSTICS]
+    keys_to_ignore_at_inference = [CACHE_NAME, *DIVERSITY_DIAGNOSTICS]
 
     encoder_aggregation: str = "hierarchical"
     decoder_aggregation: str = "hierarchical"
@@ -374,14 +375,14 @@ class MultiLayerSelfAttention(MultiHeadAttention):
         # one map per layer (this module's, over layer l-1)
         contexts = []
         top_context, weights = self.attend(
-            hidden_states, hidden_states, context.attention_mask, context.past_key_values, **context.attention_kwargs
+            hidden_states, hidden_states, context.attention_mask, context.cache, **context.attention_kwargs
         )
         contexts.append(top_context)
         for i, attention in enumerate(self.lower_attentions, start=2):
             lower = context.lower_states[-i]
             if self.lower_norms is not None:
                 lower = self.lower_norms[i - 2](lower)
-            key_states, value_states = attention.project_keys_values(lower, context.past_key_values)
+            key_states, value_states = attention.project_keys_values(lower, context.cache)
             contexts.append(
                 attention.attend_to(
                     hidden_states, key_states, value_states, context.attention_mask, **context.attention_kwargs

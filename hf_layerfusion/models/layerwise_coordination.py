@@ -211,7 +211,7 @@ def memory_keys_values(attention: MultiHeadAttention, context: LayerContext) -> 
     """Keys/values of the encoder state a decoder layer reads (`context.memory`), normalised like the sub-layer's own
     input (`context.normalize`: the block's pre-norm LayerNorm, identity in post-norm), computed once per input and
     kept in the attention's cross-attention cache slot."""
-    cache = context.past_key_values
+    cache = context.cache
     if isinstance(cache, EncoderDecoderCache) and cache.is_updated.get(attention.layer_idx, False):
         memory = context.memory  # keys/values come from the cache; the memory is not read (nor normalised) again
     else:
@@ -242,7 +242,7 @@ class MixedAttention(MultiHeadAttention):
         source_keys, source_values = memory_keys_values(self, context)
         # [source ; target] keys/values (the source part first, as a prefix of the cached target part)
         keys, values = self.project_keys_values(
-            hidden_states, context.past_key_values, prefix=(source_keys, source_values)
+            hidden_states, context.cache, prefix=(source_keys, source_values)
         )
         batch_size, query_length = hidden_states.shape[:2]
         mask = mixed_attention_mask(

@@ -52,6 +52,7 @@ if is_torch_available():
 
     # --- models under test (external package) --------------------------------------------------------------
     import hf_layerfusion  # registers the Auto classes
+    from hf_layerfusion.compat import output_cache
 
     FAMILIES = dict(hf_layerfusion.FAMILIES)
 else:
@@ -191,8 +192,9 @@ class LayerFusionModelTester:
                 extra["encoder_layer_memories"] = encoder_outputs.layer_memories
         outputs = model(input_ids, attention_mask=attention_mask, use_cache=True, **extra)
         # (Marian's harness unpacks `output, past_key_values = outputs.to_tuple()`; the hf_layerfusion decoder
-        # output carries an extra `group_features` field, so read the two fields by name.)
-        past_key_values = outputs.past_key_values
+        # output carries an extra `group_features` field, so read the two fields by name; the cache's name is the
+        # installed transformers release's.)
+        past_key_values = output_cache(outputs)
         next_tokens = ids_tensor((self.batch_size, 3), config.vocab_size)
         next_attn_mask = ids_tensor((self.batch_size, 3), 2)
         next_input_ids = torch.cat([input_ids, next_tokens], dim=-1)
