@@ -28,13 +28,17 @@ with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `benchmar
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
 BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
 `--baseline_scores` to get the win ratio. With `--save_steps N` the run leaves checkpoints there, and
-`--resume_from_checkpoint last` continues an interrupted run from the newest (as in run_translation.py).
+`--resume_from_checkpoint last` continues an interrupted run from the newest (as in run_translation.py). As there, a
+run holds its `--output_dir` (a second run into it is refused at once, naming the first), a run without `--do_train`
+may write into a non-empty dir but replaces a `direction_scores.json` there only with `--overwrite_output_dir True`,
+and no run writes over what it reads (XLM-R, the corpus, `--baseline_scores`).
 Training uses `LayerFusionSeq2SeqTrainer`: `--label_smoothing_factor` is applied by the model's own loss (for GTrans,
 per decoder group as in Eq. 7), not by the Trainer's label smoother.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -58,7 +62,12 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 # same folder: the same syntax, help and resume rules
-from run_translation import HelpFormatter, parse_config_overrides, resolve_checkpoint  # noqa: E402
+from run_translation import (  # noqa: E402
+    HelpFormatter,
+    check_training_arguments,
+    parse_config_overrides,
+    resolve_checkpoint,
+)
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.file_checks import (  # noqa: E402
@@ -66,6 +75,8 @@ from hf_layerfusion.file_checks import (  # noqa: E402
     check_input_file,
     check_local_or_hub,
     check_output_dir,
+    lock_output_dir,
+    write_file_atomically,
 )
 from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
 from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
@@ -96,6 +107,7 @@ from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E
 logger = logging.getLogger(__name__)
 
 MULTI30K_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+SCORES_FILE = "direction_scores.json"
 
 
 @dataclass
@@ -165,7 +177,10 @@ class DataArguments:
 class RunArguments:
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Write into a non-empty --output_dir (training) or --tiny_random_xlmr directory."},
+        metadata={
+            "help": "Write into a non-empty --output_dir (training) or --tiny_random_xlmr directory; without "
+            "--do_train: replace the direction_scores.json in --output_dir."
+        },
     )
 
 
@@ -232,6 +247,7 @@ def check_arguments(
     """Check every argument before any work or write; returns the parsed `--config_overrides` and the checkpoint to
     resume from (`--resume_from_checkpoint last`: the output dir's newest, none: start fresh; as run_translation.py)."""
     check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
+    check_training_arguments(training_args)
     check_model_type(model_args.model_type, "--model_type")
     if data_args.dataset == "opus100":
         if not data_args.languages:
@@ -270,7 +286,13 @@ def check_arguments(
         check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
     else:
         check_local_or_hub(model_args.xlmr, "--xlmr")
-    checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir)
+    # what the run reads (the tiny XLM-R dir too, which it writes first): its output must not overwrite them
+    reads = [model_args.tiny_random_xlmr, data_args.baseline_scores, data_args.opus100_dir]
+    reads.append(data_args.multi30k_dir if data_args.dataset == "multi30k" else None)
+    if not model_args.tiny_random_xlmr and Path(model_args.xlmr).expanduser().exists():
+        reads.append(model_args.xlmr)
+    inputs = [path for path in reads if path]
+    checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir, inputs, [SCORES_FILE])
     config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
     return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
 
@@ -294,11 +316,30 @@ def main(argv: list[str] | None = None) -> dict:
     set_seed(training_args.seed)
 
     # ---------------------------------------------------------------------------------------------- data
+    # read before the first write: a corpus that cannot be read (a language code mistyped, say) leaves nothing
     if data_args.dataset == "opus100":
         pairs = load_opus100(data_args.languages.split(","), data_dir=data_args.opus100_dir)
         thresholds = OPUS100_RESOURCE_THRESHOLDS
     else:
         pairs, thresholds = multi30k_standin(data_args)
+    # the first write: the main process holds the output dir for the whole run (the run's other processes write
+    # under its lock), so that a second run into it is refused, naming this one
+    with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():
+        return train_and_evaluate(model_args, data_args, training_args, config_overrides, checkpoint, pairs, thresholds)
+
+
+def train_and_evaluate(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: Seq2SeqTrainingArguments,
+    config_overrides: dict,
+    checkpoint: str | None,
+    pairs: dict[str, datasets.DatasetDict],
+    thresholds: tuple[int, int],
+) -> dict:
+    """The run after its arguments are checked and its corpus read (`pairs`, with the resource `thresholds`): build
+    the model, train (resuming from `checkpoint`), translate and score every direction, write
+    `direction_scores.json`."""
     directions = both_directions(list(pairs))
     pair_of = {direction: pair for pair in pairs for direction in both_directions([pair])}
     train_sizes = {direction: len(pairs[pair_of[direction]]["train"]) for direction in directions}
@@ -413,8 +454,10 @@ def main(argv: list[str] | None = None) -> dict:
         "signature": signature,
         "hypotheses": dict(zip(test_sets, translations)),  # the test translations, for paired bootstrap later
     }
-    Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)
-    (Path(training_args.output_dir) / "direction_scores.json").write_text(json.dumps(results, indent=2))
+    if training_args.process_index == 0:  # into the dir that lock_output_dir made
+        write_file_atomically(
+            Path(training_args.output_dir, SCORES_FILE), json.dumps(results, indent=2), what="Scores file"
+        )
     return results
 
 

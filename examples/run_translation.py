@@ -32,16 +32,23 @@ after `import hf_layerfusion`; `examples/translate.py` translates files with it)
 Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (use
 `--train_sampling_strategy group_by_length`), no `warmup_ratio` (`--warmup_steps 0.1` is a ratio), no
 `evaluation_strategy` (`--eval_strategy`) and no `no_cuda` (`--use_cpu`). Every argument is checked before any
-work or write; training into a non-empty `--output_dir` is refused unless `--overwrite_output_dir True` (this
-script's own flag: transformers 5 dropped it; it replaces the run's files and keeps the others, and is refused while
-the dir holds checkpoints) or `--resume_from_checkpoint` continues the run there (`last` with no checkpoint to
-continue is a fresh start, refused in a non-empty dir like any other).
+work or write (`--max_steps 0`, a batch size of 0 and the like included); training into a non-empty `--output_dir`
+is refused unless `--overwrite_output_dir True` (this script's own flag: transformers 5 dropped it; it replaces the
+run's files and keeps the others, and is refused while the dir holds checkpoints) or `--resume_from_checkpoint`
+continues the run there (`last` with no checkpoint to continue is a fresh start, refused in a non-empty dir like any
+other), and never into the checkpoint, tokenizer or corpus it reads. A run that only evaluates (`--do_eval` /
+`--do_predict` without `--do_train`) may write into a non-empty dir, the model dir it evaluates included, but
+refuses to replace its result files there without `--overwrite_output_dir True`, and never replaces a file of the
+model. A run holds its `--output_dir` (`_run.lock`, released when it ends, however it ends): a second run into it is
+refused at once, naming the first. Result files are written whole or not at all (a temporary file renamed into
+place).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import json
 import logging
@@ -72,8 +79,12 @@ import hf_layerfusion  # noqa: E402  (registers the families with the Auto class
 from hf_layerfusion.file_checks import (  # noqa: E402
     check_distributed_launch,
     check_local_or_hub,
+    check_not_in_use,
     check_output_dir,
+    check_result_files,
+    lock_output_dir,
     reraise_hub_error,
+    write_file_atomically,
 )
 from hf_layerfusion.modeling.configuration import declared_field_types  # noqa: E402
 from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
@@ -104,6 +115,8 @@ from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E
 logger = logging.getLogger(__name__)
 
 RESUME_LAST = "last"
+RESULTS_FILE = "bleu_results.json"
+PREDICTIONS_FILE = "generated_predictions_{}.txt"  # per split
 
 
 @dataclass
@@ -272,12 +285,31 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output_dir: bool = False) -> str | None:
+def check_output_location(
+    training_args: Seq2SeqTrainingArguments, overwrite_output_dir: bool, inputs: list[str], result_files: list[str]
+) -> None:
+    """The rule of every run that starts writing into `--output_dir`. A training run needs it empty (or
+    `overwrite_output_dir`) and apart from its `inputs` (fine-tuning a model into its own directory would replace
+    it). A run that only evaluates writes nothing but its `result_files`, so it may write beside other files (into
+    the model dir it evaluates, say), but replaces none of them unasked, nor ever a file of its `inputs`."""
+    if training_args.do_train:
+        check_output_dir(training_args.output_dir, inputs, overwrite=overwrite_output_dir, what="--output_dir")
+    else:
+        check_result_files(training_args.output_dir, result_files, inputs, overwrite=overwrite_output_dir)
+
+
+def resolve_checkpoint(
+    training_args: Seq2SeqTrainingArguments,
+    overwrite_output_dir: bool = False,
+    inputs: list[str] = (),
+    result_files: list[str] = (),
+) -> str | None:
     """The checkpoint to resume from: `--resume_from_checkpoint last` is the newest complete `checkpoint-*` of the
-    output dir (none: start fresh); a path must exist. Refuse to start training over in a dir that already has
-    checkpoints, or any other file unless `overwrite_output_dir` (a new tokenizer and model would replace them), also
-    with `last` when there is nothing to resume (a finished run saved without checkpoints, say)."""
+    output dir (none: start fresh); a path must exist. Refuse an output dir that another run is writing into, and
+    to start training over in a dir that already has checkpoints; a fresh start, also with `last` when there is
+    nothing to resume (a finished run saved without checkpoints, say), must pass `check_output_location`."""
     output_dir = training_args.output_dir
+    check_not_in_use(output_dir)
     existing = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
     requested = training_args.resume_from_checkpoint
     if requested is None:
@@ -295,13 +327,12 @@ def resolve_checkpoint(training_args: Seq2SeqTrainingArguments, overwrite_output
                 f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
                 f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
             )
-        check_output_dir(output_dir, overwrite=overwrite_output_dir or not training_args.do_train, what="--output_dir")
+        check_output_location(training_args, overwrite_output_dir, inputs, result_files)
         return None
     if requested == RESUME_LAST:
         checkpoint = last_complete_checkpoint(output_dir) if existing else None
         if checkpoint is None:  # a fresh start after all: it must not replace another run's files unasked
-            overwrite = overwrite_output_dir or not training_args.do_train
-            check_output_dir(output_dir, overwrite=overwrite, what="--output_dir")
+            check_output_location(training_args, overwrite_output_dir, inputs, result_files)
         return checkpoint
     if not os.path.isdir(requested):
         raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
@@ -435,6 +466,55 @@ def select_splits(raw: datasets.DatasetDict, data_args: DataArguments, training_
     return splits
 
 
+def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
+    """The Trainer's numbers that transformers accepts but misuses: `--max_steps 0` trains one step and saves the
+    model as finished, a batch size or accumulation of 0 fails deep in the data loader, a negative seed fails in
+    NumPy naming no argument."""
+    if training_args.max_steps != -1:  # -1, the default: train for --num_train_epochs
+        if training_args.max_steps < 1:
+            raise ValueError(
+                f"--max_steps must be a positive number of steps, or -1 (the default) to train for "
+                f"--num_train_epochs, got {training_args.max_steps}."
+            )
+    elif not training_args.num_train_epochs > 0:
+        raise ValueError(
+            f"--num_train_epochs must be positive, got {training_args.num_train_epochs} (or give --max_steps)."
+        )
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        check_positive_int(getattr(training_args, name), f"--{name}")
+    for name in ("eval_accumulation_steps", "generation_num_beams", "generation_max_length"):
+        check_positive_int(getattr(training_args, name), f"--{name}", allow_none=True)
+    # a number of steps, or below 1 a fraction of the training's steps
+    for name in ("save_steps", "eval_steps", "logging_steps"):
+        value = getattr(training_args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive (steps, or a fraction of the training below 1), got {value}.")
+    for name in ("seed", "data_seed", "dataloader_num_workers"):
+        value = getattr(training_args, name)
+        if value is not None and value < 0:
+            raise ValueError(f"--{name} must be a non-negative integer, got {value}.")
+
+
+def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> list[str]:
+    """The local paths this run reads (Hub ids left out), which its output must not overwrite: the checkpoint, the
+    tokenizer and the corpus (a data file may be the prefix of parallel text files, `dir/train` for
+    `dir/train.en`)."""
+    hub_or_local = (model_args.model_name_or_path, model_args.tokenizer_name, data_args.dataset_name)
+    local = [os.path.expanduser(path) for path in hub_or_local if path and os.path.exists(os.path.expanduser(path))]
+    return local + [path for path in (data_args.train_file, data_args.validation_file, data_args.test_file) if path]
+
+
+def scored_splits(training_args: Seq2SeqTrainingArguments) -> list[str]:
+    """The splits a run translates and scores: validation (`--do_eval`), test (`--do_predict`)."""
+    wanted = {"validation": training_args.do_eval, "test": training_args.do_predict}
+    return [split for split, scored in wanted.items() if scored]
+
+
+def result_files(training_args: Seq2SeqTrainingArguments) -> list[str]:
+    """The files besides the model and the Trainer's that a run writes into --output_dir."""
+    return [RESULTS_FILE] + [PREDICTIONS_FILE.format(split) for split in scored_splits(training_args)]
+
+
 def check_arguments(
     model_args: ModelArguments,
     data_args: DataArguments,
@@ -450,6 +530,11 @@ def check_arguments(
     sources = [data_args.builtin_corpus, data_args.dataset_name is not None, data_args.train_file is not None]
     if sum(sources) != 1:
         raise ValueError("Give exactly one data source: --builtin_corpus, --dataset_name, or --train_file.")
+    if data_args.builtin_corpus:
+        for name in ("builtin_num_train", "builtin_num_valid", "builtin_num_test"):
+            if getattr(data_args, name) < 0:
+                raise ValueError(f"--{name} must be a non-negative number of pairs, got {getattr(data_args, name)}.")
+    check_training_arguments(training_args)
     for name in ("max_source_length", "max_target_length", "num_beams"):
         check_positive_int(getattr(data_args, name), f"--{name}")
     for name in ("max_new_tokens", "max_train_samples", "max_eval_samples", "max_predict_samples"):
@@ -472,7 +557,9 @@ def check_arguments(
         eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
     build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
-    return resolve_checkpoint(training_args, run_args.overwrite_output_dir)
+    return resolve_checkpoint(
+        training_args, run_args.overwrite_output_dir, run_inputs(model_args, data_args), result_files(training_args)
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -489,14 +576,31 @@ def main(argv: list[str] | None = None) -> dict:
     logger.setLevel(log_level)
     datasets.utils.logging.set_verbosity(log_level)
     transformers.utils.logging.set_verbosity(log_level)
-    set_seed(training_args.seed)
 
     checkpoint = check_arguments(model_args, data_args, run_args, training_args)
+    set_seed(training_args.seed)
     # every process has checked the output dir before any of them writes into it
     if training_args.distributed_state is not None:
         training_args.distributed_state.wait_for_everyone()
-    src, tgt = data_args.source_lang, data_args.target_lang
+    # read before the first write: a corpus that cannot be read (a language code mistyped, say) leaves nothing
     splits = select_splits(load_raw_datasets(data_args), data_args, training_args)
+    # the first write: the main process holds the output dir for the whole run (the run's other processes write
+    # under its lock), so that a second run into it is refused, naming this one
+    with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():
+        return train_and_evaluate(model_args, data_args, run_args, training_args, checkpoint, splits)
+
+
+def train_and_evaluate(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    run_args: RunArguments,
+    training_args: Seq2SeqTrainingArguments,
+    checkpoint: str | None,
+    splits: dict,
+) -> dict:
+    """The run after its arguments are checked and its corpus read (`splits`, raw): train (resuming from
+    `checkpoint`), save, score the splits, write the results."""
+    src, tgt = data_args.source_lang, data_args.target_lang
     with training_args.main_process_first(desc="tokenizer", local=False):
         tokenizer = load_or_train_tokenizer(
             model_args,
@@ -558,21 +662,22 @@ def main(argv: list[str] | None = None) -> dict:
         trainer.save_state()
         results["train"] = metrics
 
-    for split_name, wanted in (("validation", training_args.do_eval), ("test", training_args.do_predict)):
-        if not wanted:
-            continue
+    for split_name in scored_splits(training_args):
         bleu = translation_bleu(trainer, splits[split_name], tokenized[split_name], tgt, split_name)
         results[split_name] = {key: value for key, value in bleu.items() if key != "hypotheses"}
         if trainer.is_world_process_zero():
-            Path(training_args.output_dir, f"generated_predictions_{split_name}.txt").write_text(
-                "".join(f"{line}\n" for line in bleu["hypotheses"]), encoding="utf-8"
+            write_file_atomically(
+                Path(training_args.output_dir, PREDICTIONS_FILE.format(split_name)),
+                "".join(f"{line}\n" for line in bleu["hypotheses"]),
+                what="Predictions file",
             )
             print(
                 f"{split_name} BLEU = {bleu['bleu']:.2f} (beam {model.generation_config.num_beams}; {bleu['signature']})"
             )
-    if trainer.is_world_process_zero():
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        Path(training_args.output_dir, "bleu_results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if trainer.is_world_process_zero():  # into the dir that lock_output_dir made
+        write_file_atomically(
+            Path(training_args.output_dir, RESULTS_FILE), json.dumps(results, indent=2) + "\n", what="Results file"
+        )
     return results
 
 

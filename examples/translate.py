@@ -30,7 +30,13 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
-from hf_layerfusion.file_checks import check_input_file, check_local_or_hub, check_output_file, read_utf8  # noqa: E402
+from hf_layerfusion.file_checks import (  # noqa: E402
+    check_input_file,
+    check_local_or_hub,
+    check_output_file,
+    read_utf8,
+    write_file_atomically,
+)
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
 from hf_layerfusion.training.translation import translate  # noqa: E402
 
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
     input_file = check_input_file(args.input, "--input") if args.input else None
     if args.output:
+        # neither the input nor a file of the model, and writable: refused now, not after the whole input is translated
         check_output_file(args.output, [input_file, model_dir], what="--output")
     if args.quantization and args.device != "cpu":
         parser.error(f"--quantization {args.quantization} runs on the CPU; pass --device cpu.")
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     text = "".join(f"{line}\n" for line in translations)
     if args.output:
-        Path(args.output).write_text(text, encoding="utf-8")
+        write_file_atomically(args.output, text, what="--output")
     else:
         sys.stdout.write(text)
 

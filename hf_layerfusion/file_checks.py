@@ -4,17 +4,31 @@ training tools and the command-line scripts (the checks of the models' tensor in
 `hf_layerfusion.modeling.input_checks`).
 
 Every check raises an error that names the bad value, before any expensive work or any write: a wrong argument
-must never give a silent wrong answer or overwrite a user's file.
+must never give a silent wrong answer or overwrite a user's file. The writes that follow the checks go through
+`write_file_atomically` (a failure leaves the previous file whole) and, for a run's output directory,
+`lock_output_dir` (two runs never write into one directory at once).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
-from collections.abc import Iterable
+import secrets
+import shlex
+import socket
+import stat
+import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+
+# held by the run writing into an output dir (`lock_output_dir`); named with a leading '_' so that
+# `Trainer.push_to_hub`, which leaves out `_*` files, does not upload the command line it holds
+LOCK_FILE = "_run.lock"
 
 def looks_like_local_path(name_or_path: str | os.PathLike) -> bool:
     """Whether `name_or_path` can only be a file-system path: a Hub id is `name` or `owner/name`, so an absolute
@@ -94,23 +108,78 @@ def _same_path(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
+def _check_writable(directory: Path, what: str, path: Path) -> None:
+    """A directory we may create files in (a read-only mount or missing permission fails here, before the work
+    whose result would be lost)."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"{what} {str(path)!r}: the directory {str(directory)!r} is not writable (read-only file system or no "
+            "permission); choose a location you may write to."
+        )
+
+
 def check_output_file(path, inputs: Iterable = (), what: str = "Output file") -> Path:
-    """A file we may write: not one of `inputs`, not a directory, in a directory that exists (checked before any
-    work, so a typo does not cost a whole run)."""
+    """A file we may write: not one of `inputs`, nor an existing file inside an input directory (a file of a model
+    the command reads), not a directory, not a read-only file, in a directory that exists and is writable (checked
+    before any work, so that a typo or a read-only destination does not cost a whole run)."""
     path = Path(os.fspath(path)).expanduser()
     for source in inputs:
-        if source is not None and _same_path(path, Path(os.fspath(source)).expanduser()):
+        if source is None:
+            continue
+        source_path = Path(os.fspath(source)).expanduser()
+        if _same_path(path, source_path):
             raise ValueError(f"{what} {str(path)!r} is the input {os.fspath(source)!r}: writing it would destroy it.")
+        # resolved: a symbolic link to a model's file, or `..` in the path, is caught too
+        if source_path.is_dir() and path.exists() and path.resolve().is_relative_to(source_path.resolve()):
+            raise ValueError(
+                f"{what} {str(path)!r} is a file of {os.fspath(source)!r}, which this command reads: writing it would "
+                "destroy it. Write to a new file, or outside that directory."
+            )
     if path.is_dir():
         raise IsADirectoryError(f"{what} {str(path)!r} is a directory.")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{what} {str(path)!r}: directory {str(path.parent)!r} does not exist.")
+    _check_writable(path.parent, what, path)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"{what} {str(path)!r} is read-only; make it writable or choose another file.")
     return path
 
 
+def write_file_atomically(path, data: str | bytes, what: str = "Output file") -> Path:
+    """Write `data` (a string as UTF-8) to `path` through a temporary file in the same directory renamed into place
+    (`os.replace`), so that a failure (a full disk, a read-only directory, a kill) leaves the previous file whole
+    instead of replaced by a partial one; the error names the path and the reason. A symbolic link is written through
+    (its target is replaced), and a replaced file keeps its permission bits."""
+    target = Path(os.path.realpath(Path(os.fspath(path)).expanduser()))
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    # hidden, and unique to this call: a temporary file left by a killed process is never reused or clobbered
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        # created as any new file is (0o666 less the umask), not mkstemp's 0o600
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(payload)
+                file.flush()
+                os.fsync(file.fileno())  # the data is on disk before the name points at it
+            if target.exists():
+                os.chmod(temporary, stat.S_IMODE(target.stat().st_mode))
+            os.replace(temporary, target)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        message = (
+            f"Could not write {what} {str(path)!r}: {error.strerror or error}; the previous file, if any, is "
+            "unchanged."
+        )
+        raise (OSError(error.errno, message) if error.errno else OSError(message)) from error
+    return target
+
+
 def check_output_dir(output_dir, inputs: Iterable = (), *, overwrite: bool = False, what: str = "output_dir") -> Path:
-    """A directory we may write into: not a file, neither one of `inputs` nor inside / around one, and empty (or
-    missing) unless `overwrite`."""
+    """A directory we may write into: not a file, neither one of `inputs` nor inside / around one, writable (or
+    creatable), and empty (or missing; a lock file of an earlier run does not count) unless `overwrite`."""
     if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
         raise ValueError(f"{what} must be a non-empty path, got {output_dir!r}.")
     path = Path(os.fspath(output_dir)).expanduser()
@@ -123,12 +192,79 @@ def check_output_dir(output_dir, inputs: Iterable = (), *, overwrite: bool = Fal
             )
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{what} {str(path)!r} is a file, not a directory.")
-    if not overwrite and path.is_dir() and any(path.iterdir()):
+    # the directory, or the nearest existing one above it, in which it will be created
+    existing = next(directory for directory in (resolved, *resolved.parents) if directory.exists())
+    if existing.is_dir():
+        _check_writable(existing, what, path)
+    content = sorted(child.name for child in path.iterdir() if child.name != LOCK_FILE) if path.is_dir() else []
+    if not overwrite and content:
         raise FileExistsError(
-            f"{what} {str(path)!r} already exists and is not empty ({sorted(p.name for p in path.iterdir())[:5]}); "
+            f"{what} {str(path)!r} already exists and is not empty ({content[:5]}); "
             "choose another directory or pass --overwrite_output_dir."
         )
     return path
+
+
+def check_result_files(output_dir, names: Iterable[str], inputs: Iterable = (), *, overwrite: bool = False,
+                       what: str = "--output_dir") -> Path:
+    """The result files `names` that a run writes into `output_dir`, a directory that may hold other files (an
+    evaluation may write its scores beside the model it reads): `output_dir` is a writable directory (or missing),
+    no result file that exists is an input or a file of an input directory, and none exists unless `overwrite`."""
+    path = check_output_dir(output_dir, overwrite=True, what=what)
+    existing = [name for name in names if (path / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{what} {str(path)!r} already holds {existing}, which this run would replace; pass "
+            f"--overwrite_output_dir True to replace them, or choose another {what}."
+        )
+    inputs = list(inputs)
+    for name in existing:
+        check_output_file(path / name, inputs, what="Result file")
+    return path
+
+
+def _lock(file, operation: int, directory: Path, what: str) -> None:
+    """`flock(file, operation)` without waiting; held by another run: an error naming that run (the lock file's
+    text)."""
+    try:
+        fcntl.flock(file, operation | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "which has not written its name yet"
+        raise RuntimeError(
+            f"{what} {str(directory)!r} is in use by another run ({holder}); two runs writing there would replace "
+            f"each other's files. Wait for that run to end, or choose another {what}."
+        ) from None
+
+
+def check_not_in_use(output_dir, what: str = "--output_dir") -> None:
+    """Refuse an output dir that a running run holds (`lock_output_dir`), naming it, without writing anything: a
+    run started while another writes there learns so first, before the other checks of the directory."""
+    lock_path = Path(os.fspath(output_dir)).expanduser() / LOCK_FILE
+    if lock_path.is_file():
+        # a shared lock: two runs checking at once do not take each other for the holder
+        with open(lock_path, encoding="utf-8") as file:
+            _lock(file, fcntl.LOCK_SH, lock_path.parent, what)
+
+
+@contextlib.contextmanager
+def lock_output_dir(output_dir, what: str = "--output_dir") -> Iterator[Path]:
+    """Hold an exclusive lock on `output_dir` (created if missing) for the body: a second run into the same
+    directory is refused at once, naming this one (pid, host, start time, command). The lock is `flock` on
+    `output_dir/_run.lock`, which the kernel releases however the process ends, so a killed run leaves no stale
+    lock; the file stays, and `check_output_dir` does not count it as content."""
+    directory = Path(os.fspath(output_dir)).expanduser()
+    directory.mkdir(parents=True, exist_ok=True)
+    # "a+": opened without truncating, so that the holder's name is still there for a refused run to read
+    with open(directory / LOCK_FILE, "a+", encoding="utf-8") as file:
+        _lock(file, fcntl.LOCK_EX, directory, what)
+        file.truncate(0)
+        file.write(
+            f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+            f"{shlex.join(sys.argv)}\n"
+        )
+        file.flush()
+        yield directory
 
 
 def check_save_directory(save_directory) -> None:

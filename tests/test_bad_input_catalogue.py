@@ -7,6 +7,7 @@ file written, replaced or deleted.
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import json
 import os
@@ -51,10 +52,14 @@ from hf_layerfusion import (
 from hf_layerfusion import file_checks
 from hf_layerfusion.file_checks import (
     check_local_or_hub,
+    check_not_in_use,
     check_output_dir,
     check_output_file,
+    check_result_files,
     check_save_directory,
+    lock_output_dir,
     read_utf8,
+    write_file_atomically,
 )
 from hf_layerfusion.modeling import input_checks
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_model_inputs, check_positive_int
@@ -80,6 +85,7 @@ import translate as translate_script  # noqa: E402
 
 SENTENCES = ["a man rides a bike", "two dogs play", "ein mann fährt rad", "zwei hunde spielen"] * 5
 GROUPS = dict(encoder_group_size=1, decoder_group_size=1)  # 2 + 2 layers: 2 decoder groups
+SCORES = "direction_scores.json"  # run_multilingual.py's result file
 
 
 def _tiny(config_class, vocab_size, **overrides):
@@ -142,11 +148,19 @@ def ws(tmp_path_factory):
     broken_config_dir = root / "broken_config"
     plain.save_pretrained(broken_config_dir)
     (broken_config_dir / "config.json").write_text("{not json", encoding="utf-8")
+    finished = root / "finished"  # a finished run: its model, tokenizer and result files
+    gtrans.save_pretrained(finished)
+    tokenizer.save_pretrained(finished)
+    for name in ("bleu_results.json", SCORES):
+        (finished / name).write_text('{"scores": {}}\n', encoding="utf-8")
+    busy = root / "busy"  # an output dir that a run is writing into, held for the whole module
+    busy_lock = lock_output_dir(busy)
+    busy_lock.__enter__()
     return SimpleNamespace(
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
         texts=texts, input=root / "input.en", full=root / "full", a_file=root / "a_file",
-        broken_config_dir=broken_config_dir,
+        broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock,
     )
 
 
@@ -203,6 +217,32 @@ def _launched_on_gpus(main, argv):
     machine running the suite has GPUs. tests/test_readme.py runs the real `accelerate launch` command."""
     with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": "64"}):
         return main([arg for arg in argv if arg != "--use_cpu=True"])
+
+
+def _read_only(directory, call):
+    """`call()` while `directory` reports itself read-only to `os.access`, as on a read-only mount (the tests run
+    as root, whom permission bits do not stop)."""
+    access = os.access
+
+    def read_only_access(path, mode, **kwargs):
+        return False if Path(path).resolve() == Path(directory).resolve() else access(path, mode, **kwargs)
+
+    with mock.patch("os.access", read_only_access):
+        return call()
+
+
+def _disk_full(call):
+    """`call()` on a disk that fills before a written file's data reaches it (`fsync` fails with ENOSPC)."""
+    with mock.patch("os.fsync", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))):
+        return call()
+
+
+def _rt_eval_args(ws, *extra, model=None, output_dir=None):
+    """run_translation.py arguments of a run that only evaluates `model` (default: the GTrans dir), with
+    generate()'s own loop (no kernels to compile should the check be missing)."""
+    argv = _rt_args(ws, f"--model_name_or_path={model or ws.gtrans_dir}", "--do_eval", "--fast_generation=False",
+                    "--max_new_tokens=4", *extra, output_dir=output_dir)
+    return [arg for arg in argv if arg != "--do_train"]
 
 
 def _rt_data_args(ws, *extra):
@@ -282,6 +322,27 @@ ROWS = [
         ValueError, r"gtrans.*overlaps"),
     Row("output-dir-empty-string", lambda ws: check_output_dir(""), ValueError, r"''"),
     Row("save-directory-file", lambda ws: check_save_directory(ws.a_file), FileExistsError, r"a_file"),
+    # issue 40: never destroy a file (a model's own file, a read-only or full destination, a dir in use)
+    Row("output-file-of-model", lambda ws: check_output_file(ws.gtrans_dir / "config.json", [ws.gtrans_dir]),
+        ValueError, r"config\.json.*is a file of.*gtrans"),
+    Row("output-file-read-only-dir", lambda ws: _read_only(ws.root, lambda: check_output_file(ws.root / "out.de")),
+        PermissionError, r"out\.de.*not writable"),
+    Row("output-file-read-only", lambda ws: _read_only(ws.a_file, lambda: check_output_file(ws.a_file)),
+        PermissionError, r"a_file.*read-only"),
+    Row("output-dir-read-only", lambda ws: _read_only(ws.root, lambda: check_output_dir(ws.root / "new_dir")),
+        PermissionError, r"new_dir.*not writable"),
+    Row("output-dir-in-use", lambda ws: check_not_in_use(ws.busy), RuntimeError,
+        r"busy.*in use by another run \(pid \d+"),
+    # two runs that passed their checks at once: the second one's lock is refused
+    Row("output-dir-lock-taken", lambda ws: lock_output_dir(ws.busy).__enter__(), RuntimeError,
+        r"busy.*in use by another run \(pid \d+"),
+    Row("result-files-exist", lambda ws: check_result_files(ws.finished, ["bleu_results.json", "new.txt"]),
+        FileExistsError, r"finished.*\['bleu_results\.json'\].*--overwrite_output_dir"),
+    Row("result-file-of-model",
+        lambda ws: check_result_files(ws.finished, ["bleu_results.json"], [ws.finished], overwrite=True),
+        ValueError, r"bleu_results\.json.*is a file of.*finished"),
+    Row("write-disk-full", lambda ws: _disk_full(lambda: write_file_atomically(ws.a_file, "new text\n")),
+        OSError, r"a_file.*No space left on device.*unchanged"),
     Row("local-dot-missing", lambda ws: check_local_or_hub("./no_such_model", "model"), FileNotFoundError,
         r"no_such_model"),
     Row("local-abs-missing", lambda ws: check_local_or_hub(ws.root / "no_such_model", "model"), FileNotFoundError,
@@ -488,6 +549,20 @@ ROWS = [
         r"--batch_size.*0"),
     Row("translate-cli-beams", lambda ws: translate_script.main(_tr_args(ws, "--num_beams=0")), ValueError,
         r"--num_beams.*0"),
+    Row("translate-cli-output-model-config",
+        lambda ws: translate_script.main(_tr_args(ws, "--generate", f"--output={ws.gtrans_dir / 'config.json'}")),
+        ValueError, r"--output.*config\.json.*is a file of.*gtrans"),
+    Row("translate-cli-output-model-weights",
+        lambda ws: translate_script.main(_tr_args(ws, "--generate", f"--output={ws.gtrans_dir / 'model.safetensors'}")),
+        ValueError, r"--output.*model\.safetensors.*is a file of.*gtrans"),
+    Row("translate-cli-output-read-only-dir",
+        lambda ws: _read_only(ws.root, lambda: translate_script.main(_tr_args(ws, "--generate",
+                                                                              f"--output={ws.root / 'out.de'}"))),
+        PermissionError, r"--output.*out\.de.*not writable"),
+    # the old file stays whole (the snapshot), and the error names it and the reason
+    Row("translate-cli-output-disk-full",
+        lambda ws: _disk_full(lambda: translate_script.main(_tr_args(ws, "--generate", f"--output={ws.a_file}"))),
+        OSError, r"--output.*a_file.*No space left on device.*unchanged"),
     # ------------------------------------------------------------------ examples/run_translation.py
     Row("train-cli-family-typo-into-model-dir",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrns", "--overwrite_output_dir=True",
@@ -603,6 +678,56 @@ ROWS = [
         lambda ws: run_translation.main([a for a in _rt_args(ws, "--model_type=gtrans") if "builtin" not in a]
                                         + [f"--train_file={ws.corpus / 'latin1'}"]),
         ValueError, r"latin1\.en.*UTF-8"),
+    # numbers transformers accepts: `--max_steps 0` trained one step and saved the model as finished
+    Row("train-cli-max-steps-zero",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--max_steps=0")),
+        ValueError, r"--max_steps must be a positive number of steps.*got 0"),
+    Row("train-cli-epochs-zero",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--max_steps=-1", "--num_train_epochs=0")),
+        ValueError, r"--num_train_epochs.*got 0"),
+    Row("train-cli-batch-size-zero",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--per_device_train_batch_size=0")),
+        ValueError, r"--per_device_train_batch_size.*got 0"),
+    Row("train-cli-accumulation-zero",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--gradient_accumulation_steps=0")),
+        ValueError, r"--gradient_accumulation_steps.*got 0"),
+    Row("train-cli-save-steps-zero",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--save_steps=0")),
+        ValueError, r"--save_steps.*got 0"),
+    Row("train-cli-seed-negative", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--seed=-1")),
+        ValueError, r"--seed.*got -1"),
+    Row("train-cli-builtin-size-negative",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--builtin_num_train=-1")),
+        ValueError, r"--builtin_num_train.*got -1"),
+    # what a run reads is never its output, --overwrite_output_dir or not
+    Row("train-cli-into-its-model-dir",
+        lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.gtrans_dir}",
+                                                 "--overwrite_output_dir=True", output_dir=ws.gtrans_dir)),
+        ValueError, r"gtrans'.*overlaps the input"),
+    Row("train-cli-into-its-corpus-dir",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.texts}", f"--output_dir={ws.texts}",
+                                                      "--overwrite_output_dir=True")),
+        ValueError, r"texts'.*overlaps the input"),
+    Row("train-cli-output-dir-in-use",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", output_dir=ws.busy)),
+        RuntimeError, r"--output_dir.*busy.*in use by another run \(pid \d+"),
+    Row("train-cli-output-read-only",
+        lambda ws: _read_only(ws.root, lambda: run_translation.main(_rt_args(ws, "--model_type=gtrans",
+                                                                             output_dir=ws.root / "new_run"))),
+        PermissionError, r"new_run.*not writable"),
+    # a run that only evaluates: beside a finished run's files, but not over its results, nor a file of its model
+    Row("train-cli-eval-only-over-results", lambda ws: run_translation.main(_rt_eval_args(ws, output_dir=ws.finished)),
+        FileExistsError, r"finished.*\['bleu_results\.json'\].*--overwrite_output_dir"),
+    Row("train-cli-predict-only-over-results",
+        lambda ws: run_translation.main([a if a != "--do_eval" else "--do_predict"
+                                         for a in _rt_eval_args(ws, output_dir=ws.finished)]),
+        FileExistsError, r"finished.*\['bleu_results\.json'\].*--overwrite_output_dir"),
+    Row("train-cli-eval-only-results-of-its-model",
+        lambda ws: run_translation.main(_rt_eval_args(ws, "--overwrite_output_dir=True", model=ws.finished,
+                                                      output_dir=ws.finished)),
+        ValueError, r"bleu_results\.json.*is a file of.*finished"),
+    Row("train-cli-eval-only-output-dir-in-use", lambda ws: run_translation.main(_rt_eval_args(ws, output_dir=ws.busy)),
+        RuntimeError, r"busy.*in use by another run"),
     # ------------------------------------------------------------------ examples/run_multilingual.py
     Row("multilingual-cli-family", lambda ws: run_multilingual.main(_ml_args(ws, "--model_type=gtrns")), ValueError,
         r"'gtrns'"),
@@ -636,6 +761,22 @@ ROWS = [
     Row("multilingual-cli-corpus-missing",
         lambda ws: run_multilingual.main(_ml_args(ws, f"--multi30k_dir={ws.root / 'no_m30k'}")), FileNotFoundError,
         r"no_m30k"),
+    Row("multilingual-cli-max-steps-zero", lambda ws: run_multilingual.main(_ml_args(ws, "--max_steps=0")), ValueError,
+        r"--max_steps must be a positive number of steps.*got 0"),
+    Row("multilingual-cli-output-dir-in-use", lambda ws: run_multilingual.main(_ml_args(ws, output_dir=ws.busy)),
+        RuntimeError, r"busy.*in use by another run \(pid \d+"),
+    Row("multilingual-cli-into-xlmr-dir",
+        lambda ws: run_multilingual.main(_ml_args(ws, "--overwrite_output_dir=True", output_dir=ws.xlmr_dir)),
+        ValueError, r"xlmr'.*overlaps the input"),
+    Row("multilingual-cli-eval-only-over-scores",
+        lambda ws: run_multilingual.main([a for a in _ml_args(ws, output_dir=ws.finished) if a != "--do_train"]),
+        FileExistsError, r"finished.*\['direction_scores\.json'\].*--overwrite_output_dir"),
+    Row("multilingual-cli-eval-only-over-its-baseline",
+        lambda ws: run_multilingual.main([
+            a for a in _ml_args(ws, "--overwrite_output_dir=True", f"--baseline_scores={ws.finished / SCORES}",
+                                output_dir=ws.finished) if a != "--do_train"
+        ]),
+        ValueError, r"direction_scores\.json.*is the input.*direction_scores\.json"),
     # ------------------------------------------------------------------ save / load
     Row("load-gtrans-dir-as-plain", lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(ws.gtrans_dir),
         ValueError, r"'gtrans' config"),
@@ -767,3 +908,43 @@ def test_overwrite_output_dir_replaces_the_runs_files_and_keeps_the_others(ws, t
     )
     assert (output_dir / "notes.txt").read_text(encoding="utf-8") == "keep me\n"
     assert json.loads((output_dir / "config.json").read_text())["model_type"] == "gtrans"
+
+
+def test_write_file_atomically_keeps_the_mode_and_leaves_no_temporary_file(tmp_path):
+    """What the temporary file renamed into place must not change: the replaced file's permission bits, and the
+    directory's listing (no temporary file left, after a success or a failure)."""
+    path = tmp_path / "out.txt"
+    path.write_text("old\n", encoding="utf-8")
+    path.chmod(0o640)
+    write_file_atomically(path, "new\n")
+    assert path.read_text(encoding="utf-8") == "new\n" and path.stat().st_mode & 0o777 == 0o640
+    with pytest.raises(OSError, match="out.txt"):
+        _disk_full(lambda: write_file_atomically(path, "lost\n"))
+    assert path.read_text(encoding="utf-8") == "new\n" and [child.name for child in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_output_dir_lock_names_its_holder_and_ends_with_the_run(tmp_path):
+    """The lock file names the run that holds the dir; once that run ends the dir is free, and the lock file left
+    there does not make the dir count as non-empty."""
+    with lock_output_dir(tmp_path / "run") as directory:
+        assert f"pid {os.getpid()} " in (directory / file_checks.LOCK_FILE).read_text(encoding="utf-8")
+        with pytest.raises(RuntimeError, match=f"pid {os.getpid()} "):
+            check_not_in_use(directory)
+    check_not_in_use(directory)
+    check_output_dir(directory)
+    with lock_output_dir(directory):
+        pass
+
+
+def test_an_evaluation_writes_its_results_beside_the_model_it_reads(ws, tmp_path):
+    """The legitimate case of the rule for runs that only evaluate: into the dir of the model they read, while it
+    holds no result files; the model's files are left as they were."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for path in ws.gtrans_dir.iterdir():
+        (model_dir / path.name).write_bytes(path.read_bytes())
+    model_files = _snapshot(model_dir)
+    run_translation.main(_rt_eval_args(ws, model=model_dir, output_dir=model_dir))
+    written = {name: digest for name, digest in _snapshot(model_dir).items() if name not in model_files}
+    assert sorted(written) == [file_checks.LOCK_FILE, "bleu_results.json", "generated_predictions_validation.txt"]
+    assert {name: _snapshot(model_dir)[name] for name in model_files} == model_files
