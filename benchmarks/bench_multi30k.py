@@ -13,7 +13,8 @@ GTrans (T_e = 3, T_d = 2) and its variants for the study of docs/gtrans_study.md
 families (in their papers' settings, and the package's earlier ones). Each arm names its baseline (the plain
 Transformer of the same shape and training options); baselines of the requested arms are trained too.
 
-Fine-tuning arms (`Arm.init_from`, deep representations' recipe: the paper starts from a trained model) start from
+Fine-tuning arms (`Arm.init_from`, deep representations' recipe: the paper starts from a trained model; issue 38's
+`gtrans_finetuned`, `rtal_finetuned` and `layerwise_coordination_finetuned` apply it to the other families) start from
 another arm's finished run of the same seed in the same `--output_dir` (trained first when it is missing, with the
 same budget): `run_translation.py --model_name_or_path <that run dir> --model_type <family>` with the arm's config
 overrides, a fresh optimizer and learning-rate schedule (warm-up included), then the same budget again (with the
@@ -176,14 +177,20 @@ MODELS: dict[str, Arm] = {
 }
 
 
-def deep_post_norm_arms(encoder_layers: int, decoder_layers: int) -> dict[str, Arm]:
-    """The plain model and GTrans at one post-norm depth of the study's priority 2 (loss curves in the report)."""
+# the suffix of the depth arms of issue 38 (benchmarks/study.py runs them for 2,000 steps, warm-up 400): the
+# 1,000-step pair of priority 2 keeps its arm names, so that its ledger entries stay one budget per arm
+LONG_DEPTH_SUFFIX = "_2000steps"
+
+
+def deep_post_norm_arms(encoder_layers: int, decoder_layers: int, suffix: str = "") -> dict[str, Arm]:
+    """The plain model and GTrans at one post-norm depth of the study's priority 2 (loss curves in the report);
+    `suffix` names the arms of another budget."""
     shape = dict(encoder_layers=encoder_layers, decoder_layers=decoder_layers)
-    plain = f"plain_transformer_{encoder_layers}x{decoder_layers}"
+    plain = f"plain_transformer_{encoder_layers}x{decoder_layers}{suffix}"
     return {
         plain: Arm("plain_transformer", f"baseline, deep post-norm {encoder_layers} + {decoder_layers} layers", shape,
                    baseline=None, show_loss_curve=True),
-        f"gtrans_{encoder_layers}x{decoder_layers}": Arm(
+        f"gtrans_{encoder_layers}x{decoder_layers}{suffix}": Arm(
             "gtrans", f"deep post-norm {encoder_layers} + {decoder_layers} layers (paper Table VIII: without fusion "
             "24 + 18 fails)", {**shape, **GTRANS}, baseline=plain, show_loss_curve=True,
         ),
@@ -192,6 +199,7 @@ def deep_post_norm_arms(encoder_layers: int, decoder_layers: int) -> dict[str, A
 
 for depth in DEEP_POST_NORM_SHAPES:
     MODELS.update(deep_post_norm_arms(*depth))
+    MODELS.update(deep_post_norm_arms(*depth, suffix=LONG_DEPTH_SUFFIX))
 
 # the other families, with the settings their papers recommend (and the package's earlier Multi30k settings), once
 # they are part of the package
@@ -208,6 +216,39 @@ FAMILY_ARMS = {
         "fine-tuned from plain_transformer's finished run",
         {**HIERARCHICAL, "diversity_weight": 1.0}, baseline="plain_transformer_continued",
         init_from="plain_transformer",
+    ),
+    # fusion added to a trained model, for the other families (issue 38): their papers train from scratch and give
+    # no fine-tuning recipe, so each takes deep_representations_paper's (the only paper that fine-tunes): the plain
+    # run's weights load as the family's class (run_translation.py --model_name_or_path --model_type), the weights
+    # the plain model lacks start fresh at the family's initialisation, then a fresh AdamW at the study's peak
+    # learning rate 1e-3 with the inverse-sqrt schedule and its warm-up (1,000 steps in the study) for 2,000 more
+    # steps: exactly what the baseline plain_transformer_continued does, so only the change of model differs
+    "gtrans_finetuned": Arm(
+        "gtrans",
+        "GTrans (T_e = 3, T_d = 2) added to plain_transformer's finished run and fine-tuned; fresh: the encoder's "
+        "group fusion weights and LayerNorm, the decoder's group and layer weights (w = 0, as from scratch)",
+        GTRANS, baseline="plain_transformer_continued", init_from="plain_transformer",
+    ),
+    "rtal_finetuned": Arm(
+        "rtal",
+        "RTAL added to plain_transformer's finished run and fine-tuned: the paper's nodes (EWP + FFN, children "
+        "residual, trees over both stacks) but post-norm like the checkpoint (the paper's pre-norm would change "
+        "every trained layer's function); fresh: the tree nodes",
+        {**RTAL_PAPER_SETTING, "normalize_before": False}, baseline="plain_transformer_continued",
+        init_from="plain_transformer",
+    ),
+    # the paper's layout cannot hold a plain checkpoint: it shares encoder layer i's parameters with decoder layer
+    # i (a plain model has two stacks of its own) and replaces the decoder's self- and cross-attention by one mixed
+    # attention; without both (the paper's Table 3 ablations) its coordination, decoder layer i reading encoder
+    # layer i's input, and its language embeddings remain, and the plain weights all load
+    "layerwise_coordination_finetuned": Arm(
+        "layerwise_coordination",
+        "layer-wise coordination added to plain_transformer's finished run and fine-tuned, in the layout a plain "
+        "checkpoint fits (no parameter sharing, no mixed attention: the paper's Table 3 ablations): decoder layer i "
+        "attends to encoder layer i's input; fresh: the source / target language embeddings",
+        {"share_layer_parameters": False, "mixed_attention": False, "unshared_cross_attention": True,
+         "layerwise_memory": True, "language_embeddings": True},
+        baseline="plain_transformer_continued", init_from="plain_transformer",
     ),
     "deep_representations": Arm(
         "deep_representations",
@@ -413,8 +454,11 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
         "finished_at": ledger.now(),
         "tokenizer_sha256": ledger.file_sha256(tokenizer_dir / "tokenizer.json"),
         "test_references_sha256": ledger.sha256_lines(references["test"]),
+        "validation_references_sha256": ledger.sha256_lines(references["validation"]),
+        # the val translations, so that the report tests val as it tests test (a verdict on each)
         "validation": {**{k: results["validation"][k] for k in ("bleu", "signature")},
-                       "sentences": len(references["validation"])},
+                       "sentences": len(references["validation"]),
+                       "hypotheses": hypotheses(args, arm_name, seed, "validation")},
         "test": {**{k: results["test"][k] for k in ("bleu", "signature")}, "sentences": len(references["test"]),
                  "hypotheses": hypotheses(args, arm_name, seed, "test")},
         "loss_curve": ledger.loss_curve(state),
@@ -650,10 +694,13 @@ PAPER_CLAIMS = {
 }
 
 
-def test_references(data_dir: Path, max_predict_samples: int | None = None) -> list[str]:
+def report_references(data_dir: Path, max_predict_samples: int | None = None) -> dict[str, list[str]]:
+    """The test references (the first `max_predict_samples`) and the val references the ledger's runs were scored
+    on."""
     corpus = load_parallel_text(data_dir, SOURCE_LANG, TARGET_LANG)
-    pairs = corpus["test"]["translation"]
-    return [pair[TARGET_LANG] for pair in pairs[: max_predict_samples or len(pairs)]]
+    test = corpus["test"]["translation"]
+    return {"test": [pair[TARGET_LANG] for pair in test[: max_predict_samples or len(test)]],
+            "validation": [pair[TARGET_LANG] for pair in corpus["validation"]["translation"]]}
 
 
 def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None) -> str:
@@ -662,7 +709,7 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
     import study  # benchmarks/study.py: the queue's next runs
 
     pending = [run.label for run in study.pending_runs(ledger_dir)[:3]]
-    references = test_references(data_dir, max_predict_samples)
+    references = report_references(data_dir, max_predict_samples)
     depth_probes = [
         "",
         "Deep post-norm, priority 2 (`benchmarks/probe_post_norm_depth.py`, 600 steps, warm-up 400): does the plain "
@@ -671,6 +718,8 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
         *study.depth_probes.report(study.PROBE_DIR),
         "",
         f"Priority 2's pair (plain vs GTrans, 1,000 steps): {study.deep_post_norm_pair()[1]}.",
+        "",
+        *depth_runs(ledger.read_ledger(ledger_dir)),
     ]
     many_to_many = ["", *bench_multilingual.report_lines(study.m2m_ledger_dir(ledger_dir),
                                                          bench_multilingual.test_references(data_dir))]
@@ -678,11 +727,39 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
                          depth_probes + many_to_many)
 
 
+def depth_runs(runs: dict) -> list[str]:
+    """Whether the plain post-norm model trains at each probed depth, as its study runs say (Markdown lines): the
+    probe's 600-step rule only chose the 1,000-step pair's depth; the 2,000-step runs of issue 38 decide."""
+    lines = ["Does the plain post-norm model train at depth? The study runs decide, not the probe's 600-step rule "
+             "(its *trains?* column): each plain run's test BLEU against the 6 + 6 plain model's and its last logged "
+             "training loss (the runs' rows, loss curves and GTrans' verdicts above)."]
+    reference = runs.get(BASE_ARM)
+    if reference is not None:
+        lines[0] += (f" 6 + 6 (`{BASE_ARM}`, {len(reference)} seed(s)): test BLEU "
+                     f"{ledger.mean_std([e['test']['bleu'] for e in reference.values()])}.")
+    lines.append("")
+    for shape in DEEP_POST_NORM_SHAPES:
+        for suffix in ("", LONG_DEPTH_SUFFIX):
+            arm = f"{BASE_ARM}_{shape[0]}x{shape[1]}{suffix}"
+            if arm not in runs:
+                continue
+            entries = list(runs[arm].values())
+            steps = "/".join(sorted({f"{entry['steps']:,}" for entry in entries}))
+            lines.append(
+                f"- {shape[0]} + {shape[1]}, `{arm}` ({steps} steps, "
+                f"{len(entries)} seed(s)): test BLEU {ledger.mean_std([e['test']['bleu'] for e in entries])}, "
+                f"training loss {ledger.mean_std([e['loss_curve'][-1][1] for e in entries])} at its last log"
+            )
+    if lines[-1] == "":
+        lines.append("- No deep post-norm study run has finished yet.")
+    return lines
+
+
 def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
                      test_pairs: list[dict]) -> Path:
     path = ledger.ledger_path(args.ledger_dir, arm_name, seed)
-    if path.exists():
-        return path
+    if path.exists() and ledger.entry_problem(path) is None:
+        return path  # an unreadable file in its place is replaced (`ledger.write_entry`)
     table_vi = None
     if MODELS[arm_name].model_type == "gtrans":
         table_vi = decoder_group_table(run_dir(args, arm_name, seed), test_pairs)
@@ -699,7 +776,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<26} {arm.question}  [baseline: {arm.baseline or '-'}{start}]")
         return
     if args.report:
-        section = report_text(args.ledger_dir or ledger.DEFAULT_LEDGER, args.data_dir, args.max_predict_samples)
+        try:
+            section = report_text(args.ledger_dir or ledger.DEFAULT_LEDGER, args.data_dir, args.max_predict_samples)
+        except ledger.UnreadableResult as error:  # names the file and what to do: no traceback to read through
+            raise SystemExit(f"--report: {error}") from None
         if args.update_readme:
             readme = REPO_ROOT / "README.md"
             readme.write_text(ledger.replace_readme_section(readme.read_text(encoding="utf-8"), section),

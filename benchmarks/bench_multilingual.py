@@ -236,7 +236,7 @@ def report_lines(ledger_dir: Path, references: dict[str, list[str]]) -> list[str
     """The README's many-to-many section (Markdown lines) from the ledger alone and the test references of each
     direction: per direction, each arm's mean test BLEU over seeds, GTrans minus plain (mean over the seeds both
     arms finished), the paired bootstrap p of each such seed, and the win ratio of GTrans' means over plain's."""
-    runs = ledger.read_ledger(ledger_dir) if Path(ledger_dir).is_dir() else {}
+    runs = ledger.read_ledger(ledger_dir, ledger.MANY_TO_MANY_REQUIRED_KEYS) if Path(ledger_dir).is_dir() else {}
     if not runs:
         return ["No many-to-many run (priority 5) has finished yet."]
     title = ("Many-to-many, priority 5 (`benchmarks/bench_multilingual.py`: en<->de, en<->fr, en<->cs of Multi30k "
@@ -340,11 +340,11 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(report_lines(args.ledger_dir, test_references(args.data_dir))))
         return
     path = ledger.ledger_path(args.ledger_dir, args.arm, args.seed)
-    if path.exists():
+    if path.exists() and ledger.entry_problem(path, ledger.MANY_TO_MANY_REQUIRED_KEYS) is None:
         print(f"Ledger: {path} exists already; nothing to run.")
         return
     results = train_and_evaluate(args)
-    ledger.write_entry(path, ledger_entry(args, results))
+    ledger.write_entry(path, ledger_entry(args, results), ledger.MANY_TO_MANY_REQUIRED_KEYS)
     print(f"Ledger: wrote {path}")
 
 

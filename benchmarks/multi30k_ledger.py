@@ -4,13 +4,16 @@ from those files alone.
 A ledger entry (`benchmarks/results/multi30k/<arm>/seed_<s>.json`) holds everything the tables need and the
 provenance of the number: the arm, family, full model config and training options, seed, steps, wall clock and
 throughput, the commit and device it ran on, val and test BLEU with the sacreBLEU signature, the test translations
-(for paired bootstrap resampling against any other run later), GTrans' Table VI grid, the training-loss curve, and
+(for paired bootstrap resampling against any other run later; the val translations too since issue 38, so that the
+report tests val as it tests test), GTrans' Table VI grid, the training-loss curve, and
 for a fine-tuning arm the run it started from (`init_from`: arm, seed, steps, BLEU, directory; None otherwise).
 `bench_multi30k.py --ledger_dir` writes entries; `bench_multi30k.py --report` prints the tables (`report()`);
 `benchmarks/study.py` decides which run comes next.
 
 Entries are written once, atomically (a temporary file renamed into place), and never overwritten: a different
-result for the same arm and seed is a new arm name or a deliberate `git rm`.
+result for the same arm and seed is a new arm name or a deliberate `git rm`. A file that cannot be read as an entry
+(cut short, a merge gone wrong, a key missing) is not an entry: `--report` stops with an error naming it, the
+queue counts its run as not done and the rerun replaces it (`UnreadableResult`, `write_entry`).
 """
 
 from __future__ import annotations
@@ -95,31 +98,112 @@ def loss_curve(trainer_state: dict) -> list[list[float]]:
     return [[entry["step"], entry["loss"]] for entry in trainer_state["log_history"] if "loss" in entry]
 
 
-def write_entry(path: Path, entry: dict) -> None:
-    """Write a new ledger file atomically; an existing one is never replaced."""
+# what the report reads of an entry (nested keys joined by "."): a file without one of them is unreadable
+REQUIRED_KEYS = (
+    "arm", "family", "seed", "baseline", "steps", "train_minutes", "evaluation_minutes", "device.cpu", "device.gpu",
+    "device.torch_threads", "tokenizer_sha256", "test_references_sha256", "validation.bleu", "test.bleu",
+    "test.signature", "test.hypotheses", "loss_curve",
+)
+# the same for the many-to-many ledger (benchmarks/bench_multilingual.py's report)
+MANY_TO_MANY_REQUIRED_KEYS = ("arm", "seed", "signature", "directions", "train_sizes", "starting_model")
+
+
+class UnreadableResult(ValueError):
+    """A result file (ledger entry, depth probe) that exists but cannot be read as one: the error names the file,
+    what is wrong and what to do."""
+
+    def __init__(self, path: Path, problem: str):
+        self.path, self.problem = Path(path), problem
+        super().__init__(
+            f"{path}: {problem}. It is not a usable result: `python benchmarks/study.py` counts its run as not done "
+            "and the rerun replaces it (or restore the committed file with git, or `git rm` it)."
+        )
+
+
+def has_key(entry: dict, dotted: str) -> bool:
+    for key in dotted.split("."):
+        if not isinstance(entry, dict) or key not in entry:
+            return False
+        entry = entry[key]
+    return True
+
+
+def read_result_file(path: Path, required: tuple[str, ...] = ()) -> dict:
+    """The JSON object of a result file, with the `required` keys; `UnreadableResult` naming the file otherwise."""
+    try:
+        entry = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UnreadableResult(path, f"cannot be read as JSON ({error})") from None
+    if not isinstance(entry, dict):
+        raise UnreadableResult(path, f"holds a JSON {type(entry).__name__}, not an object")
+    missing = [key for key in required if not has_key(entry, key)]
+    if missing:
+        raise UnreadableResult(path, f"lacks {', '.join(repr(key) for key in missing)}")
+    return entry
+
+
+def read_entry(path: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict:
+    """One ledger entry, checked: readable, of this ledger version, with the `required` keys, and placed where its
+    arm and seed say."""
+    entry = read_result_file(path, ("ledger_version", *required))
+    path = Path(path)
+    if entry["ledger_version"] != LEDGER_VERSION:
+        raise UnreadableResult(path, f"ledger_version {entry['ledger_version']!r}, expected {LEDGER_VERSION}")
+    if path.parent.name != entry["arm"] or path.stem != f"seed_{entry['seed']}":
+        raise UnreadableResult(path, f"holds arm {entry['arm']!r} seed {entry['seed']}: misplaced ledger entry")
+    return entry
+
+
+def entry_problem(path: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> str | None:
+    """Why the existing file `path` is not a usable ledger entry, or None when it is."""
+    try:
+        read_entry(path, required)
+    except UnreadableResult as error:
+        return error.problem
+    return None
+
+
+def write_entry(path: Path, entry: dict, required: tuple[str, ...] = REQUIRED_KEYS) -> None:
+    """Write a new ledger file atomically; an existing entry is never replaced, an unreadable file in its place is
+    (the run was rerun because of it: `entry_problem`)."""
     path = Path(path)
     if path.exists():
-        raise FileExistsError(f"Ledger entry {path} exists already; ledger entries are never overwritten.")
+        problem = entry_problem(path, required)
+        if problem is None:
+            raise FileExistsError(f"Ledger entry {path} exists already; ledger entries are never overwritten.")
+        print(f"Ledger: replacing the unreadable {path} ({problem})")
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps({"ledger_version": LEDGER_VERSION, **entry}, indent=1) + "\n", encoding="utf-8")
     os.replace(temporary, path)
 
 
-def read_ledger(ledger_dir: Path) -> dict[str, dict[int, dict]]:
-    """`{arm: {seed: entry}}` of every finished run in the ledger."""
+def read_ledger(ledger_dir: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, dict[int, dict]]:
+    """`{arm: {seed: entry}}` of every finished run in the ledger; `UnreadableResult` naming the first file that is
+    not a usable entry (a report that silently left a run out would be wrong)."""
     runs: dict[str, dict[int, dict]] = {}
     for path in sorted(Path(ledger_dir).glob("*/seed_*.json")):
-        entry = json.loads(path.read_text(encoding="utf-8"))
-        if entry.get("ledger_version") != LEDGER_VERSION:
-            raise ValueError(f"{path}: ledger_version {entry.get('ledger_version')!r}, expected {LEDGER_VERSION}.")
-        if path.parent.name != entry["arm"] or path.stem != f"seed_{entry['seed']}":
-            raise ValueError(f"{path} holds arm {entry['arm']!r} seed {entry['seed']}: misplaced ledger entry.")
+        entry = read_entry(path, required)
         runs.setdefault(entry["arm"], {})[entry["seed"]] = entry
     return runs
 
 
 # --- the report ------------------------------------------------------------------------------------------------
+
+
+def majority_verdict(deltas: list[float], p_values: list[float]) -> str:
+    """wins / loses: significantly better / worse (paired bootstrap, p < 0.05) on a majority of the seeds with a mean
+    difference of the same sign; otherwise ties."""
+    n = len(deltas)
+    mean = statistics.fmean(deltas)
+    if sum(p < SIGNIFICANCE_LEVEL and d > 0 for p, d in zip(p_values, deltas)) * 2 > n and mean > 0:
+        return "wins"
+    if sum(p < SIGNIFICANCE_LEVEL and d < 0 for p, d in zip(p_values, deltas)) * 2 > n and mean < 0:
+        return "loses"
+    return "ties"
+
+
+UNTESTED = "untested"
 
 
 @dataclass(frozen=True)
@@ -132,25 +216,45 @@ class Comparison:
     p_values: list
     # seeds whose arm and baseline ran on different kinds of hardware (one on a GPU, the other on a CPU)
     cross_hardware_seeds: list = ()
-
-    @property
-    def better(self) -> int:
-        return sum(p < SIGNIFICANCE_LEVEL and d > 0 for p, d in zip(self.p_values, self.test_deltas))
-
-    @property
-    def worse(self) -> int:
-        return sum(p < SIGNIFICANCE_LEVEL and d < 0 for p, d in zip(self.p_values, self.test_deltas))
+    # per seed, the paired bootstrap p on val; None where the ledger holds no val translations of the seed's arm or
+    # baseline run (entries written before issue 38)
+    val_p_values: list = ()
 
     def verdict(self) -> str:
-        """wins / loses: significantly better / worse (paired bootstrap, p < 0.05) on a majority of the seeds with
-        a mean difference of the same sign; otherwise ties."""
+        """The verdict on test (`majority_verdict`)."""
+        return majority_verdict(self.test_deltas, self.p_values)
+
+    @property
+    def val_tested_seeds(self) -> list:
+        return [s for s, p in zip(self.seeds, self.val_p_values) if p is not None]
+
+    def val_verdict(self) -> str:
+        """The verdict on val, by the test's rule over the seeds whose val translations the ledger holds (a seed
+        without them cannot be tested: its BLEU alone says nothing of significance); `UNTESTED` without any."""
+        tested = [(d, p) for d, p in zip(self.val_deltas, self.val_p_values) if p is not None]
+        if not tested:
+            return UNTESTED
+        return majority_verdict([d for d, _ in tested], [p for _, p in tested])
+
+    def summary(self) -> str:
+        """Both verdicts with their numbers ("select on val, report test": a reader needs both), joined so that a
+        win on one set alone never reads as a win: "and" where they agree, "but" where they differ."""
+        test, val = self.verdict(), self.val_verdict()
         n = len(self.seeds)
-        mean = statistics.fmean(self.test_deltas)
-        if self.better * 2 > n and mean > 0:
-            return "wins"
-        if self.worse * 2 > n and mean < 0:
-            return "loses"
-        return "ties"
+        test_text = (f"{test} on test (Δ {signed_mean_std(self.test_deltas)} BLEU over {n} seed{'s' * (n > 1)}, "
+                     f"p {', '.join(f'{p:.3f}' for p in self.p_values)})")
+        val_delta = f"Δ {signed_mean_std(self.val_deltas)}"
+        if val == UNTESTED:
+            return (f"{test_text}, untested on val ({val_delta}; the ledger holds no val translations of "
+                    f"{seed_list(self.seeds)})" + (": not a win yet" if test == "wins" else ""))
+        tested = self.val_tested_seeds
+        partial = "" if len(tested) == n else f", tested on {seed_list(tested)} of {n}"
+        val_p = ", ".join(f"{p:.3f}" for p in self.val_p_values if p is not None)
+        return f"{test_text} {'and' if test == val else 'but'} {val} on val ({val_delta}, p {val_p}{partial})"
+
+
+def seed_list(seeds: list) -> str:
+    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(str(s) for s in seeds)
 
 
 def mean_std(values: list[float]) -> str:
@@ -165,18 +269,27 @@ def signed_mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.2f} ± {statistics.stdev(values):.2f}"
 
 
-def compare(arm_runs: dict, baseline_runs: dict, references: list[str], paired_bootstrap) -> Comparison | None:
+def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]], paired_bootstrap
+            ) -> Comparison | None:
+    """`references`: the test references (`"test"`) and the val references (`"validation"`)."""
     seeds = sorted(set(arm_runs) & set(baseline_runs))
     if not seeds:
         return None
-    tests = [paired_bootstrap(baseline_runs[s]["test"]["hypotheses"], arm_runs[s]["test"]["hypotheses"], references)
-             for s in seeds]
+    tests = [paired_bootstrap(baseline_runs[s]["test"]["hypotheses"], arm_runs[s]["test"]["hypotheses"],
+                              references["test"]) for s in seeds]
+    val_p_values = []
+    for s in seeds:
+        pair = (baseline_runs[s]["validation"], arm_runs[s]["validation"])
+        val_p_values.append(
+            paired_bootstrap(pair[0]["hypotheses"], pair[1]["hypotheses"], references["validation"])["p_value"]
+            if all("hypotheses" in split for split in pair) else None)
     return Comparison(
         seeds=seeds,
         test_deltas=[arm_runs[s]["test"]["bleu"] - baseline_runs[s]["test"]["bleu"] for s in seeds],
         val_deltas=[arm_runs[s]["validation"]["bleu"] - baseline_runs[s]["validation"]["bleu"] for s in seeds],
         p_values=[test["p_value"] for test in tests],
         cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baseline_runs[s])],
+        val_p_values=val_p_values,
     )
 
 
@@ -195,11 +308,12 @@ def check_comparable(runs: dict) -> None:
             raise ValueError(f"The ledger mixes runs with different {key} ({sorted(values)}): not comparable.")
 
 
-def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_claims: dict, pending: list[str],
-           other_results: list[str] = ()) -> str:
-    """The README's Multi30k results section, as Markdown, from the ledger alone (plus the test references for the
-    paired bootstrap). `paper_claims` maps a family to what its paper claims; `pending` lists the queue's next runs;
-    `other_results` (Markdown lines, e.g. the depth probes) go before them."""
+def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap, paper_claims: dict,
+           pending: list[str], other_results: list[str] = ()) -> str:
+    """The README's Multi30k results section, as Markdown, from the ledger alone (plus the test and val references,
+    `references["test"]` and `references["validation"]`, for the paired bootstrap). `paper_claims` maps a family to
+    what its paper claims; `pending` lists the queue's next runs; `other_results` (Markdown lines, e.g. the depth
+    probes) go before them."""
     runs = read_ledger(ledger_dir)
     # baselines first, then the arms compared with them
     runs = dict(sorted(runs.items(), key=lambda item: (next(iter(item[1].values()))["baseline"] is not None, item[0])))
@@ -207,16 +321,20 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
     if not runs:
         return "\n".join(["No run has finished yet: the ledger is empty.", *next_runs]) + "\n"
     check_comparable(runs)
-    reference_hash = sha256_lines(references)
+    hashes = {split: sha256_lines(references[split]) for split in ("test", "validation")}
     for by_seed in runs.values():
         for entry in by_seed.values():
-            if entry["test_references_sha256"] != reference_hash:
+            if entry["test_references_sha256"] != hashes["test"]:
                 raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other test references.")
+            # entries from before issue 38 hold neither val translations nor the val references' hash
+            if entry.get("validation_references_sha256", hashes["validation"]) != hashes["validation"]:
+                raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other val references.")
     lines = []
     signatures = sorted({e["test"]["signature"] for r in runs.values() for e in r.values()})
     lines += [
-        "| arm | family | steps | seeds | val BLEU | test BLEU | baseline | test Δ | val Δ | p per seed (test) | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | family | steps | seeds | val BLEU | test BLEU | baseline | test Δ | p per seed (test) | test verdict "
+        "| val Δ | p per seed (val) | val verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     comparisons = {}
     for arm, by_seed in runs.items():
@@ -238,22 +356,31 @@ def report(ledger_dir: Path, references: list[str], paired_bootstrap, paper_clai
             f"`{baseline}`" if baseline else "–",
         ]
         if comparison is None:
-            cells += ["–", "–", "–", "–" if baseline is None else "baseline not run yet"]
+            verdict = "–" if baseline is None else "baseline not run yet"
+            cells += ["–", "–", verdict, "–", "–", verdict]
         else:
+            def p_text(seed, p):
+                return ("–" if p is None else f"{p:.3f}") + (
+                    CROSS_HARDWARE_MARK if seed in comparison.cross_hardware_seeds else "")
+
             cells += [
                 signed_mean_std(comparison.test_deltas),
-                signed_mean_std(comparison.val_deltas),
-                " / ".join(f"{p:.3f}" + (CROSS_HARDWARE_MARK if s in comparison.cross_hardware_seeds else "")
-                           for s, p in zip(comparison.seeds, comparison.p_values)),
+                " / ".join(p_text(s, p) for s, p in zip(comparison.seeds, comparison.p_values)),
                 comparison.verdict(),
+                signed_mean_std(comparison.val_deltas),
+                " / ".join(p_text(s, p) for s, p in zip(comparison.seeds, comparison.val_p_values)),
+                comparison.val_verdict(),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
         f"BLEU: sacreBLEU `{'`, `'.join(signatures)}`, beam 4, mean ± std over seeds. Δ: the arm minus its baseline, "
-        "per seed, then mean ± std. p: sacreBLEU's paired bootstrap (1,000 resamples, two-sided) of the arm's test "
-        "translations against its baseline's of the same seed. Verdict: *wins* / *loses* when significantly "
-        f"better / worse (p < {SIGNIFICANCE_LEVEL}) on a majority of seeds with a mean Δ of that sign, else *ties*.",
+        "per seed, then mean ± std. p: sacreBLEU's paired bootstrap (1,000 resamples, two-sided) of the arm's "
+        "translations against its baseline's of the same seed, on test and on val. Verdict: *wins* / *loses* when "
+        f"significantly better / worse (p < {SIGNIFICANCE_LEVEL}) on a majority of seeds with a mean Δ of that sign, "
+        "else *ties*; on val over the seeds whose val translations the ledger holds (recorded since issue 38; p –: "
+        f"a run of the pair has none), *{UNTESTED}* without any. Select on val, report test: the conclusions below "
+        "call an arm a win only where both verdicts say so.",
     ]
     if any(c.cross_hardware_seeds for c in comparisons.values()):
         lines[-1] += (
@@ -326,22 +453,30 @@ def provenance(runs: dict) -> list[str]:
                 f"on {device_text}; commits {', '.join(commits)} (each entry records its own)."]
 
 
+# the questions a family's conclusion answers, in this order (issue 38: from scratch, added to a trained model, at
+# depth), and how an arm's entry tells which it asks
+SETTINGS = ("from scratch", "added to a trained model", "deep post-norm, from scratch")
+
+
+def setting(entry: dict) -> str:
+    if entry.get("init_from") is not None:
+        return SETTINGS[1]
+    return SETTINGS[2] if entry.get("show_loss_curve") else SETTINGS[0]
+
+
 def conclusions(runs: dict, comparisons: dict, paper_claims: dict) -> list[str]:
-    """One sentence per family: what the ledger says at this size, and what the paper claimed."""
+    """One line per family: what the ledger says at this size in each setting (val and test together,
+    `Comparison.summary`), and what the paper claimed."""
     lines = ["", "**Conclusions at this size (generated from the ledger):**", ""]
-    by_family: dict[str, list[str]] = {}
+    by_family: dict[str, dict[str, list[str]]] = {}
     for arm, comparison in comparisons.items():
-        family = next(iter(runs[arm].values()))["family"]
-        n = len(comparison.seeds)
-        seeds = "1 seed" if n == 1 else f"{n} seeds"
-        p_text = ", ".join(f"{p:.3f}" for p in comparison.p_values)
-        by_family.setdefault(family, []).append(
-            f"`{arm}` {comparison.verdict()} against `{next(iter(runs[arm].values()))['baseline']}` "
-            f"(test Δ {signed_mean_std(comparison.test_deltas)} BLEU over {seeds}; p {p_text})"
-        )
-    for family, sentences in by_family.items():
+        first = next(iter(runs[arm].values()))
+        by_family.setdefault(first["family"], {}).setdefault(setting(first), []).append(
+            f"`{arm}` against `{first['baseline']}` {comparison.summary()}")
+    for family, by_setting in by_family.items():
         claim = paper_claims.get(family, "")
-        lines.append(f"- **{family}**: " + "; ".join(sentences) + (f". The paper: {claim}" if claim else "."))
+        parts = [f"*{name}*: " + "; ".join(by_setting[name]) for name in SETTINGS if name in by_setting]
+        lines.append(f"- **{family}**: " + ". ".join(parts) + (f". The paper: {claim}" if claim else "."))
     if len(lines) == 3:
         lines.append("- No arm has a finished baseline run yet.")
     return lines

@@ -13,6 +13,9 @@ A shape *fails to train* when its loss is not finite or when the mean of its las
 than `FAILURE_MARGIN` (1 nat) above the 6 + 6 model's under the same schedule: a stall of that size after the
 learning-rate peak is what "failed to train" looks like at this scale, a slower start is not. The probe also
 measures seconds per step, so `--report` prints the training minutes a 1,000-step study run of each shape needs.
+The rule only chose the depth of priority 2's 1,000-step pair: its plain 24 + 18 model, "trains" by the rule,
+translated at 2 BLEU after 1,000 steps, so whether the plain model trains at a depth is read from the 2,000-step
+study runs (issue 38; `bench_multi30k.depth_runs` in the README's report), not from this rule.
 
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE nice -n 19 python benchmarks/probe_post_norm_depth.py --shapes 6x6 24x18 18x12 12x12   # resumable
     python benchmarks/probe_post_norm_depth.py --report
@@ -30,6 +33,9 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import multi30k_ledger as ledger  # noqa: E402  (no torch at import)
+
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results" / "post_norm_depth"
 TOKENIZER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k" / "tokenizer"
@@ -53,8 +59,6 @@ def result_file(results_dir: Path, family: str, shape: tuple[int, int], seed: in
 def probe(shape: tuple[int, int], args) -> dict:
     """Train one shape (resuming its checkpoints) and return its result entry."""
     # imported here, not at the top: benchmarks/study.py reads the verdicts of this module without torch
-    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-    import multi30k_ledger as ledger
     from bench_multi30k import SOURCE_LANG, TARGET_LANG, TRAINING_OPTIONS, run_translation
 
     encoder_layers, decoder_layers = shape
@@ -94,11 +98,26 @@ def probe(shape: tuple[int, int], args) -> dict:
     }
 
 
+# what the queue and the report read of a result file: a file without one of them is unreadable
+REQUIRED_KEYS = ("encoder_layers", "decoder_layers", "steps", "warmup_steps", "seconds_per_step", "loss_curve",
+                 "commit")
+
+
+def result_problem(path: Path) -> str | None:
+    """Why the existing result file `path` cannot be used, or None when it can."""
+    try:
+        ledger.read_result_file(path, REQUIRED_KEYS)
+    except ledger.UnreadableResult as error:
+        return error.problem
+    return None
+
+
 def read_results(results_dir: Path, family: str = "plain_transformer", seed: int = 1) -> dict[tuple[int, int], dict]:
-    """`{(encoder layers, decoder layers): result}` of the finished probes of one family and seed."""
+    """`{(encoder layers, decoder layers): result}` of the finished probes of one family and seed;
+    `multi30k_ledger.UnreadableResult` naming a file that cannot be read as a result."""
     results = {}
     for path in sorted(Path(results_dir).glob(f"{family}_*x*_seed_{seed}.json")):
-        entry = json.loads(path.read_text())
+        entry = ledger.read_result_file(path, REQUIRED_KEYS)
         results[entry["encoder_layers"], entry["decoder_layers"]] = entry
     return results
 
@@ -198,8 +217,11 @@ def main(argv=None) -> None:
     for shape in args.shapes:
         path = result_file(args.results_dir, args.family, shape, args.seed)
         if path.is_file():
-            print(f"probe: {path} exists, skipped")
-            continue
+            problem = result_problem(path)
+            if problem is None:
+                print(f"probe: {path} exists, skipped")
+                continue
+            print(f"probe: replacing the unreadable {path} ({problem})")
         entry = probe(shape, args)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")

@@ -52,13 +52,24 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    tags, temperature sampling, plain vs GTrans, 2,000 steps, seeds 1-3 (`bench_multilingual.py` through
    `examples/run_multilingual.py`; its ledger is `benchmarks/results/multi30k_m2m/<arm>/seed_<s>.json`, beside the
    en->de one; BLEU per direction and the win ratio).
+6. Issue 38, where fusion pays, queued by value ahead of what priorities 4-5 left: plain vs GTrans post-norm at
+   24 + 18 layers for 2,000 steps (warm-up 400, the `_2000steps` arms: the 1,000-step pair could not tell a plain
+   model that fails from a slower one), seeds 1-3; fusion added to a trained model for every family whose layout
+   holds a plain checkpoint (`gtrans_finetuned`, `rtal_finetuned`, `layerwise_coordination_finetuned`, against
+   `plain_transformer_continued`; layer-wise coordination's own layout, shared layers and mixed attention, cannot
+   hold one), seed 1 of each; seeds 4-5 of deep representations' recipe and its baseline; priority 5's many-to-many
+   pair; then the fine-tuning arms' seeds 2-3, the 12 + 12 pair (seeds 1-3), priority 4's 12 + 6 shape, and
+   18 + 12 with one seed last. The depths are the issue's, not the depth probes' choice: the report reads whether
+   the plain model trains from these runs, not from the probes' 600-step rule.
+
+A result file that exists but cannot be read as one (cut short, a bad merge, a key missing) is `BAD` in `--list`,
+named with what is wrong; its run counts as not done, and the rerun replaces the file.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
-import json
 import math
 import os
 import shutil
@@ -83,13 +94,21 @@ STANDARD_BUDGET = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 
 # priority 2: a shorter warm-up, so that the learning rate peaks inside the budget (and inside the probes' 600 steps)
 DEEP_BUDGET = dict(max_steps=1000, warmup_steps=400)
 DEEP_SHAPES = ((12, 12), (18, 12), (24, 18))  # probed post-norm depths; the paper's 24 + 18 last
+# priority 6 (issue 38): the depth pairs for 2,000 steps, with priority 2's warm-up; their arms carry this suffix
+# (bench_multi30k.LONG_DEPTH_SUFFIX) so that the 1,000-step pair keeps one budget per arm in the ledger
+DEEP_LONG_BUDGET = dict(max_steps=2000, warmup_steps=DEEP_BUDGET["warmup_steps"])
+LONG_DEPTH_SUFFIX = "_2000steps"
+# priority 6's fusion added to a trained model, one arm per family whose layout holds a plain checkpoint
+# (bench_multi30k.py: GTrans, RTAL post-norm, layer-wise coordination without sharing or mixed attention)
+FINE_TUNING_ARMS = ("gtrans_finetuned", "rtal_finetuned", "layerwise_coordination_finetuned")
 # training minutes a deep run may take at the probe's speed: with its evaluation (beam 4 over val and test, the
 # GTrans decoder-group grid) it must fit ~90 minutes on one core
 MAX_DEEP_TRAIN_MINUTES = 60
 M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de ledger dir
 # the fine-tuning arms of the queue and the arm whose run of the same seed they start from (bench_multi30k.MODELS'
 # `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
-STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer"}
+STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer",
+                 **{arm: "plain_transformer" for arm in FINE_TUNING_ARMS}}
 # what `--hours` expects of a run whose arm has no CPU run in the ledger yet: the issue's bound for one run on one core
 UNTIMED_RUN_MINUTES = 90
 
@@ -118,6 +137,10 @@ class StudyRun(ArmRun):
 
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return Path(ledger_dir) / self.arm / f"seed_{self.seed}.json"
+
+    def result_problem(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> str | None:
+        """Why its existing result file cannot be used (None: it can): `result_state`."""
+        return ledger.entry_problem(self.result_file(ledger_dir, probe_dir))
 
     def run_dir(self) -> Path:
         """bench_multi30k.py's run dir: under one --output_dir per budget (it refuses other settings in a dir)."""
@@ -156,6 +179,9 @@ class DepthProbe:
         return depth_probes.result_file(Path(probe_dir), "plain_transformer",
                                         (self.encoder_layers, self.decoder_layers), 1)
 
+    def result_problem(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> str | None:
+        return depth_probes.result_problem(self.result_file(ledger_dir, probe_dir))
+
     def run_dir(self) -> Path:
         return WORK_DIR / "post_norm_depth" / f"plain_transformer_{self.encoder_layers}x{self.decoder_layers}_seed_1"
 
@@ -188,6 +214,9 @@ class ManyToManyRun(ArmRun):
 
     def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
         return m2m_ledger_dir(ledger_dir) / self.arm / f"seed_{self.seed}.json"
+
+    def result_problem(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> str | None:
+        return ledger.entry_problem(self.result_file(ledger_dir, probe_dir), ledger.MANY_TO_MANY_REQUIRED_KEYS)
 
     def run_dir(self) -> Path:
         """bench_multilingual.py's run dir (`<output_dir>/<arm>/seed_<s>`)."""
@@ -264,8 +293,25 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
     study_arms = ("plain_transformer_embed_init", "gtrans_embed_init", "plain_transformer_ls0", "gtrans_ls0", "plain_transformer_wd", "gtrans_wd",
                   "gtrans_wd_decay_fusion", "gtrans_init_w1", "gtrans_tau1", "gtrans_fused_dropout")
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in study_arms]  # priority 4
-    queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
+
+    # priority 6 (issue 38), by value: the paper's headline claim (24 + 18) with 3 seeds first, then fusion added to
+    # a trained model with seed 1 of every family, then the seeds that test the recipe's win and the many-to-many
+    # pair (priority 5), then the rest: the fine-tuning arms' seeds 2-3, the 12 + 12 pair, priority 4's 12 + 6
+    # shape, and 18 + 12 with one seed last
+    def depth_pair(shape, seed):
+        return [StudyRun(f"{family}_{shape[0]}x{shape[1]}{LONG_DEPTH_SUFFIX}", seed, **DEEP_LONG_BUDGET)
+                for family in ("plain_transformer", "gtrans")]
+
+    queue += [run for seed in (1, 2, 3) for run in depth_pair((24, 18), seed)]
+    queue += [StudyRun(arm, 1, **standard) for arm in FINE_TUNING_ARMS]
+    # seeds 4-5 of deep representations' recipe, its baseline, and the runs both start from
+    queue += [StudyRun(arm, seed, **standard) for seed in (4, 5)
+              for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
     queue += [ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
+    queue += [StudyRun(arm, seed, **standard) for seed in (2, 3) for arm in FINE_TUNING_ARMS]
+    queue += [run for seed in (1, 2, 3) for run in depth_pair((12, 12), seed)]
+    queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
+    queue += depth_pair((18, 12), 1)
     return queue
 
 
@@ -274,9 +320,19 @@ def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arm
     """The queue's runs that the ledger lacks, in queue order; with `arms`, only the runs of those arms."""
     return [
         run for run in study_queue(probe_dir)
-        if not run.result_file(ledger_dir, probe_dir).is_file()
+        if result_state(run, ledger_dir, probe_dir)[0] != "done"
         and (arms is None or (isinstance(run, ArmRun) and run.arm in arms))
     ]
+
+
+def result_state(run: ArmRun | DepthProbe, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR
+                 ) -> tuple[str, str | None]:
+    """("done", None), ("pending", None), or ("unreadable", why) for a result file that exists but cannot be read as
+    one (cut short, a bad merge): its run is not done, and its rerun replaces the file."""
+    if not run.result_file(ledger_dir, probe_dir).is_file():
+        return "pending", None
+    problem = run.result_problem(ledger_dir, probe_dir)
+    return ("done", None) if problem is None else ("unreadable", problem)
 
 
 def finished_here(run: ArmRun | DepthProbe) -> bool:
@@ -290,13 +346,21 @@ def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
     return None if starting_arm is None else StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
 
 
-def ledger_cpu_minutes(result_file: Path, cpu: str) -> list[float]:
-    """Training + evaluation minutes of the finished CPU runs beside `result_file` (the same arm's other seeds), those
-    on the CPU model `cpu` where there are any."""
-    entries = [json.loads(path.read_text(encoding="utf-8")) for path in result_file.parent.glob("seed_*.json")]
+def ledger_cpu_minutes(arm_dir: Path, cpu: str, steps: int) -> list[float]:
+    """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), those on the CPU
+    model `cpu` where there are any, their training scaled to `steps` steps; unreadable files are left out (the
+    queue reruns them)."""
+    entries = []
+    for path in Path(arm_dir).glob("seed_*.json"):
+        try:
+            entries.append(ledger.read_result_file(path, ("device.gpu", "device.cpu", "train_minutes",
+                                                          "evaluation_minutes", "steps")))
+        except ledger.UnreadableResult:
+            continue
     on_cpu = [entry for entry in entries if entry["device"]["gpu"] is None]
     same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu]
-    return [entry["train_minutes"] + (entry["evaluation_minutes"] or 0.0) for entry in same_model or on_cpu]
+    return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0)
+            for entry in same_model or on_cpu]
 
 
 def expected_minutes(run: ArmRun | DepthProbe, args, cpu: str) -> tuple[float, str]:
@@ -305,10 +369,16 @@ def expected_minutes(run: ArmRun | DepthProbe, args, cpu: str) -> tuple[float, s
     train that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing)."""
     if isinstance(run, DepthProbe):
         return UNTIMED_RUN_MINUTES, "no estimate for a depth probe"
-    minutes = ledger_cpu_minutes(run.result_file(args.ledger_dir, args.probe_dir), cpu)
+    arm_dir = run.result_file(args.ledger_dir, args.probe_dir).parent
+    minutes = ledger_cpu_minutes(arm_dir, cpu, run.max_steps)
+    source = f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
+    if not minutes and run.arm.endswith(LONG_DEPTH_SUFFIX):  # the same model's 1,000-step runs, scaled
+        shorter = run.arm[: -len(LONG_DEPTH_SUFFIX)]
+        minutes = ledger_cpu_minutes(arm_dir.parent / shorter, cpu, run.max_steps)
+        source = f"the median of `{shorter}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {run.max_steps} steps"
     expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES
-    source = (f"the median of its arm's {len(minutes)} CPU run(s) in the ledger" if minutes
-              else f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run")
+    if not minutes:
+        source = f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run"
     start_from = starting_run(run)
     if start_from is not None and not finished_here(start_from):
         starting_minutes, _ = expected_minutes(start_from, args, cpu)
@@ -442,7 +512,7 @@ def finish(running: RunningRun, args) -> bool:
     """Wait for a started run; True when its result file exists afterwards."""
     returncode = running.process.wait()
     minutes = (time.monotonic() - running.started) / 60
-    done = running.run.result_file(args.ledger_dir, args.probe_dir).is_file()
+    done = result_state(running.run, args.ledger_dir, args.probe_dir)[0] == "done"
     print(f"study: {time.strftime('%H:%M:%S')} {running.run.label} "
           f"{'finished' if done else f'FAILED (exit {returncode})'} after {minutes:.0f} min"
           + ("" if done else f"; see {running.log}"), flush=True)
@@ -567,8 +637,12 @@ def main(argv=None) -> None:
     if args.list:
         queue = study_queue(args.probe_dir)
         for number, run in enumerate(queue, start=1):
-            done = "done" if run.result_file(args.ledger_dir, args.probe_dir).is_file() else "    "
-            print(f"{number:>3} {done} {run.label:<46} {run.budget}")
+            state, problem = result_state(run, args.ledger_dir, args.probe_dir)
+            mark = {"done": "done", "pending": "    ", "unreadable": "BAD "}[state]
+            print(f"{number:>3} {mark} {run.label:<46} {run.budget}")
+            if problem is not None:
+                print(f"         unreadable result {run.result_file(args.ledger_dir, args.probe_dir)}: {problem}; "
+                      "not done, the queue reruns it")
             if run == DepthProbe(*DEEP_SHAPES[-1]):  # the last probe
                 print(f"         priority 2's pair: {deep_post_norm_pair(args.probe_dir)[1]}")
         return

@@ -143,14 +143,19 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
-def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", **extra):
-    """A ledger entry with the fields the report reads."""
+def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", val_hypotheses=None, **extra):
+    """A ledger entry with the fields the report reads; with `val_hypotheses`, the val translations of an entry
+    written since issue 38."""
+    validation = {"bleu": bleu + 1.0, "signature": "sig"}
+    if val_hypotheses is not None:
+        validation["hypotheses"] = val_hypotheses
+        extra.setdefault("validation_references_sha256", ledger.sha256_lines(REFERENCES))
     return {
         "arm": arm, "family": arm.split("_")[0], "seed": seed, "baseline": baseline, "steps": 2000,
         "train_minutes": 30.0, "evaluation_minutes": 2.0, "commit": "abcdef0123", "dirty": False,
         "device": {"cpu": "Some CPU", "gpu": None, "torch_threads": 1},
         "tokenizer_sha256": "t", "test_references_sha256": ledger.sha256_lines(REFERENCES),
-        "validation": {"bleu": bleu + 1.0, "signature": "sig"},
+        "validation": validation,
         "test": {"bleu": bleu, "signature": "sig", "hypotheses": hypotheses},
         "loss_curve": [[50, 9.0], [100, 7.5]], "gtrans_decoder_groups": None, **extra,
     }
@@ -158,6 +163,7 @@ def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", **extr
 
 REFERENCES = [f"the cat number {i} sat on the mat today" for i in range(60)]
 WRONG = [f"a dog {i}" for i in range(60)]
+BOTH = {"test": REFERENCES, "validation": REFERENCES}  # the test and val references of the fake entries
 
 
 def test_ledger_entries_are_written_once_and_must_sit_where_they_say(tmp_path):
@@ -182,26 +188,30 @@ def test_report_deltas_p_values_and_verdicts_from_the_ledger(tmp_path):
     # convention is not attributed to chance; there is no sign), and one whose baseline has no run yet says so
     ledger.write_entry(ledger.ledger_path(tmp_path, "rtal", 1), fake_entry("rtal", 1, 11.0, WRONG))
     ledger.write_entry(ledger.ledger_path(tmp_path, "deep", 1), fake_entry("deep", 1, 5.0, WRONG, baseline="absent"))
-    text = ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {"gtrans": "claimed +1."}, ["`x` seed 1"])
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {"gtrans": "claimed +1."}, ["`x` seed 1"])
     rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in text.splitlines() if line.startswith("| `")}
     assert list(rows) == ["plain_transformer", "deep", "gtrans", "rtal"]  # baselines first
     gtrans = rows["gtrans"]
     assert gtrans[3:7] == ["2", "41.00 ± 0.00", "40.00 ± 0.00", "`plain_transformer`"]
-    # test Δ per seed: 40 - 11 = 29 and 40 - 12 = 28
-    assert gtrans[7] == "+28.50 ± 0.71" and gtrans[8] == "+28.50 ± 0.71"
-    assert gtrans[9] == "0.001 / 0.001" and gtrans[10].strip(" |") == "wins"
-    assert rows["rtal"][7] == "+0.00" and rows["rtal"][9] == "0.001" and rows["rtal"][10].strip(" |") == "ties"
-    assert rows["deep"][10].strip(" |") == "baseline not run yet"
-    assert "- **gtrans**: `gtrans` wins against `plain_transformer`" in text and "The paper: claimed +1." in text
+    # test Δ per seed: 40 - 11 = 29 and 40 - 12 = 28; the test verdict, then val's beside it: these entries hold no
+    # val translations (as before issue 38), so val is untested
+    assert gtrans[7:10] == ["+28.50 ± 0.71", "0.001 / 0.001", "wins"]
+    assert gtrans[10:13] == ["+28.50 ± 0.71", "– / –", "untested |"]
+    assert rows["rtal"][7:10] == ["+0.00", "0.001", "ties"]
+    assert rows["deep"][9] == "baseline not run yet" and rows["deep"][12] == "baseline not run yet |"
+    assert ("- **gtrans**: *from scratch*: `gtrans` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU "
+            "over 2 seeds, p 0.001, 0.001), untested on val (Δ +28.50 ± 0.71; the ledger holds no val translations "
+            "of seeds 1, 2): not a win yet") in text
+    assert "The paper: claimed +1." in text
     assert text.rstrip().endswith("Next in the queue (`python benchmarks/study.py --list`): `x` seed 1.")
     with pytest.raises(ValueError, match="other test references"):
-        ledger.report(tmp_path, REFERENCES[:-1], bench.paired_bootstrap, {}, [])
+        ledger.report(tmp_path, {**BOTH, "test": REFERENCES[:-1]}, bench.paired_bootstrap, {}, [])
 
 
 def test_verdict_needs_significance_on_a_majority_of_seeds():
     comparison = ledger.Comparison(seeds=[1, 2, 3], test_deltas=[0.5, 0.4, -0.1], val_deltas=[0, 0, 0],
                                    p_values=[0.01, 0.2, 0.6])
-    assert comparison.better == 1 and comparison.verdict() == "ties"
+    assert comparison.verdict() == "ties"  # significantly better on 1 seed of 3
     assert ledger.Comparison([1, 2, 3], [-0.5, -0.4, 0.1], [0] * 3, [0.01, 0.03, 0.6]).verdict() == "loses"
 
 
@@ -212,19 +222,19 @@ def test_seeds_whose_arm_and_baseline_ran_on_other_hardware_are_marked(tmp_path)
                            fake_entry("plain_transformer", seed, 11.0, WRONG, baseline=None))
     ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", 1), fake_entry("gtrans", 1, 40.0, REFERENCES))
     ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", 2), fake_entry("gtrans", 2, 40.0, REFERENCES, device=gpu))
-    text = ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {}, [])
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
     gtrans = next(line for line in text.splitlines() if line.startswith("| `gtrans`")).split(" | ")
-    assert gtrans[9] == "0.001 / 0.001†"
+    assert gtrans[8] == "0.001 / 0.001†" and gtrans[11] == "– / –†"
     assert "†: the arm and its baseline of this seed were trained on different kinds of hardware" in text
     # without a cross-hardware pair there is no footnote
     (tmp_path / "gtrans" / "seed_2.json").unlink()
-    assert "†" not in ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {}, [])
+    assert "†" not in ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
 
 
 def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
     entry = fake_entry("plain_transformer_24x18", 1, 1.0, WRONG, baseline=None, show_loss_curve=True)
     ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_24x18", 1), entry)
-    text = ledger.report(tmp_path, REFERENCES, bench.paired_bootstrap, {}, [])
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
     assert "| `plain_transformer_24x18` | 1 | 9.00 | 7.50 | – |" in text
 
 
@@ -316,8 +326,7 @@ def test_the_queue_can_be_limited_to_some_arms(tmp_path):
     assert [(run.arm, run.seed) for run in pending] == [
         (arm, seed) for seed in (1, 2, 3) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
     done = study.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
-    done.parent.mkdir(parents=True)
-    done.write_text("{}")
+    ledger.write_entry(done, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
     assert study.StudyRun("re_transformer_2", 1) not in study.pending_runs(ledger_dir, arms=["re_transformer_2"])
     unfiltered = {run.arm for run in study.pending_runs(ledger_dir) if isinstance(run, study.ArmRun)}
     assert {"plain_transformer", "re_transformer_2", "re_transformer_4"} < unfiltered
@@ -367,11 +376,12 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
 
     def fake_start(run, args):
         result = run.result_file(args.ledger_dir)
+        entry = json.dumps({"ledger_version": ledger.LEDGER_VERSION, **fake_entry(run.arm, run.seed, 30.0, WRONG)})
         script = (f"import pathlib, time; e = pathlib.Path({str(events)!r}); (e / '{run.arm}_{run.seed}.start')"
                   f".write_text(repr(time.monotonic())); "
                   + ("raise SystemExit(3)" if run in failing else "time.sleep(1.0); "
                      f"r = pathlib.Path({str(result)!r}); r.parent.mkdir(parents=True, exist_ok=True); "
-                     f"r.write_text('{{}}')")
+                     f"r.write_text({entry!r})")
                   + f"; (e / '{run.arm}_{run.seed}.end').write_text(repr(time.monotonic()))")
         process = study.subprocess.Popen([sys.executable, "-c", script])
         return study.RunningRun(run, process, tmp_path / "log", study.time.monotonic())
@@ -535,6 +545,8 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
     assert entry["init_from"] == {"arm": "plain_transformer", "seed": 1, "steps": 3, "validation_bleu": 21.0,
                                   "test_bleu": 21.0, "run_dir": str(start_dir)}
     assert bench.ledger.steps_text(entry) == "3 + 3" and bench.ledger.steps_text(entries["plain_transformer"][1]) == "3"
+    # the val translations, for the report's val verdict
+    assert entry["validation"]["hypotheses"] == ["ein mann"] * 3
 
     bench.main(argv)  # finished runs are read back, not redone
     assert len(calls) == 2
@@ -587,3 +599,224 @@ def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
 def test_every_registered_family_has_an_arm():
     """The arms' families come from the registry: a family without an arm of its own gets one with its defaults."""
     assert {arm.model_type for arm in bench.MODELS.values()} == set(hf_layerfusion.FAMILIES)
+
+
+# --- issue 38: val verdicts, the new arms and the queue's order; issue 40: unreadable result files ---------------
+
+
+def test_val_verdict_beside_the_test_verdict_and_a_win_needs_both(tmp_path):
+    """Entries written since issue 38 hold their val translations: val is tested like test (paired bootstrap per
+    seed, the majority rule), and the conclusion calls an arm a win only where both sets say so."""
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", seed), fake_entry(
+            "plain_transformer", seed, 10.0 + seed, WRONG, baseline=None, val_hypotheses=WRONG))
+        # better on test and val
+        ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", seed), fake_entry(
+            "gtrans", seed, 40.0, REFERENCES, val_hypotheses=REFERENCES))
+        # better on test, its baseline's translations (and BLEU) on val
+        rtal = fake_entry("rtal", seed, 40.0, REFERENCES, val_hypotheses=WRONG)
+        rtal["validation"]["bleu"] = 11.0 + seed
+        ledger.write_entry(ledger.ledger_path(tmp_path, "rtal", seed), rtal)
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ") for line in text.splitlines() if line.startswith("| `")}
+    assert rows["gtrans"][8:13] == ["0.001 / 0.001", "wins", "+28.50 ± 0.71", "0.001 / 0.001", "wins |"]
+    assert rows["rtal"][9] == "wins" and rows["rtal"][12] == "ties |"
+    assert ("`gtrans` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU over 2 seeds, p 0.001, 0.001) "
+            "and wins on val (Δ +28.50 ± 0.71, p 0.001, 0.001)") in text
+    assert "`rtal` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU over 2 seeds" in text
+    assert "0.001, 0.001) but ties on val (Δ +0.00 ± 0.00, p 0.001, 0.001)" in text
+    with pytest.raises(ValueError, match="other val references"):
+        ledger.report(tmp_path, {**BOTH, "validation": WRONG}, bench.paired_bootstrap, {}, [])
+
+
+def test_val_and_test_verdicts_together_say_which_way_they_differ():
+    def comparison(test_p, val_p, deltas=(1.0, 1.0, 1.0)):
+        return ledger.Comparison(seeds=[1, 2, 3], test_deltas=list(deltas), val_deltas=list(deltas),
+                                 p_values=test_p, val_p_values=val_p)
+
+    test = "on test (Δ +1.00 ± 0.00 BLEU over 3 seeds, p 0.010, 0.010, 0.010)"
+    assert comparison([0.01] * 3, [0.01] * 3).summary() == (
+        f"wins {test} and wins on val (Δ +1.00 ± 0.00, p 0.010, 0.010, 0.010)")
+    assert comparison([0.5] * 3, [0.01] * 3).summary().startswith("ties on test (Δ +1.00 ± 0.00 BLEU over 3 seeds, "
+                                                                  "p 0.500, 0.500, 0.500) but wins on val")
+    assert comparison([0.01] * 3, [0.01, None, None]).summary() == (
+        f"wins {test} and wins on val (Δ +1.00 ± 0.00, p 0.010, tested on seed 1 of 3)")
+    assert comparison([0.01] * 3, [None] * 3).summary() == (
+        f"wins {test}, untested on val (Δ +1.00 ± 0.00; the ledger holds no val translations of seeds 1, 2, 3): "
+        "not a win yet")
+    losing = comparison([0.01] * 3, [0.5] * 3, deltas=(-1.0, -1.0, -1.0))
+    assert (losing.verdict(), losing.val_verdict()) == ("loses", "ties")
+    assert " but ties on val " in losing.summary()
+
+
+def test_conclusions_answer_each_setting_of_a_family(tmp_path):
+    """From scratch, added to a trained model, deep post-norm: each family's line, in that order."""
+    for seed in (1,):
+        for arm, baseline, extra in (("plain_transformer", None, {}),
+                                     ("plain_transformer_continued", None, {"init_from": {"steps": 2000}}),
+                                     ("plain_transformer_24x18_2000steps", None, {"show_loss_curve": True}),
+                                     ("gtrans_24x18_2000steps", "plain_transformer_24x18_2000steps",
+                                      {"show_loss_curve": True}),
+                                     ("gtrans_finetuned", "plain_transformer_continued", {"init_from": {"steps": 2000}}),
+                                     ("gtrans", "plain_transformer", {})):
+            ledger.write_entry(ledger.ledger_path(tmp_path, arm, seed),
+                               fake_entry(arm, seed, 30.0, REFERENCES, baseline=baseline, **extra))
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    line = next(line for line in text.splitlines() if line.startswith("- **gtrans**"))
+    assert line.index("*from scratch*: `gtrans` ") < line.index("*added to a trained model*: `gtrans_finetuned` ") < (
+        line.index("*deep post-norm, from scratch*: `gtrans_24x18_2000steps` "))
+
+
+def test_fine_tuning_arms_of_every_family_load_a_plain_checkpoint(tmp_path):
+    """Issue 38: GTrans, RTAL (post-norm, like the checkpoint) and layer-wise coordination (the layout a plain
+    checkpoint fits) added to a trained plain model through the class-based path of the fine-tuning arms: every plain
+    weight loads unchanged, only the family's own weights start fresh. The paper's layer-wise coordination (shared
+    layers, mixed attention) cannot hold a plain checkpoint: loading one is refused."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    arms = ("gtrans_finetuned", "rtal_finetuned", "layerwise_coordination_finetuned")
+    assert {name: (bench.MODELS[name].init_from, bench.MODELS[name].baseline) for name in arms} == {
+        name: ("plain_transformer", "plain_transformer_continued") for name in arms}
+    assert tuple(study.FINE_TUNING_ARMS) == arms
+    rtal = arm_config("rtal_finetuned")
+    assert (rtal.aggregation_function, rtal.tree_residual, rtal.normalize_before) == ("ewp_ffn", "children", False)
+    gtrans = arm_config("gtrans_finetuned")
+    assert (gtrans.encoder_group_size, gtrans.decoder_group_size, gtrans.normalize_before) == (3, 2, False)
+    layerwise = arm_config("layerwise_coordination_finetuned")
+    assert (layerwise.share_layer_parameters, layerwise.mixed_attention, layerwise.layerwise_memory) == (
+        False, False, True)
+
+    tiny = dict(vocab_size=50, d_model=16, encoder_layers=6, decoder_layers=6, encoder_attention_heads=2,
+                decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                decoder_start_token_id=2)
+    plain = hf_layerfusion.PlainTransformerForConditionalGeneration(hf_layerfusion.PlainTransformerConfig(**tiny))
+    plain.save_pretrained(tmp_path)
+    fresh = {"gtrans_finetuned": ".readout.", "rtal_finetuned": ".readout.functions.",
+             "layerwise_coordination_finetuned": ".language_embedding."}
+    for name in arms:
+        arm = bench.MODELS[name]
+        config = CONFIG_MAPPING[arm.model_type].from_dict({**plain.config.to_diff_dict(), **arm.config})
+        model, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, config=config, output_loading_info=True)
+        for key, value in plain.state_dict().items():
+            assert torch.equal(model.state_dict()[key], value), (name, key)
+        assert info["missing_keys"] and all(fresh[name] in key for key in info["missing_keys"]), name
+        assert not info["unexpected_keys"], name
+    paper_layout = CONFIG_MAPPING["layerwise_coordination"].from_dict(plain.config.to_diff_dict())
+    with pytest.raises(Exception, match="encoder_attn"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path, config=paper_layout)
+
+
+def test_long_depth_arms_keep_the_1000_step_ledger_apart():
+    assert study.LONG_DEPTH_SUFFIX == bench.LONG_DEPTH_SUFFIX
+    for encoder, decoder in study.DEEP_SHAPES:
+        plain, gtrans = (f"{family}_{encoder}x{decoder}{bench.LONG_DEPTH_SUFFIX}"
+                         for family in ("plain_transformer", "gtrans"))
+        assert bench.MODELS[gtrans].baseline == plain and bench.MODELS[plain].show_loss_curve
+        assert bench.MODELS[gtrans].config == bench.MODELS[f"gtrans_{encoder}x{decoder}"].config
+    long_runs = [run for run in study.study_queue() if isinstance(run, study.StudyRun)
+                 and run.arm.endswith(study.LONG_DEPTH_SUFFIX)]
+    assert {(run.max_steps, run.warmup_steps) for run in long_runs} == {(2000, 400)}
+
+
+def test_the_queue_puts_issue_38_in_order_of_value():
+    """Issue 38 item 5: 24 + 18 with 3 seeds first, then seed 1 of every family's fine-tuning arm, then the seeds
+    4-5 of deep representations' recipe (and the runs it needs) and the many-to-many pair, then the rest, 18 + 12
+    last."""
+    queue = study.study_queue()
+    first = next(i for i, run in enumerate(queue) if isinstance(run, study.ArmRun)
+                 and run.arm.endswith(study.LONG_DEPTH_SUFFIX))
+    assert all(isinstance(run, (study.StudyRun, study.DepthProbe)) and
+               (not isinstance(run, study.StudyRun) or run.seed <= 3) for run in queue[:first])
+    long = study.LONG_DEPTH_SUFFIX
+    expected = [(f"{family}_24x18{long}", seed) for seed in (1, 2, 3) for family in ("plain_transformer", "gtrans")]
+    expected += [(arm, 1) for arm in study.FINE_TUNING_ARMS]
+    expected += [(arm, seed) for seed in (4, 5)
+                 for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
+    expected += [(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
+    expected += [(arm, seed) for seed in (2, 3) for arm in study.FINE_TUNING_ARMS]
+    expected += [(f"{family}_12x12{long}", seed) for seed in (1, 2, 3) for family in ("plain_transformer", "gtrans")]
+    expected += [(arm, seed) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
+    expected += [(f"{family}_18x12{long}", 1) for family in ("plain_transformer", "gtrans")]
+    assert [(run.arm, run.seed) for run in queue[first:]] == expected
+    listed = subprocess_list()
+    assert listed.index("`plain_transformer_24x18_2000steps` seed 1") < listed.index("`gtrans_finetuned` seed 1") < (
+        listed.index("`deep_representations_paper` seed 4")) < listed.index("`gtrans_18x12_2000steps` seed 1")
+
+
+def subprocess_list(*extra) -> str:
+    import subprocess
+
+    return subprocess.run([sys.executable, str(STUDY), "--list", *extra], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_long_depth_runs_are_timed_from_the_same_models_shorter_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    ledger_dir = tmp_path / "ledger"
+    ledger.write_entry(ledger.ledger_path(ledger_dir, "gtrans_24x18", 1), fake_entry(
+        "gtrans_24x18", 1, 30.0, REFERENCES, steps=1000, train_minutes=60.0, evaluation_minutes=5.0))
+    args = study.parse_args(["--ledger_dir", str(ledger_dir)])
+    minutes, source = study.expected_minutes(study.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args, "Some CPU")
+    assert minutes == 125.0 and "`gtrans_24x18`" in source and "scaled to 2000 steps" in source
+
+
+def test_depth_runs_read_the_study_runs_not_the_probe_rule(tmp_path):
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", 1),
+                       fake_entry("plain_transformer", 1, 35.0, REFERENCES, baseline=None))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_24x18_2000steps", 1), fake_entry(
+        "plain_transformer_24x18_2000steps", 1, 2.0, WRONG, baseline=None, show_loss_curve=True))
+    lines = bench.depth_runs(ledger.read_ledger(tmp_path))
+    assert "The study runs decide, not the probe's 600-step rule" in lines[0] and "test BLEU 35.00." in lines[0]
+    assert lines[2:] == ["- 24 + 18, `plain_transformer_24x18_2000steps` (2,000 steps, 1 seed(s)): test BLEU 2.00, "
+                         "training loss 7.50 at its last log"]
+    assert bench.depth_runs({})[2:] == ["- No deep post-norm study run has finished yet."]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ('{"arm": "gtrans", "seed": 1', "cannot be read as JSON"),  # cut short
+    ("[1, 2]", "holds a JSON list, not an object"),
+    (None, "lacks 'test.hypotheses'"),  # a key the report reads is missing (issue 40: KeyError: 'test')
+])
+def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_path, capsys, content, problem):
+    ledger_dir = tmp_path / "ledger"
+    path = ledger.ledger_path(ledger_dir, "re_transformer_2", 1)
+    path.parent.mkdir(parents=True)
+    if content is None:
+        entry = fake_entry("re_transformer_2", 1, 30.0, REFERENCES)
+        del entry["test"]["hypotheses"]
+        content = json.dumps({"ledger_version": ledger.LEDGER_VERSION, **entry})
+    path.write_text(content)
+    with pytest.raises(ledger.UnreadableResult, match=problem) as error:
+        ledger.read_ledger(ledger_dir)
+    assert str(path) in str(error.value) and "the rerun replaces it" in str(error.value)
+    with pytest.raises(SystemExit, match=str(path)):
+        bench.main(["--report", "--ledger_dir", str(ledger_dir), "--data_dir", str(tiny_corpus(tmp_path))])
+    run = study.StudyRun("re_transformer_2", 1)
+    assert study.result_state(run, ledger_dir)[0] == "unreadable" and run in study.pending_runs(ledger_dir)
+    study.main(["--list", "--ledger_dir", str(ledger_dir)])
+    listed = capsys.readouterr().out
+    assert " BAD  `re_transformer_2` seed 1 " in listed and f"unreadable result {path}: {problem}" in listed
+    # the rerun replaces it; a readable entry is never replaced
+    ledger.write_entry(path, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
+    assert "replacing the unreadable" in capsys.readouterr().out
+    assert study.result_state(run, ledger_dir) == ("done", None) and run not in study.pending_runs(ledger_dir)
+    with pytest.raises(FileExistsError):
+        ledger.write_entry(path, fake_entry("re_transformer_2", 1, 31.0, REFERENCES))
+
+
+def test_unreadable_probe_and_many_to_many_results_are_named(tmp_path):
+    probe_dir, ledger_dir = tmp_path / "probes", tmp_path / "ledger"
+    probe_result(probe_dir, (6, 6), 1.0, 4.0)
+    bad_probe = study.depth_probes.result_file(probe_dir, "plain_transformer", (12, 12), 1)
+    bad_probe.write_text('{"encoder_layers": 12')
+    with pytest.raises(ledger.UnreadableResult, match="cannot be read as JSON") as error:
+        study.depth_probes.read_results(probe_dir)
+    assert str(bad_probe) in str(error.value)
+    assert study.result_state(study.DepthProbe(12, 12), ledger_dir, probe_dir)[0] == "unreadable"
+    assert study.result_state(study.DepthProbe(6, 6), ledger_dir, probe_dir) == ("done", None)
+    m2m = study.ManyToManyRun("gtrans_m2m", 1)
+    m2m.result_file(ledger_dir).parent.mkdir(parents=True)
+    m2m.result_file(ledger_dir).write_text(json.dumps({"ledger_version": ledger.LEDGER_VERSION, "arm": "gtrans_m2m",
+                                                       "seed": 1}))
+    state, problem = study.result_state(m2m, ledger_dir)
+    assert state == "unreadable" and "'directions'" in problem
