@@ -12,11 +12,13 @@ must never give a silent wrong answer or overwrite a user's file. The writes tha
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import secrets
 import shlex
+import shutil
 import socket
 import stat
 import sys
@@ -80,6 +82,53 @@ def checkpoint_model_type(name_or_path) -> str | None:
         return json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_file} is not a readable JSON config: {error}") from error
+
+
+def check_weight_files(name_or_path) -> None:
+    """Every safetensors weight file of a local model directory opens: a file cut short (an interrupted copy or
+    download) or with damaged bytes in its header is an error naming the file, instead of a `SafetensorError`
+    naming none. Hub ids pass (the Hub client checks its downloads)."""
+    from safetensors import SafetensorError, safe_open  # only where weights are loaded
+
+    directory = Path(os.fspath(name_or_path)).expanduser() if isinstance(name_or_path, (str, os.PathLike)) else None
+    if directory is None or not directory.is_dir():
+        return
+    for weights in sorted(directory.glob("*.safetensors")):
+        try:
+            # reads the header and checks that the tensors it lists cover the file exactly; no tensor is loaded
+            with safe_open(weights, framework="pt"):
+                pass
+        except SafetensorError as error:
+            raise ValueError(
+                f"Weight file {str(weights)!r} is damaged or incomplete ({error}; {weights.stat().st_size} bytes): "
+                "copy, download or save the model again."
+            ) from error
+
+
+def check_tokenizer_files(name_or_path, what: str = "tokenizer") -> None:
+    """A local tokenizer directory holds a tokenizer (`tokenizer.json` or `tokenizer_config.json`; without them
+    transformers answers "install sentencepiece or tiktoken"), and its JSON files parse (a file cut short is an
+    error naming it, not a bare `JSONDecodeError`). Hub ids pass."""
+    directory = Path(os.fspath(name_or_path)).expanduser()
+    if not directory.is_dir():
+        return
+    names = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+    if not any((directory / name).is_file() for name in names[:2]):
+        raise FileNotFoundError(
+            f"{what} {str(directory)!r} holds no tokenizer (no tokenizer.json or tokenizer_config.json; it has "
+            f"{sorted(child.name for child in directory.iterdir())[:8]}): save the tokenizer there "
+            "(`tokenizer.save_pretrained`), or name the directory that holds it."
+        )
+    for name in names:
+        file = directory / name
+        if file.is_file():
+            try:
+                json.loads(read_utf8(file, "Tokenizer file"))
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"Tokenizer file {str(file)!r} is not valid JSON ({error}): it is damaged or was cut short; "
+                    "save or copy the tokenizer again."
+                ) from error
 
 
 def check_input_file(path, what: str) -> Path:
@@ -265,6 +314,31 @@ def lock_output_dir(output_dir, what: str = "--output_dir") -> Iterator[Path]:
         )
         file.flush()
         yield directory
+
+
+# what the savers say when the file system refuses their data (a full disk, a quota): torch.save "unexpected pos
+# 191616 vs 191504" / "file write failed" (no errno), safetensors "I/O error: No space left on device (os error 28)"
+_WRITE_REFUSED = ("unexpected pos", "file write failed", os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def check_write_error(error: BaseException, path, what: str) -> None:
+    """Called with the error of a failed save of `path`: when the file system refused the data (an `OSError`
+    ENOSPC / EDQUOT, or a saver's error that names neither the disk nor the path: `_WRITE_REFUSED`), raise an
+    `OSError` (ENOSPC) naming `path`, the free space and what to do; any other error is the caller's to re-raise."""
+    if isinstance(error, OSError) and error.errno is not None:
+        refused = error.errno in (errno.ENOSPC, errno.EDQUOT)
+    else:
+        refused = any(text in str(error) for text in _WRITE_REFUSED)
+    if not refused:
+        return
+    target = Path(os.fspath(path)).absolute()
+    free = shutil.disk_usage(next(p for p in (target, *target.parents) if p.exists())).free
+    raise OSError(
+        errno.ENOSPC,
+        f"Could not save {what} {os.fspath(path)!r}: the disk is full or a quota is reached ({free / 2**20:.0f} MiB "
+        f"free there now; the write failed with: {str(error).strip()[:200]}). Its files there are incomplete: delete "
+        "them, free space (e.g. fewer checkpoints: --save_total_limit) or write to a larger disk, and run again.",
+    ) from error
 
 
 def check_save_directory(save_directory) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     MarianConfig,
     MarianMTModel,
+    Seq2SeqTrainingArguments,
     XLMRobertaConfig,
     XLMRobertaModel,
 )
@@ -65,8 +67,9 @@ from hf_layerfusion.modeling import input_checks
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_model_inputs, check_positive_int
 from hf_layerfusion.modeling.registry import check_model_type
 from hf_layerfusion.inference import ctranslate2_export
-from hf_layerfusion.training import checkpoint_averaging
+from hf_layerfusion.training import checkpoint_averaging, tokenization
 from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 from hf_layerfusion.training.data import (
     builtin_number_corpus,
     load_json_lines_translation,
@@ -153,6 +156,7 @@ def ws(tmp_path_factory):
     tokenizer.save_pretrained(finished)
     for name in ("bleu_results.json", SCORES):
         (finished / name).write_text('{"scores": {}}\n', encoding="utf-8")
+    damaged = _damaged_files(root, plain, tokenizer)
     busy = root / "busy"  # an output dir that a run is writing into, held for the whole module
     busy_lock = lock_output_dir(busy)
     busy_lock.__enter__()
@@ -160,7 +164,7 @@ def ws(tmp_path_factory):
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
         texts=texts, input=root / "input.en", full=root / "full", a_file=root / "a_file",
-        broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock,
+        broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock, **damaged,
     )
 
 
@@ -248,6 +252,54 @@ def _rt_eval_args(ws, *extra, model=None, output_dir=None):
 def _rt_data_args(ws, *extra):
     """run_translation.py arguments with a local corpus instead of the built-in one."""
     return [arg for arg in _rt_args(ws, "--model_type=gtrans") if "builtin" not in arg] + list(extra)
+
+
+def _damaged_files(root: Path, plain, tokenizer) -> dict[str, Path]:
+    """Model dirs with a damaged file (a weight file cut short or with overwritten header bytes, a `tokenizer.json`
+    cut short, no tokenizer at all) and Trainer output dirs whose checkpoints are not of one model (issue 40)."""
+    dirs = {name: root / name for name in ("truncated_weights", "corrupt_weights", "truncated_tokenizer", "no_tokenizer")}
+    for directory in dirs.values():
+        plain.save_pretrained(directory)
+        if directory.name != "no_tokenizer":
+            tokenizer.save_pretrained(directory)
+    weights = (dirs["truncated_weights"] / "model.safetensors").read_bytes()
+    (dirs["truncated_weights"] / "model.safetensors").write_bytes(weights[:-100])
+    (dirs["corrupt_weights"] / "model.safetensors").write_bytes(weights[:8] + b"\xff" * 16 + weights[24:])
+    text = (dirs["truncated_tokenizer"] / "tokenizer.json").read_text(encoding="utf-8")
+    (dirs["truncated_tokenizer"] / "tokenizer.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    vocab = plain.config.vocab_size
+    runs = {  # checkpoint-1, checkpoint-2 of each run
+        "mixed_families_run": (plain, GTransForConditionalGeneration(_tiny(GTransConfig, vocab, **GROUPS))),
+        "mixed_activations_run": (plain, PlainTransformerForConditionalGeneration(
+            _tiny(PlainTransformerConfig, vocab, activation_function="gelu"))),
+        "mixed_sizes_run": (plain, PlainTransformerForConditionalGeneration(
+            _tiny(PlainTransformerConfig, vocab, encoder_ffn_dim=48))),
+        "damaged_weights_run": (plain, plain),
+        "damaged_tokenizer_run": (plain, plain),
+    }
+    for name, models in runs.items():
+        for step, model in enumerate(models, start=1):
+            model.save_pretrained(root / name / f"checkpoint-{step}")
+            tokenizer.save_pretrained(root / name / f"checkpoint-{step}")
+        dirs[name] = root / name
+    (root / "damaged_weights_run" / "checkpoint-1" / "model.safetensors").write_bytes(weights[:-100])
+    (root / "damaged_tokenizer_run" / "checkpoint-2" / "tokenizer.json").write_text(text[:100], encoding="utf-8")
+    dirs["step_typo_run"] = root / "step_typo_run"  # `checkpoint-5x`: transformers reads it as step 5
+    plain.save_pretrained(dirs["step_typo_run"] / "checkpoint-1")
+    plain.save_pretrained(dirs["step_typo_run"] / "checkpoint-5x")
+    return dirs
+
+
+def _train_onto_full_disk(ws):
+    """Train a tiny model one step with a checkpoint save that meets a full disk: `torch.save` fails as it does on a
+    full file system (this message seen on a full tmpfs), in a directory outside the workspace."""
+    full_disk = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 191616 vs 191504")
+    model = PlainTransformerForConditionalGeneration(_tiny(PlainTransformerConfig, ws.vocab))
+    pairs = [{"input_ids": torch.tensor([4, 5, 2]), "labels": torch.tensor([5, 4, 2])}] * 2
+    with tempfile.TemporaryDirectory() as output_dir, torch.enable_grad(), mock.patch("torch.save", side_effect=full_disk):
+        args = Seq2SeqTrainingArguments(output_dir, max_steps=1, save_steps=1, per_device_train_batch_size=2,
+                                        report_to="none", use_cpu=True)
+        LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=pairs).train()
 
 
 
@@ -444,6 +496,19 @@ ROWS = [
         r"'no-such-org/no-such-marian' is not a local directory.*Hub repo id"),
     Row("marian-bad-group-size", lambda ws: from_marian(ws.marian_dir, encoder_group_size=9), ValueError,
         r"encoder_group_size.*got 9"),
+    # weights the layout has no place for (issue 37): before, dropped with no word
+    Row("marian-layerwise-shared-cross-attention",
+        lambda ws: from_marian(ws.marian_dir, model_type="layerwise_coordination", mixed_attention=False,
+                               share_layer_parameters=False),
+        ValueError, r"8 weights.*decoder\.layers\.\{{0,1\}}\.encoder_attn .*unshared_cross_attention=True"
+                    r".*allow_dropped_weights=True"),
+    Row("marian-layerwise-shared-layers",
+        lambda ws: from_marian(ws.marian_dir, model_type="layerwise_coordination", mixed_attention=False,
+                               unshared_cross_attention=True),
+        ValueError, r"decoder\.layers\.\{{0,1\}}\.self_attn .*tied to model\.encoder.*share_layer_parameters=False"),
+    Row("marian-re-transformer-layout",
+        lambda ws: from_marian(ws.marian_dir, model_type="re_transformer", encoder_layout="s-sf"),
+        ValueError, r"encoder\.layers\.\{{0\}}\.ffn .*no such parameter.*encoder_layout"),
     Row("xlmr-from-marian-dir", lambda ws: from_xlmr(ws.marian_dir), ValueError, r"'marian'"),
     Row("xlmr-unknown-family", lambda ws: from_xlmr(ws.xlmr_dir, model_type="gtrns"), ValueError, r"'gtrns'"),
     Row("xlmr-missing-dir", lambda ws: from_xlmr(ws.root / "no_xlmr"), FileNotFoundError, r"no_xlmr"),
@@ -525,6 +590,25 @@ ROWS = [
         lambda ws: checkpoint_averaging.main(["--checkpoint_dir", str(ws.checkpoints), "--output_dir", str(ws.full),
                                               "--num_checkpoints", "1"]),
         FileExistsError, r"full"),
+    # checkpoints that are not of one model (issue 40): before, averaged (GTrans fusion weights halved with nothing)
+    Row("average-different-families",
+        lambda ws: average_last_checkpoints(ws.mixed_families_run, 2, ws.root / "new_average"), ValueError,
+        r"checkpoint-1'.*checkpoint-2'.*different families \('plain_transformer' vs 'gtrans'"),
+    Row("average-different-activations",
+        lambda ws: average_last_checkpoints(ws.mixed_activations_run, 2, ws.root / "new_average"), ValueError,
+        r"checkpoint-1'.*checkpoint-2'.*activation_function: 'relu' vs 'gelu'"),
+    Row("average-different-sizes",
+        lambda ws: average_last_checkpoints(ws.mixed_sizes_run, 2, ws.root / "new_average"), ValueError,
+        r"checkpoint-1'.*checkpoint-2'.*encoder_ffn_dim: 32 vs 48"),
+    Row("average-step-not-a-number", lambda ws: last_checkpoints(ws.step_typo_run, 1), ValueError,
+        r"checkpoint-5x'.*'5x' is not a number"),
+    Row("average-damaged-weights",
+        lambda ws: average_last_checkpoints(ws.damaged_weights_run, 2, ws.root / "new_average"), ValueError,
+        r"damaged_weights_run/checkpoint-1/model\.safetensors'.*damaged or incomplete"),
+    Row("average-cli-damaged-tokenizer",
+        lambda ws: checkpoint_averaging.main(["--checkpoint_dir", str(ws.damaged_tokenizer_run), "--output_dir",
+                                              str(ws.root / "new_average"), "--num_checkpoints", "2"]),
+        ValueError, r"checkpoint-2/tokenizer\.json'.*not valid JSON"),
     # ------------------------------------------------------------------ examples/translate.py
     Row("translate-cli-output-is-input", lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.input}")),
         ValueError, r"input\.en.*destroy"),
@@ -788,6 +872,20 @@ ROWS = [
     Row("load-gtrans-weights-plain-config",
         lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.gtrans_dir, config=_tiny(PlainTransformerConfig, ws.vocab)),
         ValueError, r"'gtrans' checkpoint.*readout"),
+    # damaged files (issue 40): before, a SafetensorError / JSONDecodeError naming no file
+    Row("load-truncated-weights-auto", lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.truncated_weights),
+        ValueError, r"truncated_weights/model\.safetensors'.*damaged or incomplete.*again"),
+    Row("load-truncated-weights-class",
+        lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(ws.truncated_weights),
+        ValueError, r"truncated_weights/model\.safetensors'.*damaged or incomplete"),
+    Row("load-corrupt-weights-header", lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.corrupt_weights),
+        ValueError, r"corrupt_weights/model\.safetensors'.*damaged or incomplete"),
+    Row("tokenizer-load-truncated-json", lambda ws: tokenization.load_tokenizer(ws.truncated_tokenizer), ValueError,
+        r"truncated_tokenizer/tokenizer\.json'.*not valid JSON.*again"),
+    Row("tokenizer-load-none-saved", lambda ws: tokenization.load_tokenizer(ws.no_tokenizer), FileNotFoundError,
+        r"no_tokenizer'.*holds no tokenizer.*save_pretrained"),
+    Row("trainer-checkpoint-disk-full", _train_onto_full_disk, OSError,
+        r"checkpoint-1'.*disk is full.*unexpected pos 191616 vs 191504.*free space"),
     # ------------------------------------------------------------------ model entry points
     Row("model-ids-1d", lambda ws: ws.gtrans(input_ids=torch.tensor([4, 5, 2]), labels=torch.tensor([[4, 2]])),
         ValueError, r"shape \(3,\)"),

@@ -68,3 +68,27 @@ def test_average_is_elementwise_mean(trainer_output_dir, tmp_path_factory):
     assert model.generation_config.num_beams == 3
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     assert tokenizer.pad_token_id == 1 and len(tokenizer) == model.config.vocab_size
+
+
+def test_a_failed_save_leaves_the_output_dir_as_it_was(trainer_output_dir, tmp_path_factory, monkeypatch):
+    """The averaged model is saved in a temporary directory beside `output_dir` and moved in only when complete: a
+    save that fails halfway (here the tokenizer's, after the model's) leaves `output_dir`'s files and nothing else."""
+    parent = tmp_path_factory.mktemp("parent")
+    output_dir = parent / "averaged"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep me\n", encoding="utf-8")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match=r"averaged.*disk is full.*No space left"):
+        main(["--checkpoint_dir", str(trainer_output_dir), "--num_checkpoints", "2", "--output_dir", str(output_dir),
+              "--overwrite_output_dir"])
+    assert sorted(path.name for path in parent.iterdir()) == ["averaged"]  # no staging dir left behind
+    assert sorted(path.name for path in output_dir.iterdir()) == ["notes.txt"]
+    monkeypatch.undo()
+    main(["--checkpoint_dir", str(trainer_output_dir), "--num_checkpoints", "2", "--output_dir", str(output_dir),
+          "--overwrite_output_dir"])
+    assert {"notes.txt", "model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in output_dir.iterdir()}
+    assert sorted(path.name for path in parent.iterdir()) == ["averaged"]

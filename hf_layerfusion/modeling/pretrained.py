@@ -10,7 +10,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 
-from ..file_checks import check_save_directory, checkpoint_model_type
+from ..file_checks import check_save_directory, check_weight_files, checkpoint_model_type
 from .configuration import LayerFusionConfig
 from .embeddings import SinusoidalPositionalEmbedding
 from .extension_points import FusionParameters
@@ -33,6 +33,7 @@ class CheckedSaveLoadMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        check_weight_files(pretrained_model_name_or_path)  # a damaged weight file is named before transformers reads it
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs

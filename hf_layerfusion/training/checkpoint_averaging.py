@@ -9,19 +9,33 @@ are taken from the newest checkpoint). The result is saved with `save_pretrained
 config) together with the newest checkpoint's tokenizer, so `AutoModelForSeq2SeqLM.from_pretrained(output_dir)`
 loads it. Tied weights (shared embeddings / output projection) are one tensor per checkpoint, so their average is
 again one tied tensor.
+
+Checked before any averaging: the checkpoints are of one model (same family and config, but for where and with
+which transformers version they were saved: an average of two families' or two activations' weights is no model),
+their weight files and the newest one's tokenizer files are whole, every `checkpoint-*` dir has a step number
+(`checkpoint-5x` is refused, not read as step 5), and `output_dir` is none of the inputs. The output is saved in a
+temporary directory beside `output_dir` and moved in when complete: a failed save leaves `output_dir` as it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel
-from transformers.trainer_utils import sort_checkpoints
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
-from ..file_checks import check_output_dir
+from ..file_checks import check_output_dir, check_weight_files, check_write_error, read_utf8
+from .tokenization import load_tokenizer
+
+# a Trainer checkpoint dir: `checkpoint-<step>`; a name that starts like one but is not (`checkpoint-5x`) is refused
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)(.*)$")
+# config.json keys that say where and with what a checkpoint was saved, not what it computes
+UNCOMPARED_CONFIG_KEYS = {"_name_or_path", "transformers_version"}
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) -> list[Path]:
@@ -30,7 +44,19 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) ->
         raise ValueError(f"`num_checkpoints` must be an integer at least 1, got {num_checkpoints!r}.")
     if not Path(checkpoint_dir).is_dir():
         raise FileNotFoundError(f"`checkpoint_dir` {os.fspath(checkpoint_dir)!r} is not a directory.")
-    checkpoints = [Path(path) for path in sort_checkpoints(str(checkpoint_dir))]
+    steps = {}
+    for path in Path(checkpoint_dir).iterdir():
+        match = CHECKPOINT_NAME.match(path.name)
+        if match is None or not path.is_dir():
+            continue
+        if match.group(2):
+            # read as step 5 by transformers' own sorting: a typo or a copy, never a step of its own
+            raise ValueError(
+                f"{str(path)!r} is named like a checkpoint but its step {match.group(1) + match.group(2)!r} is not a "
+                "number: rename it `checkpoint-<step>` or move it out of `checkpoint_dir`."
+            )
+        steps[path] = int(match.group(1))
+    checkpoints = sorted(steps, key=steps.get)
     if len(checkpoints) < num_checkpoints:
         raise ValueError(
             f"Asked to average {num_checkpoints} checkpoints but {checkpoint_dir} holds {len(checkpoints)} "
@@ -39,19 +65,54 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) ->
     return checkpoints[-num_checkpoints:]
 
 
+def _compared_config(checkpoint: Path) -> dict:
+    config_file = checkpoint / "config.json"
+    try:
+        config = json.loads(read_utf8(config_file, "Checkpoint config"))
+    except (FileNotFoundError, json.JSONDecodeError) as error:
+        raise ValueError(f"{str(config_file)!r} is not a readable model config ({error}).") from error
+    return {key: value for key, value in config.items() if key not in UNCOMPARED_CONFIG_KEYS}
+
+
+def check_same_model(checkpoints: list[Path]) -> None:
+    """Refuse checkpoints that are not of one model: a different family or any other config key (an average of
+    two families' weights, or of models computing different functions, is no model of either), naming the two
+    checkpoints and the keys; then check their weight files (`check_weight_files`)."""
+    reference = _compared_config(checkpoints[-1])
+    for checkpoint in checkpoints[:-1]:
+        config = _compared_config(checkpoint)
+        different = {
+            key: (config.get(key, "<missing>"), reference.get(key, "<missing>"))
+            for key in sorted(config.keys() | reference.keys())
+            if config.get(key, "<missing>") != reference.get(key, "<missing>")
+        }
+        if different:
+            family = different.pop("model_type", None)
+            what = f"different families ({family[0]!r} vs {family[1]!r}; " if family else "different configs ("
+            raise ValueError(
+                f"Cannot average {str(checkpoint)!r} with {str(checkpoints[-1])!r}: {what}"
+                f"{', '.join(f'{key}: {a!r} vs {b!r}' for key, (a, b) in different.items())}). Average checkpoints "
+                "of one training run only."
+            )
+    for checkpoint in checkpoints:
+        check_weight_files(checkpoint)
+
+
 @torch.no_grad()
 def average_checkpoints(checkpoints: list[str | os.PathLike]) -> PreTrainedModel:
-    """The model of the last checkpoint with every floating-point tensor replaced by its mean over `checkpoints`."""
+    """The model of the last checkpoint with every floating-point tensor replaced by its mean over `checkpoints`,
+    which must be of one model (`check_same_model`: one config, hence the same tensors of the same shapes)."""
     if not checkpoints:
         raise ValueError("`checkpoints` is empty.")
-    sums: dict[str, torch.Tensor] = {}
-    for checkpoint in checkpoints:
-        state_dict = AutoModelForSeq2SeqLM.from_pretrained(checkpoint).state_dict()
-        for name, tensor in state_dict.items():
-            if tensor.is_floating_point():
-                sums[name] = sums[name] + tensor.double() if name in sums else tensor.double()
+    checkpoints = [Path(os.fspath(checkpoint)) for checkpoint in checkpoints]
+    check_same_model(checkpoints)
     model = AutoModelForSeq2SeqLM.from_pretrained(checkpoints[-1])
     state_dict = model.state_dict()
+    sums = {name: tensor.double() for name, tensor in state_dict.items() if tensor.is_floating_point()}
+    for checkpoint in checkpoints[:-1]:
+        other = AutoModelForSeq2SeqLM.from_pretrained(checkpoint).state_dict()
+        for name in sums:
+            sums[name] += other[name].double()
     for name, total in sums.items():
         state_dict[name].copy_((total / len(checkpoints)).to(state_dict[name].dtype))
     return model
@@ -62,12 +123,27 @@ def average_last_checkpoints(
 ) -> list[Path]:
     """Average the last `num_checkpoints` checkpoints of `checkpoint_dir` into `output_dir`; returns the averaged
     checkpoint dirs. `output_dir` may be neither one of the averaged checkpoints (nor inside one) nor a directory
-    holding them (`checkpoint_dir`), and must be empty or missing unless `overwrite`; all checked before any loading."""
+    holding them (`checkpoint_dir`), and must be empty or missing unless `overwrite`; all checked, and the newest
+    checkpoint's tokenizer read, before any averaging. The result is saved in a temporary directory beside
+    `output_dir` and moved into place file by file only when complete, so a failure (a full disk) leaves no partial
+    model in `output_dir`."""
     checkpoints = last_checkpoints(checkpoint_dir, num_checkpoints)
-    check_output_dir(output_dir, checkpoints, overwrite=overwrite)
-    average_checkpoints(checkpoints).save_pretrained(output_dir)
-    if (checkpoints[-1] / "tokenizer_config.json").is_file():
-        AutoTokenizer.from_pretrained(checkpoints[-1]).save_pretrained(output_dir)
+    output_dir = check_output_dir(output_dir, checkpoints, overwrite=overwrite)
+    has_tokenizer = (checkpoints[-1] / "tokenizer_config.json").is_file()
+    tokenizer = load_tokenizer(checkpoints[-1], "newest checkpoint") if has_tokenizer else None
+    model = average_checkpoints(checkpoints)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output_dir.parent, prefix=f".{output_dir.name}.") as staging:
+        try:
+            model.save_pretrained(staging)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(staging)
+        except Exception as error:  # safetensors' errors are no OSError
+            check_write_error(error, output_dir, "the averaged model")
+            raise
+        output_dir.mkdir(exist_ok=True)
+        for file in Path(staging).iterdir():
+            os.replace(file, output_dir / file.name)
     return checkpoints
 
 

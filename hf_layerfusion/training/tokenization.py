@@ -8,7 +8,9 @@ import os
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from ..file_checks import check_local_or_hub, check_tokenizer_files
 
 # Order fixes the ids: bos 0, pad 1, eos 2 (the configs' defaults) and unk 3.
 BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "<pad>", "</s>", "<unk>"
@@ -113,3 +115,12 @@ def train_joint_tokenizer(
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)
     return tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer", **kwargs):
+    """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)` after checking a local directory: it exists and holds
+    a tokenizer whose JSON files parse (`check_tokenizer_files`), so that a model saved without its tokenizer, or a
+    `tokenizer.json` cut short, is an error naming the directory or file (`what` names the argument)."""
+    path = check_local_or_hub(name_or_path, what)
+    check_tokenizer_files(path, what)
+    return AutoTokenizer.from_pretrained(path, **kwargs)

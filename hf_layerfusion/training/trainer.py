@@ -41,15 +41,18 @@ must keep the processes in step, which the loop does not do), use `generate()`'s
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.utils.data import SequentialSampler
 from transformers import Seq2SeqTrainer
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.integrations.fsdp import is_fsdp_managed_module
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
-from transformers.trainer_utils import has_length
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 from transformers.utils import logging
 
+from ..file_checks import check_write_error
 from ..inference.fast_generation import fast_decoding_loop
 from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
@@ -131,6 +134,24 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
             # `Seq2SeqTrainer` falls back to the `evaluate()` / `predict()` kwargs only when none are passed
             gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {})), "custom_generate": fast_decoding_loop()}
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        # a full disk makes torch.save fail with "unexpected pos 191616 vs 191504", naming neither the disk nor a path
+        try:
+            super()._save_checkpoint(model, trial)
+        except Exception as error:  # safetensors' errors are no OSError
+            run_dir = self._get_output_dir(trial=trial)
+            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")  # as transformers names it
+            check_write_error(error, folder, "the checkpoint")
+            raise
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        try:
+            super().save_model(output_dir, _internal_call)
+        except Exception as error:  # safetensors' errors are no OSError
+            if not _internal_call:  # a checkpoint's save is named by `_save_checkpoint`
+                check_write_error(error, output_dir or self.args.output_dir, "the model")
+            raise
 
     def _run_log_enriching_callbacks_first(self):
         # stable sort: the relative order within each of the two sets is kept
