@@ -4,16 +4,36 @@
 `self_attention_step`, `cross_attention_step`, `feed_forward_step` (`KernelResidualSublayer.run`), all used in
 inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
 `first_argmax` (greedy search's choice) and `beam_top_k` (beam search's, search.py), and `move_rows` (beam search's
-cache reorder, decoding.py), compiled into one extension module at first use."""
+cache reorder, decoding.py), compiled into one extension module.
+
+The module is built once per machine and source hash: its build directory is named by a hash of everything the
+build depends on (`kernel_build_key`: the sources, the flags, torch, the Python ABI, the machine type), under the
+torch extensions root (`TORCH_EXTENSIONS_DIR`, else torch's per-user default, `~/.cache/torch_extensions`), so that
+every checkout or installation of the same sources finds the same build, and two versions of the sources never
+share one. `python -m hf_layerfusion.inference.build` builds it ahead; otherwise the first fast translation of a
+process builds it, after one line saying so."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.util
+import json
 import os
+import platform
 import shutil
 import sys
+import sysconfig
+import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+kernel_build_logger = logging.get_logger(__name__)
 
 KERNEL_DIRECTORY = "kernels"  # beside this file
 KERNEL_SOURCES = (
@@ -28,50 +48,230 @@ KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
 # thread whatever `torch.set_num_threads` says. Linked against libgomp.so.1, the extension shares the OpenMP runtime
 # that torch's Linux wheels load (the same soname), so `torch.set_num_threads` governs its threads too.
 OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
+KERNEL_EXTENSION = "hf_layerfusion_cpu_kernels"  # the module's name and build directory's, before the key
+BUILD_RECORD = "build.json"  # in the build directory, written once the module is built and loaded
+# compiler CPU seconds (user + system) on this project's Intel Xeon (AVX-512): the longest source, ~28 s, most of it
+# torch's headers, and the whole build, ~360 s; ninja compiles one source per core at once, so a build on idle cores
+# takes about max(longest, total / cores), and longer on busy ones (992 s on 2 cores beside three other jobs)
+COMPILE_SECONDS_ONE_CORE = (30.0, 360.0)  # (longest source, all sources)
 
 
-@functools.cache
-def compiled_kernels():
-    """The extension module of the C++ kernels, compiled for this machine at first use (about 30 s, then cached by
-    torch in its extensions folder, `TORCH_EXTENSIONS_DIR`), or None, after a warning that names the reason, where it
-    cannot be built (no C++ compiler or ninja; the Hub code, which does not carry the C++ sources): float32 inference
-    then runs the model itself (`F.linear`, SDPA), int8 layers run `int8_linear_reference` (the same numbers,
-    slower) and attention runs SDPA."""
-    fallback = (
-        "float32 inference runs the model's own layers, int8 layers compute the same numbers with torch operations "
-        "and attention runs SDPA, slower"
+@dataclass
+class KernelBuild:
+    """The compiled kernels and where they live; `seconds`: this process's build, or the recorded one if found."""
+
+    module: object
+    directory: Path
+    built: bool
+    seconds: float
+
+
+def kernel_sources(directory: Path) -> dict[str, bytes]:
+    """The contents of every file the build reads: the sources it compiles and the headers they include."""
+    headers = sorted(path.name for path in directory.glob("*.h"))
+    return {name: (directory / name).read_bytes() for name in (*KERNEL_SOURCES, *headers)}
+
+
+def machine_type() -> str:
+    """The processor architecture and its vector instruction sets (x86's `flags`, Arm's `Features` in
+    /proc/cpuinfo): the kernels pick their instructions at run time, but a cache in a home directory that different
+    machines share (a cluster's) should hold one build per machine type, each made and checked where it runs."""
+    features = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            label, _, value = line.partition(":")
+            if label.strip() in ("flags", "Features"):
+                # only the instruction sets: `flags` also lists kernel mitigations that a kernel update changes
+                features = " ".join(
+                    sorted(flag for flag in value.split() if flag.startswith(("avx", "amx", "fma", "sse", "f16c", "asimd", "sve")))
+                )
+                break
+    return f"{platform.machine()} {features}".strip()
+
+
+def kernel_build_key(sources: dict[str, bytes]) -> str:
+    """16 hex digits of a hash of everything the compiled module depends on: the sources (not where they are), the
+    compiler flags, the torch release (its headers and ABI), the Python ABI and the machine type."""
+    digest = hashlib.sha256()
+    for name in sorted(sources):
+        digest.update(f"{name}\0{len(sources[name])}\0".encode())
+        digest.update(sources[name])
+    digest.update(
+        json.dumps(
+            [KERNEL_CFLAGS, OPENMP_FLAGS, torch.__version__, torch.version.git_version,
+             sysconfig.get_config_var("EXT_SUFFIX"), machine_type()]
+        ).encode()
     )
-    directory = Path(__file__).parent / KERNEL_DIRECTORY
-    sources = [directory / name for name in KERNEL_SOURCES]
-    missing = [str(source) for source in sources if not source.is_file()]
-    if missing:
-        warnings.warn(
-            f"hf_layerfusion: the CPU kernels' source {', '.join(missing)} is not there (this code runs outside the "
-            f"installed package, e.g. as a model's Hub code); {fallback}. `pip install hf_layerfusion` for the "
-            f"kernels.",
-            stacklevel=2,
-        )
+    return digest.hexdigest()[:16]
+
+
+def kernel_cache_root() -> Path:
+    """Where builds live: `TORCH_EXTENSIONS_DIR` if set, else torch's per-user extensions folder."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def build_time_estimate() -> str:
+    """What a build takes on this machine's idle cores, in words ("about 3 min")."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    longest, total = COMPILE_SECONDS_ONE_CORE
+    seconds = max(longest, total / cores)
+    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+
+
+def import_extension(name: str, library: Path):
+    """Imports a built extension module (what torch's loader does once it has built one)."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def finished_build(directory: Path) -> KernelBuild | None:
+    """The module of a finished build in `directory` (its record names the library), or None if there is none."""
+    record_path = directory / BUILD_RECORD
+    if not record_path.is_file():
         return None
+    record = json.loads(record_path.read_text(encoding="utf-8"))
+    library = directory / record["library"]
+    if not library.is_file():
+        return None
+    return KernelBuild(import_extension(record["module"], library), directory, built=False, seconds=record["seconds"])
+
+
+@contextlib.contextmanager
+def build_lock(path: Path):
+    """Holds an exclusive lock on `path` (released by the system if the process dies, unlike torch's own lock
+    file), saying so once when another process holds it."""
+    import fcntl  # POSIX only, as the kernels are (`check_build_tools`, called first)
+
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            kernel_build_logger.warning(
+                f"hf_layerfusion: waiting for another process that is compiling the CPU kernels into {path.parent} "
+                f"({build_time_estimate()} from its start)"
+            )
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def check_build_tools() -> None:
+    """Raises RuntimeError naming what the build needs and cannot find: a C++ compiler, ninja."""
+    if sys.platform == "win32":
+        raise RuntimeError("the kernels are written for GCC or Clang on Linux or macOS, not for Windows' compiler")
+    compiler = os.environ.get("CXX", "c++")  # what torch's build runs
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C++ compiler: `{compiler}` is not on PATH (install g++ or clang++, or set CXX)")
     # the `ninja` wheel installs its binary next to the interpreter, which is not on PATH when the environment is not
     # activated; torch looks for it on PATH
     interpreter_bin = os.path.dirname(sys.executable)
     if shutil.which("ninja") is None and shutil.which("ninja", path=interpreter_bin) is not None:
         os.environ["PATH"] = os.pathsep.join([interpreter_bin, os.environ.get("PATH", "")])
-    try:
+    if shutil.which("ninja") is None:
+        raise RuntimeError("no `ninja` on PATH (`pip install ninja`)")
+
+
+def build_kernels(source_directory: Path, *, force: bool = False, implicit: bool = True) -> KernelBuild:
+    """The kernels compiled from `source_directory`: the finished build of the same sources on this machine if there
+    is one (whoever built it), else built now, once across processes (the others wait for it). `force`: build
+    again even if a build exists. The build announces itself in one line (the implicit one, at a process's first
+    fast translation, with how to do it ahead). Raises what the build raised."""
+    sources = kernel_sources(source_directory)
+    name = f"{KERNEL_EXTENSION}_{kernel_build_key(sources)}"
+    directory = kernel_cache_root() / name
+    if not force and (found := finished_build(directory)) is not None:
+        return found
+    check_build_tools()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # the lock is beside the build directory, not in it, so that `force` can delete the directory while holding it
+    with build_lock(directory.parent / f"{name}.lock"):
+        if force:
+            shutil.rmtree(directory, ignore_errors=True)
+        elif (found := finished_build(directory)) is not None:  # built by the process we waited for
+            return found
+        ahead = "; `python -m hf_layerfusion.inference.build` does it ahead" if implicit else ""
+        kernel_build_logger.warning(
+            f"hf_layerfusion: compiling the CPU kernels for this machine ({build_time_estimate()}, once{ahead}) "
+            f"into {directory}"
+        )
+        # the build compiles a copy of the sources it hashed, in its own directory: what it builds is what its key
+        # says even if the checkout changes meanwhile, and its commands (which name the sources) are the same
+        # whichever checkout asked, so that a build interrupted by one is resumed, not restarted, by another
+        copies = directory / "sources"
+        copies.mkdir(parents=True, exist_ok=True)
+        for source_name, content in sources.items():
+            copy = copies / source_name
+            if not copy.is_file() or copy.read_bytes() != content:  # unchanged files keep their time: ninja resumes
+                copy.write_bytes(content)
+        # torch's own lock file in the build directory: a build killed before removing it makes every later one wait
+        # for ever; under our lock no other process builds here, so one that exists is stale
+        (directory / "lock").unlink(missing_ok=True)
         from torch.utils.cpp_extension import load
 
-        return load(
-            name="hf_layerfusion_cpu_kernels",
-            sources=[str(source) for source in sources],
+        start = time.perf_counter()
+        module = load(
+            name=name,
+            sources=[str(copies / source_name) for source_name in KERNEL_SOURCES],
             extra_cflags=KERNEL_CFLAGS + OPENMP_FLAGS,
             extra_ldflags=OPENMP_FLAGS,
-            extra_include_paths=[str(directory)],
+            extra_include_paths=[str(copies)],
+            build_directory=str(directory),
         )
-    except Exception as error:  # a missing compiler or ninja shows as OSError, RuntimeError or CalledProcessError
+        seconds = time.perf_counter() - start
+        record = {
+            "module": module.__name__,
+            "library": Path(module.__file__).name,
+            "seconds": round(seconds, 1),
+            "built_from": str(source_directory),
+            "torch": torch.__version__,
+            "python": sys.version.split()[0],
+            "machine": machine_type(),
+        }
+        # written whole and then renamed: a process reading it sees no record or a complete one
+        partial = directory / f"{BUILD_RECORD}.{os.getpid()}"
+        partial.write_text(json.dumps(record, indent=1), encoding="utf-8")
+        os.replace(partial, directory / BUILD_RECORD)
+        return KernelBuild(module, directory, built=True, seconds=seconds)
+
+
+@functools.cache
+def compiled_kernels():
+    """The extension module of the C++ kernels (`build_kernels`: found, or compiled for this machine the first time
+    any process asks), or None, after a warning that names the reason, where it cannot be built (no C++ compiler or
+    ninja; the Hub code, which does not carry the C++ sources): float32 inference then runs the model itself
+    (`F.linear`, SDPA), int8 layers run `int8_linear_reference` (the same numbers, slower) and attention runs SDPA."""
+    fallback = (
+        "float32 inference runs the model's own layers, int8 layers compute the same numbers with torch operations "
+        "and attention runs SDPA, slower"
+    )
+    directory = Path(__file__).parent / KERNEL_DIRECTORY
+    if not directory.is_dir():
         warnings.warn(
-            f"hf_layerfusion: the CPU kernels ({', '.join(KERNEL_SOURCES)}) could not be compiled "
-            f"({type(error).__name__}: {str(error).strip()[:500]}); {fallback}. They need a C++ compiler and ninja "
-            f"(`pip install ninja`).",
+            "hf_layerfusion: this copy of the code (a model's Hub code) has no C++ kernels, so translation takes the "
+            "slower PyTorch path; `pip install hf_layerfusion` for the fast one.",
+            stacklevel=2,
+        )
+        return None
+    missing = [name for name in KERNEL_SOURCES if not (directory / name).is_file()]
+    if missing:
+        warnings.warn(
+            f"hf_layerfusion: the CPU kernels' source {', '.join(missing)} is not there in {directory} (an incomplete "
+            f"copy of the package; a model's Hub code carries none); {fallback}. Reinstall hf_layerfusion for the "
+            f"kernels.",
+            stacklevel=2,
+        )
+        return None
+    try:
+        return build_kernels(directory).module
+    except Exception as error:  # a failed compile shows as OSError, RuntimeError or CalledProcessError
+        warnings.warn(
+            f"hf_layerfusion: the CPU kernels could not be compiled ({type(error).__name__}: "
+            f"{str(error).strip()[:500]}) or loaded from {kernel_cache_root()}; {fallback}. They need a C++ compiler "
+            f"and ninja (`pip install ninja`); `python -m hf_layerfusion.inference.build --force` builds them again "
+            f"and prints the whole error.",
             stacklevel=2,
         )
         return None
