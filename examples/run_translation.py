@@ -292,6 +292,10 @@ def check_output_location(
     `overwrite_output_dir`) and apart from its `inputs` (fine-tuning a model into its own directory would replace
     it). A run that only evaluates writes nothing but its `result_files`, so it may write beside other files (into
     the model dir it evaluates, say), but replaces none of them unasked, nor ever a file of its `inputs`."""
+    output_dir = Path(training_args.output_dir).expanduser().resolve()
+    # a run into a subdirectory of what it reads (`--output_dir data/run1` beside the corpus in `data/`) replaces
+    # nothing there: only an input that is the output dir or inside it is in the way
+    inputs = [path for path in inputs if Path(path).expanduser().resolve() not in output_dir.parents]
     if training_args.do_train:
         check_output_dir(training_args.output_dir, inputs, overwrite=overwrite_output_dir, what="--output_dir")
     else:
