@@ -27,7 +27,7 @@ def translate(
     fast: bool = True,
     quantization: str | None = None,
     **generate_kwargs,
-) -> list[str]:
+) -> list[str] | list[list[str]]:
     """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
     config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
     `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
@@ -36,7 +36,12 @@ def translate(
     `fast=True` (default) decodes with `hf_layerfusion.inference.fast_generate`: the tokens of `generate()`
     for greedy and beam search, faster (settings it does not cover run `generate()`); `fast=False` calls
     `generate()` itself. `quantization="int8"` translates with the model's int8 copy (faster on CPU, not
-    token-exact; see `hf_layerfusion.inference.prepare_for_inference`)."""
+    token-exact; see `hf_layerfusion.inference.prepare_for_inference`).
+
+    With `num_return_sequences=n > 1` (a `generate()` keyword, or the model's generation config) the result holds
+    one list per sentence: its n hypotheses, best first, as `generate()` returns them for that sentence. An empty
+    `sentences` is an error (nothing to translate is more often a wrong input file than a request). The model's
+    training mode is left as it was (translation itself runs in eval mode)."""
     if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
         # a bare string is a sequence of characters: it would be translated character by character
         raise TypeError(
@@ -51,7 +56,9 @@ def translate(
     check_positive_int(num_beams, "num_beams", allow_none=True)
     check_positive_int(max_new_tokens, "max_new_tokens", allow_none=True)
     check_positive_int(max_source_length, "max_source_length", allow_none=True)
-    model.eval()
+    check_positive_int(generate_kwargs.get("num_return_sequences"), "num_return_sequences", allow_none=True)
+    if not sentences:
+        raise ValueError("`sentences` is empty (0 sentences): give at least one sentence to translate.")
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
     if max_new_tokens is not None:
@@ -60,21 +67,32 @@ def translate(
     if decoder_groups is not None:
         generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
     max_source_length = max_source_length or model.config.max_position_embeddings
-    engine = model if quantization is None else prepare_for_inference(model, quantization)
     lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
     order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
-    translations: list[str] = [""] * len(sentences)
+    translations: list = [None] * len(sentences)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
-        inputs = tokenizer(
-            [sentences[i] for i in batch],
-            padding=True,
-            truncation=True,
-            max_length=max_source_length,
-            return_tensors="pt",
-        ).to(model.device)
-        outputs = fast_generate(engine, **inputs, **generate_kwargs) if fast else engine.generate(**inputs, **generate_kwargs)
-        # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
-        for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
-            translations[i] = text.strip()
+    was_training = model.training
+    model.eval()
+    try:
+        engine = model if quantization is None else prepare_for_inference(model, quantization)
+        for batch in tqdm(batches, desc="Translating", unit="batch", disable=not progress):
+            inputs = tokenizer(
+                [sentences[i] for i in batch],
+                padding=True,
+                truncation=True,
+                max_length=max_source_length,
+                return_tensors="pt",
+            ).to(model.device)
+            outputs = (
+                fast_generate(engine, **inputs, **generate_kwargs) if fast else engine.generate(**inputs, **generate_kwargs)
+            )
+            # beam search right-pads finished hypotheses (with </s> or <pad>): special tokens are dropped here
+            texts = [text.strip() for text in tokenizer.batch_decode(outputs, skip_special_tokens=True)]
+            # generate() returns the num_return_sequences hypotheses of each sentence one after the other
+            per_sentence = len(texts) // len(batch)
+            for position, i in enumerate(batch):
+                hypotheses = texts[position * per_sentence : (position + 1) * per_sentence]
+                translations[i] = hypotheses if per_sentence > 1 else hypotheses[0]
+    finally:
+        model.train(was_training)
     return translations
