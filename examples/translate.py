@@ -15,7 +15,9 @@
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
 `hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
-pipeline; the package registers its own) and written back in input order.
+pipeline; the package registers its own) and written back in input order. `--output` is checked before the model
+loads (not the input, not a file of the model dir, in a writable directory) and is written whole or not at all (a
+temporary file renamed into place: a full disk leaves the previous file as it was).
 """
 
 from __future__ import annotations
