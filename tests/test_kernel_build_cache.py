@@ -61,9 +61,10 @@ def builds(tmp_path, monkeypatch):
         return types.SimpleNamespace(__name__=name, __file__=str(library))
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
-    monkeypatch.setattr(
-        cpu_kernels, "import_extension", lambda name, library: types.SimpleNamespace(__name__=name, __file__=str(library))
-    )
+    def import_extension(name, library):
+        return types.SimpleNamespace(__name__=name, __file__=str(library))
+
+    monkeypatch.setattr(cpu_kernels, "import_extension", import_extension)
     return made
 
 

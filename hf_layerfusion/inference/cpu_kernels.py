@@ -75,16 +75,15 @@ def kernel_sources(directory: Path) -> dict[str, bytes]:
 def machine_type() -> str:
     """The processor architecture and its vector instruction sets (x86's `flags`, Arm's `Features` in
     /proc/cpuinfo): the kernels pick their instructions at run time, but a cache in a home directory that different
-    machines share (a cluster's) should hold one build per machine type, each made and checked where it runs."""
+    machines share (a cluster's) should hold one build per machine type, each made on a machine of that type."""
     features = ""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
             label, _, value = line.partition(":")
             if label.strip() in ("flags", "Features"):
                 # only the instruction sets: `flags` also lists kernel mitigations that a kernel update changes
-                features = " ".join(
-                    sorted(flag for flag in value.split() if flag.startswith(("avx", "amx", "fma", "sse", "f16c", "asimd", "sve")))
-                )
+                vector_sets = ("avx", "amx", "fma", "sse", "f16c", "asimd", "sve")
+                features = " ".join(sorted(flag for flag in value.split() if flag.startswith(vector_sets)))
                 break
     return f"{platform.machine()} {features}".strip()
 
@@ -250,8 +249,8 @@ def compiled_kernels():
     directory = Path(__file__).parent / KERNEL_DIRECTORY
     if not directory.is_dir():
         warnings.warn(
-            "hf_layerfusion: this copy of the code (a model's Hub code) has no C++ kernels, so translation takes the "
-            "slower PyTorch path; `pip install hf_layerfusion` for the fast one.",
+            "hf_layerfusion: no C++ kernels beside this code (a model's Hub code carries none), so translation takes "
+            "the slower PyTorch path; `pip install hf_layerfusion` for the fast one.",
             stacklevel=2,
         )
         return None
@@ -269,7 +268,7 @@ def compiled_kernels():
     except Exception as error:  # a failed compile shows as OSError, RuntimeError or CalledProcessError
         warnings.warn(
             f"hf_layerfusion: the CPU kernels could not be compiled ({type(error).__name__}: "
-            f"{str(error).strip()[:500]}) or loaded from {kernel_cache_root()}; {fallback}. They need a C++ compiler "
+            f"{str(error).strip()[:500]}) or loaded under {kernel_cache_root()}; {fallback}. They need a C++ compiler "
             f"and ninja (`pip install ninja`); `python -m hf_layerfusion.inference.build --force` builds them again "
             f"and prints the whole error.",
             stacklevel=2,
