@@ -112,11 +112,13 @@ def kernel_cache_root() -> Path:
 
 
 def build_time_estimate() -> str:
-    """What a build takes on this machine's idle cores, in words ("about 3 min")."""
+    """What a build takes on this machine's cores, in words ("about 3 min on 2 idle cores"): busy ones take longer,
+    by how much the estimate cannot know."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     longest, total = COMPILE_SECONDS_ONE_CORE
     seconds = max(longest, total / cores)
-    return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
+    duration = f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+    return f"about {duration} on {cores} idle core{'s' if cores > 1 else ''}"
 
 
 def import_extension(name: str, library: Path):
