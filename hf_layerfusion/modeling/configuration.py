@@ -24,11 +24,8 @@ from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
-from transformers.utils import logging
 
 from .presets import BACKBONE_PRESETS
-
-logger = logging.get_logger(__name__)
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
 # Keys that are not fields of the config but that transformers itself passes to a config's constructor (read by
@@ -60,6 +57,9 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
         "architectures",
     }
 )
+# the special token ids of the config, checked against `vocab_size`; the generation ones are read from a config.json
+TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+GENERATION_TOKEN_ID_KEYS = ("forced_bos_token_id", "forced_eos_token_id")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 # `embedding_init`: N(0, init_std) as Marian / transformers, or N(0, d_model^-1/2) as fairseq and THUMT
 EMBEDDING_INITS = ("init_std", "rsqrt_d_model")
@@ -99,6 +99,18 @@ def value_has_type(value, declared) -> bool:
     if declared is float:
         return isinstance(value, (int, float))
     return isinstance(value, declared)
+
+
+def families_with_key(key: str) -> list[str]:
+    """The `model_type` of every family config (subclass of `LayerFusionConfig`, the Hub code's own included) that has
+    `key` as a field, sorted."""
+    found, pending = set(), [LayerFusionConfig]
+    while pending:
+        klass = pending.pop()
+        pending.extend(klass.__subclasses__())
+        if klass is not LayerFusionConfig and key in {field.name for field in dataclasses.fields(klass)}:
+            found.add(klass.model_type)
+    return sorted(found)
 
 
 @strict
@@ -188,6 +200,9 @@ class LayerFusionConfig(PreTrainedConfig):
 
     def __post_init__(self, **kwargs):
         self.check_keywords(kwargs)
+        # generation keys of a config.json (`forced_eos_token_id`) are dropped by transformers' __post_init__ but
+        # become the generation config of a model loaded from that file: checked here, while they are still seen
+        self.check_token_ids({name: kwargs[name] for name in GENERATION_TOKEN_ID_KEYS if name in kwargs})
         # a config.json of another family loaded into this one (a plain checkpoint as deep representations) carries
         # that family's `model_type`; kept, it would shadow the class's and name the wrong family on this config
         kwargs.pop("model_type", None)
@@ -223,9 +238,11 @@ class LayerFusionConfig(PreTrainedConfig):
     def check_keywords(cls, kwargs: dict) -> None:
         """Refuse a keyword that is neither a field of this config, an alias of `attribute_map`, a generation
         parameter of old configs, nor a key transformers passes itself: `encoder_grup_size=2` must not be stored as
-        an unused attribute while the model silently uses the default. A config.json of another family loads only
-        if every key of it is a key of this family (a plain Transformer checkpoint as GTrans, whose fusion weights
-        then start fresh), not the other way round (GTrans' group keys would be dropped)."""
+        an unused attribute while the model silently uses the default. This holds for a config.json of this family
+        too (a misspelt `decoder_fusoin` there would be kept as an attribute the model never reads). A config.json of
+        another family loads only if every key of it is a key of this family (a plain Transformer checkpoint as
+        GTrans, whose fusion weights then start fresh), not the other way round (GTrans' group keys would be
+        dropped)."""
         from transformers import GenerationConfig
 
         allowed = TRANSFORMERS_CONFIG_KEYS | set(cls.attribute_map) | set(GenerationConfig._get_default_generation_params())
@@ -233,24 +250,31 @@ class LayerFusionConfig(PreTrainedConfig):
         if not unknown:
             return
         saved_model_type = kwargs.get("model_type")
-        if saved_model_type == cls.model_type:
-            # a config.json of this very family (only saved configs carry `model_type`): transformers saves every
-            # attribute set on a config after it was built, and must load them back as attributes
-            logger.warning(f"{cls.__name__}: keeping the saved config's extra attribute(s) {unknown} (unused by the model).")
-            return
-        if saved_model_type is not None:
+        if saved_model_type is not None and saved_model_type != cls.model_type:
             raise ValueError(
                 f"This is a {saved_model_type!r} config with keys {unknown} that {cls.__name__} (model_type "
                 f"{cls.model_type!r}) does not have. Load it with its own family (AutoConfig / AutoModelForSeq2SeqLM "
                 "once hf_layerfusion is imported)."
             )
+        where = " in this config.json" if saved_model_type is not None else ""
+        owners = {key: families_with_key(key) for key in unknown}
+        other_family = {key: families for key, families in owners.items() if families}
+        if other_family:
+            # a config.json of another family whose `model_type` was edited, or a knob given to the wrong family
+            raise TypeError(
+                f"{cls.__name__} (model_type {cls.model_type!r}) got key(s) of other families{where}: "
+                + ", ".join(f"{key!r} ({', '.join(families)})" for key, families in other_family.items())
+                + ". Build the config of the family that has them; for a config.json whose `model_type` was changed, "
+                "put the family's model_type back (its weights need that family's model)."
+            )
         fields = sorted(field.name for field in dataclasses.fields(cls))
         hints = "".join(
             f"; {key!r}: did you mean {match[0]!r}?"
             for key in unknown
-            if (match := difflib.get_close_matches(key, fields, n=1))
+            if (match := difflib.get_close_matches(key, fields + sorted(cls.attribute_map), n=1))
         )
-        raise TypeError(f"{cls.__name__} got unknown keyword(s) {unknown}{hints}. Its keys: {fields}.")
+        fix = "; correct or delete the key in the file" if where else ""
+        raise TypeError(f"{cls.__name__} got unknown keyword(s) {unknown}{where}{hints}{fix}. Its keys: {fields}.")
 
     def check_types(self) -> None:
         """Raise a `ValueError` naming the first key whose value is not of its declared type (a switch that is not
@@ -264,6 +288,19 @@ class LayerFusionConfig(PreTrainedConfig):
                 raise ValueError(f"`{name}` must be of type {described}, got {value!r} ({type(value).__name__}).")
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+
+    def check_token_ids(self, token_ids: dict) -> None:
+        """Raise a `ValueError` naming the first token id (`{key: id, list of ids or None}`) outside [0, vocab_size):
+        an id beyond the embedding table fails only at the first forward pass or generation, naming no key."""
+        for name, value in token_ids.items():
+            for token_id in value if isinstance(value, list) else [value]:
+                if token_id is None:
+                    continue
+                if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size:
+                    raise ValueError(
+                        f"`{name}` ({value!r}) must be a token id in [0, vocab_size={self.vocab_size}): the id of a "
+                        "token of the tokenizer (`tokenizer.convert_tokens_to_ids`), or `vocab_size` raised to cover it."
+                    )
 
     def check_consistency(self) -> None:
         """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
@@ -301,8 +338,11 @@ class LayerFusionConfig(PreTrainedConfig):
         for name in ("dropout", "attention_dropout", "activation_dropout", "label_smoothing"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"`{name}` must lie in [0, 1), got {getattr(self, name)}.")
-        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"`pad_token_id` ({self.pad_token_id}) must lie in [0, vocab_size={self.vocab_size}).")
+        for name in ("layer_norm_eps", "init_std"):
+            # 0 or below: LayerNorm divides by sqrt(var + eps) (NaN for a constant input), normal_() refuses std < 0
+            if not getattr(self, name) > 0:
+                raise ValueError(f"`{name}` must be a positive number, got {getattr(self, name)!r}.")
+        self.check_token_ids({name: getattr(self, name) for name in TOKEN_ID_KEYS})
         if not self.tie_word_embeddings:
             raise ValueError(
                 "`tie_word_embeddings=False` is not supported: hf_layerfusion shares one embedding matrix between "

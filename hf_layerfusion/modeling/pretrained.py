@@ -3,7 +3,10 @@ weight initialisation, checked saving and loading."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -13,18 +16,119 @@ from transformers.modeling_utils import PreTrainedModel
 from ..file_checks import check_save_directory, check_weight_files, checkpoint_model_type
 from .configuration import LayerFusionConfig
 from .embeddings import SinusoidalPositionalEmbedding
-from .extension_points import FusionParameters
+from .extension_points import Connection, FusionParameters, Readout
+
+
+# the stacks' final LayerNorms (`model.encoder.layer_norm.weight`): there exactly when `normalize_before=True`
+_FINAL_LAYER_NORM = re.compile(r"(^|\.)(encoder|decoder)\.layer_norm\.")
+
+
+def check_generation_config_file(name_or_path, subfolder: str = "") -> None:
+    """A local model's `generation_config.json` parses: transformers reads a damaged one as absent and generates
+    with the model config's settings without a word (beam size, lengths lost). Hub ids pass (the Hub client checks
+    its downloads)."""
+    file = Path(os.fspath(name_or_path)).expanduser() / subfolder / "generation_config.json"
+    if not file.is_file():
+        return
+    try:
+        json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"Generation config {str(file)!r} is not valid JSON ({error}): it is damaged or was cut short. Save the "
+            "model again, or pass `generation_config=` to from_pretrained."
+        ) from error
+
+
+def non_finite_tensors(model) -> list[str]:
+    """Names of the model's floating-point weights (parameters and saved buffers) that hold NaN or inf."""
+    return sorted(
+        name
+        for name, tensor in model.state_dict().items()
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not torch.isfinite(tensor).all()
+    )
+
+
+def family_part_prefixes(model) -> tuple[str, ...]:
+    """`"name."` of every module a family adds to the shared backbone (connections, readouts, modules holding
+    fusion parameters): what starts fresh when a checkpoint of another family is loaded into this one."""
+    return tuple(
+        f"{name}."
+        for name, module in model.named_modules()
+        if name and isinstance(module, (Connection, Readout, FusionParameters))
+    )
+
+
+def _listed(keys: list[str]) -> str:
+    return f"{keys[:8]}{f' and {len(keys) - 8} more' if len(keys) > 8 else ''}"
+
+
+def check_loaded_tensors(model, info: dict, checkpoint: str, saved_model_type: str | None) -> None:
+    """Raise a `ValueError` naming the checkpoint and the tensors when `model`, loaded from it (`info`:
+    transformers' loading info), is not the checkpoint's model: a tensor it needs that the checkpoint lacks (it
+    would start random), a tensor of the checkpoint it has no place for (dropped), or NaN / inf weights.
+
+    Allowed: a checkpoint of another family loaded on purpose (its config.json's `model_type` differs) lacks the
+    parts this family adds (`family_part_prefixes`: a plain Transformer as GTrans or deep representations, whose
+    fusion weights start fresh); a base model from a checkpoint with a head leaves the head's tensors out."""
+    family = model.config.model_type
+    loaded_as = f"{type(model).__name__} (model_type {family!r})"
+    missing = sorted(info["missing_keys"])
+    if saved_model_type is not None and saved_model_type != family:
+        fresh = family_part_prefixes(model)
+        missing = [key for key in missing if not key.startswith(fresh)]
+    unexpected = sorted(info["unexpected_keys"])
+    if model.base_model is model:
+        # a base model's checkpoint tensors lose the head model's prefix; what stays outside its modules is the head's
+        children = {name for name, _ in model.named_children()}
+        unexpected = [key for key in unexpected if key.split(".")[0] in children]
+    anyway = "; `output_loading_info=True` loads it anyway and returns transformers' loading info to handle"
+    if unexpected and saved_model_type is not None and saved_model_type != family:
+        raise ValueError(
+            f"{checkpoint!r} holds a {saved_model_type!r} checkpoint; loaded as {loaded_as} its weights "
+            f"{_listed(unexpected)} would be dropped. Load it with its own family (AutoModelForSeq2SeqLM without "
+            f"`config=`){anyway}."
+        )
+    problems = []
+    if unexpected:
+        problems.append(f"its tensors {_listed(unexpected)} have no place in {loaded_as} and would be dropped")
+    if missing:
+        problems.append(f"{loaded_as} needs tensors it lacks, which would start random: {_listed(missing)}")
+    if problems:
+        hint = ""
+        if any(_FINAL_LAYER_NORM.search(key) for key in missing + unexpected):
+            hint = (
+                f" The stacks' final LayerNorms exist only with `normalize_before=True`, and this config has "
+                f"normalize_before={model.config.normalize_before}: was it changed after the model was saved?"
+            )
+        raise ValueError(
+            f"Checkpoint {checkpoint!r} does not match the model its config.json builds: {'; '.join(problems)}."
+            f"{hint} Restore the config.json the weights were saved with (`model_type`, layer counts, switches) or "
+            f"save or copy the checkpoint again{anyway}."
+        )
+    non_finite = non_finite_tensors(model)
+    if non_finite:
+        raise ValueError(
+            f"Checkpoint {checkpoint!r} holds NaN or inf in the weights {_listed(non_finite)} (a training run that "
+            "diverged, or damaged files): the model would translate every sentence to '' or noise. Load an earlier "
+            "checkpoint; `output_loading_info=True` loads it anyway, listing them in info['non_finite_keys']."
+        )
 
 
 class CheckedSaveLoadMixin:
     """Put before `PreTrainedModel` in the bases of the package's models:
 
     - `save_pretrained` onto an existing file raises (transformers logs one line and saves nothing);
-    - `from_pretrained` of a local checkpoint of another family (its config.json's `model_type`) whose weights do not
-      all fit the model raises, naming the weights that would be dropped (e.g. GTrans fusion weights loaded under a
-      plain Transformer's `config=`), instead of printing a load report. Missing weights stay allowed (a plain
-      Transformer checkpoint loads as GTrans with fresh fusion weights), and so do the head weights a base model
-      leaves out of a checkpoint of its own family.
+    - `from_pretrained` of a checkpoint raises a `ValueError` naming the checkpoint and the tensors where the model
+      loaded is not the checkpoint's (`check_loaded_tensors`) instead of printing a load report: missing tensors (a
+      damaged file, or a config.json that no longer describes its weights: `normalize_before` flipped), tensors that
+      would be dropped (a `model_type` edited from gtrans to plain_transformer, GTrans weights under a plain
+      Transformer's `config=`), NaN / inf weights; and a local `generation_config.json` that does not parse.
+      Loading a checkpoint of another family into a family with more parts stays allowed (a plain Transformer
+      checkpoint as GTrans or deep representations: the family's own weights start fresh), and so does a base model
+      from a checkpoint with a head. `output_loading_info=True`, transformers' argument for a caller who handles
+      the load report, returns `(model, info)` without these errors, `info["non_finite_keys"]` naming NaN / inf
+      weights. Weights given as `state_dict=` without a checkpoint (`pretrained_model_name_or_path=None`) are the
+      caller's and not checked.
     """
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -34,24 +138,20 @@ class CheckedSaveLoadMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         check_weight_files(pretrained_model_name_or_path)  # a damaged weight file is named before transformers reads it
+        local = isinstance(pretrained_model_name_or_path, (str, os.PathLike))
+        saved_model_type = checkpoint_model_type(pretrained_model_name_or_path) if local else None
+        if local and "generation_config" not in kwargs:
+            check_generation_config_file(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
-        saved = (
-            checkpoint_model_type(pretrained_model_name_or_path)
-            if isinstance(pretrained_model_name_or_path, (str, os.PathLike))
-            else None
-        )
-        unexpected = sorted(info.get("unexpected_keys", ()))
-        if saved is not None and saved != model.config.model_type and unexpected:
-            raise ValueError(
-                f"{os.fspath(pretrained_model_name_or_path)!r} holds a {saved!r} checkpoint; loaded as "
-                f"{model.config.model_type!r} ({type(model).__name__}) its weights {unexpected[:8]}"
-                f"{' ...' if len(unexpected) > 8 else ''} would be dropped. Load it with its own family "
-                "(AutoModelForSeq2SeqLM without `config=`)."
-            )
-        return (model, info) if want_info else model
+        if want_info:
+            info["non_finite_keys"] = non_finite_tensors(model)
+            return model, info
+        if pretrained_model_name_or_path is not None:
+            check_loaded_tensors(model, info, os.fspath(pretrained_model_name_or_path), saved_model_type)
+        return model
 
 
 class LayerFusionPreTrainedModel(CheckedSaveLoadMixin, PreTrainedModel):
