@@ -4,6 +4,8 @@ docstring) and at least one example command line for that script."""
 from __future__ import annotations
 
 import ast
+import configparser
+import importlib
 import os
 import re
 import runpy
@@ -16,7 +18,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(
     path.relative_to(REPO_ROOT)
-    for folder in ("examples", "benchmarks")
+    for folder in ("examples", "benchmarks", "tools")
     for path in (REPO_ROOT / folder).glob("*.py")
     if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
 )
@@ -32,7 +34,7 @@ def has_example(help_text: str, command: str) -> bool:
 
 
 def test_every_script_is_checked():
-    assert {path.parts[0] for path in SCRIPTS} == {"examples", "benchmarks"} and len(SCRIPTS) >= 9
+    assert {path.parts[0] for path in SCRIPTS} == {"examples", "benchmarks", "tools"} and len(SCRIPTS) >= 10
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=str)
@@ -61,3 +63,41 @@ def test_checkpoint_averaging_module_help_without_runpy_warning():
     assert result.returncode == 0 and "RuntimeWarning" not in result.stderr, result.stderr[-3000:]
     assert "Average the weights of the last N Trainer checkpoints" in result.stdout
     assert has_example(result.stdout, "python -m hf_layerfusion.checkpoint_averaging")
+
+
+def console_scripts() -> dict[str, str]:
+    setup = configparser.ConfigParser()
+    setup.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
+    lines = [line for line in setup["options.entry_points"]["console_scripts"].split("\n") if line.strip()]
+    return dict(tuple(part.strip() for part in line.split("=")) for line in lines)
+
+
+def test_every_command_line_module_is_a_console_script():
+    """The tools of hf_layerfusion/cli and every package module with a command line (`def main(argv)` behind
+    `if __name__ == "__main__"`, or a package's `__main__.py`) are console scripts; each names a function that exists."""
+    targets = console_scripts()
+    modules = {target.split(":")[0] for target in targets.values()}
+    package = REPO_ROOT / "hf_layerfusion"
+    with_command_line = set()
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        module = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+        if path.name == "__main__.py":
+            module = re.search(r"^from ([\w.]+) import main$", text, flags=re.MULTILINE).group(1)
+        elif 'if __name__ == "__main__":' not in text:
+            continue
+        with_command_line.add(module)
+    assert with_command_line == modules, (sorted(with_command_line - modules), sorted(modules - with_command_line))
+    for name, target in targets.items():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), name
+
+
+@pytest.mark.parametrize("module", ["hf_layerfusion.cli.translate", "hf_layerfusion.cli.run_translation",
+                                    "hf_layerfusion.cli.run_multilingual", "hf_layerfusion.inference.build"])
+def test_python_m_runs_each_tool_without_runpy_warning(module):
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-m", module, "--help"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "usage:" in result.stdout

@@ -13,6 +13,7 @@ here from the same saved weights: logits bit for bit, token ids and texts exactl
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import json
 import sys
 import textwrap
@@ -32,6 +33,7 @@ from helpers import (
     without_package_preamble,
 )
 from hub_server import HubServer
+from packaging.requirements import Requirement
 
 import hf_layerfusion
 from hf_layerfusion.hub.remote_code import (
@@ -211,7 +213,11 @@ def test_generated_code_is_self_contained_and_defines_every_family():
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported <= {"__future__", "torch", "transformers", "huggingface_hub"} | set(sys.stdlib_module_names), imported
+    # torch and what transformers itself requires (its metadata: an independent list), as import names
+    transformers_requirements = {
+        Requirement(line).name.replace("-", "_") for line in importlib.metadata.requires("transformers") if "extra" not in line
+    }
+    assert imported <= {"__future__", "torch", "transformers", *transformers_requirements} | set(sys.stdlib_module_names), imported
     defined = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
     expected = {cls.__name__ for classes in hf_layerfusion.FAMILIES.values() for cls in classes}
     assert expected | {"LayerFusionTranslationPipeline"} <= defined

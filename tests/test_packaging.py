@@ -4,10 +4,13 @@ package and the Hub code refuse to import under a release outside it, naming bot
 package's non-Python files."""
 
 import configparser
+import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 from helpers import REPO_ROOT, tiny_model
 from packaging.requirements import Requirement
@@ -70,23 +73,80 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
     assert result.returncode != 0 and "found transformers==5.25.0" in result.stderr
 
 
-def test_the_wheel_carries_the_files_the_package_reads(tmp_path):
-    """An install from a wheel (not editable) has the CPU kernels' sources, the model card templates and the
-    metric scripts: without the kernel sources int8 would fall back to the slow path."""
+# run by the wheel's environment, from a folder where the checkout is not importable: what a user of the wheel does
+WHEEL_USER = """
+import importlib.metadata, json, subprocess, sys
+from pathlib import Path
+import torch
+import hf_layerfusion
+from transformers import AutoModelForSeq2SeqLM
+
+environment = Path(sys.prefix)
+assert Path(hf_layerfusion.__file__).is_relative_to(environment), hf_layerfusion.__file__  # the installed copy
+sys.path.insert(0, {tests!r})  # tests/helpers.py: the tiny configs; it imports the installed package
+from helpers import tiny_model
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+
+assert compiled_kernels() is not None, "the installed copy's CPU kernels did not compile"
+inputs = dict(input_ids=torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]]), attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]))
+for model_type in hf_layerfusion.FAMILIES:
+    model = tiny_model(model_type)
+    for search in (dict(num_beams=1), dict(num_beams=3)):
+        expected = model.generate(**inputs, max_new_tokens=6, do_sample=False, **search)
+        fast = hf_layerfusion.fast_generate(model, **inputs, max_new_tokens=6, do_sample=False, fallback=False, **search)
+        assert fast.tolist() == expected.tolist(), (model_type, search)
+    model.save_pretrained({out!r} + "/" + model_type)
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained({out!r} + "/" + model_type).eval()
+    assert type(reloaded) is type(model), type(reloaded)
+    assert reloaded.generate(**inputs, max_new_tokens=6).tolist() == model.generate(**inputs, max_new_tokens=6).tolist()
+scripts = sorted(
+    entry.name for entry in importlib.metadata.distribution("hf_layerfusion").entry_points if entry.group == "console_scripts"
+)
+for script in scripts:
+    subprocess.run([str(environment / "bin" / script), "--help"], check=True, capture_output=True)
+print(json.dumps({{"families": sorted(hf_layerfusion.FAMILIES), "console_scripts": scripts}}))
+"""
+
+
+def test_the_built_wheel_works_outside_the_checkout(tmp_path):
+    """The wheel, installed into a fresh environment (its dependencies from this one, read through a path file, not as
+    site folders, so that the editable install's import hook stays out), works from a folder outside the checkout:
+    every family builds, the fast path gives generate()'s tokens (greedy and beam), models save and reload through the
+    Auto classes, and every console script answers --help. It carries the kernels' sources, the card templates and the
+    metric scripts."""
+    # built from a copy without the checkout's build outputs: setuptools puts what an earlier build left in build/lib
+    # into the wheel, which would hide a module the package lists no more
+    sources = tmp_path / "sources"
+    shutil.copytree(REPO_ROOT, sources, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO_ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(sources)],
         check=True,
     )
     (wheel,) = tmp_path.glob("hf_layerfusion-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    from hf_layerfusion.inference.cpu_kernels import KERNEL_DIRECTORY, KERNEL_SOURCES
-
     package = REPO_ROOT / "hf_layerfusion"
-    kernels = package / "inference" / KERNEL_DIRECTORY
-    assert {source.name for source in kernels.glob("*.cpp")} == set(KERNEL_SOURCES)  # every source is compiled
-    for pattern in ("hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
+    for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
-        assert expected and expected <= set(names), pattern
+        assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+
+    environment = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
+    python = environment / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    dependencies = [path for path in sys.path if Path(path).name == "site-packages"]
+    (Path(purelib) / "dependencies_of_this_test.pth").write_text("\n".join(dependencies) + "\n", encoding="utf-8")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))
+    result = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd=outside, timeout=1500)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["families"] == sorted(hf_layerfusion.FAMILIES)
+    assert report["console_scripts"], "the wheel declares no console script"
 
 
 def test_import_names_a_private_transformers_method_that_changed(tmp_path):

@@ -36,7 +36,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]
 REMOTE_MODULE = "modeling_layerfusion"
 REMOTE_CODE_FILE = f"{REMOTE_MODULE}.py"
 # what the Hub code may import besides the standard library: transformers' own requirements
-RUNTIME_PACKAGES = frozenset({"torch", "transformers", "huggingface_hub"})
+RUNTIME_PACKAGES = frozenset({"torch", "transformers", "huggingface_hub", "safetensors"})
 AUTO_CLASSES = ("AutoConfig", "AutoModel", "AutoModelForSeq2SeqLM")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..file_checks import check_local_or_hub, check_output_dir
+from ..file_checks import check_local_or_hub, check_output_dir, check_tokenizer_files
 from ..modeling.conversion import to_marian
 
 
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
 
     model_dir = check_local_or_hub(args.model_dir, "--model_dir")
     check_output_dir(args.output_dir, [model_dir] if os.path.isdir(model_dir) else [], what="--output_dir")
+    check_tokenizer_files(model_dir, "--model_dir")  # before the model: a model saved without one fails at once
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     path = export_ctranslate2(model, tokenizer, args.output_dir, args.quantization)

@@ -25,6 +25,7 @@ from typing import ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
+from ..compat import CACHE_NAME
 from .presets import BACKBONE_PRESETS
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
@@ -158,7 +159,7 @@ class LayerFusionConfig(PreTrainedConfig):
     """
 
     model_type = "layerfusion_backbone"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = [CACHE_NAME]
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",

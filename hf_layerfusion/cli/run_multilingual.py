@@ -1,0 +1,478 @@
+#!/usr/bin/env python
+"""Many-to-many multilingual NMT in the OPUS-100 setting of GTrans Table V: encoder (and shared vocabulary)
+initialised from XLM-R (`hf_layerfusion.from_xlmr`, XLM-T style), a target-language tag `<2xx>` prepended to every
+source, English-centric data mixed with temperature sampling (T = 5), per-direction BLEU summarised per resource
+group (high / medium / low) with averages and the win ratio against a baseline run
+(`hf_layerfusion.training.multilingual`).
+
+Full setting (XLM-R base from the Hub, OPUS-100 from the Hub; the "opus100" preset is checked against XLM-R):
+
+    python examples/run_multilingual.py --dataset opus100 --languages de,fr,cs,... --model_type gtrans \\
+        --xlmr FacebookAI/xlm-roberta-base --init_decoder --do_train --output_dir runs/opus100-gtrans \\
+        --learning_rate 5e-4 --lr_scheduler_type inverse_sqrt --warmup_steps 4000 --label_smoothing_factor 0.1 \\
+        --per_device_train_batch_size 64 --num_train_epochs 15 --num_beams 8
+
+Offline stand-in (runs on a CPU in minutes): the 12 directions between en, de, fr and cs of Multi30k, with pair sizes
+halving from pair to pair (`--standin_train_size` for en-de, then /2, /4, ...) so that temperature sampling and the
+resource groups have something to act on (groups: >= size/2 high, < size/8 low), and a tiny random XLM-R whose
+tokenizer is trained on the stand-in's training text (`--tiny_random_xlmr DIR` builds and saves both in DIR):
+
+    python examples/run_multilingual.py --dataset multi30k --tiny_random_xlmr runs/m30k-multilingual-xlmr \\
+        --model_type gtrans --config_overrides "encoder_group_size=2,decoder_group_size=1" --init_decoder \\
+        --do_train --output_dir runs/m30k-multilingual --max_steps 300 --per_device_train_batch_size 32 \\
+        --learning_rate 1e-3 --warmup_steps 50 --lr_scheduler_type inverse_sqrt --max_eval_samples 100 --num_beams 1
+
+`--english_centric` keeps only the pairs with English (en-de, en-fr, en-cs: six directions, the shape of OPUS-100;
+with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `benchmarks/bench_multilingual.py` runs it.
+
+The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
+BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
+`--baseline_scores` to get the win ratio. With `--save_steps N` the run leaves checkpoints there, and
+`--resume_from_checkpoint last` continues an interrupted run from the newest (as in run_translation.py). As there, a
+run holds its `--output_dir` (a second run into it is refused at once, naming the first), a run without `--do_train`
+may write into a non-empty dir but replaces a `direction_scores.json` there only with `--overwrite_output_dir True`,
+and no run writes over what it reads (XLM-R, the corpus, `--baseline_scores`).
+Training uses `LayerFusionSeq2SeqTrainer`: `--label_smoothing_factor` is applied by the model's own loss (for GTrans,
+per decoder group as in Eq. 7), not by the Trainer's label smoother.
+
+Installed, the command is the console script `hf-layerfusion-train-multilingual` (or `python -m hf_layerfusion.cli.run_multilingual`); in a checkout,
+`python examples/run_multilingual.py` runs the same module (`examples/run_multilingual.py` links to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import torch
+import transformers
+from transformers import (
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    Seq2SeqTrainingArguments,
+    XLMRobertaConfig,
+    XLMRobertaModel,
+    XLMRobertaTokenizer,
+    set_seed,
+)
+
+# `python examples/run_multilingual.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# same folder: the same syntax, help and resume rules
+from hf_layerfusion.cli.run_translation import (  # noqa: E402
+    HelpFormatter,
+    check_training_arguments,
+    parse_config_overrides,
+    resolve_checkpoint,
+)
+
+import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
+from hf_layerfusion.file_checks import (  # noqa: E402
+    check_distributed_launch,
+    check_input_file,
+    check_local_or_hub,
+    check_output_dir,
+    lock_output_dir,
+    write_file_atomically,
+)
+from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
+from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
+from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
+from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
+from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
+from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
+from hf_layerfusion.training.multilingual import (  # noqa: E402
+    OPUS100_RESOURCE_THRESHOLDS,
+    PIVOT_LANGUAGE,
+    add_language_tags,
+    both_directions,
+    evaluate_directions,
+    format_summary,
+    interleave_directions,
+    load_opus100,
+    resource_group,
+    split_direction,
+    summarize_directions,
+    tokenize_direction,
+    translation_side,
+)
+from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+# the checkout's sibling shared/ folder (hf_layerfusion/cli/ is three levels below it); elsewhere pass --multi30k_dir
+MULTI30K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi30k"
+SCORES_FILE = "direction_scores.json"
+
+
+@dataclass
+class ModelArguments:
+    model_type: str = field(default="gtrans", metadata={"help": f"Family: one of {sorted(hf_layerfusion.FAMILIES)}."})
+    xlmr: str = field(
+        default="FacebookAI/xlm-roberta-base", metadata={"help": "XLM-R checkpoint (Hub id or directory)."}
+    )
+    tiny_random_xlmr: str | None = field(
+        default=None,
+        metadata={
+            "help": "Build a tiny random XLM-R and an XLM-R tokenizer trained on the training text in this "
+            "directory and start from it instead of --xlmr (offline demonstration; --preset is not applied)."
+        },
+    )
+    tiny_xlmr_config: str = field(
+        default="hidden_size=64,num_hidden_layers=4,num_attention_heads=4,intermediate_size=128",
+        metadata={"help": "XLMRobertaConfig keys of the tiny random XLM-R."},
+    )
+    tiny_vocab_size: int = field(default=4000, metadata={"help": "Vocabulary of the tiny XLM-R's tokenizer."})
+    init_decoder: bool = field(
+        default=False, metadata={"help": "Initialise decoder layer i's self-attention + FFN from XLM-R layer i."}
+    )
+    preset: str | None = field(
+        default="opus100",
+        metadata={"help": "Backbone preset passed to from_xlmr (checked against XLM-R); 'none' for no preset."},
+    )
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "Comma-separated config keys, e.g. 'encoder_group_size=2,dropout=0.3'."}
+    )
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(default="opus100", metadata={"help": "'opus100' or 'multi30k' (the offline stand-in)."})
+    languages: str | None = field(
+        default=None,
+        metadata={"help": "opus100: the non-English languages (comma-separated); multi30k: all its languages."},
+    )
+    opus100_dir: str | None = field(
+        default=None, metadata={"help": "Local OPUS-100 files {dir}/{pair}/{split}.jsonl instead of the Hub."}
+    )
+    multi30k_dir: str = field(default=str(MULTI30K_DIR), metadata={"help": "Multi30k plain-text directory."})
+    standin_train_size: int = field(
+        default=4000, metadata={"help": "Stand-in: training size of the first pair; each next pair has half."}
+    )
+    english_centric: bool = field(
+        default=False,
+        metadata={
+            "help": "Stand-in: only the pairs with English (en-de, en-fr, en-cs: 6 directions, OPUS-100's shape) "
+            "instead of every pair of --languages; the sizes still halve from pair to pair."
+        },
+    )
+    temperature: float = field(default=5.0, metadata={"help": "Sampling temperature T: p_l ~ n_l^(1/T)."})
+    max_source_length: int = field(default=128, metadata={"help": "Source truncation (tokens, tag included)."})
+    max_target_length: int = field(default=128, metadata={"help": "Target truncation (tokens, </s> included)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Test sentences per direction."})
+    num_beams: int = field(default=8, metadata={"help": "Beam size of the evaluation (8 in the paper)."})
+    max_new_tokens: int = field(default=128, metadata={"help": "Longest generated translation."})
+    eval_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
+    baseline_scores: str | None = field(
+        default=None, metadata={"help": "direction_scores.json of a baseline run: report the win ratio against it."}
+    )
+
+
+@dataclass
+class RunArguments:
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Write into a non-empty --output_dir (training) or --tiny_random_xlmr directory; without "
+            "--do_train: replace the direction_scores.json in --output_dir."
+        },
+    )
+
+
+def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.DatasetDict], tuple[int, int]]:
+    """`{pair: DatasetDict}` for every pair of the Multi30k languages, training sizes halving from pair to pair,
+    and the (high, low) resource thresholds scaled to them."""
+    languages = (data_args.languages or "en,de,fr,cs").split(",")
+    directory = Path(data_args.multi30k_dir)
+    missing = [language for language in languages if not (directory / f"train.{language}").is_file()]
+    if missing:
+        found = sorted(path.suffix[1:] for path in directory.glob("train.*"))
+        raise FileNotFoundError(
+            f"No Multi30k training file for the language(s) {missing} in {directory} (train.<lang> exists for "
+            f"{found}); check --languages and --multi30k_dir."
+        )
+    language_pairs = list(itertools.combinations(languages, 2))
+    if data_args.english_centric:
+        language_pairs = [pair for pair in language_pairs if PIVOT_LANGUAGE in pair]
+    pairs = {}
+    for index, (first, second) in enumerate(language_pairs):
+        splits = load_parallel_text(directory, first, second)
+        size = max(1, data_args.standin_train_size >> index)
+        splits["train"] = splits["train"].select(range(min(size, len(splits["train"]))))
+        pairs[f"{first}-{second}"] = splits
+    return pairs, (data_args.standin_train_size // 2, data_args.standin_train_size // 8)
+
+
+def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
+    """Every training sentence of every pair, both sides: the text a tiny XLM-R's tokenizer is trained on."""
+    return [text for splits in pairs.values() for row in splits["train"]["translation"] for text in row.values()]
+
+
+def train_xlmr_tokenizer(train_texts: list[str], vocab_size: int) -> XLMRobertaTokenizer:
+    """An XLM-R tokenizer (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, ..., `<mask>`) whose unigram vocabulary is
+    trained on `train_texts` (the trainer is not deterministic: save the tokenizer to reuse it)."""
+    trained = train_joint_tokenizer(train_texts, vocab_size)
+    pieces = [tuple(piece) for piece in json.loads(trained.backend_tokenizer.to_str())["model"]["vocab"]]
+    return XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)])
+
+
+def save_random_xlmr(directory: str, tokenizer: XLMRobertaTokenizer, model_args: ModelArguments) -> None:
+    """A random `XLMRobertaModel` of `--tiny_xlmr_config`'s sizes for `tokenizer`'s vocabulary (its weights drawn
+    from torch's random state: seed it for a reproducible model), saved with the tokenizer in `directory`."""
+    sizes = parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer), type_vocab_size=1, layer_norm_eps=1e-5, max_position_embeddings=514, **sizes
+    )
+    XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    logger.info("Saved a tiny random XLM-R (%s) and its %d-token tokenizer in %s", sizes, len(tokenizer), directory)
+
+
+def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
+    """`save_random_xlmr` with a tokenizer trained on `train_texts` (`train_xlmr_tokenizer`)."""
+    save_random_xlmr(directory, train_xlmr_tokenizer(train_texts, model_args.tiny_vocab_size), model_args)
+
+
+def check_arguments(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    run_args: RunArguments,
+    training_args: Seq2SeqTrainingArguments,
+) -> tuple[dict, str | None]:
+    """Check every argument before any work or write; returns the parsed `--config_overrides` and the checkpoint to
+    resume from (`--resume_from_checkpoint last`: the output dir's newest, none: start fresh; as run_translation.py)."""
+    check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
+    check_training_arguments(training_args)
+    check_model_type(model_args.model_type, "--model_type")
+    if data_args.dataset == "opus100":
+        if not data_args.languages:
+            raise ValueError("--dataset opus100 needs --languages (the languages paired with English).")
+        if data_args.opus100_dir is not None and not Path(data_args.opus100_dir).is_dir():
+            raise FileNotFoundError(f"--opus100_dir {data_args.opus100_dir!r} is not a directory.")
+    elif data_args.dataset == "multi30k":
+        if not Path(data_args.multi30k_dir).is_dir():
+            raise FileNotFoundError(f"--multi30k_dir {data_args.multi30k_dir!r} is not a directory.")
+        languages = (data_args.languages or "en,de,fr,cs").split(",")
+        if data_args.english_centric and (PIVOT_LANGUAGE not in languages or len(languages) < 2):
+            raise ValueError(
+                f"--english_centric keeps the pairs with {PIVOT_LANGUAGE!r}, but --languages {data_args.languages!r} "
+                f"has no {PIVOT_LANGUAGE!r} and another language."
+            )
+    else:
+        raise ValueError(f"--dataset must be 'opus100' or 'multi30k', got {data_args.dataset!r}.")
+    if data_args.english_centric and data_args.dataset != "multi30k":
+        raise ValueError(
+            f"--english_centric selects pairs of the Multi30k stand-in; --dataset {data_args.dataset!r} is "
+            "English-centric already."
+        )
+    for name in ("standin_train_size", "max_source_length", "max_target_length", "num_beams", "max_new_tokens"):
+        check_positive_int(getattr(data_args, name), f"--{name}")
+    check_positive_int(data_args.eval_batch_size, "--eval_batch_size")
+    check_positive_int(data_args.max_eval_samples, "--max_eval_samples", allow_none=True)
+    check_positive_int(model_args.tiny_vocab_size, "--tiny_vocab_size")
+    if not data_args.temperature > 0:
+        raise ValueError(f"--temperature must be positive, got {data_args.temperature}.")
+    if data_args.baseline_scores is not None:
+        check_input_file(data_args.baseline_scores, "--baseline_scores")
+    if model_args.preset not in (None, "none") and model_args.preset not in BACKBONE_PRESETS:
+        raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)} or 'none'.")
+    if model_args.tiny_random_xlmr:
+        parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
+        check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
+    else:
+        check_local_or_hub(model_args.xlmr, "--xlmr")
+    # what the run reads (the tiny XLM-R dir too, which it writes first): its output must not overwrite them
+    reads = [model_args.tiny_random_xlmr, data_args.baseline_scores, data_args.opus100_dir]
+    reads.append(data_args.multi30k_dir if data_args.dataset == "multi30k" else None)
+    if not model_args.tiny_random_xlmr and Path(model_args.xlmr).expanduser().exists():
+        reads.append(model_args.xlmr)
+    inputs = [path for path in reads if path]
+    checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir, inputs, [SCORES_FILE])
+    config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
+    return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = HfArgumentParser(
+        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
+        description=__doc__,
+        formatter_class=HelpFormatter,
+    )
+    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
+        datefmt="%H:%M:%S",
+        handlers=[logging.StreamHandler(sys.stdout)],
+    )
+    logger.setLevel(logging.INFO)
+    transformers.utils.logging.set_verbosity_warning()
+    datasets.utils.logging.set_verbosity_warning()
+    set_seed(training_args.seed)
+
+    # ---------------------------------------------------------------------------------------------- data
+    # read before the first write: a corpus that cannot be read (a language code mistyped, say) leaves nothing
+    if data_args.dataset == "opus100":
+        pairs = load_opus100(data_args.languages.split(","), data_dir=data_args.opus100_dir)
+        thresholds = OPUS100_RESOURCE_THRESHOLDS
+    else:
+        pairs, thresholds = multi30k_standin(data_args)
+    # the first write: the main process holds the output dir for the whole run (the run's other processes write
+    # under its lock), so that a second run into it is refused, naming this one
+    with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():
+        return train_and_evaluate(model_args, data_args, training_args, config_overrides, checkpoint, pairs, thresholds)
+
+
+def train_and_evaluate(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: Seq2SeqTrainingArguments,
+    config_overrides: dict,
+    checkpoint: str | None,
+    pairs: dict[str, datasets.DatasetDict],
+    thresholds: tuple[int, int],
+) -> dict:
+    """The run after its arguments are checked and its corpus read (`pairs`, with the resource `thresholds`): build
+    the model, train (resuming from `checkpoint`), translate and score every direction, write
+    `direction_scores.json`."""
+    directions = both_directions(list(pairs))
+    pair_of = {direction: pair for pair in pairs for direction in both_directions([pair])}
+    train_sizes = {direction: len(pairs[pair_of[direction]]["train"]) for direction in directions}
+    languages = sorted({lang for direction in directions for lang in split_direction(direction)})
+    logger.info("%d directions over %s; training sizes %s", len(directions), languages, train_sizes)
+
+    # ---------------------------------------------------------------------------------------------- model
+    xlmr_path = model_args.xlmr
+    overrides = {}
+    if model_args.tiny_random_xlmr:
+        xlmr_path = model_args.tiny_random_xlmr
+        build_tiny_random_xlmr(xlmr_path, training_texts(pairs), model_args)
+    elif model_args.preset and model_args.preset != "none":
+        overrides.update(BACKBONE_PRESETS[model_args.preset])
+    overrides.update(config_overrides)
+    model = from_xlmr(xlmr_path, model_type=model_args.model_type, init_decoder=model_args.init_decoder, **overrides)
+    report = model.conversion_report
+    logger.info("from_xlmr: %d tensors loaded, %d fresh", len(report["loaded"]), len(report["freshly_initialised"]))
+    tokenizer = load_xlmr_tokenizer(xlmr_path, config=model.config)
+    tag_ids = add_language_tags(tokenizer, languages, model=model)
+    logger.info("Language tags %s; vocabulary now %d", tag_ids, model.config.vocab_size)
+
+    # ---------------------------------------------------------------------------------------------- training
+    if training_args.do_train:
+        tokenized = {
+            direction: tokenize_direction(
+                pairs[pair_of[direction]]["train"],
+                tokenizer,
+                *split_direction(direction),
+                max_source_length=data_args.max_source_length,
+                max_target_length=data_args.max_target_length,
+            )
+            for direction in directions
+        }
+        train_stream = interleave_directions(tokenized, temperature=data_args.temperature, seed=training_args.seed)
+        logger.info("Temperature-sampled training stream: %d examples (T=%s)", len(train_stream), data_args.temperature)
+        trainer = LayerFusionSeq2SeqTrainer(
+            model=model,
+            args=training_args,
+            train_dataset=train_stream,
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+            processing_class=tokenizer,
+            # measures only: the training time across an interrupted and resumed run (trainer_state.json)
+            callbacks=[TimeBudgetCallback(None)],
+        )
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        logger.info("Training: %s", train_result.metrics)
+        trainer.save_model()
+        trainer.save_metrics("train", train_result.metrics)
+        trainer.save_state()  # trainer_state.json: steps and loss curve, for benchmarks/bench_multilingual.py
+        tokenizer.save_pretrained(training_args.output_dir)
+
+    # ---------------------------------------------------------------------------------------------- evaluation
+    test_sets = {}
+    for direction in directions:
+        test = pairs[pair_of[direction]]["test"]
+        if data_args.max_eval_samples:
+            test = test.select(range(min(data_args.max_eval_samples, len(test))))
+        source_lang, target_lang = split_direction(direction)
+        test_sets[direction] = (
+            [row[source_lang] for row in test["translation"]],
+            [row[target_lang] for row in test["translation"]],
+        )
+    signatures = set()
+    translations = []  # per direction, in the order of test_sets (evaluate_directions scores them in that order)
+
+    def bleu(hypotheses, references):
+        score, signature = corpus_bleu(hypotheses, references)
+        signatures.add(signature)
+        translations.append(hypotheses)
+        return score
+
+    model.to(training_args.device)
+    with torch.inference_mode():
+        scores = evaluate_directions(
+            model,
+            tokenizer,
+            test_sets,
+            bleu,
+            batch_size=data_args.eval_batch_size,
+            max_source_length=data_args.max_source_length,
+            num_beams=data_args.num_beams,
+            max_new_tokens=data_args.max_new_tokens,
+        )
+    baseline = None
+    if data_args.baseline_scores:
+        baseline = json.loads(Path(data_args.baseline_scores).read_text())["scores"]
+    summary = summarize_directions(scores, train_sizes, baseline_scores=baseline, thresholds=thresholds)
+    (signature,) = signatures
+
+    print(f"\nPer-direction BLEU ({signature}; resource thresholds high >= {thresholds[0]}, low < {thresholds[1]})")
+    print("direction\tside\ttrain\tgroup\tBLEU" + ("\tbaseline" if baseline else ""))
+    for direction in directions:
+        row = [
+            direction,
+            translation_side(direction),
+            str(train_sizes[direction]),
+            resource_group(train_sizes[direction], thresholds),
+            f"{scores[direction]:.2f}",
+        ]
+        if baseline:
+            row.append(f"{baseline[direction]:.2f}")
+        print("\t".join(row))
+    print("\nSummary (averages over directions; WR = % of directions beating the baseline)")
+    print(format_summary(summary))
+
+    results = {
+        "scores": scores,
+        "train_sizes": train_sizes,
+        "thresholds": list(thresholds),
+        "summary": summary,
+        "signature": signature,
+        "hypotheses": dict(zip(test_sets, translations)),  # the test translations, for paired bootstrap later
+    }
+    if training_args.process_index == 0:  # into the dir that lock_output_dir made
+        write_file_atomically(
+            Path(training_args.output_dir, SCORES_FILE), json.dumps(results, indent=2), what="Scores file"
+        )
+    return results
+
+
+
+def run() -> None:
+    """The console script: `main()` without handing its metrics back (a console script's return value becomes its exit
+    status), leaving a data-parallel run as the script does."""
+    main()
+    exit_distributed_process()
+
+
+if __name__ == "__main__":
+    run()

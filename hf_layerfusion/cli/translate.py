@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Translate a file (one sentence per line) or stdin with a saved hf_layerfusion model.
+
+    # the German -> English number model that examples/quickstart.py saves
+    echo "dreihundertzwölf" | python examples/translate.py runs/quickstart/gtrans
+    printf "zweiundvierzig\\nneunzehnhundertsiebenundachtzig\\n" > numbers.de
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --output numbers.en \\
+        --num_beams 4 --batch_size 64
+    # GTrans: mix only decoder groups 2..3 (paper Table VI); the layers above group 3 are not computed
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --decoder_groups 2 3
+    # int8 on CPU (faster, not token-exact), or generate() itself instead of the fast decoding loop
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --quantization int8
+    python examples/translate.py runs/quickstart/gtrans --input numbers.de --generate
+
+The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
+sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
+`hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
+pipeline; the package registers its own) and written back in input order. `--output` is checked before the model
+loads (not the input, not a file of the model dir, in a writable directory) and is written whole or not at all (a
+temporary file renamed into place: a full disk leaves the previous file as it was).
+
+Installed, the command is the console script `hf-layerfusion-translate` (or `python -m hf_layerfusion.cli.translate`); in a checkout,
+`python examples/translate.py` runs the same module (`examples/translate.py` links to it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+# `python examples/translate.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
+from hf_layerfusion.file_checks import (  # noqa: E402
+    check_input_file,
+    check_local_or_hub,
+    check_output_file,
+    read_utf8,
+    write_file_atomically,
+)
+from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
+from hf_layerfusion.training.tokenization import load_tokenizer  # noqa: E402
+from hf_layerfusion.training.translation import translate  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
+    parser.add_argument("--input", help="Source sentences, one per line (default: stdin).")
+    parser.add_argument("--output", help="Where to write the translations (default: stdout).")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config.")
+    parser.add_argument("--max_new_tokens", type=int, default=None, help="Default: the model's generation config.")
+    parser.add_argument(
+        "--decoder_groups", type=int, nargs="+", default=None, help="GTrans: 1-based decoder groups to mix."
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--quantization", choices=["int8"], default=None, help="int8 linear layers (CPU only; faster, not token-exact)."
+    )
+    parser.add_argument(
+        "--generate", action="store_true", help="Decode with generate() itself instead of the fast decoding loop."
+    )
+    args = parser.parse_args(argv)
+
+    # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file
+    model_dir = check_local_or_hub(args.model_dir, "model_dir")
+    for name in ("batch_size", "num_beams", "max_new_tokens"):
+        check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
+    input_file = check_input_file(args.input, "--input") if args.input else None
+    if args.output:
+        # neither the input nor a file of the model, and writable: refused now, not after the whole input is translated
+        check_output_file(args.output, [input_file, model_dir], what="--output")
+    if args.quantization and args.device != "cpu":
+        parser.error(f"--quantization {args.quantization} runs on the CPU; pass --device cpu.")
+    config = AutoConfig.from_pretrained(model_dir)
+    if args.decoder_groups is not None:
+        check_decoder_groups(args.decoder_groups, getattr(config, "num_decoder_groups", 1), "--decoder_groups")
+    source = read_utf8(input_file, "--input") if input_file else sys.stdin.read()
+
+    tokenizer = load_tokenizer(model_dir, "model_dir")  # before the model: a model saved without one fails at once
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
+    sentences = source.split("\n")
+    if sentences and sentences[-1] == "":
+        sentences.pop()
+    translations = translate(
+        model,
+        tokenizer,
+        sentences,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+        decoder_groups=args.decoder_groups,
+        progress=True,
+        fast=not args.generate,
+        quantization=args.quantization,
+    )
+    text = "".join(f"{line}\n" for line in translations)
+    if args.output:
+        write_file_atomically(args.output, text, what="--output")
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
