@@ -69,6 +69,7 @@ from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_mod
 from hf_layerfusion.modeling.registry import check_model_type
 from hf_layerfusion.inference import ctranslate2_export
 from hf_layerfusion.training import checkpoint_averaging, tokenization
+from hf_layerfusion.training.callbacks import plot_logged_series
 from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 from hf_layerfusion.training.data import (
@@ -159,6 +160,13 @@ def ws(tmp_path_factory):
         (finished / name).write_text('{"scores": {}}\n', encoding="utf-8")
     damaged = _damaged_files(root, plain, tokenizer)
     inconsistent = _inconsistent_checkpoints(root, plain, gtrans)
+    carded = root / "carded"  # a published model dir: its card and a plot of the run (issue 40)
+    gtrans.save_pretrained(carded)
+    (carded / "README.md").write_text("the previous card\n", encoding="utf-8")
+    (carded / "fusion_weights.png").write_bytes(b"the previous plot")
+    card_linked = root / "card_linked"  # README.md a link to the model's own config.json
+    gtrans.save_pretrained(card_linked)
+    (card_linked / "README.md").symlink_to("config.json")
     busy = root / "busy"  # an output dir that a run is writing into, held for the whole module
     busy_lock = lock_output_dir(busy)
     busy_lock.__enter__()
@@ -166,7 +174,8 @@ def ws(tmp_path_factory):
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
         texts=texts, input=root / "input.en", full=root / "full", a_file=root / "a_file",
-        broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock, **damaged,
+        broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock, carded=carded,
+        card_linked=card_linked, **damaged,
         **inconsistent,
     )
 
@@ -935,6 +944,18 @@ ROWS = [
                                 output_dir=ws.finished) if a != "--do_train"
         ]),
         ValueError, r"direction_scores\.json.*is the input.*direction_scores\.json"),
+    # ------------------------------------------------------------------ model card, plots (issue 40)
+    Row("card-through-link-to-model-file",
+        lambda ws: hf_layerfusion.write_model_card(ws.card_linked, ws.gtrans, "en", "de", "tiny", overwrite=True),
+        ValueError, r"card_linked/README\.md' is the input '.*card_linked/config\.json'"),
+    Row("card-disk-full",
+        lambda ws: _disk_full(lambda: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny",
+                                                                      overwrite=True)),
+        OSError, r"Model card '.*carded/README\.md'.*No space left.*unchanged"),
+    Row("plot-disk-full",
+        lambda ws: _disk_full(lambda: plot_logged_series([{"step": 1, "fusion/gate_1": 0.5}], "fusion/",
+                                                         str(ws.carded / "fusion_weights.png"), "Fusion weights")),
+        OSError, r"Plot '.*carded/fusion_weights\.png'.*No space left.*unchanged"),
     # ------------------------------------------------------------------ save / load
     Row("load-gtrans-dir-as-plain", lambda ws: PlainTransformerForConditionalGeneration.from_pretrained(ws.gtrans_dir),
         ValueError, r"'gtrans' config"),

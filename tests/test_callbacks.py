@@ -2,7 +2,10 @@
 of autograd, plots are written, the time budget stops (and survives a resume)."""
 
 import copy
+import errno
 import math
+import os
+from unittest import mock
 
 import pytest
 import torch
@@ -17,7 +20,12 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.training.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
+from hf_layerfusion.training.callbacks import (
+    FusionWeightsCallback,
+    LayerGradientNormCallback,
+    TimeBudgetCallback,
+    plot_logged_series,
+)
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
 
@@ -97,6 +105,22 @@ def test_fusion_weights_logged_and_plotted(tmp_path, tiny_backbone):
     for name in ("fusion_weights.png", "layer_gradient_norms.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_plot_is_replaced_whole_or_not_at_all(tmp_path):
+    """A plot is written through a temporary file renamed into place (issue 40): a disk that fills while it is
+    written (`fsync` fails) leaves the previous plot whole and names the file; a success leaves only the plot."""
+    log_history = [{"step": step, "fusion/gate_1": 0.5 + step / 10, "fusion/gate_2": 0.4} for step in (1, 2, 3)]
+    path = tmp_path / "fusion_weights.png"
+    path.write_bytes(b"the previous plot")
+    with mock.patch("os.fsync", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))):
+        with pytest.raises(OSError, match=r"fusion_weights\.png'.*No space left"):
+            plot_logged_series(log_history, "fusion/", str(path), "Fusion weights")
+    assert path.read_bytes() == b"the previous plot"
+    assert [child.name for child in tmp_path.iterdir()] == [path.name]
+    assert plot_logged_series(log_history, "fusion/", str(path), "Fusion weights") == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [child.name for child in tmp_path.iterdir()] == [path.name]
 
 def test_layer_gradient_norms_equal_autograd(tmp_path, tiny_backbone):
     model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))

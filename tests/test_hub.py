@@ -342,3 +342,37 @@ def test_missing_repo_revision_file_and_trust_remote_code_give_the_normal_errors
     kind, message = errors["no_trust_remote_code"]
     assert kind == "ValueError" and "trust_remote_code=True" in message
     assert published["hub"].unhandled == []  # the client needed nothing the test server lacks
+
+
+def test_push_leaves_out_what_a_run_dir_holds_besides_the_model(hub, tmp_path, monkeypatch):
+    """Pushing a run's output dir (issue 40): the model repository's files go up; the run's lock (`_run.lock`, which
+    holds the command line), a temporary file that a killed atomic write left behind (`.<name>.<pid>.<hex>.tmp`, at
+    the top or in a subdirectory), checkpoints, TensorBoard logs and the Trainer's state do not."""
+    import huggingface_hub.constants
+
+    from hf_layerfusion.file_checks import LOCK_FILE, lock_output_dir
+
+    model = tiny_model("gtrans")
+    model.save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    hf_layerfusion.write_model_card(tmp_path, model, "de", "en", "tiny")
+    repository = sorted(path.name for path in tmp_path.iterdir())
+    extra = {
+        ".README.md.4242.0a1b2c3d.tmp": "half a card",
+        "extra/.notes.txt.4242.0a1b2c3d.tmp": "half a note",
+        "checkpoint-5/config.json": "{}",
+        "runs/events.out.tfevents.1": "events",
+        "trainer_state.json": "{}",
+    }
+    for name, text in extra.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "extra" / LOCK_FILE).write_text("pid 1: an earlier run's command line\n")
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.endpoint)
+    repo_id = f"{USER}/pushed-from-a-run-dir"
+    with lock_output_dir(tmp_path):  # pushed while the run still holds its dir
+        hf_layerfusion.push_to_hub(tmp_path, repo_id, token="hf_test_token")
+    repo = hub.httpd.repos[repo_id]
+    uploaded = sorted(repo.commits[repo.branches["main"]])
+    assert LOCK_FILE not in uploaded and f"extra/{LOCK_FILE}" not in uploaded
+    assert uploaded == repository, uploaded

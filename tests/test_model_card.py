@@ -1,5 +1,9 @@
 """The model card carries the Hub metadata a user needs, parsed back with huggingface_hub's own ModelCard."""
 
+import errno
+import os
+from unittest import mock
+
 import pytest
 from helpers import tiny_model
 from huggingface_hub import ModelCard
@@ -71,3 +75,37 @@ def test_every_family_has_a_card_template_with_its_paper(model_type, tmp_path):
     assert 'AutoModelForSeq2SeqLM.from_pretrained("someone/model", trust_remote_code=True)' in card.text
     # without it the tokenizer stops at an interactive "Do you wish to run the custom code? [y/N]"
     assert 'AutoTokenizer.from_pretrained("someone/model", trust_remote_code=True)' in card.text
+
+
+def _tiny_plain():
+    return hf_layerfusion.PlainTransformerForConditionalGeneration(
+        hf_layerfusion.PlainTransformerConfig(
+            vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        )
+    )
+
+
+def test_model_card_never_writes_through_a_link_to_a_model_file(tmp_path):
+    """A `README.md` that is a link to the model's own `config.json` (issue 40): replaced through the link, the model
+    would be lost; refused before anything is written, even with overwrite=True."""
+    model = _tiny_plain()
+    model.save_pretrained(tmp_path)
+    config = (tmp_path / "config.json").read_bytes()
+    (tmp_path / "README.md").symlink_to("config.json")
+    with pytest.raises(ValueError, match=r"README\.md'.*config\.json"):
+        hf_layerfusion.write_model_card(tmp_path, model, "en", "de", "multi30k", overwrite=True)
+    assert (tmp_path / "config.json").read_bytes() == config
+
+
+def test_model_card_failed_write_keeps_the_previous_card(tmp_path):
+    """A disk that fills while the card is written (`fsync` fails): the previous card stays whole, the error names
+    the card, and no temporary file is left beside it."""
+    model = _tiny_plain()
+    readme = tmp_path / "README.md"
+    readme.write_text("my own notes\n")
+    with mock.patch("os.fsync", side_effect=OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))):
+        with pytest.raises(OSError, match=r"README\.md'.*No space left"):
+            hf_layerfusion.write_model_card(tmp_path, model, "en", "de", "multi30k", overwrite=True)
+    assert readme.read_text() == "my own notes\n"
+    assert [child.name for child in tmp_path.iterdir()] == ["README.md"]

@@ -7,7 +7,8 @@ data, architecture, BLEU with the sacreBLEU signature, how to reproduce) with th
 citation). The metadata (`language`, `license`, `tags` with `translation` and the family, `datasets`, `metrics`,
 `model-index` with the BLEU results) is built with huggingface_hub's `ModelCardData` and the rendered card is parsed
 back with `ModelCard` before it is written, so a card the Hub would reject is never written. An existing `README.md` is
-not replaced unless `overwrite=True`.
+not replaced unless `overwrite=True`, nor ever when it is (a link to) a file of the model or of a template; the card is
+written through a temporary file renamed into place, so a failure leaves the previous card whole.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import re
 from pathlib import Path
 
+from ..file_checks import check_output_file, write_file_atomically
 from ..modeling.configuration import LayerFusionConfig
 from ..version import TRANSFORMERS_REQUIREMENT
 
@@ -83,6 +85,10 @@ def write_model_card(
         raise FileExistsError(f"{path} already exists; pass overwrite=True to replace it.")
     config = model.config
     model_type = config.model_type
+    # what this reads: the model's files beside the card and the templates; a README.md that is a link (or a hard
+    # link) to one of them would be replaced through it. Checked before rendering, with the directory's writability.
+    model_files = [child for child in output_dir.iterdir() if child.name != path.name]
+    check_output_file(path, [*model_files, BASE_TEMPLATE, TEMPLATE_DIR / f"{model_type}.md"], what="Model card")
     bleu_scores = dict(bleu_scores or {})
     model_name = repo_id.split("/")[-1] if repo_id else output_dir.resolve().name
     card_data = ModelCardData(
@@ -134,7 +140,7 @@ def write_model_card(
         transformers_requirement=TRANSFORMERS_REQUIREMENT,
     )
     ModelCard(str(card), ignore_metadata_errors=False)  # the Hub's own parsing: raises on invalid metadata
-    path.write_text(str(card), encoding="utf-8")
+    write_file_atomically(path, str(card), what="Model card")
     return path
 
 

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..file_checks import LOCK_FILE
 from ..modeling.configuration import LayerFusionConfig
 from ..modeling.registry import FAMILIES, Family, family_of
 from ..version import TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
@@ -350,6 +351,16 @@ def check_model_directory(model_dir: str | os.PathLike) -> None:
     ModelCard.load(model_dir / "README.md", ignore_metadata_errors=False)
 
 
+# what a run's output dir holds that is no part of the model repository: checkpoints, TensorBoard logs, optimizer
+# and Trainer state, `_*` files as `Trainer.push_to_hub` leaves them out (`_run.lock` holds the run's command line:
+# `file_checks.lock_output_dir`), and the temporary files of `file_checks.write_file_atomically`
+# (`.<name>.<pid>.<hex>.tmp`) that a killed process leaves behind, at the top or in a subdirectory
+UPLOAD_IGNORE_PATTERNS = [
+    "checkpoint-*/**", "runs/**", "*.pt", "*.pth", "trainer_state.json", "training_args.bin", "_*", f"*/{LOCK_FILE}",
+    ".*.tmp", "*/.*.tmp",
+]
+
+
 def push_to_hub(
     model_dir: str | os.PathLike,
     repo_id: str,
@@ -375,6 +386,6 @@ def push_to_hub(
         revision=revision,
         token=token,
         commit_message=commit_message,
-        ignore_patterns=["checkpoint-*/**", "runs/**", "*.pt", "*.pth", "trainer_state.json", "training_args.bin"],
+        ignore_patterns=UPLOAD_IGNORE_PATTERNS,
     )
 

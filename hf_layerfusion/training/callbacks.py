@@ -18,6 +18,7 @@ of its callback list (`LOG_ENRICHING_CALLBACKS`); with a plain `Trainer`, integr
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import time
@@ -28,6 +29,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import SaveStrategy
+
+from ..file_checks import write_file_atomically
 
 
 FUSION_PREFIX = "fusion/"
@@ -123,7 +126,8 @@ def add_to_logs(values: dict[str, float], state, logs: dict) -> None:
 
 def plot_logged_series(log_history: list[dict], prefix: str, path: str, title: str) -> str | None:
     """One subplot per series family (`<prefix><name>_<index>`), one line per index, against the global step.
-    Returns the PNG path, or `None` when nothing with that prefix was logged."""
+    Returns the PNG path, or `None` when nothing with that prefix was logged. The image is rendered in memory and
+    written through a temporary file renamed into place: a failure (a full disk) leaves the previous plot whole."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display needed
@@ -148,8 +152,13 @@ def plot_logged_series(log_history: list[dict], prefix: str, path: str, title: s
         ax.legend(fontsize="small", ncol=min(len(lines), 6), title="layer / group", title_fontsize="small")
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    image = io.BytesIO()
+    try:
+        # the format from the file name as `savefig(path)` would take it (none: matplotlib's default, PNG)
+        fig.savefig(image, format=os.path.splitext(path)[1][1:] or None)
+    finally:
+        plt.close(fig)
+    write_file_atomically(path, image.getvalue(), what="Plot")
     return path
 
 
