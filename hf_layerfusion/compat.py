@@ -1,6 +1,6 @@
 """Everything the package needs from transformers that differs between the supported releases, or that is private.
 
-The supported range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT`; `benchmarks/check_transformers_range.py`
+The supported range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT`; `tools/check_transformers_range.py`
 runs the contract, fast-generation, training, pipeline, checkpoint and Hub-code tests on its oldest and newest release
 (docs/testing.md, *transformers versions*). Each difference is detected from transformers itself, not from its version
 number, so a development build between two releases takes the branch its code needs.
