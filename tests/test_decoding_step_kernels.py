@@ -88,9 +88,10 @@ def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, quantizat
 
 
 def test_only_sub_layers_that_declare_their_step_get_one(kernels, monkeypatch):
-    """A family's subclass that does not declare `decoding_step_form` itself (deep representations' multi-layer
-    attention) runs its Python path; so do attention of head_dim 8 and a GELU feed-forward, in both copies, and the
-    int8 copy's layers where the kernels are not compiled (`Int8Linear` then runs torch operations)."""
+    """A family's subclass that does not declare its decoding step itself (the class keyword `decoding_step`: deep
+    representations' multi-layer attention) runs its Python path; so do attention of head_dim 8 and a GELU
+    feed-forward, in both copies, and the int8 copy's layers where the kernels are not compiled (`Int8Linear` then
+    runs torch operations)."""
     model = tiny_model("deep_representations", d_model=32, decoder_aggregation="multi_layer_attention",
                        encoder_aggregation="multi_layer_attention", encoder_layers=4, decoder_layers=4)
     for quantization in (None, "int8"):

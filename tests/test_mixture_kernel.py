@@ -1,5 +1,6 @@
-"""The compiled GTrans output mixture (`mixture_log_probs`, kernels/mixture_log_probs.cpp) against Eq. 5 computed in
-float64, and the inference copies' use of it."""
+"""The compiled output mixture (`mixture_log_probs`, kernels/mixture_log_probs.cpp: GTrans' Eq. 5) against Eq. 5
+computed in float64, and the inference copies' use of it through the output head's declared hook
+(`mix_output_groups`, `set_output_kernels`)."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,8 @@ import torch
 from helpers import tiny_model
 
 from hf_layerfusion.inference import prepare_for_inference
+from hf_layerfusion.inference.inference_copies import mixture_kernel
+from hf_layerfusion.modeling.extension_points import probability_mixture
 
 
 def eq5_float64(group_logits: torch.Tensor, psi: torch.Tensor) -> np.ndarray:
@@ -52,13 +55,16 @@ def test_the_copies_mix_gtrans_groups_with_the_kernel_and_the_model_with_torch(k
     model = tiny_model("gtrans")
     group_logits, psi = torch.randn(3, 4, 2, 50), torch.softmax(torch.randn(3), dim=0)  # (groups, batch, length, vocab)
     with torch.no_grad():
-        expected = model.mixture_log_probs(group_logits, psi)
+        expected = model.mix_output_groups(group_logits, psi)
+        assert model.output_mixture_kernel is None  # the model itself: torch operations
+        torch.testing.assert_close(expected, probability_mixture(group_logits, psi), rtol=0, atol=0)
         for quantization in (None, "int8"):
             engine = prepare_for_inference(model, quantization)
             if engine is model:  # no float32 copy on this CPU
                 continue
-            torch.testing.assert_close(engine.mixture_log_probs(group_logits, psi), expected, rtol=1e-5, atol=1e-5)
+            assert engine.output_mixture_kernel is mixture_kernel
+            torch.testing.assert_close(engine.mix_output_groups(group_logits, psi), expected, rtol=1e-5, atol=1e-5)
     with torch.enable_grad():  # the kernel has no backward: a differentiable call runs the model's torch operations
         logits = group_logits.clone().requires_grad_()
-        prepare_for_inference(model, "int8").mixture_log_probs(logits, psi).sum().backward()
+        prepare_for_inference(model, "int8").mix_output_groups(logits, psi).sum().backward()
     assert logits.grad is not None

@@ -2,7 +2,9 @@
 (`prepare_for_inference`): the float32 copy (`Float32Linear` layers: the same function as the model's, with the sums
 in another order) and the int8 copy (`Int8Linear` layers: faster, not token-exact). Both share every other tensor
 with the model, attend through the decoding-attention kernel (`decoding_attention.py`), and run their sub-layers'
-LayerNorms and GTrans' output mixture as compiled kernels too (`KernelResidualSublayer`, `mixture_log_probs_kernel`)."""
+LayerNorms, the decoding steps their sub-layers declare and the output head's mixture of several groups as compiled
+kernels too (`KernelResidualSublayer`, `mixture_kernel`). What a family declares to the copies, and nothing else,
+is in `hf_layerfusion.modeling.extension_points`."""
 
 from __future__ import annotations
 
@@ -194,7 +196,7 @@ class Int8Linear(nn.Module):
 
 
 class DecodingStep(NamedTuple):
-    """A sub-layer's compiled decoding step (`KernelResidualSublayer.bind_decoding_step`): its `decoding_step_form`,
+    """A sub-layer's compiled decoding step (`KernelResidualSublayer.bind_decoding_step`): its declared form,
     the kernel's arguments bound once (LayerNorm, `KernelLinear` projections), and an attention's cache index and
     scaling. Data, not a closure, so that a deep copy of an inference copy steps with its own tensors."""
 
@@ -215,9 +217,9 @@ class KernelResidualSublayer(ResidualSublayer):
     LayerNorm up to float rounding) on float32 CPU inputs in eval mode without gradients; anything else runs
     `ResidualSublayer`'s own torch operations.
 
-    In both copies, a block around a sub-layer whose class declares its decoding step (`decoding_step_form`: the
-    backbone's attention, cross-attention and ReLU feed-forward, layer-wise coordination's mixed attention) also runs
-    each step of the fast decoding loop (`DecodingCache`) as one compiled call (`bind_decoding_step`,
+    In both copies, a block around a sub-layer whose class declares its decoding step (`Sublayer.decoding_step()`:
+    the backbone's attention, cross-attention and ReLU feed-forward, layer-wise coordination's mixed attention) also
+    runs each step of the fast decoding loop (`DecodingCache`) as one compiled call (`bind_decoding_step`,
     kernels/decoding_step.cpp): the same kernels on the same views as its Python path, so the same numbers bit for
     bit, without the Python around them. Other sub-layers run their Python path."""
 
@@ -234,11 +236,11 @@ class KernelResidualSublayer(ResidualSublayer):
 
     def bind_decoding_step(self, sublayer: nn.Module) -> bool:
         """Run the decoding steps of this block around `sublayer` as one compiled call, where its class declares what
-        a step computes (`decoding_step_form`, hf_layerfusion.modeling.extension_points) and the kernel computes
+        a step computes (`sublayer.decoding_step()`, hf_layerfusion.modeling.extension_points) and the kernel computes
         exactly that: `Float32Linear` or `Int8Linear` projections with their compiled `kernel_linear` (a
         feed-forward's ReLU folded into its first layer), head_dim a multiple of 16 up to 128, and this block's
         LayerNorm in the kernel. Returns whether it does."""
-        form = type(sublayer).__dict__.get("decoding_step_form")  # declared by the class itself, never inherited
+        form = sublayer.decoding_step()  # declared by the sub-layer's own class, never inherited
         if form is None or compiled_kernels() is None or self.kernel_arguments is None:
             return False
         norm = (*self.kernel_arguments, self.normalize_before)
@@ -334,10 +336,11 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
     folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
-    steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s, and whose
-    GTrans output mixture, where the family has one (`mixture_log_probs`), is the compiled kernel of that name. Every
-    other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config are shared with `model`, not
-    copied. `prepared_for_inference` names the copy (`name`)."""
+    steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s (each running
+    the decoding step its sub-layer declares as one call), and whose output head's mixture of several groups
+    (`mix_output_groups`) is the compiled `mixture_kernel`: the output head's two through the model's
+    `set_output_kernels`. Every other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config
+    are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
@@ -356,34 +359,30 @@ def kernel_copy(model, linear_class: type[nn.Module], name: str):
                 block = layer.get_submodule(f"{sublayer_name}_block")
                 block.bind_decoding_step(layer.get_submodule(sublayer_name))
     engine.set_attn_implementation(register_decoding_attention())
-    engine.inference_output_projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
-    # `output_head` reads the logits through `project`: the copy's own projection replaces the float one
-    engine.__dict__["project"] = engine.inference_output_projection
-    if hasattr(engine, "mixture_log_probs"):  # GTrans' output mixture (Eq. 5): five torch passes, or one kernel call
-        engine.__dict__["mixture_log_probs"] = mixture_log_probs_kernel(engine.mixture_log_probs)
+    # the output head's declared hooks: `project` through the copy's own projection, `mix_output_groups` (GTrans' Eq.
+    # 5: five torch passes) through one kernel call
+    engine.set_output_kernels(
+        projection=linear_class(engine.lm_head.weight, engine.final_logits_bias[0]), mixture=mixture_kernel
+    )
     engine.prepared_for_inference = name
     return engine
 
 
-def mixture_log_probs_kernel(torch_mixture):
-    """The compiled `mixture_log_probs` kernel (kernels/mixture_log_probs.cpp: the same function, float rounding apart)
-    for float32 CPU group logits `(groups, ..., vocab)` without gradients, else `torch_mixture` (the model's own torch
-    operations)."""
-
-    def mixture_log_probs(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
-        kernels = compiled_kernels()
-        if (
-            kernels is None
-            or group_logits.dim() < 2
-            or group_logits.dtype != torch.float32
-            or group_logits.device.type != "cpu"
-            or (torch.is_grad_enabled() and (group_logits.requires_grad or psi.requires_grad))  # no backward
-        ):
-            return torch_mixture(group_logits, psi)
-        rows = group_logits.reshape(group_logits.shape[0], -1, group_logits.shape[-1])  # (groups, rows, vocab)
-        return kernels.mixture_log_probs(rows, psi.float()).view(group_logits.shape[1:])
-
-    return mixture_log_probs
+def mixture_kernel(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor | None:
+    """`probability_mixture` (hf_layerfusion.modeling.extension_points) through the compiled `mixture_log_probs`
+    kernel (kernels/mixture_log_probs.cpp: the same function, float rounding apart) for float32 CPU group logits
+    `(groups, ..., vocab)` without gradients; None elsewhere (`mix_output_groups` then runs the torch operations)."""
+    kernels = compiled_kernels()
+    if (
+        kernels is None
+        or group_logits.dim() < 2
+        or group_logits.dtype != torch.float32
+        or group_logits.device.type != "cpu"
+        or (torch.is_grad_enabled() and (group_logits.requires_grad or psi.requires_grad))  # no backward
+    ):
+        return None
+    rows = group_logits.reshape(group_logits.shape[0], -1, group_logits.shape[-1])  # (groups, rows, vocab)
+    return kernels.mixture_log_probs(rows, psi.float()).view(group_logits.shape[1:])
 
 
 def int8_copy(model):

@@ -34,7 +34,7 @@ def eager_attention_forward(
     return attn_output, attn_weights
 
 
-class MultiHeadAttention(AttentionSublayer):
+class MultiHeadAttention(AttentionSublayer, decoding_step="self"):
     """Multi-head attention through transformers' attention interface (eager, sdpa, flash, flex).
 
     `attend(queries_from, keys_from)` is the primitive: keys/values of `keys_from` append to slot `layer_idx` of
@@ -48,7 +48,6 @@ class MultiHeadAttention(AttentionSublayer):
     """
 
     accepts_key_groups = True
-    decoding_step_form = "self"
 
     def __init__(self, config: LayerFusionConfig, num_heads: int, is_causal: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -158,10 +157,8 @@ class MultiHeadAttention(AttentionSublayer):
         )
 
 
-class CrossAttention(MultiHeadAttention):
+class CrossAttention(MultiHeadAttention, decoding_step="memory"):
     """The `c` sub-layer: attention over the encoder memory, whose keys/values are computed once per input."""
-
-    decoding_step_form = "memory"
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.attend(

@@ -16,14 +16,34 @@ The stacks and layers check what the builders return against these classes. A mo
 (gates, mixing weights, scales) directly is also a `FusionParameters`. The output head, the fourth extension point, is
 `LayerFusionForConditionalGeneration.output_head`, which returns a `HeadOutput` (`hf_layerfusion.modeling.outputs`),
 and `extra_loss` there adds a family's term to the loss.
+
+The fast path (`hf_layerfusion.inference`: `fast_generate` and its inference copies) runs every family through these
+same modules, so a family's Python path runs in the fast decoding loop as it is. What the copies run as compiled
+kernels instead is declared here, each with a default that runs the family's Python path:
+
+- a sub-layer's decoding step: the class keyword `decoding_step=` of a `Sublayer` (one of `DECODING_STEP_FORMS`),
+  read through `Sublayer.decoding_step()`. It is the class's own declaration, never inherited: a subclass that does
+  not declare one runs its Python forward at decoding steps too (it may compute something else than its parent);
+- the output head's projection and group mixture: `LayerFusionForConditionalGeneration.project` (h W_o + b) and
+  `mix_output_groups` (`probability_mixture` of several output groups' distributions, GTrans' Eq. 5), which read
+  what an inference copy hands them through `LayerFusionForConditionalGeneration.set_output_kernels` (None by
+  default: the torch operations). A family whose head calls them gets the copies' kernels; one that overrides them
+  runs its override.
+
+Nothing else is looked up by name: the copies replace `nn.Linear` layers and the backbone's `ResidualSublayer` blocks
+by their types (folding a ReLU into the first layer of a module whose forward is `FeedForward`'s), set the attention
+implementation, and change nothing else of a family's modules. docs/adding_a_family.md ("The fast path") says what a
+family gets for free, what it may declare, and the tests that hold its fast path to `generate()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
 
@@ -54,19 +74,43 @@ class LayerContext:
     normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-class AttentionSublayer(nn.Module):
+class Sublayer(nn.Module):
+    """What the two sub-layer extension points share: the declaration of their compiled decoding step.
+
+    A class declares the form of `DECODING_STEP_FORMS` its forward computes at a decoding step with the class keyword
+    `decoding_step`, e.g. `class CrossAttention(MultiHeadAttention, decoding_step="memory")`; the inference copies
+    then run that step of a residual block around it as one compiled call (the same kernels on the same views as the
+    Python path, so the same numbers). The declaration belongs to the class that makes it: a subclass that does not
+    repeat it declares none (its forward may compute something else than its parent's) and runs its Python forward
+    at every step, which is always correct, only slower. A form of the other extension point, or an unknown one, is
+    refused when the class is defined."""
+
+    _declared_decoding_step: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, decoding_step: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if decoding_step is not None:
+            point = DECODING_STEP_FORMS.get(decoding_step) if isinstance(decoding_step, str) else None
+            if point is None or not issubclass(cls, point):
+                forms = sorted(form for form, owner in DECODING_STEP_FORMS.items() if issubclass(cls, owner))
+                raise TypeError(
+                    f"{cls.__name__}: decoding_step={decoding_step!r} is not a decoding step form of its extension "
+                    f"point (this class may declare {forms or 'none'}: extension_points.DECODING_STEP_FORMS)."
+                )
+        cls._declared_decoding_step = decoding_step  # set on every class: never inherited
+
+    def decoding_step(self) -> str | None:
+        """The decoding step form this sub-layer's own class declares (`decoding_step=`), or None: its Python forward
+        runs at decoding steps."""
+        return type(self)._declared_decoding_step
+
+
+class AttentionSublayer(Sublayer):
     """An `s` or `c` sub-layer. Every attention of the package is a `MultiHeadAttention`
     (`hf_layerfusion.modeling.attention`), whose weights transformers' output capture records as `attentions` /
-    `cross_attentions`.
-
-    `decoding_step_form` says what one step of the fast decoding loop (`hf_layerfusion.inference`) computes with a
-    `MultiHeadAttention`'s projections, so that the float32 inference copy can run it as one compiled call:
-    `"self"` (attention over its own cache slot: the keys/values of every position so far, after a prefix if the slot
-    has one, the prefix masked by the memory mask), `"memory"` (over the keys/values of the memory, kept in its
-    cross-attention slot since the first step, with the memory mask), or None (its Python forward). It is read from
-    the class itself, never inherited: a subclass that computes something else is not run as its parent's step."""
-
-    decoding_step_form: str | None = None
+    `cross_attentions`. A class may declare the decoding step `"self"` or `"memory"` (`Sublayer`); the fast path
+    compiles it where the module has `MultiHeadAttention`'s projections (`q_proj`, `k_proj`, `v_proj`, `out_proj`),
+    `head_dim`, `scaling` and cache slot `layer_idx`."""
 
     def forward(
         self, hidden_states: torch.Tensor, context: LayerContext
@@ -76,15 +120,28 @@ class AttentionSublayer(nn.Module):
         raise NotImplementedError
 
 
-class FeedForwardSublayer(nn.Module):
-    """An `f` sub-layer. `decoding_step_form` as for `AttentionSublayer`: `"feed_forward"` (`fc2(act(fc1(x)))`, the
-    backbone's `FeedForward`) or None."""
-
-    decoding_step_form: str | None = None
+class FeedForwardSublayer(Sublayer):
+    """An `f` sub-layer. A class may declare the decoding step `"feed_forward"` (`Sublayer`): `fc2(act(fc1(x)))`
+    with `FeedForward`'s `fc1`, `activation_fn`, `fc2`."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The output of the sub-layer's normalised input."""
         raise NotImplementedError
+
+
+# What one step of the fast decoding loop (`hf_layerfusion.inference`: one new position per row, the decoder's cache
+# holding the earlier ones) computes, in the forms the inference copies run as one compiled call
+# (kernels/decoding_step.cpp), with the extension point whose classes may declare each (`Sublayer`)
+DECODING_STEP_FORMS: dict[str, type[Sublayer]] = {
+    # attention over its own self-attention cache slot (the keys/values of every position so far, after a prefix if
+    # the slot has one, the prefix masked by the memory mask), with `MultiHeadAttention`'s projections
+    "self": AttentionSublayer,
+    # attention over the keys/values of the memory, kept in its cross-attention slot since the first step, with the
+    # memory mask, with `MultiHeadAttention`'s projections
+    "memory": AttentionSublayer,
+    # fc2(act(fc1(x))) with `FeedForward`'s layers (compiled where act is ReLU)
+    "feed_forward": FeedForwardSublayer,
+}
 
 
 # --------------------------------------------------------------------------------------------------- connections
@@ -156,6 +213,18 @@ class TopLayerReadout(FusedStateReadout):
 
     def fuse(self, states: Sequence[torch.Tensor]) -> torch.Tensor:
         return states[-1]
+
+
+# --------------------------------------------------------------------------------------------------- output head
+def probability_mixture(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+    """The mixture of several output groups' distributions in probability space (GTrans' Eq. 5),
+    log sum_g psi_g softmax(z_g), from the group logits `(groups, ..., vocab)` and the groups' weights `psi`
+    `(groups,)`: one softmax per group, one weighted sum; the clamp at the smallest normal float keeps the log finite
+    for tokens whose probability underflows in every group. What
+    `LayerFusionForConditionalGeneration.mix_output_groups` computes, unless an inference copy handed it the compiled
+    kernel of the same function (kernels/mixture_log_probs.cpp, float rounding apart)."""
+    mixture = torch.tensordot(psi, F.softmax(group_logits, dim=-1), dims=1)
+    return mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
 
 
 # --------------------------------------------------------------------------------------------------- parameters

@@ -42,7 +42,7 @@ class ResidualSublayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The residual sub-layer of `kind` (`s`, `c` or `f`) around `sublayer`: its output, and the attention weights
         of an attention sub-layer (None otherwise, or where the implementation returns none). The float32 inference
-        copy overrides it to run a decoding step of a sub-layer that declares one (`decoding_step_form`) in one
+        copy overrides it to run a decoding step of a sub-layer that declares one (`Sublayer.decoding_step()`) in one
         compiled call."""
         if kind == "f":
             return self.exit(hidden_states, sublayer(self.enter(hidden_states))), None
@@ -51,10 +51,8 @@ class ResidualSublayer(nn.Module):
         return self.exit(hidden_states, output), attn_weights
 
 
-class FeedForward(FeedForwardSublayer):
+class FeedForward(FeedForwardSublayer, decoding_step="feed_forward"):
     """The `f` sub-layer: `W_2 act(W_1 x + b_1) + b_2`, dropout after the activation."""
-
-    decoding_step_form = "feed_forward"
 
     def __init__(self, config: LayerFusionConfig, ffn_dim: int):
         super().__init__()

@@ -3,7 +3,7 @@ encoder-decoder with the LM head (`LayerFusionForConditionalGeneration`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
@@ -25,6 +25,7 @@ from .extension_points import (
     EncoderReadout,
     FeedForwardSublayer,
     TopLayerReadout,
+    probability_mixture,
 )
 from .layers import CacheSlots, FeedForward, TransformerLayer
 from .outputs import HeadOutput, LayerFusionEncoderOutput, LayerFusionSeq2SeqLMOutput, LayerFusionSeq2SeqModelOutput
@@ -219,6 +220,10 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
       handles the single-group (plain Transformer) case, families with several groups override it;
     - `extra_loss`, a term added to the head's loss when `labels` are given, with the diagnostics it reports
       (fields of the family's `output_class`; `training_diagnostics` names the scalar ones the trainer logs).
+
+    The output head computes its logits with `project` and mixes several output groups with `mix_output_groups`:
+    the torch operations, or what an inference copy handed them (`set_output_kernels`: the fast path's compiled
+    projection and mixture, `hf_layerfusion.modeling.extension_points`).
     """
 
     model_class = LayerFusionModel
@@ -236,6 +241,9 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self.model = self.model_class(config)
         self.final_logits_bias = nn.Buffer(torch.zeros((1, config.vocab_size)))
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        # what `project` and `mix_output_groups` run instead of their torch operations (`set_output_kernels`)
+        self.output_projection: nn.Module | None = None
+        self.output_mixture_kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
         self.post_init()
 
     @torch.no_grad()
@@ -279,9 +287,41 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    # ---- the output head's fast-path hooks (hf_layerfusion.modeling.extension_points)
     def project(self, features: torch.Tensor) -> torch.Tensor:
-        """`h W_o + b`: the vocabulary logits of one feature tensor."""
+        """`h W_o + b`: the vocabulary logits of one feature tensor; through `output_projection` where an inference
+        copy set one (`set_output_kernels`)."""
+        if self.output_projection is not None:
+            return self.output_projection(features)
         return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
+
+    def mix_output_groups(self, group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
+        """The mixture of several output groups' distributions, `probability_mixture(group_logits, psi)` (log sum_g
+        psi_g softmax(z_g); GTrans' Eq. 5), for an output head with several groups: through `output_mixture_kernel`
+        where an inference copy set one and it takes these inputs (it returns None where it does not: gradients,
+        another dtype or device), else in torch operations. A family whose mixture is another function overrides
+        this method (the copies then run the override)."""
+        kernel = self.output_mixture_kernel
+        mixed = None if kernel is None else kernel(group_logits, psi)
+        return probability_mixture(group_logits, psi) if mixed is None else mixed
+
+    def set_output_kernels(
+        self,
+        projection: nn.Module | None = None,
+        mixture: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
+    ) -> None:
+        """What the output head runs instead of its torch operations, set by the inference copies
+        (`hf_layerfusion.inference`; None: the torch operations): `projection`, a module computing `project`'s
+        `h W_o + b` (its own layer of `lm_head`'s weight and `final_logits_bias`), and `mixture`, a function computing
+        `probability_mixture` (or returning None where it does not apply), which `mix_output_groups` calls."""
+        if projection is not None and not isinstance(projection, nn.Module):
+            raise TypeError(
+                f"set_output_kernels: projection must be an nn.Module or None, got {type(projection).__name__}."
+            )
+        if mixture is not None and not callable(mixture):
+            raise TypeError(f"set_output_kernels: mixture must be callable or None, got {type(mixture).__name__}.")
+        self.output_projection = projection
+        self.output_mixture_kernel = mixture
 
     # ---- family extension points
     def output_head(

@@ -190,7 +190,11 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
     """GTrans with the probability-fusion output (Eq. 5-7). With several output groups, `logits` are `log P(y|x)`
     of the mixture, so greedy, beam search and sampling score hypotheses by the true mixture distribution. With a
     single group (decoder fusion off, or one entry in `decoder_groups`) they are that group's raw vocabulary scores,
-    as in any HF model; generation normalises both the same way."""
+    as in any HF model; generation normalises both the same way.
+
+    Eq. 5 in probability space, log sum_i psi_i softmax(h_i^{df} W_o), is the backbone's declared output mixture
+    (`mix_output_groups`, `extension_points.probability_mixture`), and the group logits come from `project`: the
+    inference copies run both as compiled kernels (`set_output_kernels`), so GTrans declares nothing else to be fast."""
 
     config_class = GTransConfig
     model_class = GTransModel
@@ -224,7 +228,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
             )  # Eq. 7
         else:
             group_logits = self.project(torch.stack(group_features)).float()  # h_i^{df} W_o for every group
-            logits = self.mixture_log_probs(group_logits, psi)
+            logits = self.mix_output_groups(group_logits, psi)  # Eq. 5
             if return_group_log_probs:
                 group_log_probs = F.log_softmax(group_logits, dim=-1)
             loss = None
@@ -234,14 +238,6 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
                 )
                 loss = (psi * group_ce).sum()  # Eq. 7
         return HeadOutput(loss, logits, group_log_probs, psi if return_group_log_probs else None)
-
-    def mixture_log_probs(self, group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
-        """Eq. 5 in probability space: log sum_i psi_i softmax(h_i^{df} W_o) from the group logits `(groups, ..., vocab)`
-        (one softmax per group, one weighted sum); the clamp at the smallest normal float keeps the log finite for tokens
-        whose probability underflows in every group. The inference copies compute it with a compiled kernel
-        (`hf_layerfusion.inference.inference_copies.kernel_copy`)."""
-        mixture = torch.tensordot(psi, F.softmax(group_logits, dim=-1), dims=1)
-        return mixture.clamp_min(torch.finfo(mixture.dtype).tiny).log()
 
     def generate(self, inputs=None, generation_config=None, decoder_groups: Sequence[int] | None = None, **kwargs):
         """`generate()` that may mix a subset of decoder groups (paper Table VI: mixing groups 3..6 of 6 is close

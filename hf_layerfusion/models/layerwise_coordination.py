@@ -219,18 +219,18 @@ def memory_keys_values(attention: MultiHeadAttention, context: LayerContext) -> 
     return attention.project_keys_values(memory, cache, static_keys=True)
 
 
-class MixedAttention(MultiHeadAttention):
+class MixedAttention(MultiHeadAttention, decoding_step="self"):
     """The decoder's `s` sub-layer with mixed attention (Eq. 3): queries from the target states of layer i-1, keys
     and values from `[source states of layer i-1 ; target states of layer i-1 up to the query]`, one softmax.
 
     The source part (`context.memory`, the encoder state s_{i-1}) goes through the block's input normalisation
     (`context.normalize`, pre-norm LayerNorm) like the target part, and its keys/values are computed once per input
-    and kept in this module's cross-attention cache slot; the target part grows in its self-attention slot.
+    and kept in this module's cross-attention cache slot; the target part grows in its self-attention slot. A
+    decoding step is the `"self"` form: attention over its slot [source ; target so far], the source (the slot's
+    prefix) masked by the memory mask.
     """
 
     accepts_key_groups = False  # the source keys are concatenated with each row's own target keys
-    # at a decoding step: attention over its slot [source ; target so far], the source masked by the memory mask
-    decoding_step_form = "self"
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         if context.memory is None:
@@ -259,12 +259,11 @@ class MixedAttention(MultiHeadAttention):
         return self.attend_to(hidden_states, keys, values, mask, **context.attention_kwargs)
 
 
-class LayerwiseCrossAttention(MultiHeadAttention):
+class LayerwiseCrossAttention(MultiHeadAttention, decoding_step="memory"):
     """The `c` sub-layer of the `mixed_attention=False` ablation: attention over the per-layer encoder state s_{i-1},
     normalised like its own input (pre-norm; the plain model's top-layer memory is normalised by the encoder). Its
-    parameters are the layer's self-attention's unless `unshared_cross_attention` (`_tied_weights_keys`)."""
-
-    decoding_step_form = "memory"  # at a decoding step: the keys/values of s_{i-1} kept since the first step
+    parameters are the layer's self-attention's unless `unshared_cross_attention` (`_tied_weights_keys`). A decoding
+    step is the `"memory"` form: attention over the keys/values of s_{i-1} kept since the first step."""
 
     def forward(self, hidden_states: torch.Tensor, context: LayerContext) -> tuple[torch.Tensor, torch.Tensor | None]:
         keys, values = memory_keys_values(self, context)
