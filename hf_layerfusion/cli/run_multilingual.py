@@ -88,7 +88,7 @@ from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
 from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
 from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
-from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
+from hf_layerfusion.training.distributed import run_script  # noqa: E402
 from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
@@ -468,10 +468,8 @@ def train_and_evaluate(
 
 
 def run() -> None:
-    """The console script: `main()` without handing its metrics back (a console script's return value becomes its exit
-    status), leaving a data-parallel run as the script does."""
-    main()
-    exit_distributed_process()
+    """The console script (`hf_layerfusion.training.distributed.run_script`)."""
+    run_script(main)
 
 
 if __name__ == "__main__":

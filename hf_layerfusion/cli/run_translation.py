@@ -103,7 +103,7 @@ from hf_layerfusion.training.data import (  # noqa: E402
     load_translation_dataset,
     preprocess_translation,
 )
-from hf_layerfusion.training.distributed import exit_distributed_process  # noqa: E402
+from hf_layerfusion.training.distributed import run_script  # noqa: E402
 from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
 from hf_layerfusion.training.tokenization import (  # noqa: E402
     BOS_TOKEN,
@@ -691,10 +691,8 @@ def train_and_evaluate(
 
 
 def run() -> None:
-    """The console script: `main()` without handing its metrics back (a console script's return value becomes its exit
-    status), leaving a data-parallel run as the script does."""
-    main()
-    exit_distributed_process()
+    """The console script (`hf_layerfusion.training.distributed.run_script`)."""
+    run_script(main)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -26,3 +27,10 @@ def exit_distributed_process() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def run_script(main: Callable[[], object]) -> None:
+    """A training script's command line (its console script, `python -m`, `python examples/...`): `main()`, whose
+    metrics are not handed back (a console script's return value becomes its exit status), then the exit above."""
+    main()
+    exit_distributed_process()
