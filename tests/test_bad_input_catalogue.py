@@ -1136,6 +1136,19 @@ def test_output_loading_info_loads_an_inconsistent_checkpoint_for_a_caller_who_h
     assert info[key] == expected
 
 
+def test_a_saved_config_keeps_the_attributes_transformers_set_on_it(tmp_path):
+    """transformers' test utilities set other models' epsilon names on every config before saving it: that
+    config.json loads back (the misspelt-key check must not refuse it), while the same name as a keyword is refused."""
+    from transformers.testing_utils import set_config_for_less_flaky_test
+
+    config = _tiny(GTransConfig, 24, **GROUPS)
+    set_config_for_less_flaky_test(config)
+    config.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).rms_norm_eps == 1.0
+    with pytest.raises(TypeError, match=r"\['rms_norm_eps'\].*did you mean"):
+        GTransConfig(rms_norm_eps=1.0)
+
+
 def test_overwrite_output_dir_replaces_the_runs_files_and_keeps_the_others(ws, tmp_path):
     """What `--overwrite_output_dir True` does (its help): a non-empty dir without checkpoints is trained into, the
     run's own files are replaced, the user's other files stay."""

@@ -58,6 +58,21 @@ TRANSFORMERS_CONFIG_KEYS = frozenset(
         "architectures",
     }
 )
+# Attributes that transformers sets on a built config, so that a config.json of the family saved afterwards holds
+# them: accepted there, never as keywords (`rms_norm_eps=` must not pass for a knob of this package).
+SAVED_TRANSFORMERS_ATTRIBUTES = frozenset(
+    {
+        "fusion_config",  # from_pretrained(..., fusion_config=...)
+        # other models' names of the LayerNorm epsilon, set on every config by transformers' test utilities
+        # (`transformers.testing_utils.set_config_for_less_flaky_test`)
+        "rms_norm_eps",
+        "post_norm_eps",
+        "norm_eps",
+        "norm_epsilon",
+        "layer_norm_epsilon",
+        "batch_norm_eps",
+    }
+)
 # the special token ids of the config, checked against `vocab_size`; the generation ones are read from a config.json
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 GENERATION_TOKEN_ID_KEYS = ("forced_bos_token_id", "forced_eos_token_id")
@@ -251,6 +266,11 @@ class LayerFusionConfig(PreTrainedConfig):
         if not unknown:
             return
         saved_model_type = kwargs.get("model_type")
+        if saved_model_type is not None:
+            # a config.json (only saved configs carry `model_type`) may hold what transformers set before saving
+            unknown = [key for key in unknown if key not in SAVED_TRANSFORMERS_ATTRIBUTES]
+            if not unknown:
+                return
         if saved_model_type is not None and saved_model_type != cls.model_type:
             raise ValueError(
                 f"This is a {saved_model_type!r} config with keys {unknown} that {cls.__name__} (model_type "

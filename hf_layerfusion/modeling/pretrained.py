@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import cached_file
 
 from ..file_checks import check_save_directory, check_weight_files, checkpoint_model_type
 from .configuration import LayerFusionConfig
@@ -39,6 +40,17 @@ def check_generation_config_file(name_or_path, subfolder: str = "") -> None:
         ) from error
 
 
+def saved_model_type(name_or_path, kwargs: dict) -> str | None:
+    """The `model_type` of the checkpoint's own config.json: a local directory's, or the Hub cache's copy of a Hub
+    model's (from_pretrained has downloaded it); None without one."""
+    location = {key: kwargs[key] for key in ("cache_dir", "revision", "subfolder") if key in kwargs}
+    try:
+        config_file = cached_file(name_or_path, "config.json", local_files_only=True, **location)
+    except OSError:
+        return None
+    return checkpoint_model_type(Path(config_file).parent) if config_file else None
+
+
 def non_finite_tensors(model) -> list[str]:
     """Names of the model's floating-point weights (parameters and saved buffers) that hold NaN or inf."""
     return sorted(
@@ -62,7 +74,7 @@ def _listed(keys: list[str]) -> str:
     return f"{keys[:8]}{f' and {len(keys) - 8} more' if len(keys) > 8 else ''}"
 
 
-def check_loaded_tensors(model, info: dict, checkpoint: str, saved_model_type: str | None) -> None:
+def check_loaded_tensors(model, info: dict, checkpoint: str, saved_family: str | None) -> None:
     """Raise a `ValueError` naming the checkpoint and the tensors when `model`, loaded from it (`info`:
     transformers' loading info), is not the checkpoint's model: a tensor it needs that the checkpoint lacks (it
     would start random), a tensor of the checkpoint it has no place for (dropped), or NaN / inf weights.
@@ -73,7 +85,8 @@ def check_loaded_tensors(model, info: dict, checkpoint: str, saved_model_type: s
     family = model.config.model_type
     loaded_as = f"{type(model).__name__} (model_type {family!r})"
     missing = sorted(info["missing_keys"])
-    if saved_model_type is not None and saved_model_type != family:
+    other_family = saved_family is not None and saved_family != family
+    if other_family:
         fresh = family_part_prefixes(model)
         missing = [key for key in missing if not key.startswith(fresh)]
     unexpected = sorted(info["unexpected_keys"])
@@ -82,9 +95,9 @@ def check_loaded_tensors(model, info: dict, checkpoint: str, saved_model_type: s
         children = {name for name, _ in model.named_children()}
         unexpected = [key for key in unexpected if key.split(".")[0] in children]
     anyway = "; `output_loading_info=True` loads it anyway and returns transformers' loading info to handle"
-    if unexpected and saved_model_type is not None and saved_model_type != family:
+    if unexpected and other_family:
         raise ValueError(
-            f"{checkpoint!r} holds a {saved_model_type!r} checkpoint; loaded as {loaded_as} its weights "
+            f"{checkpoint!r} holds a {saved_family!r} checkpoint; loaded as {loaded_as} its weights "
             f"{_listed(unexpected)} would be dropped. Load it with its own family (AutoModelForSeq2SeqLM without "
             f"`config=`){anyway}."
         )
@@ -101,7 +114,7 @@ def check_loaded_tensors(model, info: dict, checkpoint: str, saved_model_type: s
                 f"normalize_before={model.config.normalize_before}: was it changed after the model was saved?"
             )
         raise ValueError(
-            f"Checkpoint {checkpoint!r} does not match the model its config.json builds: {'; '.join(problems)}."
+            f"Checkpoint {checkpoint!r} does not match the model it is loaded into: {'; '.join(problems)}."
             f"{hint} Restore the config.json the weights were saved with (`model_type`, layer counts, switches) or "
             f"save or copy the checkpoint again{anyway}."
         )
@@ -138,9 +151,7 @@ class CheckedSaveLoadMixin:
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         check_weight_files(pretrained_model_name_or_path)  # a damaged weight file is named before transformers reads it
-        local = isinstance(pretrained_model_name_or_path, (str, os.PathLike))
-        saved_model_type = checkpoint_model_type(pretrained_model_name_or_path) if local else None
-        if local and "generation_config" not in kwargs:
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and "generation_config" not in kwargs:
             check_generation_config_file(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(
@@ -150,7 +161,8 @@ class CheckedSaveLoadMixin:
             info["non_finite_keys"] = non_finite_tensors(model)
             return model, info
         if pretrained_model_name_or_path is not None:
-            check_loaded_tensors(model, info, os.fspath(pretrained_model_name_or_path), saved_model_type)
+            saved = saved_model_type(pretrained_model_name_or_path, kwargs)
+            check_loaded_tensors(model, info, os.fspath(pretrained_model_name_or_path), saved)
         return model
 
 
