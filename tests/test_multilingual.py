@@ -235,11 +235,16 @@ class _EchoModel:
 
     device = torch.device("cpu")
     config = SimpleNamespace(max_position_embeddings=64)
+    training = False  # `translate()` restores the mode it found
 
     def __init__(self):
         self.inputs = []
 
     def eval(self):
+        return self
+
+    def train(self, mode: bool = True):
+        self.training = mode
         return self
 
     def generate(self, input_ids, attention_mask, **kwargs):
