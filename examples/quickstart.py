@@ -179,11 +179,12 @@ def main() -> None:
         raise SystemExit(1)
 
 
-# Run with `python -S` and only site-packages on sys.path (its .pth files, which hold the editable install's import
-# hook, are not processed), so `import hf_layerfusion` fails there, as for a Hub user without the package.
+# Run with `python -S` and only the site-packages folders on sys.path (a virtual environment's own, then the system's
+# when it sees them; their .pth files, which hold the editable install's import hook, are not processed), so
+# `import hf_layerfusion` fails there, as for a Hub user without the package.
 WITHOUT_PACKAGE = """
 import json, sys
-sys.path.append({purelib!r})
+sys.path.extend({site_packages!r})
 try:
     import hf_layerfusion
 except ModuleNotFoundError:
@@ -198,7 +199,8 @@ print(json.dumps([r["translation_text"] for r in translator({sources!r}, batch_s
 
 def translate_without_package(model_dir: Path, sources: list[str]) -> list[str]:
     script = WITHOUT_PACKAGE.format(
-        purelib=sysconfig.get_paths()["purelib"], model_dir=str(model_dir.resolve()), sources=sources,
+        site_packages=[path for path in sys.path if Path(path).name == "site-packages"] or [sysconfig.get_paths()["purelib"]],
+        model_dir=str(model_dir.resolve()), sources=sources,
         batch_size=len(sources),
     )
     # PYTHONPATH would still reach a checkout of the package (a developer's `PYTHONPATH=$PWD`)
