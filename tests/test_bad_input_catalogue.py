@@ -141,6 +141,7 @@ def ws(tmp_path_factory):
     (corpus / "train.de").write_text("ein mann\n", encoding="utf-8")  # one line short
     (corpus / "latin1.en").write_bytes("caf\xe9\n".encode("latin-1"))
     (corpus / "latin1.de").write_text("cafe\n", encoding="utf-8")
+    (corpus / "empty.en").write_text("", encoding="utf-8")
     (corpus / "bad.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a"}\n', encoding="utf-8")
     texts = root / "texts"  # plain text only (a corpus dir with *.jsonl files is read as JSON lines)
     texts.mkdir()
@@ -706,6 +707,9 @@ ROWS = [
     Row("translate-cli-input-not-utf8",
         lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.corpus / 'latin1.en'}"]),
         ValueError, r"latin1\.en.*UTF-8"),
+    Row("translate-cli-input-empty",
+        lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.corpus / 'empty.en'}"]),
+        ValueError, r"--input '.*empty\.en' holds no sentence"),
     Row("translate-cli-model-missing", lambda ws: translate_script.main([str(ws.root / "no_model")]),
         FileNotFoundError, r"no_model"),
     Row("translate-cli-groups", lambda ws: translate_script.main(_tr_args(ws, "--decoder_groups", "5")),

@@ -82,12 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.decoder_groups is not None:
         check_decoder_groups(args.decoder_groups, getattr(config, "num_decoder_groups", 1), "--decoder_groups")
     source = read_utf8(input_file, "--input") if input_file else sys.stdin.read()
-
-    tokenizer = load_tokenizer(model_dir, "model_dir")  # before the model: a model saved without one fails at once
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
     sentences = source.split("\n")
     if sentences and sentences[-1] == "":
         sentences.pop()
+    if not sentences:  # before loading anything
+        where = f"--input {str(input_file)!r}" if input_file else "stdin"
+        raise ValueError(f"{where} holds no sentence (one sentence per line): nothing to translate.")
+
+    tokenizer = load_tokenizer(model_dir, "model_dir")  # before the model: a model saved without one fails at once
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
     translations = translate(
         model,
         tokenizer,
