@@ -141,13 +141,13 @@ def ws(tmp_path_factory):
     (corpus / "train.de").write_text("ein mann\n", encoding="utf-8")  # one line short
     (corpus / "latin1.en").write_bytes("caf\xe9\n".encode("latin-1"))
     (corpus / "latin1.de").write_text("cafe\n", encoding="utf-8")
-    (corpus / "empty.en").write_text("", encoding="utf-8")
     (corpus / "bad.jsonl").write_text('{"translation": {"en": "a", "de": "b"}}\n{"en": "a"}\n', encoding="utf-8")
     texts = root / "texts"  # plain text only (a corpus dir with *.jsonl files is read as JSON lines)
     texts.mkdir()
     for name, text in (("train.en", "a man\n"), ("train.de", "ein mann\n"), ("README.md", "not a language\n")):
         (texts / name).write_text(text, encoding="utf-8")
     (root / "input.en").write_text("a man\ntwo dogs\n", encoding="utf-8")
+    (root / "empty.en").write_text("", encoding="utf-8")
     (root / "full").mkdir()
     (root / "full" / "notes.txt").write_text("keep me\n", encoding="utf-8")
     (root / "a_file").write_text("not a directory\n", encoding="utf-8")
@@ -174,7 +174,7 @@ def ws(tmp_path_factory):
     return SimpleNamespace(
         root=root, tokenizer=tokenizer, vocab=vocab, gtrans=gtrans, plain=plain, gtrans_dir=gtrans_dir,
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
-        texts=texts, input=root / "input.en", full=root / "full", a_file=root / "a_file",
+        texts=texts, input=root / "input.en", empty_input=root / "empty.en", full=root / "full", a_file=root / "a_file",
         broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock, carded=carded,
         card_linked=card_linked, **damaged,
         **inconsistent,
@@ -708,7 +708,7 @@ ROWS = [
         lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.corpus / 'latin1.en'}"]),
         ValueError, r"latin1\.en.*UTF-8"),
     Row("translate-cli-input-empty",
-        lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.corpus / 'empty.en'}"]),
+        lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.empty_input}"]),
         ValueError, r"--input '.*empty\.en' holds no sentence"),
     Row("translate-cli-model-missing", lambda ws: translate_script.main([str(ws.root / "no_model")]),
         FileNotFoundError, r"no_model"),

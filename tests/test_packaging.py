@@ -139,7 +139,9 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     ).stdout.strip()
     dependencies = [path for path in sys.path if Path(path).name == "site-packages"]
     (Path(purelib) / "dependencies_of_this_test.pth").write_text("\n".join(dependencies) + "\n", encoding="utf-8")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True)
+    # --ignore-installed: the hf_layerfusion this environment sees through the path file (an editable install of the
+    # same version) must not count as already installed
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)], check=True)
     outside = tmp_path / "outside"
     outside.mkdir()
     code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))
