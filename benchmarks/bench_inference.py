@@ -28,7 +28,12 @@ every fusion family's fast loop >= 1.8x its own `generate()`; the plain backbone
 `--bleu MODEL_DIR` (a trained model, e.g. a study run directory) also measures the real workload: all Multi30k test
 sentences translated in batches of 32 sorted by length, each stopping at its end token, by `generate()`, the fast
 loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_marian`) and CTranslate2 float32 / int8
-(`export_ctranslate2`): seconds, ratios and BLEU of each.
+(`export_ctranslate2`): seconds, ratios and BLEU of each, at each `--threads` count. Targets there (issue 39): the
+plain fast float32 loop at or above CTranslate2 float32, the int8 loop at or above CTranslate2 int8, and the int8
+BLEU cost <= 0.2. `--int8-formats 7 8` adds the int8 loop in each of those formats (`int8_copy(model, code_bits)`,
+run by whichever product this CPU has for it: `Int8Linear`), the BLEU cost of every format measured on one CPU;
+`--bleu-corpus quickstart` translates the quickstart's test split (examples/quickstart.py: its built-in number
+corpus, German -> English) instead of Multi30k's, for the quickstart's models.
 
     python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
     python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
@@ -36,6 +41,9 @@ loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_mari
     # BLEU of generate(), the fast loop and int8 for a trained model (e.g. a bench_multi30k.py run directory)
     python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 \
         --bleu runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+    # the BLEU cost of both int8 formats with the quickstart's models
+    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 --int8-formats 7 8 \
+        --bleu-corpus quickstart --bleu runs/quickstart/gtrans runs/quickstart/plain_transformer
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
+from hf_layerfusion.inference.inference_copies import int8_copy  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
@@ -79,6 +88,7 @@ TARGETS = {
     "fusion_fast_vs_generate": 1.8,
     "plain_int8_vs_marian": 2.8,
     "int8_bleu_cost": 0.2,
+    "workload_vs_ctranslate2": 1.0,  # issue 39: the fast loop at or above CTranslate2 of the same precision
 }
 
 
@@ -209,67 +219,116 @@ def ctranslate2_translate(translator, tokenizer, sentences, num_beams: int, max_
     return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results]
 
 
-def workload_engines(model, tokenizer, num_beams: int, marian=None, translators: dict | None = None) -> dict:
+def int8_format_engine(code_bits: int) -> str:
+    """The workload engine of `--int8-formats`' `code_bits`, named with the product that runs it on this CPU."""
+    kernels = compiled_kernels()
+    product = "torch operations" if kernels is None else kernels.int8_product(code_bits)
+    return f"fast int8 {code_bits}-bit ({product})"
+
+
+def workload_engines(
+    model, tokenizer, num_beams: int, marian=None, translators: dict | None = None, int8_formats: tuple = ()
+) -> dict:
     """`{engine: translate(sentences) -> list[str]}` for a trained model: `generate()`, the fast loop in float32
-    and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length); for a plain Transformer also its
-    `MarianMTModel` (`marian`, from `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines`."""
+    and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length), and in each int8 format of
+    `int8_formats` but this CPU's default (`int8_copy(model, code_bits)`); for a plain Transformer also its `MarianMTModel` (`marian`, from
+    `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines` (`{quantization: translator}`)."""
     engines = {
         "generate()": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, fast=False),
         "fast float32": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams),
         "fast int8": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, quantization="int8"),
     }
+    kernels = compiled_kernels()
+    default_bits = 8 if kernels is None else kernels.int8_code_bits()
+    for code_bits in int8_formats:
+        if code_bits == default_bits:
+            continue  # "fast int8" is that format already (the header names it)
+        copy = int8_copy(model, code_bits)
+        engines[int8_format_engine(code_bits)] = lambda s, c=copy: hf_layerfusion.translate(
+            c, tokenizer, s, num_beams=num_beams, quantization="int8"
+        )
     if marian is not None:
         engines = {"MarianMTModel generate()": lambda s: hf_layerfusion.translate(
             marian, tokenizer, s, num_beams=num_beams, fast=False), **engines}
     max_decoding_length = model.generation_config.max_length - 1  # generate() counts the start token
-    for (quantization, _), translator in (translators or {}).items():
+    for quantization, translator in (translators or {}).items():
         engines[f"CTranslate2 {quantization}"] = (
             lambda s, t=translator: ctranslate2_translate(t, tokenizer, s, num_beams, max_decoding_length)
         )
     return engines
 
 
+def workload_corpus(args) -> tuple[str, list[str], list[str]]:
+    """(name, sources, references) of the test set `--bleu-corpus` names, its first `--bleu-sentences`: Multi30k
+    test (en -> de), or the quickstart's test split (examples/quickstart.py's built-in number corpus, de -> en,
+    generated as its training run generates it)."""
+    if args.bleu_corpus == "quickstart":
+        sys.path.insert(0, str(REPO_ROOT / "examples"))
+        import quickstart
+
+        from hf_layerfusion.training.data import builtin_number_corpus
+
+        corpus = quickstart.CORPUS
+        test = builtin_number_corpus(
+            quickstart.SOURCE_LANG, quickstart.TARGET_LANG, corpus["builtin_num_train"], corpus["builtin_num_valid"],
+            corpus["builtin_num_test"],
+        )["test"]
+        pairs = [example["translation"] for example in test]
+        sources = [pair[quickstart.SOURCE_LANG] for pair in pairs]
+        references = [pair[quickstart.TARGET_LANG] for pair in pairs]
+        name = "the quickstart's test split"
+    else:
+        sources = backbone.read_lines(args.data / "test_2016_flickr.en")
+        references = backbone.read_lines(args.data / "test_2016_flickr.de")
+        name = "Multi30k test"
+    return name, sources[: args.bleu_sentences], references[: args.bleu_sentences]
+
+
 def measure_workload(args) -> list[dict]:
-    """For each `--bleu` model and each search of `--bleu-beams`: the first `--bleu-sentences` Multi30k test
-    sentences translated by every engine of `workload_engines`, with their seconds and BLEU. The sentences stop at
-    their end token as in real use (a finished sentence leaves the fast loop's batch; `generate()` keeps computing
-    it until its batch is done). The engines alternate on chunks of `WORKLOAD_CHUNK` sentences (order flipped every
-    chunk), so a change of machine speed hits every engine alike; ratios are medians of the per-chunk ratios. Each
-    engine first translates two sentences untimed (making the int8 copy, first calls)."""
+    """For each `--bleu` model, each `--threads` count and each search of `--bleu-beams`: the first
+    `--bleu-sentences` test sentences (`workload_corpus`) translated by every engine of `workload_engines`, with
+    their seconds and BLEU. The sentences stop at their end token as in real use (a finished sentence leaves the
+    fast loop's batch; `generate()` keeps computing it until its batch is done). The engines alternate on chunks of
+    `WORKLOAD_CHUNK` sentences (order flipped every chunk), so a change of machine speed hits every engine alike;
+    ratios are medians of the per-chunk ratios. Each engine first translates two sentences untimed (making the
+    int8 copy, first calls)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_layerfusion.training.evaluation import corpus_bleu
 
-    sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.bleu_sentences]
-    references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.bleu_sentences]
-    threads = args.threads[0]
-    torch.set_num_threads(threads)
+    corpus, sources, references = workload_corpus(args)
     chunks = [sources[start : start + WORKLOAD_CHUNK] for start in range(0, len(sources), WORKLOAD_CHUNK)]
     rows = []
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         plain = model.config.model_type == "plain_transformer"
+        marian = hf_layerfusion.to_marian(model) if plain else None
         with tempfile.TemporaryDirectory() as work:
-            translators = ctranslate2_engines(model, tokenizer, Path(work), [threads]) if plain else {}
-            for num_beams in args.bleu_beams:
-                engines = workload_engines(model, tokenizer, num_beams, hf_layerfusion.to_marian(model) if plain else None,
-                                           translators)
-                for translate in engines.values():  # not timed: the int8 copy, first calls, thread pools
-                    translate(sources[:2])
-                seconds = {engine: [] for engine in engines}
-                translations = {engine: [] for engine in engines}
-                for index, chunk in enumerate(chunks):
-                    for engine in engines if index % 2 == 0 else reversed(list(engines)):
-                        start = time.perf_counter()
-                        translations[engine].extend(engines[engine](chunk))
-                        seconds[engine].append(time.perf_counter() - start)
-                rows.append(dict(
-                    model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams, threads=threads,
-                    sentences=len(sources), seconds=seconds,
-                    bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
-                    translations=translations,
-                ))
+            translators = ctranslate2_engines(model, tokenizer, Path(work), args.threads) if plain else {}
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for num_beams in args.bleu_beams:
+                    engines = workload_engines(
+                        model, tokenizer, num_beams, marian,
+                        {quantization: t for (quantization, count), t in translators.items() if count == threads},
+                        tuple(args.int8_formats),
+                    )
+                    for translate in engines.values():  # not timed: the int8 copy, first calls, thread pools
+                        translate(sources[:2])
+                    seconds = {engine: [] for engine in engines}
+                    translations = {engine: [] for engine in engines}
+                    for index, chunk in enumerate(chunks):
+                        for engine in engines if index % 2 == 0 else reversed(list(engines)):
+                            start = time.perf_counter()
+                            translations[engine].extend(engines[engine](chunk))
+                            seconds[engine].append(time.perf_counter() - start)
+                    rows.append(dict(
+                        model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams,
+                        threads=threads, corpus=corpus, sentences=len(sources), seconds=seconds,
+                        bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
+                        translations=translations,
+                    ))
     return rows
 
 
@@ -277,7 +336,7 @@ def print_workload(row: dict) -> None:
     search = "greedy" if row["num_beams"] == 1 else f"beam {row['num_beams']}"
     seconds, translations = row["seconds"], row["translations"]
     reference = "MarianMTModel generate()" if "MarianMTModel generate()" in seconds else "generate()"
-    print(f"\n### Translating Multi30k test with {row['model']} ({row['model_type']}): {row['sentences']} sentences, "
+    print(f"\n### Translating {row['corpus']} with {row['model']} ({row['model_type']}): {row['sentences']} sentences, "
           f"{search}, {row['threads']} thread(s)\n")
     print("Batches of 32 sorted by length, each sentence stopping at its end token (the model's `max_length`), engines "
           f"alternated on chunks of {WORKLOAD_CHUNK} sentences; ratios: median of per-chunk ratios [min-max].\n")
@@ -290,7 +349,7 @@ def print_workload(row: dict) -> None:
     for engine, samples in seconds.items():
         versus = "1" if engine == reference else ratio_cell(seconds, engine, reference)[1]
         own = "–" if engine in (reference, "generate()") else ratio_cell(seconds, engine, "generate()")[1]
-        other = identical_to.get(engine)
+        other = identical_to.get(engine, "fast float32" if engine.startswith("fast int8") else None)
         same = "–" if other is None or other == engine else (
             f"{other}: {sum(a == b for a, b in zip(translations[engine], translations[other]))}/{row['sentences']}"
         )
@@ -354,7 +413,7 @@ def print_speed_table(args, results: dict, clock: str = "wall-clock") -> dict:
 
 
 def print_targets(args, ratios: dict, bleu_rows) -> None:
-    print("\nTargets (issue 19; median ratios of this run):")
+    print("\nTargets (issues 19 and 39; median ratios of this run):")
 
     def report(text: str, value: float, bound: float, higher: bool = True, unit: str = "x", digits: int = 2):
         met = value >= bound if higher else value <= bound
@@ -375,10 +434,19 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
                            f"{search}, {threads} thread(s)", ratios["vs_issue", (name, engine), search, threads],
                            TARGETS["fusion_fast_vs_generate"])
     for row in bleu_rows:
-        fast, int8 = row["bleu"]["fast float32"], row["bleu"]["fast int8"]
-        report(f"int8 BLEU cost on Multi30k test ({row['model']}, num_beams={row['num_beams']}: float32 {fast:.2f}, "
-               f"int8 {int8:.2f})", fast - int8, TARGETS["int8_bleu_cost"], higher=False, unit=" BLEU",
-               digits=3)  # a cost of 0.203 must not print as a failing 0.20
+        search = "greedy" if row["num_beams"] == 1 else f"beam {row['num_beams']}"
+        for fast_engine, versus in (("fast float32", "CTranslate2 float32"), ("fast int8", "CTranslate2 int8")):
+            if versus in row["seconds"]:
+                report(f"{fast_engine} / {versus} on {row['corpus']} ({row['model']}, {search}, {row['threads']} "
+                       "thread(s))", ratio_cell(row["seconds"], fast_engine, versus)[0], TARGETS["workload_vs_ctranslate2"])
+        if row["threads"] != args.threads[0]:
+            continue  # the BLEU does not depend on the thread count
+        fast = row["bleu"]["fast float32"]
+        for engine, int8 in row["bleu"].items():
+            if engine.startswith("fast int8"):
+                report(f"{engine} BLEU cost on {row['corpus']} ({row['model']}, num_beams={row['num_beams']}: float32 "
+                       f"{fast:.2f}, int8 {int8:.2f})", fast - int8, TARGETS["int8_bleu_cost"], higher=False,
+                       unit=" BLEU", digits=3)  # a cost of 0.203 must not print as a failing 0.20
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -398,6 +466,11 @@ def parse_args(argv=None):
                         help="trained model dirs: translate Multi30k test with every engine (seconds, BLEU)")
     parser.add_argument("--bleu-beams", type=int, nargs="+", default=[4], help="searches for --bleu (num_beams)")
     parser.add_argument("--bleu-sentences", type=int, default=None, help="test sentences for --bleu (default: all)")
+    parser.add_argument("--bleu-corpus", choices=["multi30k", "quickstart"], default="multi30k",
+                        help="the test set of --bleu: Multi30k's, or examples/quickstart.py's (for its models)")
+    parser.add_argument("--int8-formats", type=int, nargs="+", choices=[7, 8], default=[],
+                        help="with --bleu, also the int8 loop in each of these formats (code bits), whatever this "
+                             "CPU's default")
     parser.add_argument("--quick", action="store_true", help="smoke run: one repeat, 8 new tokens, 1 thread")
     args = parser.parse_args(argv)
     for name in ("bleu_beams", "threads"):

@@ -1,7 +1,10 @@
 """`Int8Linear` and its compiled kernel against brute-force arithmetic, in both formats (8-bit codes, and the 7-bit
 codes of AVX2's `vpmaddubsw` product): per-row asymmetric quantization (scale and zero point, round half to even), an
-exact integer product, float dequantization; the kernel's AMX, AVX2 and float32-block products and the torch
-operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning."""
+exact integer product, float dequantization; the kernel's AMX, AVX-512 VNNI, AVX2 and float32-block products and the
+torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning. Each
+product runs where the CPU has it: on a CPU with VNNI and AVX2 but no AMX (the 8-bit layers' VNNI product, the 7-bit
+layers' AVX2 one), three of the four; AMX's only on a CPU with AMX (`test_each_product_is_used_where_the_cpu_has_it`
+says which ran)."""
 
 import warnings
 
@@ -49,16 +52,27 @@ def brute_force_int8_linear(
 NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's float32-block product
 
 
-def test_amx_or_avx2_is_used_where_the_cpu_has_it_with_its_format(kernels):
-    """AMX takes either format; AVX2 (without AMX) only 7-bit codes, which layers then use by default; 8-bit layers
-    there, and every layer on CPUs with neither, run the float32 block products."""
-    has_amx, has_avx2 = {"amx_tile", "amx_int8"} <= cpu_flags(), "avx2" in cpu_flags()
+def expected_product(code_bits: int) -> str:
+    """The product the kernel must run `code_bits` layers with on this CPU: AMX takes either format; AVX-512 VNNI
+    (without AMX) 8-bit codes; AVX2 (without AMX) 7-bit codes; anything else runs the float32 block products."""
+    flags = cpu_flags()
+    if {"amx_tile", "amx_int8"} <= flags:
+        return "AMX"
+    if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
+        return "AVX-512 VNNI"
+    return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
+
+
+def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels):
+    """Layers use by default the format of the CPU's fastest product: 8 bits with AMX or VNNI, 7 bits on AVX2
+    without either (its `vpmaddubsw` product), 8 bits elsewhere (the float32 block products)."""
+    has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
     assert kernels.amx_available() == has_amx
-    default_bits = 7 if has_avx2 and not has_amx else 8
+    default_bits = 7 if expected_product(7) == "AVX2" and expected_product(8) == "float32 blocks" else 8
     assert kernels.int8_code_bits() == default_bits
     assert Int8Linear(torch.randn(8, 16), None).code_bits == default_bits
     for code_bits in (7, 8):
-        expected = "AMX" if has_amx else "AVX2" if has_avx2 and code_bits == 7 else "float32 blocks"
+        expected = expected_product(code_bits)
         assert kernels.int8_product(code_bits) == expected
         layer = Int8Linear(torch.randn(8, 16), None, code_bits=code_bits)
         assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
@@ -74,7 +88,9 @@ CASES = [
     ((16, 128), 128, True),
     ((17, 65), 129, True),
     ((0, 16), 8, True),
-    ((5, 40), 56, True),  # 7 panels of 8 (AVX2): a pass of 4 and one of 3
+    ((5, 40), 56, True),  # 7 panels of 8 (AVX2): a pass of 4 and one of 3; 3.5 panels of 16 (VNNI)
+    ((7, 36), 100, False),  # VNNI: rows in passes of 4 and 3, 6.25 panels of 16 (passes of 4 and 3)
+    ((2, 3, 300), 200, True),  # VNNI: 6 rows (4 + 2), 12.5 panels; depth 300 (75 groups of 4)
 ]
 
 
@@ -150,8 +166,11 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
             kernels.pack_int8_weights(Int8Linear(torch.randn(4, 8), None, code_bits=8).weight_t, 7)
         with pytest.raises(RuntimeError, match="got one of magnitude 128"):  # int8's abs(-128) is -128
             kernels.pack_int8_weights(torch.full((8, 4), -128, dtype=torch.int8), 7)
+    if kernels.int8_product(7) == "AVX2" and kernels.int8_product(8) == "float32 blocks":
+        seven_bit = Int8Linear(torch.randn(4, 8), torch.randn(4), code_bits=7)
         with pytest.raises(RuntimeError, match="no product that reads 8-bit weights packed"):
-            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, layer.bias, False, 8)
+            kernels.int8_linear(torch.randn(2, 8), seven_bit.weight_t, seven_bit.packed_weights,
+                                seven_bit.column_sums, seven_bit.weight_scale, seven_bit.bias, False, 8)
     wide = Int8Linear(torch.randn(1, 2**17), None)
     with pytest.raises(RuntimeError, match="131073 input features; at most 131072"):
         kernels.int8_linear(torch.randn(1, 2**17 + 1), torch.zeros(2**17 + 1, 1, dtype=torch.int8), NO_TILES,

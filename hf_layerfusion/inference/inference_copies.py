@@ -9,7 +9,9 @@ is in `hf_layerfusion.modeling.extension_points`."""
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -71,8 +73,8 @@ MINIMUM_SPAN = 1e-30  # the kernel's kMinimumSpan: an all-zero row gets finite s
 # where float32 holds every integer exactly: such a float32 matrix product is the exact integer product
 EXACT_FLOAT32_DEPTH = 1024
 # The int8 formats, by `code_bits`: the activation codes (lowest, highest) and the largest weight code. 8 bits use
-# every int8 code; 7 bits (activation codes [0, 127], weights [-63, 63]) are what AVX2's 8-bit multiply-add
-# `vpmaddubsw` sums without saturating (kernels/int8_linear.cpp).
+# every int8 code (AMX's and AVX-512 VNNI's products); 7 bits (activation codes [0, 127], weights [-63, 63]) are what
+# AVX2's 8-bit multiply-add `vpmaddubsw` sums without saturating (kernels/int8_linear.cpp).
 ACTIVATION_CODES = {8: (-128, 127), 7: (0, 127)}
 WEIGHT_CODE_MAX = {8: 127, 7: 63}
 MAXIMUM_IN_FEATURES = 2**17  # sums of this many products (|each| <= 128 x 127) stay within int32 (the kernel's too)
@@ -141,12 +143,13 @@ class Int8Linear(nn.Module):
 
     `code_bits` picks the format (`ACTIVATION_CODES`, `WEIGHT_CODE_MAX`); by default the one this CPU's fastest
     product takes (the kernel's `int8_code_bits()`): 8 bits (activation codes [-128, 127], weights [-127, 127]) on
-    AMX tiles, or where there is no AVX2 (exact float32 block products, `exact_int8_product`), or without the
-    compiled kernel; 7 bits (activation codes [0, 127], weights [-63, 63]) on AVX2 without AMX, where the 8-bit
-    multiply-add `vpmaddubsw` sums 7-bit codes without saturating, with twice the multiply-adds per instruction of
-    the 16-bit products an exact 8-bit product needs there (kernels/int8_linear.cpp). The weights are packed here,
-    once, for this CPU's product. Each format gives the same numbers on every product (`int8_linear_reference` with
-    its `code_bits`); the formats' speed and BLEU cost are measured in docs/fast_cpu_translation.md."""
+    AMX tiles, with AVX-512 VNNI's `vpdpbusd`, where there is no AVX2 (exact float32 block products,
+    `exact_int8_product`), or without the compiled kernel; 7 bits (activation codes [0, 127], weights [-63, 63]) on
+    AVX2 without either, where the 8-bit multiply-add `vpmaddubsw` sums 7-bit codes without saturating, with twice
+    the multiply-adds per instruction of the 16-bit products an exact 8-bit product needs there
+    (kernels/int8_linear.cpp). The weights are packed here, once, for this CPU's product (`kernel.int8_product`
+    names it). Each format gives the same numbers on every product (`int8_linear_reference` with its `code_bits`);
+    the formats' speed and BLEU cost are measured in docs/fast_cpu_translation.md."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False, code_bits: int | None = None
@@ -332,7 +335,7 @@ class KernelResidualSublayer(ResidualSublayer):
         return super().exit(residual, sublayer_output)
 
 
-def kernel_copy(model, linear_class: type[nn.Module], name: str):
+def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
     folded into the first one), and whose attention is `DECODING_ATTENTION` (the `decode_attention` kernel at decoding
@@ -385,9 +388,13 @@ def mixture_kernel(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tenso
     return kernels.mixture_log_probs(rows, psi.float()).view(group_logits.shape[1:])
 
 
-def int8_copy(model):
-    """`kernel_copy` with `Int8Linear` layers."""
-    return kernel_copy(model, Int8Linear, "int8")
+def int8_copy(model, code_bits: int | None = None):
+    """`kernel_copy` with `Int8Linear` layers in the format `code_bits` (default: this CPU's, `Int8Linear`'s), e.g.
+    to measure another format's BLEU on this CPU (benchmarks/bench_inference.py `--int8-formats`); given to
+    `fast_generate(..., quantization="int8")` or `hf_layerfusion.translate(..., quantization="int8")`, the copy is run
+    as it is."""
+    linear_class = Int8Linear if code_bits is None else functools.partial(Int8Linear, code_bits=check_code_bits(code_bits))
+    return kernel_copy(model, linear_class, "int8")
 
 
 def float32_copy(model):

@@ -24,12 +24,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("tasks"));
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
   m.def("int8_product", &int8_product,
-        "What sums int8_linear's products of code_bits codes on this CPU: AMX, AVX2 or float32 blocks.",
+        "What sums int8_linear's products of code_bits codes on this CPU: AMX, AVX-512 VNNI, AVX2 or float32 blocks.",
         pybind11::arg("code_bits"));
   m.def("int8_code_bits", &int8_code_bits,
-        "The int8 format this CPU's fastest product takes: 8 bits (AMX, or no AVX2), 7 bits (AVX2's vpmaddubsw).");
+        "The int8 format this CPU's fastest product takes: 8 bits (AMX, AVX-512 VNNI, or no AVX2), 7 bits (AVX2's "
+        "vpmaddubsw).");
   m.def("pack_int8_weights", &pack_int8_weights,
-        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, AVX2 panels); empty otherwise.",
+        "int8 weights (in, out) in the layout of this CPU's product (AMX tiles, VNNI or AVX2 panels); empty otherwise.",
         pybind11::arg("weight_t"), pybind11::arg("code_bits"));
   m.def("int8_linear", &int8_linear,
         "Per-row asymmetric quantization to code_bits codes, exact int32 product, float dequantization + bias (and ReLU).",

@@ -2,14 +2,17 @@
 // quantized with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto the codes of
 // the format), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
 // Two formats (`code_bits`): 8 bits (activation codes [-128, 127], weights [-127, 127]) and 7 bits (activation codes
-// [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format), else, on
-// AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
-// format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
+// [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format), else with
+// AVX-512 VNNI's `vpdpbusd` (unsigned x signed bytes, four products summed into each int32 lane, exactly) in the 8-bit
+// format only (the signed codes read as unsigned ones, code + 128, whose 128 x the weights' column sums is taken back:
+// `vnni_rows_times_panels`), else, on AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs
+// summed in 16 bits) in the 7-bit format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
 // widening (`avx2_row_times_panels`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
 // product needs there) per cycle, no more multiply-adds than float32's two FMAs (an AMD Zen 2: measured by
 // benchmarks/probe_int8_instructions.py, docs/fast_cpu_translation.md), this doubles them. Else the product is float32
-// products of blocks short enough to be exact. The weights are packed once for AMX or AVX2 (`pack_int8_weights`).
+// products of blocks short enough to be exact. The weights are packed once for AMX, VNNI or AVX2
+// (`pack_int8_weights`).
 // Every product sums exactly, so all give the same numbers. The arithmetic is that of `int8_linear_reference`
 // (inference_copies.py), bit for bit: no fused multiply-add (-ffp-contract=off), the same rounding (half to even),
 // the same order of float operations.
@@ -56,9 +59,14 @@ constexpr int64_t kMaximumDepth = int64_t{1} << 17;
 constexpr int64_t kAvx2Columns = 8;   // AVX2 layout: output features per panel, one register of 8 int32 sums
 constexpr int64_t kAvx2Depth = 8;     // inputs per step of the AVX2 product (two groups of 4)
 constexpr int32_t kAvx2WeightOffset = 64;  // 7-bit weights [-63, 63] are packed as [1, 127] for `vpmaddubsw`
+constexpr int64_t kVnniColumns = 16;  // VNNI layout: output features per panel, one register of 16 int32 sums
+constexpr int64_t kVnniDepth = 4;     // inputs per `vpdpbusd` lane
+constexpr int kVnniPanels = 4;        // panels per pass over the rows
+constexpr int kVnniRows = 4;          // rows per pass over the panels (4 x 4 accumulators, 4 weight registers)
 
 #if HLF_AMX
 bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
+bool vnni_usable() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"); }
 
 // low = min(0, the row's values), high = max(0, ...), with std::min / std::max's rule (a value replaces the running one
 // only if strictly smaller / larger: NaN never does), 8 lanes at a time
@@ -85,6 +93,7 @@ __attribute__((target("avx2"))) void avx2_row_range(const float* __restrict row,
 }
 #else
 bool avx2_usable() { return false; }
+bool vnni_usable() { return false; }
 #endif
 
 // The activation codes of a format: [code_low, code_low + levels]
@@ -270,6 +279,52 @@ __attribute__((target("avx2"))) void avx2_row_times_panels(const int8_t* __restr
   }
 }
 
+// R rows of the 8-bit codes q (stride Kp, Kp a multiple of 4, each in [-128, 127]) times P consecutive VNNI panels of
+// 16 columns (each Kp / 4 groups of 64 bytes: per group of 4 inputs, 16 columns x their 4 weights) into R x 16 P int32
+// sums at `sums` (row stride `sums_stride`). `vpdpbusd` multiplies unsigned by signed bytes, so each group's 4 codes
+// are read as code + 128 (their sign bit flipped), and the sums they give exceed the products of the codes by 128 x
+// the weights' column sums (`column_sums`, the panels' 16 P of them; zero past N, where the weights are zero), taken
+// back at the end (wrapping int32 arithmetic: the intermediate sums may pass 2^31, the exact results do not). Each
+// weight register serves R rows, each broadcast code group P panels.
+template <int R, int P>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows_times_panels(
+    const int8_t* __restrict q, int64_t Kp, const int8_t* __restrict panels, const int32_t* __restrict column_sums,
+    int64_t columns_left, int32_t* __restrict sums, int64_t sums_stride) {
+  __m512i lanes[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_setzero_si512();
+  const int64_t panel_bytes = Kp * kVnniColumns;
+  for (int64_t g = 0; g < Kp / kVnniDepth; ++g) {
+    __m512i weights[P];
+    for (int p = 0; p < P; ++p)
+      weights[p] = _mm512_loadu_si512(reinterpret_cast<const void*>(panels + p * panel_bytes + 64 * g));
+    for (int r = 0; r < R; ++r) {
+      uint32_t group;  // the row's 4 codes of these inputs, sign bits flipped, broadcast to every column
+      std::memcpy(&group, q + r * Kp + kVnniDepth * g, sizeof(group));
+      const __m512i codes = _mm512_set1_epi32(static_cast<int32_t>(group ^ 0x80808080u));
+      for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_dpbusd_epi32(lanes[r][p], codes, weights[p]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const int64_t columns = std::min<int64_t>(kVnniColumns, columns_left - p * kVnniColumns);
+    const __mmask16 present = columns >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(columns, 0)) - 1);
+    const __m512i offset = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(present, column_sums + p * kVnniColumns), 7);
+    for (int r = 0; r < R; ++r)
+      _mm512_storeu_si512(reinterpret_cast<void*>(sums + r * sums_stride + p * kVnniColumns),
+                          _mm512_sub_epi32(lanes[r][p], offset));
+  }
+}
+
+// vnni_rows_times_panels<R, P> for R, P in [1, 4], by [R - 1][P - 1]
+using VnniKernel = decltype(&vnni_rows_times_panels<1, 1>);
+template <int R>
+struct VnniRow {
+  static constexpr VnniKernel panels[] = {&vnni_rows_times_panels<R, 1>, &vnni_rows_times_panels<R, 2>,
+                                          &vnni_rows_times_panels<R, 3>, &vnni_rows_times_panels<R, 4>};
+};
+constexpr const VnniKernel* kVnniTable[] = {VnniRow<1>::panels, VnniRow<2>::panels, VnniRow<3>::panels,
+                                            VnniRow<4>::panels};
+
 constexpr int kAvx2Panels = 4;  // panels per pass over a row
 template <int... P>
 struct Avx2RowTimesPanels {
@@ -278,10 +333,11 @@ struct Avx2RowTimesPanels {
 using Avx2PanelTable = Avx2RowTimesPanels<1, 2, 3, 4>;
 #endif
 
-// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "avx2"
-// (the 7-bit format), or "" (the float32 block products read weight_t itself)
+// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "vnni"
+// (the 8-bit format), "avx2" (the 7-bit format), or "" (the float32 block products read weight_t itself)
 std::string packed_layout(int64_t code_bits) {
   if (amx_usable()) return "amx";
+  if (vnni_usable() && code_bits == 8) return "vnni";
   return avx2_usable() && code_bits == 7 ? "avx2" : "";
 }
 
@@ -296,10 +352,10 @@ bool amx_available() { return amx_usable(); }
 std::string int8_product(int64_t code_bits) {
   check_code_bits(code_bits, "int8_product");
   const std::string layout = packed_layout(code_bits);
-  return layout == "amx" ? "AMX" : layout == "avx2" ? "AVX2" : "float32 blocks";
+  return layout == "amx" ? "AMX" : layout == "vnni" ? "AVX-512 VNNI" : layout == "avx2" ? "AVX2" : "float32 blocks";
 }
 
-int64_t int8_code_bits() { return amx_usable() || !avx2_usable() ? 8 : 7; }
+int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable() ? 8 : 7; }
 
 // weight_t (K, N) int8, codes of the `code_bits` format -> the weights in the layout of this CPU's product for that
 // format (`int8_product(code_bits)`), empty for the float32 block products:
@@ -307,7 +363,9 @@ int64_t int8_code_bits() { return amx_usable() || !avx2_usable() ? 8 : 7; }
 //   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
 //   whole 64-column blocks);
 // - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
-//   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`).
+//   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`);
+// - VNNI panels (8-bit weights only): for each panel of 16 columns p and each group of 4 inputs g, 64 bytes with byte
+//   [4 * c + i] = weight_t[4 * g + i][16 * p + c], zero past K and N (`vnni_rows_times_panels`).
 torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
@@ -329,6 +387,16 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
       for (int64_t n = 0; n < N; ++n)
         dst[n / kAvx2Columns * Kp * kAvx2Columns + k / 4 * 32 + 4 * (n % kAvx2Columns) + k % 4] =
             static_cast<int8_t>(src[k * N + n] + kAvx2WeightOffset);
+    return panels;
+  }
+  if (layout == "vnni") {
+    const int64_t Kp = round_up(K, kVnniDepth), Np = round_up(N, kVnniColumns);
+    auto panels = torch::zeros({Np * Kp}, weight_t.options());
+    int8_t* dst = panels.data_ptr<int8_t>();
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n)
+        dst[n / kVnniColumns * Kp * kVnniColumns + k / kVnniDepth * 64 + kVnniDepth * (n % kVnniColumns) +
+            k % kVnniDepth] = src[k * N + n];
     return panels;
   }
   const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
@@ -365,18 +433,25 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const std::string layout = packed_weights.numel() > 0 ? packed_layout(code_bits) : "";
   TORCH_CHECK(packed_weights.numel() == 0 || !layout.empty(),
               "int8_linear: packed weights given, but this CPU has no product that reads ", code_bits,
-              "-bit weights packed (AMX: either format; AVX2: 7 bits)");
-  const bool amx = layout == "amx", avx2 = layout == "avx2";
+              "-bit weights packed (AMX: either format; AVX-512 VNNI: 8 bits; AVX2: 7 bits)");
+  const bool amx = layout == "amx", vnni = layout == "vnni", avx2 = layout == "avx2";
   TORCH_CHECK(K <= kMaximumDepth, "int8_linear: ", K, " input features; at most ", kMaximumDepth,
               " keep every sum within int32");
   const auto rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
-  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); AVX2 reads groups of 8 inputs and
-  // panels of 8 columns; results cut back
+  // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); VNNI reads groups of 4 inputs and
+  // panels of 16 columns, AVX2 groups of 8 inputs and panels of 8 columns; results cut back
   const int64_t Mp = amx ? round_up(M, kTileRows) : M;
-  const int64_t Kp = amx ? round_up(K, kTileDepth) : avx2 ? round_up(K, kAvx2Depth) : K;
-  const int64_t Np = amx ? round_up(N, kBlockColumns) : avx2 ? round_up(N, kAvx2Columns) : N;
-  TORCH_CHECK(packed_weights.numel() == (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : avx2 ? Np * Kp : 0),
+  const int64_t Kp = amx    ? round_up(K, kTileDepth)
+                     : vnni ? round_up(K, kVnniDepth)
+                     : avx2 ? round_up(K, kAvx2Depth)
+                            : K;
+  const int64_t Np = amx    ? round_up(N, kBlockColumns)
+                     : vnni ? round_up(N, kVnniColumns)
+                     : avx2 ? round_up(N, kAvx2Columns)
+                            : N;
+  TORCH_CHECK(packed_weights.numel() ==
+                  (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : vnni || avx2 ? Np * Kp : 0),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
   auto q = torch::empty({Mp, Kp}, rows.options().dtype(torch::kInt8));
@@ -403,6 +478,28 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
       amx_column_blocks(qp, tiles, sp, Mp, Kp, Np, begin, end);
     });
   }
+  if (vnni) {
+    sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
+    const int8_t* panels = packed_weights.data_ptr<int8_t>();
+    const int32_t* cs = column_sums.data_ptr<int32_t>();
+    int32_t* sp = sums.data_ptr<int32_t>();
+    // tasks of whole passes of kVnniPanels panels, about 64k multiply-adds or more each (small products: one thread)
+    const int64_t passes = (Np / kVnniColumns + kVnniPanels - 1) / kVnniPanels;
+    const int64_t grain =
+        std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kVnniColumns * kVnniPanels, 1));
+    at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t pass = begin; pass < end; ++pass) {
+        const int64_t panel = pass * kVnniPanels;
+        const int P = static_cast<int>(std::min<int64_t>(kVnniPanels, Np / kVnniColumns - panel));
+        const int64_t column = panel * kVnniColumns;
+        for (int64_t m = 0; m < M; m += kVnniRows) {
+          const int R = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
+          kVnniTable[R - 1][P - 1](qp + m * Kp, Kp, panels + panel * Kp * kVnniColumns, cs + column, N - column,
+                                   sp + m * Np + column, Np);
+        }
+      }
+    });
+  }
   if (avx2) {
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
@@ -418,7 +515,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
 #endif
-  if (!amx && !avx2) {
+  if (!amx && !vnni && !avx2) {
     // (M, N) int32, exact: float32 products over blocks of kExactFloatDepth inputs, each below 2^24 in magnitude
     // (so exact), summed in int32, as `exact_int8_product` (inference_copies.py); `at::_int_mm` is far slower than a
     // float product on CPUs without VNNI

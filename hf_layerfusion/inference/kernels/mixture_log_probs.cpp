@@ -1,7 +1,7 @@
 // GTrans' output mixture at inference (paper Eq. 5): log sum_g psi_g softmax(z_g) for each row of the group logits
 // z `(groups, rows, vocab)`, clamped below at the smallest normal float before the log, what
-// `GTransForConditionalGeneration.mixture_log_probs` computes with torch operations (a softmax per group, a weighted
-// sum, a clamp, a log: five passes over `(groups, rows, vocab)`). Here each row is done in three passes over its
+// `probability_mixture` (hf_layerfusion/modeling/extension_points.py) computes with torch operations (a softmax per
+// group, a weighted sum, a clamp, a log: five passes over `(groups, rows, vocab)`). Here each row is done in three passes over its
 // groups' logits (maximum; exponentials and their sum; the weighted sum and its log), 16 floats at a time (8 on AVX2).
 //
 // Numbers: float32; exp and log by Cephes' polynomials (about 1 ulp, exp flushes below e^-87 to 0: such terms are
