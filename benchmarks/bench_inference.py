@@ -33,7 +33,10 @@ plain fast float32 loop at or above CTranslate2 float32, the int8 loop at or abo
 BLEU cost <= 0.2. `--int8-formats 7 8` adds the int8 loop in each of those formats (`int8_copy(model, code_bits)`,
 run by whichever product this CPU has for it: `Int8Linear`), the BLEU cost of every format measured on one CPU;
 `--bleu-corpus quickstart` translates the quickstart's test split (examples/quickstart.py: its built-in number
-corpus, German -> English) instead of Multi30k's, for the quickstart's models.
+corpus, German -> English) instead of Multi30k's, for the quickstart's models. `--results-dir DIR` (with `--bleu`)
+also keeps the workload's numbers (no translations) in `DIR/workload_<cpu>_<commit>.json`, refused if that file
+exists unless `--overwrite-results`: the README's real-workload tables are rendered from those files
+(`benchmarks/inference_workload_report.py`), so they quote only what a run printed.
 
     python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
     python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
@@ -44,14 +47,20 @@ corpus, German -> English) instead of Multi30k's, for the quickstart's models.
     # the BLEU cost of both int8 formats with the quickstart's models
     python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 --int8-formats 7 8 \
         --bleu-corpus quickstart --bleu runs/quickstart/gtrans runs/quickstart/plain_transformer
+    # the real workload kept for the README (then: python benchmarks/inference_workload_report.py --update-readme)
+    python benchmarks/bench_inference.py --speed none --threads 1 2 --bleu-beams 1 4 \
+        --results-dir benchmarks/results/inference \
+        --bleu runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import sys
@@ -72,7 +81,7 @@ import transformers  # noqa: E402
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
-from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels, machine_type  # noqa: E402
 from hf_layerfusion.inference.inference_copies import int8_copy  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
@@ -332,10 +341,32 @@ def measure_workload(args) -> list[dict]:
     return rows
 
 
+def workload_reference(seconds: dict) -> str:
+    """The engine a workload row's ratios are relative to: `MarianMTModel generate()` for a plain Transformer, the
+    model's own `generate()` otherwise."""
+    return "MarianMTModel generate()" if "MarianMTModel generate()" in seconds else "generate()"
+
+
+def identical_translations(row: dict) -> dict[str, tuple[str, int]]:
+    """`{engine: (other engine, sentences translated identically by both)}` for the engines of a workload row that
+    have a natural twin: the fast float32 loop against `generate()`, every int8 loop against float32, `generate()`
+    and CTranslate2 float32 against the reference, CTranslate2 int8 against its float32. One function for the printed
+    table and the `--results-dir` file, so that the two cannot count differently."""
+    reference = workload_reference(row["seconds"])
+    twins = {"fast float32": "generate()", "fast int8": "fast float32", "generate()": reference,
+             "CTranslate2 float32": reference, "CTranslate2 int8": "CTranslate2 float32"}
+    translations, counts = row["translations"], {}
+    for engine in row["seconds"]:
+        other = twins.get(engine, "fast float32" if engine.startswith("fast int8") else None)
+        if other is not None and other != engine:
+            counts[engine] = (other, sum(a == b for a, b in zip(translations[engine], translations[other])))
+    return counts
+
+
 def print_workload(row: dict) -> None:
     search = "greedy" if row["num_beams"] == 1 else f"beam {row['num_beams']}"
-    seconds, translations = row["seconds"], row["translations"]
-    reference = "MarianMTModel generate()" if "MarianMTModel generate()" in seconds else "generate()"
+    seconds = row["seconds"]
+    reference = workload_reference(seconds)
     print(f"\n### Translating {row['corpus']} with {row['model']} ({row['model_type']}): {row['sentences']} sentences, "
           f"{search}, {row['threads']} thread(s)\n")
     print("Batches of 32 sorted by length, each sentence stopping at its end token (the model's `max_length`), engines "
@@ -344,15 +375,11 @@ def print_workload(row: dict) -> None:
     print(f"| engine | seconds | vs {reference} |{' vs generate() |' if versus_own else ''} BLEU | "
           "translations identical to |")
     print("|---|---|---|" + ("---|" if versus_own else "") + "---|---|")
-    identical_to = {"fast float32": "generate()", "fast int8": "fast float32", "generate()": reference,
-                    "CTranslate2 float32": reference, "CTranslate2 int8": "CTranslate2 float32"}
+    identical = identical_translations(row)
     for engine, samples in seconds.items():
         versus = "1" if engine == reference else ratio_cell(seconds, engine, reference)[1]
         own = "–" if engine in (reference, "generate()") else ratio_cell(seconds, engine, "generate()")[1]
-        other = identical_to.get(engine, "fast float32" if engine.startswith("fast int8") else None)
-        same = "–" if other is None or other == engine else (
-            f"{other}: {sum(a == b for a, b in zip(translations[engine], translations[other]))}/{row['sentences']}"
-        )
+        same = f"{identical[engine][0]}: {identical[engine][1]}/{row['sentences']}" if engine in identical else "–"
         own = f" {own} |" if versus_own else ""
         print(f"| {engine} | {sum(samples):.1f} | {versus} |{own} {row['bleu'][engine]:.2f} | {same} |")
 
@@ -449,6 +476,66 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
                        unit=" BLEU", digits=3)  # a cost of 0.203 must not print as a failing 0.20
 
 
+# ------------------------------------------------------------------------------------------------ results file
+# the layout of a `--results-dir` file; benchmarks/inference_workload_report.py reads this version only
+WORKLOAD_RESULTS_VERSION = 1
+
+
+def workload_results_path(results_dir: Path) -> Path:
+    """`results_dir/workload_<cpu>_<commit>.json`: one file per CPU model and commit, so the results of different
+    machines committed side by side never collide (a second run of the same code on the same CPU type must say
+    `--overwrite-results`)."""
+    cpu = re.sub(r"[^a-z0-9]+", "-", backbone.cpu_model().lower()).strip("-") or "unknown-cpu"
+    commit = backbone.git_revision().split("+")[0]  # the short commit; the file itself records uncommitted changes
+    return Path(results_dir) / f"workload_{cpu}_{commit}.json"
+
+
+def workload_record(args, command: str, revision: str, loadavg_start, rows: list[dict]) -> dict:
+    """What `--results-dir` keeps of a run: its provenance (command, code, libraries, CPU, kernels, load) and every
+    row of `measure_workload` without its translations (megabytes per run; the identical counts stay), enough for
+    inference_workload_report.py to compute every ratio and BLEU cost the printed tables show."""
+    return {
+        "format_version": WORKLOAD_RESULTS_VERSION,
+        "command": command,
+        "git_revision": revision,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "hf_layerfusion": hf_layerfusion.__version__, "python": platform.python_version()},
+        "cpu_model": backbone.cpu_model(),
+        "machine_type": machine_type(),  # the architecture and its vector instruction sets
+        "logical_cpus": os.cpu_count(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "kernels": kernel_summary(args.threads),
+        "threads": list(args.threads),
+        "workload_chunk": WORKLOAD_CHUNK,
+        "loadavg_start": [round(value, 2) for value in loadavg_start],
+        "loadavg_end": [round(value, 2) for value in os.getloadavg()],
+        "rows": [
+            {
+                "model": row["model"], "model_type": row["model_type"], "corpus": row["corpus"],
+                "num_beams": row["num_beams"], "threads": row["threads"], "sentences": row["sentences"],
+                "seconds": row["seconds"], "bleu": row["bleu"],
+                "identical_to": {engine: {"engine": other, "sentences": count}
+                                 for engine, (other, count) in identical_translations(row).items()},
+            }
+            for row in rows
+        ],
+    }
+
+
+def write_workload_results(path: Path, record: dict, overwrite: bool) -> None:
+    """Write `record` to `path` whole or not at all (a temporary file in the same folder, renamed into place): a run
+    cut short leaves no half file for the report to choke on. An existing file was checked before the run
+    (`parse_args`); one that appeared since is kept, and this run's results stay in the temporary file, named in
+    the error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # not workload_*.json: the report skips it
+    temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} appeared during the run; this run's results are in {temporary} "
+                              "(rename it, or rerun with --overwrite-results)")
+    os.replace(temporary, path)
+
+
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -471,8 +558,26 @@ def parse_args(argv=None):
     parser.add_argument("--int8-formats", type=int, nargs="+", choices=[7, 8], default=[],
                         help="with --bleu, also the int8 loop in each of these formats (code bits), whatever this "
                              "CPU's default")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="with --bleu: also write the real workload's results to DIR/workload_<cpu>_<commit>.json "
+                             "(for benchmarks/inference_workload_report.py, e.g. benchmarks/results/inference)")
+    parser.add_argument("--overwrite-results", action="store_true",
+                        help="let --results-dir replace an existing file of the same CPU and commit")
     parser.add_argument("--quick", action="store_true", help="smoke run: one repeat, 8 new tokens, 1 thread")
     args = parser.parse_args(argv)
+    # checked before any work: a workload run takes hours, and its results must have somewhere to go
+    args.results_path = None
+    if args.results_dir is not None:
+        if not args.bleu:
+            parser.error("--results-dir keeps the results of the real workload: it needs --bleu MODEL_DIR")
+        if args.results_dir.exists() and not args.results_dir.is_dir():
+            parser.error(f"--results-dir {args.results_dir} is not a directory")
+        target = workload_results_path(args.results_dir)
+        if target.exists() and not args.overwrite_results:
+            parser.error(f"{target} exists already (this CPU type and commit); --overwrite-results replaces it")
+        args.results_path = target
+    elif args.overwrite_results:
+        parser.error("--overwrite-results needs --results-dir")
     for name in ("bleu_beams", "threads"):
         bad = [value for value in getattr(args, name) if value < 1]
         if bad:
@@ -507,11 +612,12 @@ def main(argv=None):
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    start, loadavg_start = time.perf_counter(), backbone.loadavg()
+    start, loadavg_start, loadavg_numbers = time.perf_counter(), backbone.loadavg(), os.getloadavg()
+    revision = backbone.git_revision()
     print("## hf_layerfusion CPU inference benchmark (issue 19)\n")
     print(f"- command (from the repository root): `{command}`")
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, hf_layerfusion "
-          f"{hf_layerfusion.__version__} (git {backbone.git_revision()}), Python {platform.python_version()}")
+          f"{hf_layerfusion.__version__} (git {revision}), Python {platform.python_version()}")
     print(f"- CPU: {backbone.cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
           f"{os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg_start}")
     print(f"- compiled kernels: {kernel_summary(args.threads)}")
@@ -553,6 +659,11 @@ def main(argv=None):
     for row in bleu_rows:
         print_workload(row)
     print_targets(args, ratios, bleu_rows)
+    if args.results_path is not None:
+        record = workload_record(args, command, revision, loadavg_numbers, bleu_rows)
+        write_workload_results(args.results_path, record, args.overwrite_results)
+        print(f"\n- results written to {args.results_path} "
+              "(`python benchmarks/inference_workload_report.py` renders them)")
     print(f"\n(load average at end {backbone.loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
 
 

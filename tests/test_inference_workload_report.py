@@ -1,0 +1,350 @@
+"""benchmarks/inference_workload_report.py and bench_inference.py's `--results-dir` without measuring anything:
+synthetic results files of two CPU types render to the ratios their chunk seconds give (medians of per-chunk
+ratios, computed here independently), a broken file stops the report with its name, `--update-readme` replaces only
+its section, bench_inference refuses a `--results-dir` it could not honour before it measures, a run's file reads
+back into the report, and the committed README section is the report of the committed results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+REPORT = REPO_ROOT / "benchmarks" / "inference_workload_report.py"
+spec = importlib.util.spec_from_file_location("inference_workload_report", REPORT)
+report = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = report
+spec.loader.exec_module(report)
+bench = sys.modules["bench_inference"]  # imported by the report (its ratio_cell), as a script would
+
+MARIAN, CT2_F32, CT2_INT8 = "MarianMTModel generate()", "CTranslate2 float32", "CTranslate2 int8"
+FORMAT_ROW = "fast int8 8-bit (AMX tiles)"
+
+# chunk seconds (3 chunks) per (num_beams, threads) and engine; fast float32 against Marian at greedy, 1 thread:
+# ratios 10/4, 12/3, 9/6 = 2.5, 4.0, 1.5 -> median 2.50x (the ratio of sums, 31/13 = 2.38x, and the swapped
+# median, 0.40x, would both differ)
+PLAIN_SECONDS = {
+    (1, 1): {MARIAN: [10.0, 12.0, 9.0], "generate()": [9.5, 12.5, 9.2], "fast float32": [4.0, 3.0, 6.0],
+             "fast int8": [2.0, 2.5, 3.1], FORMAT_ROW: [2.2, 2.0, 3.3], CT2_F32: [3.0, 3.5, 3.2],
+             CT2_INT8: [1.0, 1.4, 1.1]},
+    (4, 1): {MARIAN: [30.0, 33.0, 29.0], "generate()": [27.0, 30.0, 26.0], "fast float32": [7.0, 6.5, 8.0],
+             "fast int8": [4.0, 4.4, 5.0], FORMAT_ROW: [4.5, 4.1, 4.9], CT2_F32: [5.0, 5.5, 4.0],
+             CT2_INT8: [2.5, 3.0, 2.0]},
+    (1, 2): {MARIAN: [6.0, 7.0, 5.5], "generate()": [6.1, 6.8, 5.0], "fast float32": [2.0, 2.9, 2.2],
+             "fast int8": [1.5, 1.7, 1.2], FORMAT_ROW: [1.6, 1.8, 1.1], CT2_F32: [2.5, 2.0, 2.4],
+             CT2_INT8: [0.7, 0.9, 0.8]},
+    (4, 2): {MARIAN: [18.0, 20.0, 16.0], "generate()": [17.0, 19.0, 15.5], "fast float32": [4.0, 5.0, 3.5],
+             "fast int8": [2.4, 2.9, 2.2], FORMAT_ROW: [2.6, 2.7, 2.0], CT2_F32: [3.1, 3.6, 2.8],
+             CT2_INT8: [1.5, 1.6, 1.4]},
+}
+PLAIN_BLEU = {1: {MARIAN: 33.54, "generate()": 33.54, "fast float32": 33.54, "fast int8": 33.47, FORMAT_ROW: 33.20,
+                  CT2_F32: 33.54, CT2_INT8: 33.51},
+              4: {MARIAN: 36.11, "generate()": 36.11, "fast float32": 36.11, "fast int8": 36.03, FORMAT_ROW: 36.00,
+                  CT2_F32: 35.79, CT2_INT8: 35.77}}
+GTRANS_SECONDS = {
+    (1, 1): {"generate()": [11.0, 12.0, 10.0], "fast float32": [3.0, 4.0, 5.0], "fast int8": [2.0, 2.2, 3.0]},
+    (4, 1): {"generate()": [25.0, 26.0, 24.0], "fast float32": [9.0, 12.0, 11.0], "fast int8": [6.0, 7.0, 8.0]},
+}
+GTRANS_BLEU = {1: {"generate()": 30.89, "fast float32": 30.89, "fast int8": 30.87},
+               4: {"generate()": 34.00, "fast float32": 34.00, "fast int8": 33.83}}
+
+
+def record(cpu: str, machine: str, revision: str, threads: list[int], rows: list[dict]) -> dict:
+    return {
+        "format_version": bench.WORKLOAD_RESULTS_VERSION,
+        "command": f"python benchmarks/bench_inference.py --speed none --threads {' '.join(map(str, threads))} "
+                   "--bleu-beams 1 4 --results-dir out --bleu runs/plain",
+        "git_revision": revision, "versions": {"torch": "2.13.0", "transformers": "5.0", "hf_layerfusion": "0.1",
+                                               "python": "3.11.7"},
+        "cpu_model": cpu, "machine_type": machine, "logical_cpus": 2, "omp_wait_policy": "PASSIVE",
+        "kernels": "int8 product stub", "threads": threads, "workload_chunk": 128, "loadavg_start": [0.5, 0.4, 0.3],
+        "loadavg_end": [1.0, 0.8, 0.5], "rows": rows,
+    }
+
+
+def row(model: str, model_type: str, num_beams: int, threads: int, seconds: dict, bleu: dict) -> dict:
+    return {"model": model, "model_type": model_type, "corpus": "Multi30k test", "num_beams": num_beams,
+            "threads": threads, "sentences": 1000, "seconds": seconds, "bleu": bleu,
+            "identical_to": {"fast float32": {"engine": "generate()", "sentences": 1000}}}
+
+
+def write_results(folder: Path) -> dict[str, dict]:
+    """Two files, two CPU types: an AMD EPYC run (plain at 1 and 2 threads + GTrans at 1) and an Intel Xeon run
+    (plain without CTranslate2, 1 thread, its seconds those of the EPYC halved)."""
+    folder.mkdir(exist_ok=True)
+    epyc_rows = [row("runs/plain", "plain_transformer", beams, threads, seconds, PLAIN_BLEU[beams])
+                 for (beams, threads), seconds in sorted(PLAIN_SECONDS.items(), key=lambda item: item[0][::-1])]
+    epyc_rows += [row("runs/gtrans", "gtrans", beams, threads, seconds, GTRANS_BLEU[beams])
+                  for (beams, threads), seconds in GTRANS_SECONDS.items()]
+    xeon_rows = [
+        row("runs/plain", "plain_transformer", beams, 1,
+            {engine: [value / 2 for value in samples] for engine, samples in PLAIN_SECONDS[beams, 1].items()
+             if not engine.startswith("CTranslate2")},
+            {engine: value for engine, value in PLAIN_BLEU[beams].items() if not engine.startswith("CTranslate2")})
+        for beams in (1, 4)
+    ]
+    files = {
+        "workload_amd-epyc-7b12_abc1234.json": record("AMD EPYC 7B12", "x86_64 avx avx2 fma", "abc1234", [1, 2],
+                                                      epyc_rows),
+        "workload_intel-r-xeon-r-processor_def5678.json": record(
+            "Intel(R) Xeon(R) Processor", "x86_64 amx_tile avx avx2 avx512f fma", "def5678+uncommitted changes", [1],
+            xeon_rows),
+    }
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content), encoding="utf-8")
+    return json.loads(json.dumps(files))  # copies: a test that damages one leaves the module's data alone
+
+
+def parse_tables(section: str) -> dict:
+    """`{(results file, model or "int8"): {"header": [...], "rows": {first cell: [cells]}}}` of a rendered section."""
+    tables, run, model = {}, None, None
+    for line in section.splitlines():
+        if line.startswith("Run `"):
+            run = line.split("`")[1]
+        elif line.startswith("#### int8 BLEU cost"):
+            run, model = None, "int8"
+        elif line.startswith("`") and not line.startswith("| "):
+            model = line.split("`")[1]
+        elif line.startswith("|") and not line.startswith("|---"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            table = tables.setdefault((run, model), {"header": cells, "rows": {}})
+            if table["header"] is not cells:
+                table["rows"].setdefault(cells[0], []).append(cells)
+    return tables
+
+
+def expected_cell(samples: dict, engine: str, reference: str) -> str:
+    """The report's ratio, computed here: the reference's time over the engine's, per chunk; their median."""
+    ratios = [samples[reference][i] / samples[engine][i] for i in range(len(samples[engine]))]
+    return f"{statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+
+def search_name(beams: int) -> str:
+    return "greedy" if beams == 1 else f"beam-{beams}"
+
+
+def thread_name(threads: int) -> str:
+    return f"{threads} thread" + ("s" if threads > 1 else "")
+
+
+def test_rendered_ratios_are_the_medians_of_per_chunk_ratios(tmp_path):
+    write_results(tmp_path)
+    section = report.render(tmp_path)
+    tables = parse_tables(section)
+    epyc = tables["workload_amd-epyc-7b12_abc1234.json", "runs/plain"]
+    cells = {engine: dict(zip(epyc["header"], rows[0])) for engine, rows in epyc["rows"].items()}
+    assert list(cells) == list(PLAIN_SECONDS[1, 1])  # one row per engine, in the run's order
+    assert cells["fast float32"]["greedy, 1 thread: vs Marian"] == "2.50x [1.50-4.00]"  # by hand, see PLAIN_SECONDS
+    checked = 0
+    for (beams, threads), samples in PLAIN_SECONDS.items():
+        column = f"{search_name(beams)}, {thread_name(threads)}"
+        for engine in samples:
+            expected = (f"1 ({sum(samples[MARIAN]):.1f} s)" if engine == MARIAN
+                        else expected_cell(samples, engine, MARIAN))
+            assert cells[engine][f"{column}: vs Marian"] == expected, (engine, column)
+            twin = CT2_F32 if engine == "fast float32" else CT2_INT8 if engine.startswith("fast int8") else None
+            expected = "–" if twin is None else expected_cell(samples, engine, twin)
+            assert cells[engine][f"{column}: vs CTranslate2 same precision"] == expected, (engine, column)
+            checked += 2
+    assert checked == 4 * 7 * 2
+    assert cells["fast int8"]["greedy BLEU"] == "33.47" and cells[CT2_F32]["beam-4 BLEU"] == "35.79"
+
+    gtrans = tables["workload_amd-epyc-7b12_abc1234.json", "runs/gtrans"]  # no Marian: against its generate()
+    assert gtrans["header"] == ["engine", "greedy, 1 thread: vs generate()", "beam-4, 1 thread: vs generate()",
+                                "greedy BLEU", "beam-4 BLEU"]
+    for engine, rows in gtrans["rows"].items():
+        for beams in (1, 4):
+            samples = GTRANS_SECONDS[beams, 1]
+            expected = f"1 ({sum(samples[engine]):.1f} s)" if engine == "generate()" else (
+                expected_cell(samples, engine, "generate()"))
+            assert dict(zip(gtrans["header"], rows[0]))[f"{search_name(beams)}, 1 thread: vs generate()"] == expected
+
+    xeon = tables["workload_intel-r-xeon-r-processor_def5678.json", "runs/plain"]  # without CTranslate2
+    assert xeon["header"] == ["engine", "greedy, 1 thread: vs Marian", "beam-4, 1 thread: vs Marian", "greedy BLEU",
+                              "beam-4 BLEU"]
+    xeon_fast = dict(zip(xeon["header"], xeon["rows"]["fast float32"][0]))
+    assert xeon_fast["greedy, 1 thread: vs Marian"] == "2.50x [1.50-4.00]"
+
+    # one heading per CPU type, each run headed by its commit and command
+    assert section.count("#### AMD EPYC 7B12") == 1 and section.count("#### Intel(R) Xeon(R) Processor") == 1
+    assert "`x86_64 amx_tile avx avx2 avx512f fma`" in section
+    assert "git def5678+uncommitted changes: `python benchmarks/bench_inference.py --speed none --threads 1 " in section
+
+
+def test_int8_bleu_cost_of_every_file_model_search_and_int8_engine(tmp_path):
+    write_results(tmp_path)
+    table = parse_tables(report.render(tmp_path))[None, "int8"]
+    rows, header = table["rows"], table["header"]
+    listed = [(cells[0], cells[2], cells[3], cells[4]) for group in rows.values() for cells in group]
+    costs = {(cells[0], cells[2], cells[3], cells[4]): dict(zip(header, cells)) for group in rows.values()
+             for cells in group}
+    expected = {}
+    for cpu, plain_engines in (("AMD EPYC 7B12", ("fast int8", FORMAT_ROW)), ("Intel(R) Xeon(R) Processor",
+                                                                            ("fast int8", FORMAT_ROW))):
+        for beams in (1, 4):
+            for engine in plain_engines:
+                cost = PLAIN_BLEU[beams]["fast float32"] - PLAIN_BLEU[beams][engine]
+                expected[cpu, "`runs/plain`", search_name(beams), engine] = cost
+    for beams in (1, 4):
+        expected["AMD EPYC 7B12", "`runs/gtrans`", search_name(beams), "fast int8"] = (
+            GTRANS_BLEU[beams]["fast float32"] - GTRANS_BLEU[beams]["fast int8"])
+    assert sorted(listed) == sorted(expected)  # once per search: the 2-thread rows of the EPYC do not repeat it
+    for key, cost in expected.items():
+        assert costs[key]["cost"] == f"{cost:.3f}"
+        assert costs[key]["goal"] == ("met" if cost <= 0.2 else "NOT met")
+    assert costs["AMD EPYC 7B12", "`runs/plain`", "greedy", FORMAT_ROW]["goal"] == "NOT met"  # 0.34
+
+
+@pytest.mark.parametrize("damage", ["not json", "missing field", "uneven chunks", "old version"])
+def test_a_broken_file_stops_the_report_naming_it(tmp_path, damage, capsys):
+    files = write_results(tmp_path)
+    name = "workload_amd-epyc-7b12_abc1234.json"
+    broken = tmp_path / name
+    content = files[name]
+    if damage == "not json":
+        broken.write_text(json.dumps(content)[:200], encoding="utf-8")  # cut short
+    elif damage == "missing field":
+        del content["rows"][2]["bleu"]
+        broken.write_text(json.dumps(content), encoding="utf-8")
+    elif damage == "uneven chunks":
+        content["rows"][0]["seconds"]["fast int8"].append(1.0)
+        broken.write_text(json.dumps(content), encoding="utf-8")
+    else:
+        content["format_version"] = 0
+        broken.write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(report.UnreadableResult, match=name):
+        report.render(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(["--results-dir", str(tmp_path)])
+    assert name in str(exit_info.value.code)
+
+
+def test_no_results_and_a_missing_folder(tmp_path):
+    assert report.render(tmp_path) == report.NO_RESULTS
+    with pytest.raises(report.UnreadableResult, match="nowhere"):
+        report.render(tmp_path / "nowhere")
+
+
+def test_update_readme_replaces_only_its_section(tmp_path, capsys):
+    results = tmp_path / "results"
+    write_results(results)
+    before = "# Title\n\nThe real workload (`...`): text.\n\n" + report.README_START + "\n"
+    after = report.README_END + "\n\n## Next section\n\ntext <!-- inference-workload-report:end --> again\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(before + "an old table\n| a | b |\n" + after, encoding="utf-8")
+    report.main(["--results-dir", str(results), "--update-readme", "--readme", str(readme)])
+    text = readme.read_text(encoding="utf-8")
+    assert text == before + report.render(results) + after
+    assert report.readme_section(text, readme) == report.render(results)
+    assert [path.name for path in tmp_path.iterdir() if path.is_file()] == ["README.md"]  # no temporary file left
+    report.main(["--results-dir", str(results)])  # without --update-readme: printed, the README untouched
+    assert capsys.readouterr().out.endswith(report.render(results))
+
+    readme.write_text("# no markers\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(["--results-dir", str(results), "--update-readme", "--readme", str(readme)])
+    assert str(readme) in str(exit_info.value.code) and readme.read_text(encoding="utf-8") == "# no markers\n"
+
+
+def test_the_committed_readme_section_is_the_report_of_the_committed_results():
+    expected = report.render(report.DEFAULT_RESULTS)
+    assert report.readme_section(report.README.read_text(encoding="utf-8")) == expected, (
+        "README's real-workload section differs from benchmarks/results/inference: run "
+        "`python benchmarks/inference_workload_report.py --update-readme`"
+    )
+
+
+# ------------------------------------------------------------------------------------------------ bench_inference
+def fail_if_measured(args):
+    pytest.fail("measure_workload ran although the arguments were refused")
+
+
+def test_results_dir_needs_bleu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "measure_workload", fail_if_measured)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--speed", "none", "--results-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and "--results-dir" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--bleu", str(tmp_path), "--overwrite-results"])  # --overwrite-results of nothing
+    assert "--overwrite-results needs --results-dir" in capsys.readouterr().err
+
+
+def test_an_existing_results_file_is_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    target = bench.workload_results_path(tmp_path)
+    assert target.parent == tmp_path and target.name.startswith("workload_") and target.suffix == ".json"
+    target.write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(bench, "measure_workload", fail_if_measured)
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--speed", "none", "--bleu", str(tmp_path / "model"), "--results-dir", str(tmp_path)])
+    assert exit_info.value.code == 2 and str(target) in capsys.readouterr().err
+    assert target.read_text(encoding="utf-8") == "{}"
+    args = bench.parse_args(["--speed", "none", "--bleu", "m", "--results-dir", str(tmp_path), "--overwrite-results"])
+    assert args.results_path == target
+
+
+def fake_rows(args) -> list[dict]:
+    """What measure_workload returns for a plain model, 1 thread, greedy: two chunks, three sentences."""
+    seconds = {MARIAN: [2.0, 3.0], "generate()": [2.1, 2.9], "fast float32": [1.0, 1.0], "fast int8": [0.5, 0.6],
+               CT2_F32: [0.8, 0.9], CT2_INT8: [0.4, 0.3]}
+    texts = ["a b", "c d", "e f"]
+    translations = {engine: list(texts) for engine in seconds}
+    translations["fast int8"] = ["a b", "c x", "e f"]  # 2/3 equal to float32
+    translations[CT2_INT8] = ["a", "c", "e"]  # 0/3 equal to CTranslate2 float32
+    bleu = {engine: 30.0 for engine in seconds} | {"fast int8": 29.9}
+    return [dict(model="runs/plain", model_type="plain_transformer", num_beams=1, threads=1, corpus="Multi30k test",
+                 sentences=3, seconds=seconds, bleu=bleu, translations=translations)]
+
+
+def test_a_run_writes_one_file_the_report_reads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "measure_workload", fake_rows)
+    monkeypatch.setattr(bench, "kernel_summary", lambda threads: "stub kernels")  # nothing compiled here
+    argv = ["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--bleu", "runs/plain",
+            "--results-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["bench_inference.py", *argv])
+    bench.main(argv)
+    printed = capsys.readouterr().out
+    (path,) = tmp_path.iterdir()  # one file, no temporary left
+    assert path == bench.workload_results_path(tmp_path) and str(path) in printed
+    content = json.loads(path.read_text(encoding="utf-8"))
+    (stored,) = content["rows"]
+    assert "translations" not in stored
+    assert content["command"].endswith(" ".join(argv)) and content["kernels"] == "stub kernels"
+    assert content["git_revision"].startswith(path.stem.rsplit("_", 1)[1])
+    assert content["cpu_model"] == bench.backbone.cpu_model() and content["machine_type"] == bench.machine_type()
+    assert set(content["versions"]) == {"torch", "transformers", "hf_layerfusion", "python"}
+    assert len(content["loadavg_start"]) == len(content["loadavg_end"]) == 3
+    assert stored["seconds"] == fake_rows(None)[0]["seconds"]
+    # the identical counts the printed table shows, from the same function
+    assert stored["identical_to"]["fast int8"] == {"engine": "fast float32", "sentences": 2}
+    assert stored["identical_to"][CT2_INT8] == {"engine": CT2_F32, "sentences": 0}
+    assert MARIAN not in stored["identical_to"]
+    assert "| fast int8 | 1.1 |" in printed and "| fast float32: 2/3 |" in printed
+    assert "| CTranslate2 float32: 0/3 |" in printed
+    section = report.render(tmp_path)
+    cells = parse_tables(section)[path.name, "runs/plain"]
+    row = dict(zip(cells["header"], cells["rows"]["fast int8"][0]))
+    assert row["greedy, 1 thread: vs Marian"] == expected_cell(stored["seconds"], "fast int8", MARIAN)
+    assert row["greedy, 1 thread: vs CTranslate2 same precision"] == expected_cell(
+        stored["seconds"], "fast int8", CT2_INT8)
+
+    monkeypatch.setattr(bench, "measure_workload", fail_if_measured)  # a second run: refused, the file kept
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert json.loads(path.read_text(encoding="utf-8")) == content
+
+
+def test_write_workload_results_never_replaces_a_file_that_appeared_during_the_run(tmp_path):
+    target = tmp_path / "workload_x_abc.json"
+    target.write_text("theirs", encoding="utf-8")
+    with pytest.raises(FileExistsError, match="appeared during the run") as error:
+        bench.write_workload_results(target, {"format_version": 1}, overwrite=False)
+    assert target.read_text(encoding="utf-8") == "theirs"
+    (kept,) = [path for path in tmp_path.iterdir() if path != target]
+    assert str(kept) in str(error.value) and not kept.name.startswith("workload_")  # the report skips it
+    bench.write_workload_results(target, {"format_version": 1}, overwrite=True)
+    assert json.loads(target.read_text(encoding="utf-8")) == {"format_version": 1}
