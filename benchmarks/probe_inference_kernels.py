@@ -17,7 +17,10 @@ copy (`kernel_copy`: the same copy with another linear layer; attention is the d
 - int8: **oneDNN `qlinear_pointwise`** (AMX/VNNI int8 products with the weights prepacked), fed with `Int8Linear`'s
   int8 weights and symmetric per-row activation codes computed in Python.
 - int8: the compiled kernel with **exact float32 block products** (`at::mm` over blocks of 1,024 inputs) for the
-  product, what it runs on CPUs without AMX or AVX2 (the same numbers).
+  product, what it runs on CPUs without AMX, VNNI or AVX2 (the same numbers);
+- int8: the compiled kernel in the **7-bit format** (`int8_copy(model, 7)`: AVX2's `vpmaddubsw` product), what CPUs
+  with AVX2 and neither AMX nor VNNI run by default (other numbers: a coarser format), where the CPU's default is 8
+  bits.
 - int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
   largest magnitude in Python, then the kernel quantizes the whole input with one scale itself.
 
@@ -34,6 +37,7 @@ runs in the int8 copy, whose attention is that kernel.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shlex
@@ -56,10 +60,11 @@ import bench_inference  # noqa: E402
 
 from hf_layerfusion.inference import fast_decoding_loop, fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
-from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, kernel_copy  # noqa: E402
+from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, int8_copy, kernel_copy  # noqa: E402
 
 FLOAT32 = "plain: fast float32 (Float32Linear, compiled)"
 INT8 = "plain: fast int8 (Int8Linear, compiled)"
+SEVEN_BIT = "plain: fast int8, 7-bit codes"
 MODEL_ITSELF = "plain: fast loop on the model itself (F.linear, SDPA)"
 
 
@@ -120,6 +125,10 @@ class FloatBlocksInt8Linear(Int8Linear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
         super().__init__(weight, bias, relu)
         self.packed_weights = self.weight_t.new_empty(0)
+        if self.kernel_linear is not None:  # bound again: the call reads the weights it was bound with
+            self.kernel_linear = compiled_kernels().KernelLinear.int8(
+                self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, relu, self.code_bits
+            )
 
 
 class DynamicInt8Linear(nn.Module):
@@ -162,15 +171,22 @@ def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
 def print_isolated_products(rows: int) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
-    print("| product | F.linear | MKL packed | float32 compiled (Float32Linear) | int8 compiled (Int8Linear) | "
-          "int8 compiled, float32 blocks | int8 oneDNN qlinear | int8 linear_dynamic |")
-    print("|---|---|---|---|---|---|---|---|")
+    kernel = compiled_kernels()
+    default_bits = 8 if kernel is None else kernel.int8_code_bits()
+    seven_bit = f"int8 compiled, 7-bit ({kernel.int8_product(7)})" if default_bits == 8 and kernel is not None else None
+    print(f"| product | F.linear | MKL packed | float32 compiled (Float32Linear) | int8 compiled (Int8Linear: "
+          f"{'not compiled' if kernel is None else kernel.int8_product(default_bits)}) | "
+          "int8 compiled, float32 blocks | int8 oneDNN qlinear | int8 linear_dynamic |"
+          + (f" {seven_bit} |" if seven_bit else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if seven_bit else ""))
+    classes = [MKLPackedLinear, Float32Linear, Int8Linear, FloatBlocksInt8Linear, OneDNNInt8Linear, DynamicInt8Linear]
+    if seven_bit:
+        classes.append(functools.partial(Int8Linear, code_bits=7))
     generator = torch.Generator().manual_seed(0)
     for inputs, outputs in ((256, 256), (256, 1024), (1024, 256), (256, 8000)):
         states = torch.randn(rows, inputs, generator=generator)
         linear = nn.Linear(inputs, outputs)
-        layers = [cls(linear.weight, linear.bias) for cls in (MKLPackedLinear, Float32Linear, Int8Linear,
-                                                                  FloatBlocksInt8Linear, OneDNNInt8Linear, DynamicInt8Linear)]
+        layers = [cls(linear.weight, linear.bias) for cls in classes]
         with torch.inference_mode():
             cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, *layers)]
         print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
@@ -252,6 +268,7 @@ def main(argv=None) -> None:
         "plain: fast float32, MKL packed": kernel_copy(plain, MKLPackedLinear, "float32"),
         INT8: prepare_for_inference(plain, "int8"),
         "plain: fast int8, float32 blocks": kernel_copy(plain, FloatBlocksInt8Linear, "int8"),
+        **({SEVEN_BIT: int8_copy(plain, 7)} if kernel is not None and kernel.int8_code_bits() == 8 else {}),
         "plain: fast int8, oneDNN qlinear": kernel_copy(plain, OneDNNInt8Linear, "int8"),
         "plain: fast int8, linear_dynamic": kernel_copy(plain, DynamicInt8Linear, "int8"),
     }

@@ -10,7 +10,10 @@ the sentences (after an untimed warm-up batch) with every call of these timed:
 - each decoder step (`DecoderSteps.logits`: embeddings, layers, output projection, for the rows still in the batch),
   bucketed by how many rows it computes (beam search: sentences x beams), with the mean milliseconds per step and
   per row;
-- the search's bookkeeping: the rest of `fast_generate` (argmax or beam candidates, finished rows, compaction).
+- the search's bookkeeping: the rest of `fast_generate` (argmax or beam candidates, finished rows, compaction);
+- the calls into the compiled kernels (every function of the kernel module called from Python, and the int8 /
+  float32 linear layers' calls: `Int8Linear.forward`, `Float32Linear.forward`), in all phases: what is left is
+  Python and the torch operations around them (embeddings, masks, cache bookkeeping, SDPA in the encoder).
 
 Then `torch.profiler`'s operators with the most self CPU time over a second pass (the compiled kernels' calls from
 Python appear as `hf_layerfusion_cpu_kernels` functions; calls made inside the compiled decoding steps do not).
@@ -44,11 +47,37 @@ import transformers  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
-from hf_layerfusion.inference import decoding, fast_generation  # noqa: E402
+from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.training import translation as translation_module  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # a step computing r rows falls in the first bucket >= r
+
+
+class TimedKernels:
+    """The compiled kernel module with every function call timed into `seconds` (a stand-in that the inference
+    modules' `compiled_kernels()` returns while profiling)."""
+
+    def __init__(self, kernels, totals: dict):
+        self._kernels, self._totals = kernels, totals
+
+    def __getattr__(self, name):
+        function = getattr(self._kernels, name)
+        if not callable(function) or isinstance(function, type):
+            return function
+        totals = self._totals
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                totals["kernels"] += time.perf_counter() - start
+
+        return timed
+
+
+KERNEL_CALLERS = (inference_copies, search, decoding, decoding_attention)  # modules that call compiled_kernels()
 
 
 class PhaseTimer:
@@ -84,10 +113,34 @@ class PhaseTimer:
 
         fast_generation.encode_by_length = timed_encode
         decoding.DecoderSteps.logits = timed_logits
+        # the compiled calls: the kernel module's functions, and the linear layers' (a `KernelLinear` called from Python)
+        self.kernel_totals = {"kernels": 0.0}
+        kernels = TimedKernels(compiled_kernels(), self.kernel_totals)
+        self.original_callers = {module: module.compiled_kernels for module in KERNEL_CALLERS}
+        for module in KERNEL_CALLERS:
+            module.compiled_kernels = lambda: kernels
+        self.original_forwards = {cls: cls.forward for cls in (inference_copies.Int8Linear, inference_copies.Float32Linear)}
+        for cls, forward in self.original_forwards.items():
+            def timed_forward(layer, hidden_states, forward=forward):
+                start = time.perf_counter()
+                try:
+                    return forward(layer, hidden_states)
+                finally:
+                    timer.kernel_totals["kernels"] += time.perf_counter() - start
+
+            cls.forward = timed_forward
+
+    @property
+    def kernels(self) -> float:
+        return self.kernel_totals["kernels"]
 
     def restore(self):
         fast_generation.encode_by_length = self.original_encode
         decoding.DecoderSteps.logits = self.original_logits
+        for module, function in self.original_callers.items():
+            module.compiled_kernels = function
+        for cls, forward in self.original_forwards.items():
+            cls.forward = forward
 
 
 def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | None, top: int) -> None:
@@ -133,6 +186,9 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
         ("translate() outside fast_generate (tokenizer, batching)", whole - totals["generate"]),
     ):
         print(f"| {phase} | {seconds:.2f} | {100 * seconds / whole:.0f}% |")
+    print(f"| of all these: in calls of the compiled kernels | {timer.kernels:.2f} | {100 * timer.kernels / whole:.0f}% |")
+    print(f"| of all these: Python and torch operations around them | {whole - timer.kernels:.2f} | "
+          f"{100 * (whole - timer.kernels) / whole:.0f}% |")
     print("\n| rows per step | steps | seconds | ms per step | µs per row |")
     print("|---|---|---|---|---|")
     previous = 0
@@ -143,7 +199,8 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
         previous = bucket
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         run()
-    print(f"\nOperators by self CPU time (a second pass, profiled; top {top}):\n")
+    print(f"\ntorch operators by self CPU time (a second pass, profiled; top {top}; the compiled kernels are no torch "
+          "operators and do not appear):\n")
     print("```")
     print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
     print("```")
