@@ -293,6 +293,24 @@ def workload_corpus(args) -> tuple[str, list[str], list[str]]:
     return name, sources[: args.bleu_sentences], references[: args.bleu_sentences]
 
 
+def alternate_on_chunks(engines: dict, sources: list[str]) -> tuple[dict, dict]:
+    """`({engine: seconds per chunk}, {engine: translations})` of `engines` (`{name: translate(sentences)}`)
+    translating `sources` in chunks of `WORKLOAD_CHUNK` sentences, taking turns on each chunk (the order flipped
+    every chunk), so that a change of machine speed hits every engine alike. Each engine first translates two
+    sentences untimed (an inference copy made, first calls, thread pools)."""
+    for translate in engines.values():
+        translate(sources[:2])
+    chunks = [sources[start : start + WORKLOAD_CHUNK] for start in range(0, len(sources), WORKLOAD_CHUNK)]
+    seconds = {engine: [] for engine in engines}
+    translations = {engine: [] for engine in engines}
+    for index, chunk in enumerate(chunks):
+        for engine in engines if index % 2 == 0 else reversed(list(engines)):
+            start = time.perf_counter()
+            translations[engine].extend(engines[engine](chunk))
+            seconds[engine].append(time.perf_counter() - start)
+    return seconds, translations
+
+
 def measure_workload(args) -> list[dict]:
     """For each `--bleu` model, each `--threads` count and each search of `--bleu-beams`: the first
     `--bleu-sentences` test sentences (`workload_corpus`) translated by every engine of `workload_engines`, with
@@ -306,7 +324,6 @@ def measure_workload(args) -> list[dict]:
     from hf_layerfusion.training.evaluation import corpus_bleu
 
     corpus, sources, references = workload_corpus(args)
-    chunks = [sources[start : start + WORKLOAD_CHUNK] for start in range(0, len(sources), WORKLOAD_CHUNK)]
     rows = []
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
@@ -323,15 +340,7 @@ def measure_workload(args) -> list[dict]:
                         {quantization: t for (quantization, count), t in translators.items() if count == threads},
                         tuple(args.int8_formats),
                     )
-                    for translate in engines.values():  # not timed: the int8 copy, first calls, thread pools
-                        translate(sources[:2])
-                    seconds = {engine: [] for engine in engines}
-                    translations = {engine: [] for engine in engines}
-                    for index, chunk in enumerate(chunks):
-                        for engine in engines if index % 2 == 0 else reversed(list(engines)):
-                            start = time.perf_counter()
-                            translations[engine].extend(engines[engine](chunk))
-                            seconds[engine].append(time.perf_counter() - start)
+                    seconds, translations = alternate_on_chunks(engines, sources)
                     rows.append(dict(
                         model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams,
                         threads=threads, corpus=corpus, sentences=len(sources), seconds=seconds,

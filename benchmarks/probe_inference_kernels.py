@@ -32,6 +32,16 @@ the int8 copy's decoding-attention kernel beside SDPA on the attention calls of 
 runs in the int8 copy, whose attention is that kernel.
 
     python benchmarks/probe_inference_kernels.py [--repeats 5]
+
+`--workload MODEL_DIR` (a trained model, e.g. a study run directory) asks the same question on the real workload
+(issue 39, item 5: keep a hand kernel only where no library primitive comes within ~10% of it there): the Multi30k
+test sentences (`--sentences`, default all 1000) translated as `hf_layerfusion.translate` does, by the package's
+float32 and int8 copies and by the same copies with each library product instead (F.linear, MKL packed; float32
+blocks, oneDNN `qlinear_pointwise`, `linear_dynamic`, and the 7-bit format where the CPU's
+default is 8 bits), alternated on chunks of sentences (`bench_inference.alternate_on_chunks`), greedy and beam-4:
+seconds, the ratio to the package's kernel of the same precision, BLEU and translations identical to the package's.
+
+    python benchmarks/probe_inference_kernels.py --workload runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
@@ -168,7 +178,7 @@ def microseconds(function, calls: int = 200, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def print_isolated_products(rows: int) -> None:
+def print_isolated_products(rows: int, unusable: dict[str, str]) -> None:
     """Each kernel on the decoder's products at `rows` rows, alone (inputs and weights stay in cache)."""
     print(f"\n### One product alone ({rows} rows, cache-hot), microseconds per call\n")
     kernel = compiled_kernels()
@@ -179,6 +189,7 @@ def print_isolated_products(rows: int) -> None:
           "int8 compiled, float32 blocks | int8 oneDNN qlinear | int8 linear_dynamic |"
           + (f" {seven_bit} |" if seven_bit else ""))
     print("|---|---|---|---|---|---|---|---|" + ("---|" if seven_bit else ""))
+    left_out = {LIBRARY_CANDIDATES[title][0] for title in unusable}
     classes = [MKLPackedLinear, Float32Linear, Int8Linear, FloatBlocksInt8Linear, OneDNNInt8Linear, DynamicInt8Linear]
     if seven_bit:
         classes.append(functools.partial(Int8Linear, code_bits=7))
@@ -188,8 +199,11 @@ def print_isolated_products(rows: int) -> None:
         linear = nn.Linear(inputs, outputs)
         layers = [cls(linear.weight, linear.bias) for cls in classes]
         with torch.inference_mode():
-            cells = [microseconds(lambda f=f, x=states: f(x)) for f in (linear, *layers)]
-        print(f"| {inputs} -> {outputs} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
+            cells = [
+                "left out" if type(f) in left_out else f"{microseconds(lambda f=f, x=states: f(x)):.1f}"
+                for f in (linear, *layers)
+            ]
+        print(f"| {inputs} -> {outputs} | " + " | ".join(cells) + " |")
 
 
 def print_isolated_attention(kernels) -> None:
@@ -241,37 +255,124 @@ def print_isolated_attention(kernels) -> None:
         print(f"| {title} | " + " | ".join(f"{cell:.1f}" for cell in cells) + " |")
 
 
+# the library products' candidates: title -> (linear layer class, quantization of the copy)
+LIBRARY_CANDIDATES = {
+    "plain: fast float32, F.linear (addmm)": (TorchLinear, None),
+    "plain: fast float32, MKL packed": (MKLPackedLinear, None),
+    "plain: fast int8, float32 blocks": (FloatBlocksInt8Linear, "int8"),
+    "plain: fast int8, oneDNN qlinear": (OneDNNInt8Linear, "int8"),
+    "plain: fast int8, linear_dynamic": (DynamicInt8Linear, "int8"),
+}
+# a candidate whose one product takes this many times the package's kernel's is left out of the timed runs (a
+# library path that falls back to reference code on this CPU would take hours there)
+UNUSABLE_SLOWDOWN = 20.0
+
+
+def unusable_candidates() -> dict[str, str]:
+    """`{title: why}` of the candidates of `LIBRARY_CANDIDATES` whose product of 32 rows 256 -> 1024 takes more than
+    `UNUSABLE_SLOWDOWN` times the package's kernel of the same precision on this CPU."""
+    linear = nn.Linear(256, 1024)
+    states = torch.randn(32, 256)
+    with torch.inference_mode():
+        package = {None: microseconds(lambda f=Float32Linear(linear.weight, linear.bias): f(states), calls=20),
+                   "int8": microseconds(lambda f=Int8Linear(linear.weight, linear.bias): f(states), calls=20)}
+        unusable = {}
+        for title, (layer_class, quantization) in LIBRARY_CANDIDATES.items():
+            layer = layer_class(linear.weight, linear.bias)
+            layer(states)
+            start = time.perf_counter()
+            layer(states)
+            once = (time.perf_counter() - start) * 1e6
+            if once > UNUSABLE_SLOWDOWN * package[quantization]:
+                unusable[title] = (f"one product of 32 rows 256 -> 1024 took {once:.0f} µs against the package's "
+                                   f"{package[quantization]:.0f} µs: left out")
+    return unusable
+
+
+def candidate_copies(model, unusable: dict[str, str]) -> dict:
+    """`{title: (inference copy, quantization)}`: the package's float32 and int8 copies of `model` and the same copies
+    with each usable library product (or the other int8 format) instead of the package's kernel."""
+    kernel = compiled_kernels()
+    copies = {FLOAT32: (prepare_for_inference(model), None), INT8: (prepare_for_inference(model, "int8"), "int8")}
+    for title, (layer_class, quantization) in LIBRARY_CANDIDATES.items():
+        if title not in unusable:
+            copies[title] = (kernel_copy(model, layer_class, quantization or "float32"), quantization)
+    if kernel is not None and kernel.int8_code_bits() == 8:
+        copies[SEVEN_BIT] = (int8_copy(model, 7), "int8")
+    return copies
+
+
+def print_workload_probe(args) -> None:
+    """The candidates of `candidate_copies` on the real workload of a trained model (`--workload`)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_layerfusion
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.workload).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.workload)
+    sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.sentences]
+    references = backbone.read_lines(args.data / "test_2016_flickr.de")[: args.sentences]
+    copies = candidate_copies(model, args.unusable)
+    for search, num_beams in bench_inference.SEARCHES.items():
+        engines = {
+            title: (lambda s, c=copy, q=quantization: hf_layerfusion.translate(
+                c, tokenizer, s, num_beams=num_beams, quantization=q))
+            for title, (copy, quantization) in copies.items()
+        }
+        seconds, translations = bench_inference.alternate_on_chunks(engines, sources)
+        print(f"\n### The real workload: {args.workload} ({model.config.model_type}), {len(sources)} Multi30k test "
+              f"sentences, {search} (num_beams={num_beams}), 1 thread\n")
+        print(f"Batches of 32 sorted by length, each sentence stopping at its end token; candidates alternated on chunks "
+              f"of {bench_inference.WORKLOAD_CHUNK} sentences; ratio: median of per-chunk ratios [min-max], the "
+              "package's kernel of the same precision over the candidate (below 1: the candidate is slower).\n")
+        print("| engine | seconds | vs the package's kernel | BLEU | translations identical to the package's |")
+        print("|---|---|---|---|---|")
+        for title, samples in seconds.items():
+            own = INT8 if "int8" in title else FLOAT32
+            versus = "–" if title == own else bench_inference.ratio_cell(seconds, title, own)[1]
+            same = sum(a == b for a, b in zip(translations[title], translations[own]))
+            print(f"| {title.removeprefix('plain: ')} | {sum(samples):.1f} | {versus} | "
+                  f"{corpus_bleu(translations[title], references)[0]:.2f} "
+                  f"| {same}/{len(sources)} |")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA)
+    parser.add_argument("--workload", type=Path, default=None,
+                        help="a trained model's directory: the candidates on the real workload instead")
+    parser.add_argument("--sentences", type=int, default=None, help="with --workload: test sentences (default: all)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.sentences is not None and (args.workload is None or args.sentences < 1):
+        parser.error(f"--sentences takes a positive count, with --workload only; got {args.sentences}")
+    if args.workload is not None and not (args.workload / "config.json").is_file():
+        parser.error(f"--workload {args.workload} holds no config.json: give a saved model's directory")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*quantized.*")
 
     kernel = compiled_kernels()
     int8_product = "not compiled" if kernel is None else kernel.int8_product(kernel.int8_code_bits())
-    print("## Candidate kernels for the fast CPU path (issue 19)\n")
+    print("## Candidate kernels for the fast CPU path (issues 19 and 39)\n")
     print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
           f"{backbone.cpu_model()} (int8 kernel: {int8_product}), 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
           f"{backbone.loadavg()}")
+    args.unusable = unusable_candidates()
+    for title, why in args.unusable.items():
+        print(f"- {title}: {why}")
+    if args.workload is not None:
+        print_workload_probe(args)
+        print(f"\n(load average at end {backbone.loadavg()})")
+        return
     tokenizer = backbone.train_tokenizer(args.data, 8000)
     batch = backbone.encode_batch(tokenizer, backbone.read_lines(args.data / "test_2016_flickr.en")[:32])
     marian = backbone.build_marian(len(tokenizer), 0).eval()
     plain = backbone.build_model("plain", marian, 0).eval()
-    models = {
-        FLOAT32: prepare_for_inference(plain),
-        "plain: fast float32, F.linear (addmm)": kernel_copy(plain, TorchLinear, "float32"),
-        "plain: fast float32, MKL packed": kernel_copy(plain, MKLPackedLinear, "float32"),
-        INT8: prepare_for_inference(plain, "int8"),
-        "plain: fast int8, float32 blocks": kernel_copy(plain, FloatBlocksInt8Linear, "int8"),
-        **({SEVEN_BIT: int8_copy(plain, 7)} if kernel is not None and kernel.int8_code_bits() == 8 else {}),
-        "plain: fast int8, oneDNN qlinear": kernel_copy(plain, OneDNNInt8Linear, "int8"),
-        "plain: fast int8, linear_dynamic": kernel_copy(plain, DynamicInt8Linear, "int8"),
-    }
+    models = {title: copy for title, (copy, _) in candidate_copies(plain, args.unusable).items()}
     engines = {title: (lambda kwargs, m=model: fast_generate(m, **batch, **kwargs)) for title, model in models.items()}
 
     def model_itself(kwargs):
@@ -288,15 +389,20 @@ def main(argv=None) -> None:
         float_tokens = tokens[FLOAT32]
 
         def same(title, other_tokens=reference):
+            if title not in tokens:
+                return "left out"
             return "yes" if torch.equal(tokens[title], other_tokens) else "NO"
+
+        def rows_equal(title):
+            return "left out" if title not in tokens else f"{int((tokens[title] == float_tokens).all(1).sum())}/32"
 
         print(f"\n### {search} (num_beams={num_beams}), wall-clock seconds, 1 thread\n")
         print(f"- tokens == MarianMTModel's: fast float32 compiled {same(FLOAT32)}, F.linear "
               f"{same('plain: fast float32, F.linear (addmm)')}, MKL packed {same('plain: fast float32, MKL packed')}, "
               f"the model itself {same(MODEL_ITSELF)}; compiled int8 with float32 blocks == with {int8_product}: "
               f"{same('plain: fast int8, float32 blocks', tokens[INT8])}; "
-              f"rows equal to float32: compiled int8 {int((tokens[INT8] == float_tokens).all(1).sum())}/32, "
-              f"linear_dynamic {int((tokens['plain: fast int8, linear_dynamic'] == float_tokens).all(1).sum())}/32\n")
+              f"rows equal to float32: compiled int8 {rows_equal(INT8)}, "
+              f"linear_dynamic {rows_equal('plain: fast int8, linear_dynamic')}\n")
 
         def run_marian(kwargs=kwargs):
             with torch.inference_mode():
@@ -312,7 +418,7 @@ def main(argv=None) -> None:
             versus = bench_inference.ratio_cell(wall, title, "MarianMTModel generate()")[1] if title != "MarianMTModel generate()" else "1"
             own = bench_inference.ratio_cell(wall, title, replaced[title])[1] if title in replaced else "–"
             print(f"| {title} | {statistics.median(samples):.3f} | {versus} | {own} |")
-    print_isolated_products(32)
+    print_isolated_products(32, args.unusable)
     if kernel is not None:
         print_isolated_attention(kernel)
     print(f"\n(load average at end {backbone.loadavg()})")
