@@ -143,7 +143,9 @@ class PhaseTimer:
             cls.forward = forward
 
 
-def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | None, top: int) -> None:
+def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | None, top: int) -> dict:
+    """Prints one quantization's and search's profile; returns its seconds by phase (`whole`, `encoder`, `steps`,
+    `bookkeeping`, `outside`; `kernels`: the compiled calls within them)."""
     label = f"{'int8' if quantization else 'float32'}, {'greedy' if num_beams == 1 else f'beam {num_beams}'}"
 
     def run():
@@ -204,9 +206,12 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
     print("```")
     print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
     print("```")
+    return dict(whole=whole, encoder=timer.encoder, steps=step_seconds, bookkeeping=bookkeeping,
+                outside=whole - totals["generate"], kernels=timer.kernels)
 
 
-def main(argv=None):
+def main(argv=None) -> dict:
+    """Prints the profiles; returns `{(quantization, num_beams): profile_one's seconds}`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="a trained model (e.g. a study run directory)")
     parser.add_argument("--data", type=Path, default=backbone.DEFAULT_DATA, help="Multi30k directory")
@@ -238,10 +243,14 @@ def main(argv=None):
         print(f"- int8 product: {kernels.int8_product(bits)} ({bits}-bit codes)")
     print(f"- model: {args.model_dir} ({model.config.model_type}, {model.config.encoder_layers} + "
           f"{model.config.decoder_layers} layers, d_model {model.config.d_model}, vocabulary {model.config.vocab_size})")
+    profiles = {}
     for quantization in args.quantization:
         for num_beams in args.num_beams:
-            profile_one(model, tokenizer, sources, num_beams, None if quantization == "float32" else "int8", args.top)
+            profiles[quantization, num_beams] = profile_one(
+                model, tokenizer, sources, num_beams, None if quantization == "float32" else "int8", args.top
+            )
     print(f"\n(load average at end {backbone.loadavg()})")
+    return profiles
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""Smoke tests of the inference benchmarks' real-workload modes on tiny saved models (what issue 39's measurements
+run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
+`bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
+BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split) and `probe_inference_kernels.py --workload`."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import tiny_model, tiny_tokenizer
+
+from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_inference  # noqa: E402
+import probe_inference_kernels  # noqa: E402
+import profile_workload  # noqa: E402
+
+SENTENCES = ["ab ba abba", "baab ab", "b a", "abab baba aa bb", "ab", "ba ab ba ab"]
+
+
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory):
+    """A tiny plain Transformer and a tiny GTrans with the tiny tokenizer, saved, and a Multi30k-shaped data folder
+    (test_2016_flickr.en / .de) of letter sentences."""
+    root = tmp_path_factory.mktemp("workload")
+    tokenizer = tiny_tokenizer()
+    directories = {}
+    for model_type in ("plain_transformer", "gtrans"):
+        model = tiny_model(model_type, max_length=12)
+        model.generation_config.max_length = 12
+        directory = root / model_type
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        directories[model_type] = directory
+    data = root / "data"
+    data.mkdir()
+    (data / "test_2016_flickr.en").write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    (data / "test_2016_flickr.de").write_text("\n".join(reversed(SENTENCES)) + "\n", encoding="utf-8")
+    return directories, data
+
+
+def test_profile_workload_splits_the_whole_and_restores_what_it_timed(saved_models, capsys):
+    directories, data = saved_models
+    originals = (fast_generation.encode_by_length, decoding.DecoderSteps.logits, inference_copies.Int8Linear.forward,
+                 inference_copies.Float32Linear.forward,
+                 *(module.compiled_kernels for module in (inference_copies, search, decoding, decoding_attention)))
+    profiles = profile_workload.main([str(directories["gtrans"]), "--data", str(data), "--sentences", "6",
+                                      "--num-beams", "1", "2", "--top", "3"])
+    output = capsys.readouterr().out
+    assert set(profiles) == {(quantization, beams) for quantization in ("float32", "int8") for beams in (1, 2)}
+    for (quantization, beams), seconds in profiles.items():
+        label = "greedy" if beams == 1 else "beam 2"
+        assert f"### {quantization}, {label}: 6 sentences, {seconds['whole']:.2f} s timed" in output
+        phases = [seconds[name] for name in ("encoder", "steps", "bookkeeping", "outside")]
+        assert min(phases) >= 0 and sum(phases) == pytest.approx(seconds["whole"], rel=1e-9)
+        if compiled_kernels() is not None:
+            assert 0 < seconds["kernels"] < seconds["whole"]  # the compiled calls were timed, and are not everything
+    assert originals == (
+        fast_generation.encode_by_length, decoding.DecoderSteps.logits, inference_copies.Int8Linear.forward,
+        inference_copies.Float32Linear.forward,
+        *(module.compiled_kernels for module in (inference_copies, search, decoding, decoding_attention)),
+    )
+
+
+def test_bench_inference_adds_the_other_int8_format_with_its_product_and_bleu_cost(saved_models, capsys):
+    directories, data = saved_models
+    kernels = compiled_kernels()
+    if kernels is None:
+        pytest.skip("the int8 formats' products need the compiled kernels")
+    other = 7 if kernels.int8_code_bits() == 8 else 8
+    bench_inference.main(["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--int8-formats", "7", "8",
+                          "--bleu", str(directories["gtrans"]), "--data", str(data)])
+    output = capsys.readouterr().out
+    engine = f"fast int8 {other}-bit ({kernels.int8_product(other)})"
+    assert f"| {engine} |" in output
+    assert output.count("| fast int8") == 2  # the default format once ("fast int8"), the other format once
+    assert re.search(rf"- {re.escape(engine)} BLEU cost on Multi30k test .* <= 0.2 BLEU: ", output)
+
+
+def test_the_quickstart_corpus_is_the_quickstarts_test_split():
+    from hf_layerfusion.training.data import builtin_number_corpus
+
+    args = bench_inference.parse_args(["--bleu-corpus", "quickstart", "--bleu-sentences", "5", "--speed", "none"])
+    name, sources, references = bench_inference.workload_corpus(args)
+    from quickstart import CORPUS, SOURCE_LANG, TARGET_LANG  # examples/, put on the path by workload_corpus
+
+    test = builtin_number_corpus(SOURCE_LANG, TARGET_LANG, CORPUS["builtin_num_train"], CORPUS["builtin_num_valid"],
+                                 CORPUS["builtin_num_test"])["test"]
+    assert name == "the quickstart's test split"
+    assert sources == [example["translation"][SOURCE_LANG] for example in test][:5]
+    assert references == [example["translation"][TARGET_LANG] for example in test][:5]
+
+
+def test_probe_workload_runs_every_usable_candidate(saved_models, capsys):
+    directories, data = saved_models
+    if compiled_kernels() is None:
+        pytest.skip("the package's kernels are the candidates' reference")
+    probe_inference_kernels.main(["--workload", str(directories["plain_transformer"]), "--data", str(data)])
+    output = capsys.readouterr().out
+    left_out = {title for title in probe_inference_kernels.LIBRARY_CANDIDATES if f"- {title}: " in output}
+    for label in ("greedy", "beam"):
+        section = output.split(f"sentences, {label} (num_beams=")[1].split("###")[0]
+        for title in probe_inference_kernels.LIBRARY_CANDIDATES:
+            assert (f"| {title.removeprefix('plain: ')} |" in section) == (title not in left_out)
+        assert "| fast float32 (Float32Linear, compiled) | " in section
