@@ -269,8 +269,8 @@ UNUSABLE_SLOWDOWN = 20.0
 
 
 def unusable_candidates() -> dict[str, str]:
-    """`{title: why}` of the candidates of `LIBRARY_CANDIDATES` whose product of 32 rows 256 -> 1024 takes more than
-    `UNUSABLE_SLOWDOWN` times the package's kernel of the same precision on this CPU."""
+    """`{title: why}` of the candidates of `LIBRARY_CANDIDATES` whose product of 32 rows 256 -> 1024 (the fastest of
+    three calls) takes more than `UNUSABLE_SLOWDOWN` times the package's kernel of the same precision on this CPU."""
     linear = nn.Linear(256, 1024)
     states = torch.randn(32, 256)
     with torch.inference_mode():
@@ -280,9 +280,11 @@ def unusable_candidates() -> dict[str, str]:
         for title, (layer_class, quantization) in LIBRARY_CANDIDATES.items():
             layer = layer_class(linear.weight, linear.bias)
             layer(states)
-            start = time.perf_counter()
-            layer(states)
-            once = (time.perf_counter() - start) * 1e6
+            once = float("inf")
+            for _ in range(3):  # the fastest of three calls: one slow call under other load leaves nothing out
+                start = time.perf_counter()
+                layer(states)
+                once = min(once, (time.perf_counter() - start) * 1e6)
             if once > UNUSABLE_SLOWDOWN * package[quantization]:
                 unusable[title] = (f"one product of 32 rows 256 -> 1024 took {once:.0f} µs against the package's "
                                    f"{package[quantization]:.0f} µs: left out")
