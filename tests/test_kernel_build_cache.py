@@ -54,7 +54,10 @@ def builds(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     made = []
 
-    def load(name, sources, build_directory, **kwargs):
+    def load(name, sources, build_directory, extra_cflags=None, extra_ldflags=None, **kwargs):
+        # as torch's `load`, which appends its own flags to the lists it is given (`_prepare_ldflags`)
+        extra_cflags.append("-DTORCH_EXTENSION_NAME=" + name)
+        extra_ldflags.append("-ltorch_cpu")
         made.append(types.SimpleNamespace(name=name, sources=sources, directory=Path(build_directory)))
         library = Path(build_directory) / f"{name}.so"
         library.write_bytes(b"")

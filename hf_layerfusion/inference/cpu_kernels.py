@@ -42,12 +42,12 @@ KERNEL_SOURCES = (
 )
 # no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
 # bit for bit (the float32 kernel's multiply-adds are explicit)
-KERNEL_CFLAGS = ["-O3", "-fno-math-errno", "-ffp-contract=off"]
+KERNEL_CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off")
 # `at::parallel_for` is a header template that splits work across threads only where the including code is compiled
 # with OpenMP (ATen/Parallel-inl.h: `INTRA_OP_PARALLEL` comes from `_OPENMP`); without it every kernel runs on one
 # thread whatever `torch.set_num_threads` says. Linked against libgomp.so.1, the extension shares the OpenMP runtime
 # that torch's Linux wheels load (the same soname), so `torch.set_num_threads` governs its threads too.
-OPENMP_FLAGS = ["-fopenmp"] if sys.platform.startswith("linux") else []
+OPENMP_FLAGS = ("-fopenmp",) if sys.platform.startswith("linux") else ()
 KERNEL_EXTENSION = "hf_layerfusion_cpu_kernels"  # the module's name and build directory's, before the key
 BUILD_RECORD = "build.json"  # in the build directory, written once the module is built and loaded
 # compiler CPU seconds (user + system) on this project's Intel Xeon (AVX-512): the longest source, ~28 s, most of it
@@ -216,8 +216,10 @@ def build_kernels(source_directory: Path, *, force: bool = False, implicit: bool
         module = load(
             name=name,
             sources=[str(copies / source_name) for source_name in KERNEL_SOURCES],
-            extra_cflags=KERNEL_CFLAGS + OPENMP_FLAGS,
-            extra_ldflags=OPENMP_FLAGS,
+            # new lists: torch's `load` appends its own flags to the lists it is given, which would change the key
+            # (`kernel_build_key` hashes these constants) for the rest of the process and build again
+            extra_cflags=[*KERNEL_CFLAGS, *OPENMP_FLAGS],
+            extra_ldflags=[*OPENMP_FLAGS],
             extra_include_paths=[str(copies)],
             build_directory=str(directory),
         )
