@@ -235,24 +235,27 @@ def int8_format_engine(code_bits: int) -> str:
     return f"fast int8 {code_bits}-bit ({product})"
 
 
+def other_int8_formats(model, int8_formats) -> dict:
+    """`{code_bits: int8_copy(model, code_bits)}` for each format of `int8_formats` but this CPU's default (which
+    "fast int8" runs already), made once per model."""
+    kernels = compiled_kernels()
+    default_bits = 8 if kernels is None else kernels.int8_code_bits()
+    return {code_bits: int8_copy(model, code_bits) for code_bits in int8_formats if code_bits != default_bits}
+
+
 def workload_engines(
-    model, tokenizer, num_beams: int, marian=None, translators: dict | None = None, int8_formats: tuple = ()
+    model, tokenizer, num_beams: int, marian=None, translators: dict | None = None, int8_copies: dict | None = None
 ) -> dict:
     """`{engine: translate(sentences) -> list[str]}` for a trained model: `generate()`, the fast loop in float32
-    and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length), and in each int8 format of
-    `int8_formats` but this CPU's default (`int8_copy(model, code_bits)`); for a plain Transformer also its `MarianMTModel` (`marian`, from
+    and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length), and each int8 copy of `int8_copies`
+    (`other_int8_formats`); for a plain Transformer also its `MarianMTModel` (`marian`, from
     `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines` (`{quantization: translator}`)."""
     engines = {
         "generate()": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, fast=False),
         "fast float32": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams),
         "fast int8": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, quantization="int8"),
     }
-    kernels = compiled_kernels()
-    default_bits = 8 if kernels is None else kernels.int8_code_bits()
-    for code_bits in int8_formats:
-        if code_bits == default_bits:
-            continue  # "fast int8" is that format already (the header names it)
-        copy = int8_copy(model, code_bits)
+    for code_bits, copy in (int8_copies or {}).items():
         engines[int8_format_engine(code_bits)] = lambda s, c=copy: hf_layerfusion.translate(
             c, tokenizer, s, num_beams=num_beams, quantization="int8"
         )
@@ -330,6 +333,7 @@ def measure_workload(args) -> list[dict]:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         plain = model.config.model_type == "plain_transformer"
         marian = hf_layerfusion.to_marian(model) if plain else None
+        int8_copies = other_int8_formats(model, args.int8_formats)
         with tempfile.TemporaryDirectory() as work:
             translators = ctranslate2_engines(model, tokenizer, Path(work), args.threads) if plain else {}
             for threads in args.threads:
@@ -338,7 +342,7 @@ def measure_workload(args) -> list[dict]:
                     engines = workload_engines(
                         model, tokenizer, num_beams, marian,
                         {quantization: t for (quantization, count), t in translators.items() if count == threads},
-                        tuple(args.int8_formats),
+                        int8_copies,
                     )
                     seconds, translations = alternate_on_chunks(engines, sources)
                     rows.append(dict(
