@@ -42,7 +42,7 @@ def step_blocks(engine) -> list[tuple[str, KernelResidualSublayer]]:
     ]
 
 
-def decoder_logits(engine, group: int, tokens: torch.Tensor) -> list[torch.Tensor]:
+def decoder_logits(engine, group: int, tokens: torch.Tensor, compile_layers=None) -> list[torch.Tensor]:
     """The logits of `DecoderSteps` at each step of `tokens` `(steps, rows)`, rows = sources x `group` (beams)."""
     source = tiny_sources()
     with torch.inference_mode():
@@ -52,7 +52,8 @@ def decoder_logits(engine, group: int, tokens: torch.Tensor) -> list[torch.Tenso
             if value is not None:
                 setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
         mask = source["attention_mask"].repeat_interleave(group, dim=0)
-        steps = DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None, group=group)
+        steps = DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None, group=group,
+                             compile_layers=compile_layers)
         return [steps.logits(step_tokens) for step_tokens in tokens]
 
 
@@ -85,6 +86,49 @@ def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, quantizat
             block.decoding_step = step
         for step, (actual, expected) in enumerate(zip(with_kernels, python_path)):
             assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantization, kernels, monkeypatch):
+    """Every layer of a step in one compiled call (`CompiledDecoderLayers`, as the fast loop runs it) against the same
+    steps through `run_layers` and the blocks' own compiled steps: the same logits bit for bit at every step (beams
+    sharing a sentence's cross-attention keys, a source prefix). It applies to stacks without a connection whose
+    every decoder sub-layer has a bound step, from the second step on, and there it replaces the blocks' calls."""
+    model_type, overrides = CASES[case]
+    engine = prepare_for_inference(tiny_model(model_type, d_model=32, **overrides), quantization)
+    applies = engine.get_decoder().connection is None and all(
+        block.decoding_step is not None for _, block in step_blocks(engine)
+    )
+    runs = []
+    states = inference_copies.CompiledDecoderLayers.states
+
+    def counted_states(self, *args):
+        computed = states(self, *args)
+        runs.append(computed is not None)
+        return computed
+
+    monkeypatch.setattr(inference_copies.CompiledDecoderLayers, "states", counted_states)
+    counting = CountingKernels(kernels)
+    monkeypatch.setattr(inference_copies, "compiled_kernels", lambda: counting)
+    for group in (1, 3):
+        tokens = torch.randint(4, engine.config.vocab_size, (6, 5 * group), generator=torch.Generator().manual_seed(group))
+        tokens[0] = engine.config.decoder_start_token_id
+        runs.clear()
+        counting.calls.clear()
+        in_one_call = decoder_logits(engine, group, tokens, inference_copies.compiled_decoder_layers)
+        blocks_calls = sum(counting.calls[name] for name in ("self_attention_step", "cross_attention_step"))
+        assert runs == ([False] + [True] * (tokens.shape[0] - 1) if applies else []), (case, runs)
+        # the first step fills the cache slots through the blocks; later ones run in the one call where it applies
+        assert (blocks_calls == 0) == applies, (case, counting.calls)
+        through_blocks = decoder_logits(engine, group, tokens)
+        for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):
+            assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
+    # deep representations' and layer-wise coordination's stacks have a connection (the aggregation; the layer
+    # embeddings), which runs in Python between the layers
+    expected_to_apply = {"gtrans", "plain_transformer", "plain_transformer pre-norm", "re_transformer",
+                         "re_transformer sff encoder, scf-sfc decoder", "rtal"}
+    assert applies == (case in expected_to_apply), (case, applies)
 
 
 def test_only_sub_layers_that_declare_their_step_get_one(kernels, monkeypatch):

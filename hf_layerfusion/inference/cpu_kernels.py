@@ -1,8 +1,8 @@
 """The C++ CPU kernels of the inference copies (`kernels/`): `float32_linear` (`Float32Linear`) and `int8_linear`
 (`Int8Linear`), both called through `KernelLinear` (a layer's weights, bound once), `add_layer_norm`
 (`KernelResidualSublayer`), `mixture_log_probs` (GTrans' output mixture) and the sub-layer decoding steps
-`self_attention_step`, `cross_attention_step`, `feed_forward_step` (`KernelResidualSublayer.run`), all used in
-inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
+`self_attention_step`, `cross_attention_step`, `feed_forward_step` (`KernelResidualSublayer.run`) and all of a
+decoder's layers at a step in one call (`DecoderLayerSteps`, `CompiledDecoderLayers`), all used in inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
 `first_argmax` (greedy search's choice) and `beam_top_k` (beam search's, search.py), and `move_rows` (beam search's
 cache reorder, decoding.py), compiled into one extension module.
 

@@ -4,7 +4,7 @@ at a time through the model's own modules."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers.cache_utils import EncoderDecoderCache
@@ -180,6 +180,7 @@ class DecoderSteps:
         capacity: int,
         decoder_groups: Sequence[int] | None,
         group: int = 1,
+        compile_layers: Callable | None = None,
     ):
         self.model = model
         self.decoder = model.get_decoder()
@@ -197,6 +198,9 @@ class DecoderSteps:
         self.memory_mask = self.build_memory_mask()
         self.cache = DecodingCache(capacity)
         self.position = 0
+        # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
+        # (inference_copies.compiled_decoder_layers for the inference copies)
+        self.compiled_layers = None if compile_layers is None else compile_layers(self.decoder, self.layers)
 
     def build_memory_mask(self) -> torch.Tensor | None:
         """The cross-attention mask `forward()` builds for one query position (None where nothing is masked)."""
@@ -215,13 +219,19 @@ class DecoderSteps:
         """float32 logits `(rows, vocab)` of the next position after `tokens` `(rows,)`, as `generate()` reads them."""
         input_ids = tokens[:, None]
         embeddings = self.decoder.embeddings(input_ids, self.decoder.input_embeddings(input_ids, None), self.position)
-        states = self.decoder.run_layers(
-            embeddings,
-            self.layers,
-            self.memory_for_layer,
-            # one query per step attends to every cached position: no self-attention mask, as `forward()` builds none
-            {"attention_mask": None, "memory_mask": self.memory_mask, "cache": self.cache},
-        )
+        compiled = self.compiled_layers
+        states = None if compiled is None else compiled.states(embeddings, self.cache, self.memory_mask)
+        if states is None:
+            states = self.decoder.run_layers(
+                embeddings,
+                self.layers,
+                self.memory_for_layer,
+                # one query per step attends to every cached position: no self-attention mask, as `forward()` builds
+                # none
+                {"attention_mask": None, "memory_mask": self.memory_mask, "cache": self.cache},
+            )
+        else:
+            states = self.decoder.readout_states(states)
         features = self.decoder.readout.group_features(states, self.groups)
         logits = self.model.output_head(features, self.groups, None, None, False).logits
         self.position += 1

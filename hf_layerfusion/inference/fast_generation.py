@@ -64,7 +64,7 @@ from ..compat import CACHE_NAME, beam_search_loop, sample_loop
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
 from .encoding import encode_by_length
-from .inference_copies import prepare_for_inference
+from .inference_copies import compiled_decoder_layers, prepare_for_inference
 from .search import beam_search, greedy_search
 
 fast_generation_logger = logging.get_logger(__name__)
@@ -162,6 +162,7 @@ def fast_decoding_loop(fallback: bool = True):
             capacity=max_length - 1,
             decoder_groups=model_kwargs.get("decoder_groups"),
             group=generation_config.num_beams,
+            compile_layers=compiled_decoder_layers,
         )
         if generation_config.num_beams > 1:
             return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)

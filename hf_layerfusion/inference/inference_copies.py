@@ -335,6 +335,76 @@ class KernelResidualSublayer(ResidualSublayer):
         return super().exit(residual, sublayer_output)
 
 
+class CompiledDecoderLayers:
+    """The decoder layers of an inference copy at each step of the fast decoding loop as one compiled call
+    (`DecoderLayerSteps`, kernels/decoding_step.cpp), for stacks whose every sub-layer runs its bound decoding step
+    (`KernelResidualSublayer.bind_decoding_step`) and that connect their layers plainly (no `Connection`): the kernel
+    calls that `run_layers` makes through the blocks' `run_decoding_step`, in the same order on the same tensors, so
+    the same numbers bit for bit, without the Python of the layer and block modules between them
+    (`compiled_decoder_layers` builds it; `DecoderSteps.logits` calls `states`)."""
+
+    def __init__(self, kernel_steps, self_slots: int, cross_slots: int):
+        self.kernel_steps, self.self_slots, self.cross_slots = kernel_steps, self_slots, cross_slots
+
+    def states(self, embeddings: torch.Tensor, cache: DecodingCache, memory_mask: torch.Tensor | None):
+        """The states `[s_0 .. s_L]` of a decoding step (`run_layers(..., normalize=False)`), each self-attention
+        slot one position longer; None where the blocks would not run their compiled steps either (the first step,
+        which makes the cache slots; a full slot, for which the Python path raises; a mask that is not boolean)."""
+        if memory_mask is not None and memory_mask.dtype != torch.bool:
+            return None
+        slots = cache.self_attention_cache.slots
+        if len(slots) != self.self_slots or not all(cache.is_updated.get(i, False) for i in range(self.cross_slots)):
+            return None
+        slots = [slots[i] for i in range(self.self_slots)]
+        if any(slot.length >= slot.keys.shape[1] for slot in slots):
+            return None
+        cross = [cache.cross_attention_cache.layers[i] for i in range(self.cross_slots)]
+        outputs = self.kernel_steps(
+            embeddings,
+            [slot.keys for slot in slots],
+            [slot.values for slot in slots],
+            [slot.length for slot in slots],
+            [slot.prefix for slot in slots],
+            [layer.keys for layer in cross],
+            [layer.values for layer in cross],
+            memory_mask,
+        )
+        for slot in slots:
+            slot.length += 1
+        return [embeddings, *outputs]
+
+
+def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
+    """`CompiledDecoderLayers` for `layers` of `decoder` (an inference copy's), or None where the kernels are not
+    built, the stack connects its layers (`connection`), a layer is not a plain `TransformerLayer`, or a sub-layer's
+    block has no bound decoding step: those steps run through `run_layers`."""
+    kernels = compiled_kernels()
+    if kernels is None or decoder.connection is not None or decoder.training:
+        return None
+    kernel_steps = kernels.DecoderLayerSteps()
+    self_slots, cross_slots = set(), set()
+    for layer in layers:
+        if type(layer) is not TransformerLayer:
+            return None
+        for _, name in layer.sublayers:
+            block = layer.get_submodule(f"{name}_block")
+            if not isinstance(block, KernelResidualSublayer) or block.decoding_step is None:
+                return None
+            form, arguments, layer_idx, scaling = block.decoding_step
+            if form == "feed_forward":
+                kernel_steps.add_feed_forward(*arguments)
+            elif form == "self":
+                kernel_steps.add_self_attention(*arguments, layer_idx, scaling)
+                self_slots.add(layer_idx)
+            else:
+                kernel_steps.add_cross_attention(*arguments, layer_idx, scaling)
+                cross_slots.add(layer_idx)
+        kernel_steps.end_layer()
+    if self_slots != set(range(len(self_slots))) or cross_slots != set(range(len(cross_slots))):
+        return None  # the slots of a shortened stack (`num_layers_needed`) are its first ones; anything else runs in Python
+    return CompiledDecoderLayers(kernel_steps, len(self_slots), len(cross_slots))
+
+
 def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU

@@ -75,6 +75,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cross_attention_step", &cross_attention_step,
         "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.");
   m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
+  if (const auto registered = pybind11::detail::get_type_handle(typeid(DecoderLayerSteps), false)) {
+    m.attr("DecoderLayerSteps") = registered;  // as KernelLinear above
+  } else {
+    pybind11::class_<DecoderLayerSteps>(m, "DecoderLayerSteps",
+                                        "The decoder's layers at one decoding step in one call: sub-layer steps added "
+                                        "in the stack's order, end_layer after each layer's last.")
+        .def(pybind11::init<>())
+        .def("add_self_attention", &DecoderLayerSteps::add_self_attention, pybind11::arg("norm_weight"),
+             pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("normalize_before"),
+             pybind11::arg("qkv_proj"), pybind11::arg("out_proj"), pybind11::arg("slot"), pybind11::arg("scaling"))
+        .def("add_cross_attention", &DecoderLayerSteps::add_cross_attention, pybind11::arg("norm_weight"),
+             pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("normalize_before"),
+             pybind11::arg("q_proj"), pybind11::arg("out_proj"), pybind11::arg("slot"), pybind11::arg("scaling"))
+        .def("add_feed_forward", &DecoderLayerSteps::add_feed_forward, pybind11::arg("norm_weight"),
+             pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("normalize_before"), pybind11::arg("fc1"),
+             pybind11::arg("fc2"))
+        .def("end_layer", &DecoderLayerSteps::end_layer)
+        .def("__call__", &DecoderLayerSteps::operator(), pybind11::arg("h"), pybind11::arg("keys"),
+             pybind11::arg("values"), pybind11::arg("lengths"), pybind11::arg("prefixes"), pybind11::arg("cross_keys"),
+             pybind11::arg("cross_values"), pybind11::arg("memory_mask"))
+        .def_property_readonly("layers", &DecoderLayerSteps::layers);
+  }
   m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",
         pybind11::arg("scores"));
   m.def("beam_top_k", &beam_top_k,

@@ -69,6 +69,43 @@ torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& 
                                    double scaling);
 torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
                                 double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2);
+// The decoder's layers at one decoding step in one call (decoding_step.cpp; `CompiledDecoderLayers` in
+// inference_copies.py): the sub-layer steps above, added in the stack's order with `end_layer` after each layer's last
+class DecoderLayerSteps {
+ public:
+  void add_self_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+                          bool normalize_before, const KernelLinear& qkv_proj, const KernelLinear& out_proj,
+                          int64_t slot, double scaling);
+  void add_cross_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+                           bool normalize_before, const KernelLinear& q_proj, const KernelLinear& out_proj,
+                           int64_t slot, double scaling);
+  void add_feed_forward(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+                        bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2);
+  void end_layer();
+  std::vector<torch::Tensor> operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
+                                        const std::vector<torch::Tensor>& values, const std::vector<int64_t>& lengths,
+                                        const std::vector<int64_t>& prefixes,
+                                        const std::vector<torch::Tensor>& cross_keys,
+                                        const std::vector<torch::Tensor>& cross_values,
+                                        const c10::optional<torch::Tensor>& memory_mask) const;
+  int64_t layers() const { return static_cast<int64_t>(layer_ends_.size()); }
+
+ private:
+  enum class Form { self_attention, cross_attention, feed_forward };
+  struct SublayerStep {
+    Form form;
+    torch::Tensor norm_weight, norm_bias;
+    double eps;
+    bool normalize_before;
+    KernelLinear first, second;  // qkv_proj and out_proj, q_proj and out_proj, or fc1 and fc2
+    int64_t slot;                // the attention's cache slot (-1: a feed-forward)
+    double scaling;
+  };
+  std::vector<SublayerStep> steps_;
+  std::vector<int64_t> layer_ends_;  // one past each layer's last step
+  int64_t self_slots_ = 0, cross_slots_ = 0;
+};
+
 torch::Tensor first_argmax(const torch::Tensor& scores);
 std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_probs, const torch::Tensor& beam_scores,
                                                      int64_t k);

@@ -11,6 +11,7 @@
 // Residual block (`ResidualSublayer`): post-norm LayerNorm(h + f(h)), pre-norm h + f(LayerNorm(h)).
 #include "cpu_kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace {
@@ -138,4 +139,95 @@ torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& nor
   check_projection(fc2, h.size(2), "feed_forward_step", "fc2");
   const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
   return norm.exit(h, fc2(fc1(norm.enter(h))));
+}
+
+// ---------------------------------------------------------------------------------------------- the layers in one call
+// `DecoderLayerSteps`: the sub-layer steps above, added once in the stack's order, then each decoding step of every
+// layer in one call: the same kernels on the same views in the same order as calling the steps one by one from Python
+// (the numbers bit for bit), without the Python between them (the layer and block modules, the cache lookups), which
+// at d_model 256 cost about as much per step as a one-row step's kernels.
+void DecoderLayerSteps::add_self_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+                                           bool normalize_before, const KernelLinear& qkv_proj,
+                                           const KernelLinear& out_proj, int64_t slot, double scaling) {
+  TORCH_CHECK(slot >= 0, "DecoderLayerSteps: a self-attention slot must be >= 0, got ", slot);
+  steps_.push_back({Form::self_attention, norm_weight, norm_bias, eps, normalize_before, qkv_proj, out_proj, slot,
+                    scaling});
+  self_slots_ = std::max(self_slots_, slot + 1);
+}
+
+void DecoderLayerSteps::add_cross_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+                                            double eps, bool normalize_before, const KernelLinear& q_proj,
+                                            const KernelLinear& out_proj, int64_t slot, double scaling) {
+  TORCH_CHECK(slot >= 0, "DecoderLayerSteps: a cross-attention slot must be >= 0, got ", slot);
+  steps_.push_back({Form::cross_attention, norm_weight, norm_bias, eps, normalize_before, q_proj, out_proj, slot,
+                    scaling});
+  cross_slots_ = std::max(cross_slots_, slot + 1);
+}
+
+void DecoderLayerSteps::add_feed_forward(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+                                         bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2) {
+  steps_.push_back({Form::feed_forward, norm_weight, norm_bias, eps, normalize_before, fc1, fc2, -1, 0.0});
+}
+
+void DecoderLayerSteps::end_layer() {
+  TORCH_CHECK(!steps_.empty() && (layer_ends_.empty() || layer_ends_.back() < static_cast<int64_t>(steps_.size())),
+              "DecoderLayerSteps: a layer must have at least one sub-layer step");
+  layer_ends_.push_back(static_cast<int64_t>(steps_.size()));
+}
+
+// `keys`, `values`, `lengths`, `prefixes`: each self-attention slot's cache buffers, filled length (the position this
+// step writes) and prefix; `cross_keys`, `cross_values`: each cross-attention slot's keys/values; `memory_mask`: the
+// cross-attention mask, also the prefix mask of slots with a prefix (as `KernelResidualSublayer.run_decoding_step`
+// passes them). Returns each layer's output.
+std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
+                                                         const std::vector<torch::Tensor>& values,
+                                                         const std::vector<int64_t>& lengths,
+                                                         const std::vector<int64_t>& prefixes,
+                                                         const std::vector<torch::Tensor>& cross_keys,
+                                                         const std::vector<torch::Tensor>& cross_values,
+                                                         const c10::optional<torch::Tensor>& memory_mask) const {
+  TORCH_CHECK(!layer_ends_.empty() && layer_ends_.back() == static_cast<int64_t>(steps_.size()),
+              "DecoderLayerSteps: end the last layer (end_layer) before stepping");
+  const auto self_slots = static_cast<size_t>(self_slots_), cross_slots = static_cast<size_t>(cross_slots_);
+  TORCH_CHECK(keys.size() == self_slots && values.size() == self_slots && lengths.size() == self_slots &&
+                  prefixes.size() == self_slots,
+              "DecoderLayerSteps: expected keys, values, lengths and prefixes of ", self_slots,
+              " self-attention slots, got ", keys.size(), ", ", values.size(), ", ", lengths.size(), " and ",
+              prefixes.size());
+  TORCH_CHECK(cross_keys.size() == cross_slots && cross_values.size() == cross_slots,
+              "DecoderLayerSteps: expected keys and values of ", cross_slots, " cross-attention slots, got ",
+              cross_keys.size(), " and ", cross_values.size());
+  std::vector<torch::Tensor> outputs;
+  outputs.reserve(layer_ends_.size());
+  torch::Tensor state = h;
+  size_t layer = 0;
+  for (size_t index = 0; index < steps_.size(); ++index) {
+    const SublayerStep& step = steps_[index];
+    switch (step.form) {
+      case Form::self_attention: {
+        const auto slot = static_cast<size_t>(step.slot);
+        const c10::optional<torch::Tensor> prefix_mask = prefixes[slot] > 0 ? memory_mask : c10::nullopt;
+        state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                    step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
+                                    prefix_mask, step.scaling);
+        break;
+      }
+      case Form::cross_attention: {
+        const auto slot = static_cast<size_t>(step.slot);
+        state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                     step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
+                                     step.scaling);
+        break;
+      }
+      case Form::feed_forward:
+        state = feed_forward_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                  step.first, step.second);
+        break;
+    }
+    if (static_cast<int64_t>(index) + 1 == layer_ends_[layer]) {
+      outputs.push_back(state);
+      ++layer;
+    }
+  }
+  return outputs;
 }
