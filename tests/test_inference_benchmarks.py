@@ -1,7 +1,8 @@
 """Smoke tests of the inference benchmarks' real-workload modes on tiny saved models (what issue 39's measurements
 run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
 `bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
-BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split) and `probe_inference_kernels.py --workload`."""
+BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload` and
+`bench_layers_in_one_call.py`."""
 
 import re
 import sys
@@ -17,6 +18,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_inference  # noqa: E402
+import bench_layers_in_one_call  # noqa: E402
 import probe_inference_kernels  # noqa: E402
 import profile_workload  # noqa: E402
 
@@ -108,3 +110,15 @@ def test_probe_workload_runs_every_usable_candidate(saved_models, capsys):
         for title in probe_inference_kernels.LIBRARY_CANDIDATES:
             assert (f"| {title.removeprefix('plain: ')} |" in section) == (title not in left_out)
         assert "| fast float32 (Float32Linear, compiled) | " in section
+
+
+def test_bench_layers_in_one_call_times_both_ways_and_puts_the_layers_back(saved_models, capsys):
+    directories, data = saved_models
+    original = fast_generation.compiled_decoder_layers
+    bench_layers_in_one_call.main([str(directories["plain_transformer"]), "--data", str(data), "--steps", "3",
+                                   "--repeats", "2"])  # an even count ends on the one-by-one way
+    output = capsys.readouterr().out
+    rows = re.findall(r"^\| (1|32) \| (float32|int8) \| (greedy|beam-4) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \|$", output,
+                      flags=re.MULTILINE)
+    assert len(rows) == 8, output
+    assert fast_generation.compiled_decoder_layers is original
