@@ -203,3 +203,20 @@ def test_too_long_inputs_raise(position_embedding_type, tiny_backbone):
             model(input_ids=too_long, decoder_input_ids=fits)
         with pytest.raises(ValueError, match=f"{limit + 1}.*max_position_embeddings={limit}"):
             model(input_ids=fits, decoder_input_ids=too_long)
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_several_end_tokens_start_the_decoder_with_the_first_unless_a_start_is_set(model_type):
+    """`eos_token_id=[2, 5]` (as generation configs allow) without `decoder_start_token_id`: a family that starts
+    with its end token starts with the first of them (the list itself was taken, and refused as not an int); an
+    explicit start token, or a family starting with another token (layer-wise coordination's bos), is unchanged. A
+    model built so generates, stopping at either end token."""
+    config_class = hf_layerfusion.FAMILIES[model_type].config
+    backbone = {**TINY_BACKBONE, **tiny_config_overrides(model_type), "eos_token_id": [2, 5]}
+    config = config_class(**backbone)
+    start = config.bos_token_id if config_class.decoder_start_token == "bos_token_id" else 2
+    assert config.decoder_start_token_id == start
+    assert config_class(**backbone, decoder_start_token_id=7).decoder_start_token_id == 7
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    sequences = model.generate(torch.tensor([[6, 7, 8, 2]]), max_new_tokens=4, num_beams=2)
+    assert int(sequences[0, 0]) == start

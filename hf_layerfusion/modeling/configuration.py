@@ -171,6 +171,7 @@ class LayerFusionConfig(PreTrainedConfig):
             token, the special token named by the class attribute `decoder_start_token`: `eos_token_id` (Marian's
             and fairseq's `</s>`) for every family but layer-wise coordination (`bos_token_id`, the paper's SOS), so
             that a tool which sets only the tokenizer's pad / bos / eos ids starts each family as its paper does.
+            With several end tokens (`eos_token_id` a list) it is the first of them.
     """
 
     model_type = "layerfusion_backbone"
@@ -223,7 +224,9 @@ class LayerFusionConfig(PreTrainedConfig):
         # that family's `model_type`; kept, it would shadow the class's and name the wrong family on this config
         kwargs.pop("model_type", None)
         if self.decoder_start_token_id is None:
-            self.decoder_start_token_id = getattr(self, self.decoder_start_token)
+            start = getattr(self, self.decoder_start_token)
+            # several end tokens (`eos_token_id=[2, 11]`, as generation configs allow): the first is the start
+            self.decoder_start_token_id = start[0] if isinstance(start, (list, tuple)) and start else start
         super().__post_init__(**kwargs)
         self.check_consistency()
 
