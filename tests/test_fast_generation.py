@@ -156,6 +156,35 @@ def test_finished_rows_leave_the_batch_without_changing_tokens(source, monkeypat
         assert kept_rows, f"no row left the batch with {settings}"
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [dict(num_beams=3), dict(num_beams=4, num_return_sequences=2), dict(num_beams=2, early_stopping=True),
+     dict(num_beams=3, early_stopping="never", length_penalty=0.3)],
+    ids=lambda settings: ",".join(f"{key}={value}" for key, value in settings.items()),
+)
+def test_beam_search_widens_its_sequences_as_they_grow_without_changing_tokens(settings, source, monkeypatch):
+    """Beam search's sequence tensors start `SEQUENCE_WIDTH_STEP` positions past the prompt and widen when a step
+    would write past them (the last time only up to `max_length`): with a step of 2 they widen every other step, on a
+    model whose sentences end at different steps (so items leave the batch in between), and the tokens stay
+    generate()'s."""
+    monkeypatch.setattr(search, "SEQUENCE_WIDTH_STEP", 2)
+    widenings = []
+    widened = search.widened
+
+    def recording_widened(tensor, columns, fill_value):
+        widenings.append(columns)
+        return widened(tensor, columns, fill_value)
+
+    monkeypatch.setattr(search, "widened", recording_widened)
+    model = tiny_model("plain_transformer", seed=5)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = 2.0
+    for max_new_tokens in (9, 12):
+        widenings.clear()
+        assert_same_tokens(model, source, max_new_tokens=max_new_tokens, **settings)
+        assert widenings, settings
+
+
 def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
     model = tiny_model("gtrans")
     torch.manual_seed(3)

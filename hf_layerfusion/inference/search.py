@@ -24,6 +24,9 @@ from .decoding import DecoderSteps
 # rows that can no longer change the output leave the batch once they are this share of the rows still computed
 # (dropping them costs a copy of the cache, so it is batched)
 COMPACTION_SHARE = 0.25
+# beam search's sequence tensors are this many positions wider than needed so far and grow by as many when full,
+# instead of `max_length` wide from the start: transformers' helpers gather and concatenate whole rows at every step
+SEQUENCE_WIDTH_STEP = 32
 
 
 def apply_logits_processors(processors, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -135,6 +138,11 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
             finished, tokens = finished[keep], tokens[keep]
 
 
+def widened(tensor: torch.Tensor, columns: int, fill_value: int) -> torch.Tensor:
+    """`tensor` with `columns` more positions of `fill_value` at the end of its last dimension."""
+    return torch.cat((tensor, tensor.new_full((*tensor.shape[:-1], columns), fill_value)), dim=-1)
+
+
 def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
     """`GenerationMixin._beam_search` (deterministic) around the fast decoder steps, with transformers' own helpers for
     the bookkeeping: the same candidates, scores, length penalty, early stopping and output. Batch items that can no
@@ -154,7 +162,10 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     # transformers' own expression (a pad id of 0 counts as unset)
     output_fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
 
-    running_sequences = torch.full((batch_size, num_beams, max_length), output_fill_value, dtype=torch.int64, device=device)
+    # the sequences and beam indices are `width` positions wide (`SEQUENCE_WIDTH_STEP`), widened with their fill
+    # values when a step would write past them: the positions after `cur_len` hold only fill values in either case
+    width = min(max_length, cur_len + SEQUENCE_WIDTH_STEP)
+    running_sequences = torch.full((batch_size, num_beams, width), output_fill_value, dtype=torch.int64, device=device)
     running_sequences[:, :, :cur_len] = unflatten_beam_dim(input_ids, batch_size, num_beams)
     sequences = running_sequences.detach().clone()
     running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
@@ -163,7 +174,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
     is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
     running_beam_indices = torch.full(
-        (batch_size, num_beams, max_length - cur_len), fill_value=-1, dtype=torch.int32, device=device
+        (batch_size, num_beams, width - cur_len), fill_value=-1, dtype=torch.int32, device=device
     )
     beam_indices = running_beam_indices.detach().clone()
     # the final sequences of every batch item, written when an item leaves the batch and at the end
@@ -171,6 +182,15 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
     items = torch.arange(batch_size, device=device)  # original batch item of each item still searched
 
     while True:
+        if cur_len == width:  # this step writes position `cur_len` (< max_length, else the search has ended)
+            columns = min(max_length, width + SEQUENCE_WIDTH_STEP) - width
+            running_sequences, sequences, final_sequences = (
+                widened(tensor, columns, output_fill_value) for tensor in (running_sequences, sequences, final_sequences)
+            )
+            running_beam_indices, beam_indices, final_beam_indices = (
+                widened(tensor, columns, -1) for tensor in (running_beam_indices, beam_indices, final_beam_indices)
+            )
+            width += columns
         flat_running_sequences = flatten_beam_dim(running_sequences[:, :, :cur_len])
         # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
         # two new (rows, vocab) tensors per step
