@@ -1,8 +1,8 @@
 """Smoke tests of the inference benchmarks' real-workload modes on tiny saved models (what issue 39's measurements
 run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
 `bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
-BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload` and
-`bench_layers_in_one_call.py`."""
+BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload`,
+`bench_layers_in_one_call.py` and `bench_ctranslate2_shapes.py`."""
 
 import re
 import sys
@@ -17,6 +17,7 @@ from hf_layerfusion.inference.cpu_kernels import compiled_kernels
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench_ctranslate2_shapes  # noqa: E402
 import bench_inference  # noqa: E402
 import bench_layers_in_one_call  # noqa: E402
 import probe_inference_kernels  # noqa: E402
@@ -122,3 +123,22 @@ def test_bench_layers_in_one_call_times_both_ways_and_puts_the_layers_back(saved
                       flags=re.MULTILINE)
     assert len(rows) == 8, output
     assert fast_generation.compiled_decoder_layers is original
+
+
+def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_models, capsys):
+    pytest.importorskip("ctranslate2")
+    _, data = saved_models
+    # CTranslate2 takes the tokenizer's vocabulary as the model's: a model of exactly its size
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", vocab_size=len(tokenizer), max_length=12)
+    directory = data.parent / "plain_transformer_tokenizer_sized"
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    rows = bench_ctranslate2_shapes.main([str(directory), "--data", str(data), "--steps", "3", "--repeats", "1"])
+    output = capsys.readouterr().out
+    assert [(row["precision"], row["sentences"], row["beams"]) for row in rows] == [
+        (precision, sentences, beams) for precision in ("float32", "int8") for sentences in (1, 32) for beams in (1, 4)
+    ]
+    for row in rows:
+        assert min(row["one_token"].values()) > 0 and row["long_ratio"] > 0
+        assert f"| {row['precision']} | {row['sentences']} | " in output

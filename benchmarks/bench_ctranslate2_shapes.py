@@ -1,0 +1,115 @@
+"""Where the fast loop stands against CTranslate2 by batch shape (issue 39): one translation call of a trained plain
+Transformer at 1 and 32 Multi30k test sentences, greedy and beam-4, with exactly 1 and `--steps` new tokens
+(`min_new_tokens` = `max_new_tokens`, CTranslate2's `min_decoding_length` = `max_decoding_length`), float32 and
+int8, the two engines alternating call by call.
+
+The one-token call is each engine's fixed cost per call (preparation, encoder, first decoder step); the difference
+between the two calls over the steps between them is its cost per further decoder step at that batch shape. The
+real workload (`bench_inference.py --bleu`) mixes both: length-sorted batches of 32 whose last steps compute few rows.
+
+    python benchmarks/bench_ctranslate2_shapes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
+
+from bench_layers_in_one_call import cpu_name, load_average  # noqa: E402
+from hf_layerfusion.inference import export_ctranslate2, fast_generate  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def median_call_seconds(calls: dict, repeats: int) -> dict:
+    """The median seconds of each named call over `repeats` timed rounds (after one untimed), alternating their
+    order every round."""
+    seconds = {name: [] for name in calls}
+    for repeat in range(repeats + 1):
+        for name in list(calls) if repeat % 2 == 0 else list(reversed(calls)):
+            start = time.perf_counter()
+            calls[name]()
+            if repeat:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path, help="a trained plain Transformer (a study run directory)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Multi30k directory")
+    parser.add_argument("--steps", type=int, default=31, help="new tokens of the longer call (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    if args.steps < 2 or args.repeats < 1:
+        parser.error(f"--steps must be at least 2 and --repeats positive, got {args.steps} and {args.repeats}")
+    source_file = args.data / "test_2016_flickr.en"
+    if not source_file.is_file():
+        parser.error(f"no Multi30k test sentences at {source_file}; pass --data DIR")
+    try:
+        import ctranslate2
+    except ImportError:
+        parser.error("this benchmark compares with CTranslate2: pip install ctranslate2 (the `benchmark` extra)")
+    transformers_logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
+    sentences = [line.strip() for line in source_file.read_text(encoding="utf-8").splitlines()]
+    commit = os.popen(f"git -C {shlex.quote(str(REPO_ROOT))} rev-parse --short HEAD 2>/dev/null").read().strip()
+    print("## The fast loop against CTranslate2 by batch shape\n")
+    print(f"- command (from the repository root): `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
+    print(f"- torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}, hf_layerfusion (git {commit or 'unknown'}), "
+          f"CPU: {cpu_name()}, 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
+          f"{load_average()}\n")
+    print(f"| precision | sentences | search | fast loop, 1 token (ms) | CTranslate2, 1 token (ms) | fast loop per further "
+          f"step (ms) | CTranslate2 per further step (ms) | fast loop, {args.steps} tokens vs CTranslate2 |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        converted = export_ctranslate2(model, tokenizer, Path(directory) / "ctranslate2")
+        for precision in ("float32", "int8"):
+            translator = ctranslate2.Translator(str(converted), device="cpu", compute_type=precision,
+                                                inter_threads=1, intra_threads=1)
+            for count in (1, 32):
+                batch = tokenizer(sentences[:count], return_tensors="pt", padding=True)
+                pieces = [tokenizer.convert_ids_to_tokens(ids[mask.bool()])
+                          for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+                for beams in (1, 4):
+                    seconds = {}
+                    for steps in (1, args.steps):
+                        seconds[steps] = median_call_seconds({
+                            "fast": lambda steps=steps: fast_generate(
+                                model, **batch, quantization=None if precision == "float32" else precision,
+                                num_beams=beams, max_new_tokens=steps, min_new_tokens=steps),
+                            "ctranslate2": lambda steps=steps: translator.translate_batch(
+                                pieces, beam_size=beams, max_decoding_length=steps, min_decoding_length=steps),
+                        }, args.repeats)
+                    per_step = {engine: (seconds[args.steps][engine] - seconds[1][engine]) / (args.steps - 1)
+                                for engine in ("fast", "ctranslate2")}
+                    row = dict(precision=precision, sentences=count, beams=beams, one_token=seconds[1],
+                               per_step=per_step, long_ratio=seconds[args.steps]["ctranslate2"] / seconds[args.steps]["fast"])
+                    rows.append(row)
+                    print(f"| {precision} | {count} | {'greedy' if beams == 1 else f'beam-{beams}'} | "
+                          f"{seconds[1]['fast'] * 1e3:.2f} | {seconds[1]['ctranslate2'] * 1e3:.2f} | "
+                          f"{per_step['fast'] * 1e3:.3f} | {per_step['ctranslate2'] * 1e3:.3f} | "
+                          f"{row['long_ratio']:.2f}x |")
+    print(f"\nThe last column is CTranslate2's seconds over the fast loop's for the {args.steps}-token call (above 1: "
+          f"the fast loop is faster). (load average at end {load_average()})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
