@@ -131,6 +131,49 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
     assert applies == (case in expected_to_apply), (case, applies)
 
 
+@pytest.mark.parametrize("engine_kind", ["model itself", "float32", "int8"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_first_step_once_per_group_gives_every_rows_logits_bit_for_bit(case, engine_kind):
+    """Beam search's first step computed for one row per sentence and repeated (`logits_of_equal_groups`) against
+    every row computed: the same logits bit for bit at that step and at the next ones (the cache holds the copies),
+    on both copies; nothing computed where the rows of a group differ, after the first step, or on the model itself
+    (torch's products choose their kernels by the row count: one row differs from three in the last bits)."""
+    model_type, overrides = CASES[case]
+    model = tiny_model(model_type, d_model=32, **overrides)
+    engine = model if engine_kind == "model itself" else prepare_for_inference(
+        model, None if engine_kind == "float32" else engine_kind
+    )
+    group, source = 3, tiny_sources()
+    tokens = torch.randint(4, model.config.vocab_size, (5, source["input_ids"].shape[0] * group),
+                           generator=torch.Generator().manual_seed(0))
+    tokens[0] = model.config.decoder_start_token_id
+    with torch.inference_mode():
+        encoder_outputs = engine.get_encoder()(**source)
+        for name in ("last_hidden_state", "layer_memories"):
+            value = getattr(encoder_outputs, name, None)
+            if value is not None:
+                setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
+        mask = source["attention_mask"].repeat_interleave(group, dim=0)
+
+        def new_steps():
+            return DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None,
+                                group=group, compile_layers=inference_copies.compiled_decoder_layers,
+                                rows_computed_alone=engine is not model)
+
+        assert new_steps().logits_of_equal_groups(tokens[1]) is None  # the beams' tokens differ
+        once, every = new_steps(), new_steps()
+        first = once.logits_of_equal_groups(tokens[0])
+        # memory kept once per sentence, and rows computed alone
+        assert (first is not None) == (once.group == group and engine is not model), case
+        if first is None:
+            return
+        assert once.logits_of_equal_groups(tokens[1]) is None  # not the first step any more
+        in_groups = [first] + [once.logits(step_tokens) for step_tokens in tokens[1:]]
+        every_row = [every.logits(step_tokens) for step_tokens in tokens]
+    for step, (actual, expected) in enumerate(zip(in_groups, every_row)):
+        assert torch.equal(actual, expected), (case, engine_kind, step, (actual - expected).abs().max())
+
+
 def test_only_sub_layers_that_declare_their_step_get_one(kernels, monkeypatch):
     """A family's subclass that does not declare its decoding step itself (the class keyword `decoding_step`: deep
     representations' multi-layer attention) runs its Python path; so do attention of head_dim 8 and a GELU

@@ -181,6 +181,7 @@ class DecoderSteps:
         decoder_groups: Sequence[int] | None,
         group: int = 1,
         compile_layers: Callable | None = None,
+        rows_computed_alone: bool = False,
     ):
         self.model = model
         self.decoder = model.get_decoder()
@@ -201,6 +202,8 @@ class DecoderSteps:
         # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
         # (inference_copies.compiled_decoder_layers for the inference copies)
         self.compiled_layers = None if compile_layers is None else compile_layers(self.decoder, self.layers)
+        # whether a row's numbers are the same whatever rows are computed beside it (`logits_of_equal_groups`)
+        self.rows_computed_alone = rows_computed_alone
 
     def build_memory_mask(self) -> torch.Tensor | None:
         """The cross-attention mask `forward()` builds for one query position (None where nothing is masked)."""
@@ -236,6 +239,25 @@ class DecoderSteps:
         logits = self.model.output_head(features, self.groups, None, None, False).logits
         self.position += 1
         return logits[:, -1].float()  # a fresh tensor: the loop may change it in place
+
+    def logits_of_equal_groups(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """`logits(tokens)` at a step where the rows of each group are equal (beam search's first step: each
+        sentence's beams start from the same token with empty caches), computed for one row per group and repeated,
+        the cache then holding `group` copies of each row: the numbers of computing every row (each row's are its
+        own), a `group`-th of the work. None (nothing computed) unless the rows are computed alone
+        (`rows_computed_alone`: the inference copies, whose kernels compute each row by itself; torch's products on the
+        model itself choose their kernels by the row count, so one row of a group differs from three in the last
+        bits), this is the first step, the memory is kept once per group (`group > 1`) and the tokens are equal
+        within each group."""
+        if not self.rows_computed_alone or self.position != 0 or self.group == 1:
+            return None
+        firsts = tokens[:: self.group]
+        if not bool((tokens.view(-1, self.group) == firsts[:, None]).all()):
+            return None
+        logits = self.logits(firsts)
+        copies = torch.arange(firsts.shape[0], device=tokens.device).repeat_interleave(self.group)
+        self.cache.self_attention_cache.select(copies, rows_dropped=True)
+        return logits.repeat_interleave(self.group, dim=0)
 
     def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
         """Keep rows `index`: a beam reorder (`rows_dropped=False`) or rows leaving the batch (whole groups)."""

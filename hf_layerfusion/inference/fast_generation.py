@@ -163,6 +163,8 @@ def fast_decoding_loop(fallback: bool = True):
             decoder_groups=model_kwargs.get("decoder_groups"),
             group=generation_config.num_beams,
             compile_layers=compiled_decoder_layers,
+            # the inference copies' kernels compute each row by itself (`prepare_for_inference`)
+            rows_computed_alone=getattr(model, "prepared_for_inference", None) is not None,
         )
         if generation_config.num_beams > 1:
             return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)

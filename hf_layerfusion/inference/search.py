@@ -194,7 +194,11 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
         flat_running_sequences = flatten_beam_dim(running_sequences[:, :, :cur_len])
         # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
         # two new (rows, vocab) tensors per step
-        logits = steps.logits(flat_running_sequences[:, -1])
+        tokens = flat_running_sequences[:, -1]
+        # the first step's beams are equal: computed once per sentence where the steps can (`logits_of_equal_groups`)
+        logits = steps.logits_of_equal_groups(tokens) if cur_len == decoder_prompt_len else None
+        if logits is None:
+            logits = steps.logits(tokens)
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)
         log_probs = apply_logits_processors(logits_processor, flat_running_sequences, log_probs)
         topk_log_probs, topk_running_sequences, topk_running_beam_indices = top_k_continuations(
