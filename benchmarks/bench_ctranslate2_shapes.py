@@ -14,24 +14,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
-from transformers.utils import logging as transformers_logging  # noqa: E402
-
-from bench_layers_in_one_call import cpu_name, load_average  # noqa: E402
+from bench_layers_in_one_call import load_average, load_trained_model  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 def median_call_seconds(calls: dict, repeats: int) -> dict:
@@ -56,24 +49,13 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.steps < 2 or args.repeats < 1:
         parser.error(f"--steps must be at least 2 and --repeats positive, got {args.steps} and {args.repeats}")
-    source_file = args.data / "test_2016_flickr.en"
-    if not source_file.is_file():
-        parser.error(f"no Multi30k test sentences at {source_file}; pass --data DIR")
     try:
         import ctranslate2
     except ImportError:
         parser.error("this benchmark compares with CTranslate2: pip install ctranslate2 (the `benchmark` extra)")
-    transformers_logging.set_verbosity_error()
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
-    sentences = [line.strip() for line in source_file.read_text(encoding="utf-8").splitlines()]
-    commit = os.popen(f"git -C {shlex.quote(str(REPO_ROOT))} rev-parse --short HEAD 2>/dev/null").read().strip()
-    print("## The fast loop against CTranslate2 by batch shape\n")
-    print(f"- command (from the repository root): `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
-    print(f"- torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}, hf_layerfusion (git {commit or 'unknown'}), "
-          f"CPU: {cpu_name()}, 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
-          f"{load_average()}\n")
+    tokenizer, model, sentences = load_trained_model(
+        parser, args, f"The fast loop against CTranslate2 {ctranslate2.__version__} by batch shape"
+    )
     print(f"| precision | sentences | search | fast loop, 1 token (ms) | CTranslate2, 1 token (ms) | fast loop per further "
           f"step (ms) | CTranslate2 per further step (ms) | fast loop, {args.steps} tokens vs CTranslate2 |")
     print("|---|---|---|---|---|---|---|---|")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -29,23 +28,33 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
 from hf_layerfusion.inference import fast_generation  # noqa: E402
+from multi30k_ledger import cpu_model  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def load_average() -> tuple:
     return tuple(round(load, 2) for load in os.getloadavg())
+
+
+def load_trained_model(parser: argparse.ArgumentParser, args: argparse.Namespace, title: str):
+    """The tokenizer, model (eval mode) and Multi30k test sentences of a model-timing benchmark (one thread), after
+    printing its heading: `title`, the command, versions, CPU and load."""
+    source_file = args.data / "test_2016_flickr.en"
+    if not source_file.is_file():
+        parser.error(f"no Multi30k test sentences at {source_file}; pass --data DIR")
+    transformers_logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
+    sentences = [line.strip() for line in source_file.read_text(encoding="utf-8").splitlines()]
+    commit = os.popen(f"git -C {shlex.quote(str(REPO_ROOT))} rev-parse --short HEAD 2>/dev/null").read().strip()
+    print(f"## {title}\n")
+    print(f"- command (from the repository root): `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
+    print(f"- torch {torch.__version__}, hf_layerfusion (git {commit or 'unknown'}), CPU: {cpu_model()}, 1 thread, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start {load_average()}\n")
+    return tokenizer, model, sentences
 
 
 def main(argv=None) -> None:
@@ -57,19 +66,9 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.repeats < 1:
         parser.error(f"--steps and --repeats must be positive, got {args.steps} and {args.repeats}")
-    source_file = args.data / "test_2016_flickr.en"
-    if not source_file.is_file():
-        parser.error(f"no Multi30k test sentences at {source_file}; pass --data DIR")
-    transformers_logging.set_verbosity_error()
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
-    sentences = [line.strip() for line in source_file.read_text(encoding="utf-8").splitlines()]
-    commit = os.popen(f"git -C {shlex.quote(str(REPO_ROOT))} rev-parse --short HEAD 2>/dev/null").read().strip()
-    print("## The decoder's layers in one compiled call vs the blocks' steps one by one\n")
-    print(f"- command (from the repository root): `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
-    print(f"- torch {torch.__version__}, hf_layerfusion (git {commit or 'unknown'}), CPU: {cpu_name()}, 1 thread, "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start {load_average()}\n")
+    tokenizer, model, sentences = load_trained_model(
+        parser, args, "The decoder's layers in one compiled call vs the blocks' steps one by one"
+    )
     print("| rows | copy | search | one call, ms per step | one by one, ms per step | one call faster by |")
     print("|---|---|---|---|---|---|")
     one_call = fast_generation.compiled_decoder_layers

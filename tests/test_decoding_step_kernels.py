@@ -42,16 +42,23 @@ def step_blocks(engine) -> list[tuple[str, KernelResidualSublayer]]:
     ]
 
 
-def decoder_logits(engine, group: int, tokens: torch.Tensor, compile_layers=None) -> list[torch.Tensor]:
-    """The logits of `DecoderSteps` at each step of `tokens` `(steps, rows)`, rows = sources x `group` (beams)."""
+def encoded_sources(engine, group: int):
+    """The tiny sources' encoder outputs and attention mask, each row repeated `group` times (beams), as `generate()`
+    hands them to the decoding loop."""
     source = tiny_sources()
     with torch.inference_mode():
         encoder_outputs = engine.get_encoder()(**source)
-        for name in ("last_hidden_state", "layer_memories"):
-            value = getattr(encoder_outputs, name, None)
-            if value is not None:
-                setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
-        mask = source["attention_mask"].repeat_interleave(group, dim=0)
+    for name in ("last_hidden_state", "layer_memories"):
+        value = getattr(encoder_outputs, name, None)
+        if value is not None:
+            setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
+    return encoder_outputs, source["attention_mask"].repeat_interleave(group, dim=0)
+
+
+def decoder_logits(engine, group: int, tokens: torch.Tensor, compile_layers=None) -> list[torch.Tensor]:
+    """The logits of `DecoderSteps` at each step of `tokens` `(steps, rows)`, rows = sources x `group` (beams)."""
+    encoder_outputs, mask = encoded_sources(engine, group)
+    with torch.inference_mode():
         steps = DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None, group=group,
                              compile_layers=compile_layers)
         return [steps.logits(step_tokens) for step_tokens in tokens]
@@ -147,13 +154,8 @@ def test_the_first_step_once_per_group_gives_every_rows_logits_bit_for_bit(case,
     tokens = torch.randint(4, model.config.vocab_size, (5, source["input_ids"].shape[0] * group),
                            generator=torch.Generator().manual_seed(0))
     tokens[0] = model.config.decoder_start_token_id
+    encoder_outputs, mask = encoded_sources(engine, group)
     with torch.inference_mode():
-        encoder_outputs = engine.get_encoder()(**source)
-        for name in ("last_hidden_state", "layer_memories"):
-            value = getattr(encoder_outputs, name, None)
-            if value is not None:
-                setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
-        mask = source["attention_mask"].repeat_interleave(group, dim=0)
 
         def new_steps():
             return DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None,
