@@ -191,10 +191,12 @@ class DecoderSteps:
         attention = [module for module in self.layers.modules() if isinstance(module, MultiHeadAttention)]
         self.group = group if all(module.accepts_key_groups for module in attention) else 1
         # `generate()` expands the encoder outputs to one row per beam (consecutive copies): keep one per group
-        self.memory = encoder_outputs.last_hidden_state[:: self.group]
+        # contiguous once here: each cross-attention layer's key and value projections read it at the first step, and
+        # a product copies a strided input (every group-th row) at every call (12 copies of a 6-layer decoder)
+        self.memory = encoder_outputs.last_hidden_state[:: self.group].contiguous()
         self.layer_memories = getattr(encoder_outputs, "layer_memories", None)
         if self.layer_memories is not None:
-            self.layer_memories = self.layer_memories[:: self.group]
+            self.layer_memories = self.layer_memories[:: self.group].contiguous()
         self.attention_mask = None if attention_mask is None else attention_mask[:: self.group]
         self.memory_mask = self.build_memory_mask()
         self.cache = DecodingCache(capacity)
