@@ -14,30 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bench_layers_in_one_call import load_average, load_trained_model  # noqa: E402
+from bench_backbone import loadavg  # noqa: E402
+from bench_layers_in_one_call import load_trained_model, median_call_seconds  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate  # noqa: E402
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-
-
-def median_call_seconds(calls: dict, repeats: int) -> dict:
-    """The median seconds of each named call over `repeats` timed rounds (after one untimed), alternating their
-    order every round."""
-    seconds = {name: [] for name in calls}
-    for repeat in range(repeats + 1):
-        for name in list(calls) if repeat % 2 == 0 else list(reversed(calls)):
-            start = time.perf_counter()
-            calls[name]()
-            if repeat:
-                seconds[name].append(time.perf_counter() - start)
-    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def main(argv=None) -> list[dict]:
@@ -89,7 +75,7 @@ def main(argv=None) -> list[dict]:
                           f"{per_step['fast'] * 1e3:.3f} | {per_step['ctranslate2'] * 1e3:.3f} | "
                           f"{row['long_ratio']:.2f}x |")
     print(f"\nThe last column is CTranslate2's seconds over the fast loop's for the {args.steps}-token call (above 1: "
-          f"the fast loop is faster). (load average at end {load_average()})")
+          f"the fast loop is faster). (load average at end {loadavg()})")
     return rows
 
 

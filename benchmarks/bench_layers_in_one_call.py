@@ -13,6 +13,7 @@ ratio. Both give the same tokens (checked).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import statistics
@@ -28,14 +29,24 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
 from hf_layerfusion.inference import fast_generation  # noqa: E402
+from bench_backbone import loadavg  # noqa: E402
 from multi30k_ledger import cpu_model  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 
 
-def load_average() -> tuple:
-    return tuple(round(load, 2) for load in os.getloadavg())
+def median_call_seconds(calls: dict, repeats: int) -> dict:
+    """The median seconds of each named call over `repeats` timed rounds (after one untimed), alternating their
+    order every round."""
+    seconds = {name: [] for name in calls}
+    for repeat in range(repeats + 1):
+        for name in list(calls) if repeat % 2 == 0 else list(reversed(calls)):
+            start = time.perf_counter()
+            calls[name]()
+            if repeat:
+                seconds[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in seconds.items()}
 
 
 def load_trained_model(parser: argparse.ArgumentParser, args: argparse.Namespace, title: str):
@@ -53,7 +64,7 @@ def load_trained_model(parser: argparse.ArgumentParser, args: argparse.Namespace
     print(f"## {title}\n")
     print(f"- command (from the repository root): `python {' '.join(shlex.quote(a) for a in sys.argv)}`")
     print(f"- torch {torch.__version__}, hf_layerfusion (git {commit or 'unknown'}), CPU: {cpu_model()}, 1 thread, "
-          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start {load_average()}\n")
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg()}\n")
     return tokenizer, model, sentences
 
 
@@ -80,24 +91,22 @@ def main(argv=None) -> None:
                 for num_beams in (1, 4):
                     settings = dict(quantization=None if quantization == "float32" else quantization,
                                     num_beams=num_beams, max_new_tokens=args.steps, min_new_tokens=args.steps)
-                    seconds, tokens = {name: [] for name in ways}, {}
-                    for repeat in range(args.repeats + 1):
-                        order = list(ways) if repeat % 2 == 0 else list(reversed(ways))
-                        for name in order:
-                            fast_generation.compiled_decoder_layers = ways[name]
-                            start = time.perf_counter()
-                            tokens[name] = fast_generation.fast_generate(model, **batch, **settings)
-                            if repeat:
-                                seconds[name].append(time.perf_counter() - start)
+                    tokens = {}
+
+                    def call(name):
+                        fast_generation.compiled_decoder_layers = ways[name]
+                        tokens[name] = fast_generation.fast_generate(model, **batch, **settings)
+
+                    seconds = median_call_seconds({name: functools.partial(call, name) for name in ways}, args.repeats)
                     if not torch.equal(tokens["one call"], tokens["one by one"]):
                         raise SystemExit(f"different tokens at {rows} rows, {quantization}, beams {num_beams}")
-                    medians = {name: statistics.median(times) * 1e3 / args.steps for name, times in seconds.items()}
+                    medians = {name: median * 1e3 / args.steps for name, median in seconds.items()}
                     print(f"| {rows} | {quantization} | {'greedy' if num_beams == 1 else f'beam-{num_beams}'} | "
                           f"{medians['one call']:.3f} | {medians['one by one']:.3f} | "
                           f"{medians['one by one'] / medians['one call']:.2f}x |")
     finally:
         fast_generation.compiled_decoder_layers = one_call
-    print(f"\n(load average at end {load_average()})")
+    print(f"\n(load average at end {loadavg()})")
 
 
 if __name__ == "__main__":
