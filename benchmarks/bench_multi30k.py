@@ -403,6 +403,10 @@ def decoder_group_table(model_dir: Path, test_pairs: list[dict]) -> list[dict]:
     table_file = model_dir / "gtrans_decoder_groups.json"
     table = json.loads(table_file.read_text()) if table_file.is_file() else {}
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    if torch.cuda.is_available():
+        # where val and test were translated: on a GPU machine the CPU has one thread per run, and the 2N - 1
+        # passes over test took longer there than training (GTrans 12 + 12: ~45 s per pass at 6 runs at once)
+        model.to("cuda")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     num_groups = model.config.num_decoder_groups
     sources = [pair[SOURCE_LANG] for pair in test_pairs]
@@ -654,8 +658,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_predict_samples", type=positive_int, default=None, help="Test sentences (default: all).")
     parser.add_argument("--num_beams", type=positive_int, default=4)
     parser.add_argument("--runs_at_once", type=positive_int, default=1,
-                        help="How many runs share the device with this one (study.py --parallel); the ledger records "
-                        "it beside the throughput, which is then a share of the device.")
+                        help="How many runs share the device as this one starts, itself included (study.py passes it); "
+                        "the ledger records it beside the throughput, which is then a share of the device.")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None,
                         help="Longest translation (default: run_translation's, 128 tokens); for smoke runs.")
     parser.add_argument(

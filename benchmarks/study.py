@@ -478,8 +478,9 @@ class RunningRun:
     started: float
 
 
-def start(run: ArmRun | DepthProbe, args) -> RunningRun:
-    """Start one study run in a subprocess."""
+def start(run: ArmRun | DepthProbe, args, runs_at_once: int) -> RunningRun:
+    """Start one study run in a subprocess; `runs_at_once` is how many runs share the device as it starts (itself
+    included), which the ledger records beside its throughput."""
     resume = resumable_commit(run)
     commit, snapshot = code_to_run(resume)
     if resume is not None:
@@ -488,7 +489,7 @@ def start(run: ArmRun | DepthProbe, args) -> RunningRun:
     discard_stale_run(run, commit)
     command = run.command(snapshot, args)
     if isinstance(run, StudyRun):
-        command += ["--runs_at_once", str(args.parallel)]
+        command += ["--runs_at_once", str(runs_at_once)]
     environment = {
         **os.environ,
         "PYTHONPATH": str(snapshot),  # before the editable install of the working tree
@@ -568,8 +569,11 @@ def run_queue(args) -> bool:
         if deadline is not None:
             pending = fitting_runs(pending, (deadline - time.monotonic()) / 60, args, cpu, skipped)
         pending = pending[: 1 if args.once else None]
-        for run in startable(pending, running, args.parallel):
-            running.append(start(run, args))
+        starting = startable(pending, running, args.parallel)
+        # --parallel is a ceiling: the ledger gets the number of runs that really share the device
+        runs_at_once = len(running) + len(starting)
+        for run in starting:
+            running.append(start(run, args, runs_at_once))
             started += 1
         if not running:
             return not failed
@@ -593,9 +597,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--parallel", type=int, default=1, metavar="N",
         help="Runs at once (default: %(default)s). On a GPU several of these small runs share it well (8 at once "
-             "took 7 minutes for 8 runs on an H200); on a CPU keep 1 (one core). The ledger records N with each run "
-             "(`runs_at_once`), since its throughput then is a share of the device. Runs that share state (a "
-             "fine-tuning arm and its starting run until that has finished here, the many-to-many runs) never run "
+             "took 7 minutes for 8 runs on an H200); on a CPU keep 1 (one core). The ledger records with each run "
+             "how many ran as it started, itself included (`runs_at_once`, at most N), since its throughput then is "
+             "a share of the device. Runs that share state (a fine-tuning arm and its starting run until that has finished here, the many-to-many runs) never run "
              "together, and a depth probe (it measures seconds per step) runs alone.",
     )
     parser.add_argument(

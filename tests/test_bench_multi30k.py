@@ -373,8 +373,10 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
     events.mkdir()
     arms = ["re_transformer_2", "re_transformer_4"]
     failing = {study.StudyRun("re_transformer_4", 2)}
+    at_once = {}
 
-    def fake_start(run, args):
+    def fake_start(run, args, runs_at_once):
+        at_once[run.arm, run.seed] = runs_at_once
         result = run.result_file(args.ledger_dir)
         entry = json.dumps({"ledger_version": ledger.LEDGER_VERSION, **fake_entry(run.arm, run.seed, 30.0, WRONG)})
         script = (f"import pathlib, time; e = pathlib.Path({str(events)!r}); (e / '{run.arm}_{run.seed}.start')"
@@ -398,8 +400,16 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
         other = "re_transformer_4_1" if name == "re_transformer_2_1" else "re_transformer_2_1"
         assert times[f"{name}.start"] < times[f"{other}.end"]
     assert "`re_transformer_4` seed 2 FAILED (exit 3)" in capsys.readouterr().out
+    assert set(at_once.values()) == {2}  # two at a time, as --parallel 2 allows
     assert [(r.arm, r.seed) for r in study.pending_runs(ledger_dir, arms=arms)] == [
         ("re_transformer_4", 2), ("re_transformer_2", 3), ("re_transformer_4", 3)]
+    # --parallel is a ceiling: with 3 runs left and 8 slots, each run records the 3 that really shared the device
+    at_once.clear()
+    args = study.parse_args(["--arms", *arms, "--parallel", "8", "--ledger_dir", str(ledger_dir),
+                             "--data_dir", str(tmp_path)])
+    failing.clear()
+    assert study.run_queue(args) is True
+    assert at_once == {("re_transformer_4", 2): 3, ("re_transformer_2", 3): 3, ("re_transformer_4", 3): 3}
     with pytest.raises(SystemExit):
         study.parse_args(["--parallel", "0"])
     with pytest.raises(SystemExit):
