@@ -101,7 +101,8 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
     """Every layer of a step in one compiled call (`CompiledDecoderLayers`, as the fast loop runs it) against the same
     steps through `run_layers` and the blocks' own compiled steps: the same logits bit for bit at every step (beams
     sharing a sentence's cross-attention keys, a source prefix). It applies to stacks without a connection whose
-    every decoder sub-layer has a bound step, from the second step on, and there it replaces the blocks' calls."""
+    every decoder sub-layer has a bound step, at every step (the first one making the cross-attention keys and the
+    self-attention slots before its kernels), and there it replaces the blocks' calls and the Python path's."""
     model_type, overrides = CASES[case]
     engine = prepare_for_inference(tiny_model(model_type, d_model=32, **overrides), quantization)
     applies = engine.get_decoder().connection is None and all(
@@ -125,8 +126,8 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
         counting.calls.clear()
         in_one_call = decoder_logits(engine, group, tokens, inference_copies.compiled_decoder_layers)
         blocks_calls = sum(counting.calls[name] for name in ("self_attention_step", "cross_attention_step"))
-        assert runs == ([False] + [True] * (tokens.shape[0] - 1) if applies else []), (case, runs)
-        # the first step fills the cache slots through the blocks; later ones run in the one call where it applies
+        assert runs == ([True] * tokens.shape[0] if applies else []), (case, runs)
+        # where it applies, every step runs in the one call (the first one included), and no block's kernel runs
         assert (blocks_calls == 0) == applies, (case, counting.calls)
         through_blocks = decoder_logits(engine, group, tokens)
         for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):

@@ -282,7 +282,12 @@ def test_the_float32_copy_is_made_once_where_it_applies_and_falls_back_to_the_mo
     assert engine.generation_config.num_beams == 2
     with torch.no_grad():
         model.model.shared.weight.mul_(1.0)  # an in-place change: the copy is rebuilt
-    assert prepare_for_inference(model) is not engine
+    rebuilt = prepare_for_inference(model)
+    assert rebuilt is not engine and prepare_for_inference(model) is rebuilt
+    # a weight replaced by another tensor, deep in a submodule (the fingerprint reads every module's own tables)
+    fc1 = model.model.decoder.layers[-1].ffn.fc1
+    fc1.weight = torch.nn.Parameter(fc1.weight.detach().clone())
+    assert prepare_for_inference(model) is not rebuilt
     # the model itself where the copy does not apply: training mode, not float32, no kernel
     assert prepare_for_inference(model.train()) is model
     assert prepare_for_inference(model.eval().double()) is model

@@ -95,6 +95,11 @@ class _SelfAttentionCache:
             )
         return slot.update(key_states, value_states)
 
+    def open_slot(self, layer_idx: int, keys_like: torch.Tensor) -> None:
+        """Make slot `layer_idx`, empty, before its first update: keys and values shaped like `keys_like`
+        `(rows, heads, 0, head_dim)` (the first step of `CompiledDecoderLayers`, whose kernel writes into the slots)."""
+        self.slots[layer_idx] = _KeyValueSlot(keys_like, keys_like, self.capacity)
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         slot = self.slots.get(layer_idx)
         return 0 if slot is None else slot.length - slot.prefix
@@ -225,7 +230,8 @@ class DecoderSteps:
         input_ids = tokens[:, None]
         embeddings = self.decoder.embeddings(input_ids, self.decoder.input_embeddings(input_ids, None), self.position)
         compiled = self.compiled_layers
-        states = None if compiled is None else compiled.states(embeddings, self.cache, self.memory_mask)
+        states = None if compiled is None else compiled.states(embeddings, self.cache, self.memory_mask,
+                                                               self.memory_for_layer)
         if states is None:
             states = self.decoder.run_layers(
                 embeddings,

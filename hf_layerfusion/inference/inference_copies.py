@@ -341,24 +341,44 @@ class CompiledDecoderLayers:
     (`KernelResidualSublayer.bind_decoding_step`) and that connect their layers plainly (no `Connection`): the kernel
     calls that `run_layers` makes through the blocks' `run_decoding_step`, in the same order on the same tensors, so
     the same numbers bit for bit, without the Python of the layer and block modules between them
-    (`compiled_decoder_layers` builds it; `DecoderSteps.logits` calls `states`)."""
+    (`compiled_decoder_layers` builds it; `DecoderSteps.logits` calls `states`).
 
-    def __init__(self, kernel_steps, self_slots: int, cross_slots: int):
-        self.kernel_steps, self.self_slots, self.cross_slots = kernel_steps, self_slots, cross_slots
+    `self_attentions` are the stack's self-attention slots `(slot, heads, head_dim)`, `cross_attentions` its
+    cross-attention sub-layers `(slot, module, layer position)`: before the first step `states` makes what the Python
+    path's first step would (`open_first_step`), so that every step runs in the one call."""
 
-    def states(self, embeddings: torch.Tensor, cache: DecodingCache, memory_mask: torch.Tensor | None):
+    def __init__(self, kernel_steps, self_attentions: list[tuple[int, int, int]],
+                 cross_attentions: list[tuple[int, MultiHeadAttention, int]]):
+        self.kernel_steps = kernel_steps
+        self.self_attentions, self.cross_attentions = self_attentions, cross_attentions
+
+    def open_first_step(self, embeddings: torch.Tensor, cache: DecodingCache, memory_for_layer: Callable) -> None:
+        """What the first step of the Python path makes before its kernels: each cross-attention's keys and values of
+        its memory (through the module's own `project_keys_values`, as its first step computes them) and each
+        self-attention slot, empty, for the rows of `embeddings`."""
+        for _, attention, position in self.cross_attentions:
+            attention.project_keys_values(memory_for_layer(position), cache, static_keys=True)
+        for slot, heads, head_dim in self.self_attentions:
+            cache.self_attention_cache.open_slot(slot, embeddings.new_empty((embeddings.shape[0], heads, 0, head_dim)))
+
+    def states(self, embeddings: torch.Tensor, cache: DecodingCache, memory_mask: torch.Tensor | None,
+               memory_for_layer: Callable):
         """The states `[s_0 .. s_L]` of a decoding step (`run_layers(..., normalize=False)`), each self-attention
-        slot one position longer; None where the blocks would not run their compiled steps either (the first step,
-        which makes the cache slots; a full slot, for which the Python path raises; a mask that is not boolean)."""
+        slot one position longer; None where the blocks would not run their compiled steps either (a full slot, for
+        which the Python path raises; a mask that is not boolean; a cache another path began)."""
         if memory_mask is not None and memory_mask.dtype != torch.bool:
             return None
         slots = cache.self_attention_cache.slots
-        if len(slots) != self.self_slots or not all(cache.is_updated.get(i, False) for i in range(self.cross_slots)):
+        if not slots and not cache.is_updated:
+            self.open_first_step(embeddings, cache, memory_for_layer)
+        if len(slots) != len(self.self_attentions) or not all(
+            cache.is_updated.get(slot, False) for slot, _, _ in self.cross_attentions
+        ):
             return None
-        slots = [slots[i] for i in range(self.self_slots)]
+        slots = [slots[slot] for slot, _, _ in self.self_attentions]
         if any(slot.length >= slot.keys.shape[1] for slot in slots):
             return None
-        cross = [cache.cross_attention_cache.layers[i] for i in range(self.cross_slots)]
+        cross = [cache.cross_attention_cache.layers[slot] for slot, _, _ in self.cross_attentions]
         outputs = self.kernel_steps(
             embeddings,
             [slot.keys for slot in slots],
@@ -382,12 +402,12 @@ def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
     if kernels is None or decoder.connection is not None or decoder.training:
         return None
     kernel_steps = kernels.DecoderLayerSteps()
-    self_slots, cross_slots = set(), set()
-    for layer in layers:
+    self_attentions, cross_attentions = {}, {}
+    for position, layer in enumerate(layers):
         if type(layer) is not TransformerLayer:
             return None
         for _, name in layer.sublayers:
-            block = layer.get_submodule(f"{name}_block")
+            block, sublayer = layer.get_submodule(f"{name}_block"), layer.get_submodule(name)
             if not isinstance(block, KernelResidualSublayer) or block.decoding_step is None:
                 return None
             form, arguments, layer_idx, scaling = block.decoding_step
@@ -395,14 +415,18 @@ def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
                 kernel_steps.add_feed_forward(*arguments)
             elif form == "self":
                 kernel_steps.add_self_attention(*arguments, layer_idx, scaling)
-                self_slots.add(layer_idx)
+                heads = sublayer.config.d_model // sublayer.head_dim
+                self_attentions[layer_idx] = (layer_idx, heads, sublayer.head_dim)
             else:
                 kernel_steps.add_cross_attention(*arguments, layer_idx, scaling)
-                cross_slots.add(layer_idx)
+                cross_attentions[layer_idx] = (layer_idx, sublayer, position)
         kernel_steps.end_layer()
-    if self_slots != set(range(len(self_slots))) or cross_slots != set(range(len(cross_slots))):
+    if set(self_attentions) != set(range(len(self_attentions))) or set(cross_attentions) != set(
+        range(len(cross_attentions))
+    ):
         return None  # the slots of a shortened stack (`num_layers_needed`) are its first ones; anything else runs in Python
-    return CompiledDecoderLayers(kernel_steps, len(self_slots), len(cross_slots))
+    return CompiledDecoderLayers(kernel_steps, [self_attentions[i] for i in range(len(self_attentions))],
+                                 [cross_attentions[i] for i in range(len(cross_attentions))])
 
 
 def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
@@ -475,22 +499,38 @@ def float32_copy(model):
 _prepared: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def weights_fingerprint(model) -> tuple | None:
-    """Where every weight lives and how often it was changed in place (None if unknown): a prepared copy is rebuilt
-    when the model's weights changed after it was made (training, `load_state_dict`)."""
+def parameters_and_buffers(model: nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every parameter and every buffer of `model` and its submodules (a shared one as often as it is held): what
+    `parameters()` and `buffers()` give, read from the modules' own tables without the generators and names those
+    build (a third of the time; this runs at every `fast_generate` call)."""
+    parameters, buffers, modules = [], [], [model]
+    while modules:
+        module = modules.pop()
+        parameters.extend(tensor for tensor in module._parameters.values() if tensor is not None)
+        buffers.extend(tensor for tensor in module._buffers.values() if tensor is not None)
+        modules.extend(child for child in module._modules.values() if child is not None)
+    return parameters, buffers
+
+
+def weights_fingerprint(tensors: list[torch.Tensor]) -> tuple | None:
+    """Which tensors hold the weights (`tensors`: the model's parameters and buffers), where they live and how often
+    they were changed in place (None if unknown): a prepared copy is rebuilt when the model's weights changed after it
+    was made (training, `load_state_dict`, with `assign=True` too: new tensors)."""
     try:
-        return tuple((tensor.data_ptr(), tensor._version) for tensor in [*model.parameters(), *model.buffers()])
+        return tuple((id(tensor), tensor.data_ptr(), tensor._version) for tensor in tensors)
     except RuntimeError:  # inference tensors keep no version counter
         return None
 
 
-def float32_copy_applies(model) -> bool:
+def float32_copy_applies(model, parameters: list[torch.Tensor] | None = None) -> bool:
     """Whether `prepare_for_inference(model)` makes the float32 copy: an hf_layerfusion model in eval mode, float32,
-    on the CPU, where `float32_kernel_available()`."""
+    on the CPU, where `float32_kernel_available()` (`parameters`: the model's, where the caller has them)."""
+    if not hasattr(model, "output_head"):  # first: anything else (a stand-in, a wrapper) is run as it is
+        return False
+    parameters = parameters_and_buffers(model)[0] if parameters is None else parameters
     return (
-        hasattr(model, "output_head")  # first: anything else (a stand-in, a wrapper) is run as it is
-        and not model.training
-        and all(parameter.device.type == "cpu" and parameter.dtype == torch.float32 for parameter in model.parameters())
+        not model.training
+        and all(parameter.is_cpu and parameter.dtype == torch.float32 for parameter in parameters)
         and float32_kernel_available()
     )
 
@@ -516,13 +556,14 @@ def prepare_for_inference(model, quantization: str | None = None):
                 f"quantization={quantization!r}."
             )
         return model
+    parameters, buffers = parameters_and_buffers(model)
     if quantization is None:
-        if not float32_copy_applies(model):  # which also checks that it is on the CPU
+        if not float32_copy_applies(model, parameters):  # which also checks that it is on the CPU
             return model
-    elif any(parameter.device.type != "cpu" for parameter in model.parameters()):
+    elif not all(parameter.is_cpu for parameter in parameters):
         raise ValueError(f"quantization={quantization!r} runs on the CPU; move the model there (`model.to('cpu')`).")
     key = quantization or "float32"
-    fingerprint = weights_fingerprint(model)
+    fingerprint = weights_fingerprint(parameters + buffers)
     cached = _prepared.get(model, {}).get(key)
     if cached is not None and fingerprint is not None and cached[0] == fingerprint:
         return cached[1]
