@@ -556,6 +556,8 @@ def prepare_for_inference(model, quantization: str | None = None):
                 f"quantization={quantization!r}."
             )
         return model
+    if quantization is None and not hasattr(model, "output_head"):
+        return model  # anything else (a stand-in, a wrapper) is run as it is, before reading its tensors
     parameters, buffers = parameters_and_buffers(model)
     if quantization is None:
         if not float32_copy_applies(model, parameters):  # which also checks that it is on the CPU
