@@ -830,3 +830,20 @@ def test_unreadable_probe_and_many_to_many_results_are_named(tmp_path):
                                                        "seed": 1}))
     state, problem = study.result_state(m2m, ledger_dir)
     assert state == "unreadable" and "'directions'" in problem
+
+
+@pytest.mark.parametrize("arm, computes_table", [
+    ("gtrans", True), ("gtrans_12x12_2000steps", True), ("gtrans_24x18_2000steps", False),
+    ("plain_transformer_24x18_2000steps", False),
+])
+def test_table_vi_is_computed_for_gtrans_arms_of_at_most_six_decoder_groups(tmp_path, monkeypatch, arm,
+                                                                               computes_table):
+    """24 + 18's 9 decoder groups would take 17 beam passes over test before its ledger entry is written."""
+    tables = []
+    monkeypatch.setattr(bench, "decoder_group_table", lambda model_dir, pairs: tables.append(model_dir) or [{"k": 1}])
+    monkeypatch.setattr(bench, "ledger_entry", lambda args, arm_name, seed, results, tokenizer_dir, references,
+                        table_vi: fake_entry(arm_name, seed, 30.0, REFERENCES, gtrans_decoder_groups=table_vi))
+    args = bench.parse_args(["--output_dir", str(tmp_path / "runs"), "--ledger_dir", str(tmp_path / "ledger")])
+    path = bench.record_in_ledger(args, arm, 1, {}, tmp_path / "tokenizer", {}, [])
+    assert len(tables) == int(computes_table)
+    assert (json.loads(path.read_text())["gtrans_decoder_groups"] is not None) == computes_table
