@@ -156,6 +156,59 @@ def test_move_rows_names_bad_inputs(kernels):
         kernels.move_rows([torch.zeros(4, 6)[:, ::2]], torch.tensor([1]), torch.tensor([0]))
 
 
+def test_a_reorder_through_key_rows_reads_what_moving_the_rows_holds(kernels):
+    """`_SelfAttentionCache` with `reorders_key_rows` (beam reorders and rows leaving change `key_rows`) against one
+    that moves the rows (`move_rows`, new buffers of the rows kept): after random steps, reorders and rows leaving the
+    batch, each row's keys/values at each position, and `decode_attention` through `key_rows`, are the moved cache's
+    bit for bit; reading the slots any other way (`update`) first gives each row its own."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        rows, heads, head_dim, capacity = 12, 2, 16, 24
+        by_index, moved = decoding._SelfAttentionCache(capacity), decoding._SelfAttentionCache(capacity)
+        by_index.reorders_key_rows = True
+        for cache in (by_index, moved):
+            for slot in range(3):
+                cache.open_slot(slot, torch.empty(rows, heads, 0, head_dim))
+        for step in range(int(torch.randint(2, capacity, (), generator=generator))):
+            # a step writes each row's position into its own buffer row, as the compiled step does
+            for slot in range(3):
+                keys, values = (torch.randn(rows, heads, head_dim, generator=generator) for _ in range(2))
+                for cache in (by_index, moved):  # rows that left keep their buffer rows in `by_index`
+                    cache.slots[slot].keys[:rows, step], cache.slots[slot].values[:rows, step] = keys, values
+                    cache.slots[slot].length += 1
+            if rows > 1 and int(torch.randint(0, 6, (), generator=generator)) == 0:  # rows leave the batch
+                index = torch.randperm(rows, generator=generator)[: max(1, rows - 1 - step % 2)].sort().values
+                rows = index.shape[0]
+                dropped = True
+            else:
+                index, dropped = torch.randint(0, rows, (rows,), generator=generator), False
+            for cache in (by_index, moved):
+                cache.select(index, rows_dropped=dropped)
+            assert by_index.key_rows.shape[0] == rows and by_index.slots[0].keys.shape[0] == 12, trial
+            assert moved.key_rows is None and moved.slots[0].keys.shape[0] == rows, trial
+            length = step + 1
+            query = torch.randn(rows, heads, 1, head_dim, generator=generator)
+            for slot in range(3):
+                got, want = by_index.slots[slot], moved.slots[slot]
+                key_rows = by_index.key_rows[:, :length]
+                positions = torch.arange(length)
+                assert torch.equal(got.keys[key_rows, positions], want.keys[:, :length]), (trial, step, slot)
+                assert torch.equal(got.values[key_rows, positions], want.values[:, :length]), (trial, step, slot)
+                attention = kernels.decode_attention(
+                    query, got.keys[:, :length].transpose(1, 2), got.values[:, :length].transpose(1, 2), None, 0.25,
+                    key_rows,
+                )
+                expected = kernels.decode_attention(
+                    query, want.keys[:, :length].transpose(1, 2), want.values[:, :length].transpose(1, 2), None, 0.25
+                )
+                assert torch.equal(attention, expected), (trial, step, slot)
+        # the Python path's `update` reads the slots as views: each row's own keys/values first
+        keys, values = torch.randn(rows, heads, 1, head_dim), torch.randn(rows, heads, 1, head_dim)
+        for got, want in zip(by_index.update(keys, values, 0), moved.update(keys, values, 0)):
+            assert torch.equal(got, want), trial
+        assert by_index.key_rows is None
+
+
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_beam_search_without_the_kernels_gives_the_tokens_of_generate(model_type, monkeypatch):
     """The torch path of the loop's beam search (transformers' helper for the candidates, `index_copy_` for the

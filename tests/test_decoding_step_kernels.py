@@ -210,11 +210,16 @@ def test_step_kernels_name_bad_inputs(kernels):
     projections = [qkv_proj, attention.out_proj.kernel_linear]
     hidden, buffer = torch.randn(3, 1, 32), torch.zeros(3, 4, 2, 16)
 
-    def self_step(hidden=hidden, keys=buffer, position=0, prefix=0, prefix_mask=None, projections=projections):
+    def self_step(hidden=hidden, keys=buffer, position=0, prefix=0, prefix_mask=None, projections=projections,
+                  key_rows=None):
         return kernels.self_attention_step(hidden, *norm, False, *projections, keys, keys.clone(), position, prefix,
-                                           prefix_mask, attention.scaling)
+                                           prefix_mask, attention.scaling, key_rows)
 
     assert self_step().shape == (3, 1, 32)
+    with pytest.raises(RuntimeError, match=r"key_rows\[1, 1\] = 3 is outside the 3 rows of the keys"):
+        self_step(position=1, key_rows=torch.tensor([[0, 0, 0, 0], [1, 3, 1, 1], [2, 2, 2, 2]]))
+    with pytest.raises(RuntimeError, match=r"key_rows must be int64 \(3, 2\)"):
+        self_step(position=1, key_rows=torch.zeros(3, 4, dtype=torch.int32))
     with pytest.raises(RuntimeError, match=r"input must be a float32 CPU tensor \(rows, 1, d_model\)"):
         self_step(hidden=torch.randn(3, 2, 32))
     with pytest.raises(RuntimeError, match="position 4 is outside the cache's 4 positions after a prefix of 0"):

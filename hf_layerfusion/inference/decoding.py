@@ -72,8 +72,21 @@ class _SelfAttentionCache:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.slots: dict[int, _KeyValueSlot] = {}
+        # where every step reads the slots through the compiled kernels (`DecoderSteps` with compiled layers), beam
+        # reorders and rows leaving the batch change `key_rows` instead of moving keys/values: `key_rows[r, p]` is the
+        # buffer row that holds row r's keys/values at position p (None: row r itself), a view of the first rows of
+        # `key_row_buffer` `(buffer rows, positions)`. A buffer row's position p is written once, at step p, by the
+        # row then computed in it (row r writes buffer row r), so it stays valid for every beam that descends from
+        # it, and buffer rows past the rows still computed keep what those rows descend from. A reorder then copies
+        # rows x positions indices instead of rows x positions x d_model floats per slot (most of beam search's
+        # copies). Reading the slots any other way (`update`) first moves each row's keys/values into its own row
+        # (`gather_key_rows`).
+        self.reorders_key_rows = False
+        self.key_rows: torch.Tensor | None = None
+        self.key_row_buffer: torch.Tensor | None = None
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        self.gather_key_rows()
         slot = self.slots.get(layer_idx)
         if slot is None:
             slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity)
@@ -84,6 +97,7 @@ class _SelfAttentionCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`[prefix ; cached keys/values]` along positions, the prefix (the same at every step of an input) written
         into the slot once, at its first step, instead of concatenated at every step."""
+        self.gather_key_rows()
         slot = self.slots.get(layer_idx)
         if slot is None:
             prefix = (prefix_keys, prefix_values)
@@ -98,20 +112,66 @@ class _SelfAttentionCache:
     def open_slot(self, layer_idx: int, keys_like: torch.Tensor) -> None:
         """Make slot `layer_idx`, empty, before its first update: keys and values shaped like `keys_like`
         `(rows, heads, 0, head_dim)` (the first step of `CompiledDecoderLayers`, whose kernel writes into the slots)."""
+        self.gather_key_rows()
         self.slots[layer_idx] = _KeyValueSlot(keys_like, keys_like, self.capacity)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         slot = self.slots.get(layer_idx)
         return 0 if slot is None else slot.length - slot.prefix
 
-    def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
-        """Keep rows `index` (in that order). A beam reorder (`rows_dropped=False`, as many rows as before) copies
-        in place only the rows whose beam changed: most beams continue their own row, so this moves a fraction
-        of the cache instead of all of it."""
-        if rows_dropped:
-            for slot in self.slots.values():
-                slot.keep_rows(index)
+    def gather_key_rows(self, index: torch.Tensor | None = None) -> None:
+        """Give each of rows `index` (all rows, in order: None) its own keys/values in buffers of as many rows, those
+        of the buffer rows its `key_rows` name, and forget `key_rows`; with `index` None and no `key_rows`, nothing to
+        do."""
+        if self.key_rows is None:
+            if index is not None:
+                for slot in self.slots.values():
+                    slot.keep_rows(index)
             return
+        key_rows = self.key_rows if index is None else self.key_rows.index_select(0, index)
+        for slot in self.slots.values():
+            # buffer row key_rows[r, p] position p, as rows of the flattened (buffer rows x positions) buffers
+            width = slot.keys.shape[1]
+            sources = (key_rows[:, : slot.length] * width + torch.arange(slot.length, device=key_rows.device)).view(-1)
+            keys = slot.keys.new_empty((key_rows.shape[0], *slot.keys.shape[1:]))
+            values = slot.values.new_empty((key_rows.shape[0], *slot.values.shape[1:]))
+            keys[:, : slot.length] = slot.keys.flatten(0, 1).index_select(0, sources).unflatten(0, (-1, slot.length))
+            values[:, : slot.length] = slot.values.flatten(0, 1).index_select(0, sources).unflatten(
+                0, (-1, slot.length)
+            )
+            slot.keys, slot.values = keys, values
+        self.key_rows = self.key_row_buffer = None
+
+    def select_key_rows(self, index: torch.Tensor) -> bool:
+        """Keep rows `index` through `key_rows` (see `__init__`), where the slots allow it: every slot as long and as
+        wide and with as many buffer rows, at least `len(index)`; False (nothing done) where they do not."""
+        if not self.reorders_key_rows or not self.slots:
+            return False
+        slots = list(self.slots.values())
+        length, shape = slots[0].length, slots[0].keys.shape[:2]
+        if index.shape[0] > shape[0] or any(slot.length != length or slot.keys.shape[:2] != shape for slot in slots):
+            return False
+        if self.key_row_buffer is None:
+            rows = torch.arange(shape[0], device=index.device)
+            self.key_row_buffer = rows[:, None].expand(shape).contiguous()
+            self.key_rows = self.key_row_buffer
+        # the filled positions of the rows kept; from `length` on each row keeps its own buffer row (the next steps
+        # write it there)
+        self.key_row_buffer[: index.shape[0], :length] = self.key_rows[index, :length]
+        self.key_rows = self.key_row_buffer[: index.shape[0]]
+        return True
+
+    def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
+        """Keep rows `index` (in that order): through `key_rows` where it can (`select_key_rows`); else rows leaving
+        the batch (`rows_dropped`) copy the rows kept into new buffers, and a beam reorder (as many rows as before)
+        copies in place only the rows whose beam changed: most beams continue their own row, so this moves a fraction
+        of the cache instead of all of it."""
+        if self.select_key_rows(index):
+            return
+        if rows_dropped:
+            self.gather_key_rows(index)
+            return
+        self.gather_key_rows()
         targets = torch.nonzero(index != torch.arange(index.shape[0], device=index.device)).squeeze(1)
         if targets.numel() == 0:
             return
@@ -209,6 +269,8 @@ class DecoderSteps:
         # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
         # (inference_copies.compiled_decoder_layers for the inference copies)
         self.compiled_layers = None if compile_layers is None else compile_layers(self.decoder, self.layers)
+        # the compiled layers read the self-attention slots through `key_rows`: a beam reorder need not move them
+        self.cache.self_attention_cache.reorders_key_rows = self.compiled_layers is not None
         # whether a row's numbers are the same whatever rows are computed beside it (`logits_of_equal_groups`)
         self.rows_computed_alone = rows_computed_alone
 

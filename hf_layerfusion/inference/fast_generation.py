@@ -13,9 +13,11 @@ hook):
 - keys/values live in `DecodingCache`: self-attention slots preallocated row-major (a step writes its position in
   place instead of concatenating the whole cache), cross-attention keys/values computed once per input and, in
   beam search, once per sentence instead of once per beam (the backbone's attention folds a
-  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); a beam reorder moves, in place,
-  the rows whose beam changed, every slot's in one compiled call (`move_rows`) that copies each row once
-  (`generate()` reorders every slot, cross-attention ones included, whose rows are equal);
+  sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); where the compiled layers run every
+  step, a beam reorder (and rows leaving the batch) changes only which buffer row holds each row's keys/values at each
+  position (`key_rows`, read by the attention kernel), elsewhere it moves, in place, the rows whose beam changed, every
+  slot's in one compiled call (`move_rows`) that copies each row once (`generate()` reorders every slot,
+  cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
   rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
   processors that are not known to act row by row, every row is kept, as `generate()` does;

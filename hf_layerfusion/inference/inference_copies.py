@@ -279,7 +279,8 @@ class KernelResidualSublayer(ResidualSublayer):
             if prefix_mask is not None and prefix_mask.dtype != torch.bool:
                 return None
             output = kernels.self_attention_step(
-                hidden_states, *arguments, slot.keys, slot.values, slot.length, slot.prefix, prefix_mask, scaling
+                hidden_states, *arguments, slot.keys, slot.values, slot.length, slot.prefix, prefix_mask, scaling,
+                context.cache.self_attention_cache.key_rows,
             )
             slot.length += 1
             return output
@@ -388,6 +389,7 @@ class CompiledDecoderLayers:
             [layer.keys for layer in cross],
             [layer.values for layer in cross],
             memory_mask,
+            cache.self_attention_cache.key_rows,
         )
         for slot in slots:
             slot.length += 1

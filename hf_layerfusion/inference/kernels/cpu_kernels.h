@@ -18,7 +18,8 @@ constexpr int64_t kFloat32PassColumns = 2 * kFloat32PanelColumns;
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                              const c10::optional<torch::Tensor>& bias, bool relu);
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                               const c10::optional<torch::Tensor>& mask, double scaling);
+                               const c10::optional<torch::Tensor>& mask, double scaling,
+                               const c10::optional<torch::Tensor>& key_rows);
 torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi);
 torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
                              const torch::Tensor& bias, double eps);
@@ -61,7 +62,8 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
                                   const KernelLinear& qkv_proj, const KernelLinear& out_proj,
                                   const torch::Tensor& key_buffer,
                                   const torch::Tensor& value_buffer, int64_t position, int64_t prefix,
-                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling);
+                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling,
+                                  const c10::optional<torch::Tensor>& key_rows);
 torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                    const torch::Tensor& norm_bias, double eps, bool normalize_before,
                                    const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
@@ -87,7 +89,8 @@ class DecoderLayerSteps {
                                         const std::vector<int64_t>& prefixes,
                                         const std::vector<torch::Tensor>& cross_keys,
                                         const std::vector<torch::Tensor>& cross_values,
-                                        const c10::optional<torch::Tensor>& memory_mask) const;
+                                        const c10::optional<torch::Tensor>& memory_mask,
+                                        const c10::optional<torch::Tensor>& key_rows) const;
   int64_t layers() const { return static_cast<int64_t>(layer_ends_.size()); }
 
  private:

@@ -11,6 +11,10 @@
 // pairwise, exp(x) by range reduction and a degree-6 polynomial (Cephes' expf, about 1 ulp), rows whose keys are all
 // masked give zeros (as SDPA does). Masked keys and their values are not read: they weigh exactly nothing, whatever
 // they hold. It agrees with SDPA to float rounding (about 1e-6), not bit for bit.
+//
+// `key_rows` (beam search's self-attention cache, `_SelfAttentionCache.key_rows`): the row of the key/value buffers
+// that holds each row's key at each position, instead of the row itself; a beam reorder then changes these indices
+// instead of moving the rows' keys and values (which grow with the position: most of a beam step's copies).
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -27,6 +31,8 @@ struct Problem {
   const float *query, *key, *value;
   const bool* mask;  // true: attend; null: every key
   float* output;     // (rows, queries, heads, head_dim), contiguous
+  const int64_t* key_rows;  // (rows, keys): the buffer row of each key; null: the row itself
+  int64_t key_rows_stride;
   int64_t rows, heads, queries, keys, head_dim;
   int64_t query_strides[3], key_strides[3], value_strides[3], mask_strides[2];  // rows, heads, positions
   float scaling;
@@ -40,8 +46,9 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
   const int64_t padded_keys = (p.keys + kLanes - 1) / kLanes * kLanes;
   for (int64_t row_head = begin; row_head < end; ++row_head) {
     const int64_t row = row_head / p.heads, head = row_head % p.heads;
-    const float* keys = p.key + row * p.key_strides[0] + head * p.key_strides[1];
-    const float* values = p.value + row * p.value_strides[0] + head * p.value_strides[1];
+    const float* keys = p.key + head * p.key_strides[1];
+    const float* values = p.value + head * p.value_strides[1];
+    const int64_t* key_rows = p.key_rows ? p.key_rows + row * p.key_rows_stride : nullptr;
     for (int64_t position = 0; position < p.queries; ++position) {
       const float* query = p.query + row * p.query_strides[0] + head * p.query_strides[1] + position * p.query_strides[2];
       const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
@@ -54,7 +61,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
           scores[k] = -INFINITY;
           continue;
         }
-        const float* key = keys + k * p.key_strides[2];
+        const float* key = keys + (key_rows ? key_rows[k] : row) * p.key_strides[0] + k * p.key_strides[2];
         V products = scaled_query[0] * load_vector<V>(key);
         for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load_vector<V>(key + kWidth<V> * c);
         const float score = lane_sum(products);
@@ -81,7 +88,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       for (int64_t k = 0; k < p.keys; ++k) {
         if (mask && !mask[k]) continue;
         const float weight = scores[k];
-        const float* value = values + k * p.value_strides[2];
+        const float* value = values + (key_rows ? key_rows[k] : row) * p.value_strides[0] + k * p.value_strides[2];
         for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load_vector<V>(value + kWidth<V> * c);
       }
       for (int c = 0; c < kChunks; ++c) store_vector(out + kWidth<V> * c, accumulated[c] * inverse_sum);
@@ -116,9 +123,11 @@ void check_layout(const torch::Tensor& tensor, const char* name) {
 }  // namespace
 
 // query (rows, heads, queries, head_dim), key/value (rows, heads, keys, head_dim), any strides with a contiguous last
-// dimension; mask: None or bool (rows or 1, 1, queries or 1, keys), true = attend -> (rows, queries, heads, head_dim)
+// dimension; mask: None or bool (rows or 1, 1, queries or 1, keys), true = attend; key_rows: None or int64 (rows, keys),
+// each a row of key/value, which may then have more rows -> (rows, queries, heads, head_dim)
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                               const c10::optional<torch::Tensor>& mask, double scaling) {
+                               const c10::optional<torch::Tensor>& mask, double scaling,
+                               const c10::optional<torch::Tensor>& key_rows) {
   check_layout(query, "query");
   check_layout(key, "key");
   check_layout(value, "value");
@@ -126,12 +135,14 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t keys = key.size(2);
   TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kMaxHeadDim,
               "decode_attention: head_dim must be a multiple of 16 up to 128, got ", head_dim);
-  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == rows && key.size(1) == heads && key.size(3) == head_dim,
-              "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (", rows, ", ", heads,
-              ", keys, ", head_dim, ")");
+  // through key_rows, rows read buffer rows: at least as many (beams that left the batch leave theirs behind)
+  const bool buffer_rows_fit = key_rows.has_value() ? key.size(0) >= rows : key.size(0) == rows;
+  TORCH_CHECK(key.sizes() == value.sizes() && buffer_rows_fit && key.size(1) == heads && key.size(3) == head_dim,
+              "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (", rows,
+              key_rows.has_value() ? " or more" : "", ", ", heads, ", keys, ", head_dim, ")");
   TORCH_CHECK(keys > 0, "decode_attention: no keys");
   Problem problem{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), nullptr, nullptr,
-                  rows, heads, queries, keys, head_dim,
+                  nullptr, 0, rows, heads, queries, keys, head_dim,
                   {query.stride(0), query.stride(1), query.stride(2)},
                   {key.stride(0), key.stride(1), key.stride(2)},
                   {value.stride(0), value.stride(1), value.stride(2)},
@@ -146,6 +157,22 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
     problem.mask = m.data_ptr<bool>();
     problem.mask_strides[0] = m.size(0) == 1 ? 0 : m.stride(0);
     problem.mask_strides[1] = m.size(2) == 1 ? 0 : m.stride(2);
+  }
+  if (key_rows.has_value()) {
+    const auto& r = *key_rows;
+    TORCH_CHECK(r.dim() == 2 && r.scalar_type() == torch::kInt64 && r.device().is_cpu() && r.size(0) == rows &&
+                    r.size(1) == keys && r.stride(1) == 1,
+                "decode_attention: key_rows must be int64 (", rows, ", ", keys, ") with contiguous keys, got ",
+                r.scalar_type(), " ", r.sizes());
+    const int64_t* indices = r.data_ptr<int64_t>();
+    for (int64_t row = 0; row < rows; ++row)  // a row outside the buffers would be read out of bounds
+      for (int64_t k = 0; k < keys; ++k) {
+        const int64_t index = indices[row * r.stride(0) + k];
+        TORCH_CHECK(index >= 0 && index < key.size(0), "decode_attention: key_rows[", row, ", ", k, "] = ", index,
+                    " is outside the ", key.size(0), " rows of the keys");
+      }
+    problem.key_rows = indices;
+    problem.key_rows_stride = r.stride(0);
   }
   auto output = torch::empty({rows, queries, heads, head_dim}, query.options());
   problem.output = output.data_ptr<float>();

@@ -43,12 +43,13 @@ void check_projection(const KernelLinear& linear, int64_t out_features, const ch
               " output features and no ReLU, got ", linear.out_features(), linear.relu() ? " and a ReLU" : "");
 }
 
-// buffer[:, position] = qkv[:, 0, offset : offset + d_model] (as (heads, head_dim)), one row at a time: torch's
+// buffer[:rows, position] = qkv[:, 0, offset : offset + d_model] (as (heads, head_dim)), one row at a time: torch's
 // strided `copy_` took 50 µs for 128 rows of 256 floats, several times these row copies
 void write_position(const torch::Tensor& buffer, int64_t position, const torch::Tensor& qkv, int64_t offset) {
-  const int64_t rows = buffer.size(0), width = buffer.size(2) * buffer.size(3);
+  const int64_t rows = qkv.size(0), width = buffer.size(2) * buffer.size(3);
   if (!(buffer.stride(3) == 1 && buffer.stride(2) == buffer.size(3) && qkv.stride(2) == 1)) {  // not row blocks
-    buffer.select(1, position).copy_(qkv.narrow(2, offset, width).view({rows, buffer.size(2), buffer.size(3)}));
+    buffer.narrow(0, 0, rows).select(1, position).copy_(
+        qkv.narrow(2, offset, width).view({rows, buffer.size(2), buffer.size(3)}));
     return;
   }
   float* target = buffer.data_ptr<float>() + position * buffer.stride(1);
@@ -63,18 +64,22 @@ void write_position(const torch::Tensor& buffer, int64_t position, const torch::
 // then attention over positions [0, position]; the first `prefix` positions are keys/values given once per input
 // (layer-wise coordination's source part), masked by `prefix_mask` (bool (rows or 1, 1, 1, prefix), true = attend;
 // None: all attended) and the rest attended, the mask `mixed_attention_mask` builds; `qkv_proj` is q_proj, k_proj and
-// v_proj concatenated
+// v_proj concatenated; `key_rows` (rows, >= position + 1): the buffer row holding each row's keys/values at each
+// position (`decode_attention`), None: the row itself
 torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                   const torch::Tensor& norm_bias, double eps, bool normalize_before,
                                   const KernelLinear& qkv_proj, const KernelLinear& out_proj,
                                   const torch::Tensor& key_buffer, const torch::Tensor& value_buffer,
                                   int64_t position, int64_t prefix,
-                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling) {
+                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling,
+                                  const c10::optional<torch::Tensor>& key_rows) {
   check_step_input(h, "self_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
   check_projection(qkv_proj, 3 * d_model, "self_attention_step", "qkv_proj");
   check_projection(out_proj, d_model, "self_attention_step", "out_proj");
-  TORCH_CHECK(key_buffer.dim() == 4 && key_buffer.sizes() == value_buffer.sizes() && key_buffer.size(0) == rows &&
+  // through key_rows, a row's earlier positions may lie in buffer rows past `rows` (beams that left the batch)
+  const bool buffer_rows_fit = key_rows.has_value() ? key_buffer.size(0) >= rows : key_buffer.size(0) == rows;
+  TORCH_CHECK(key_buffer.dim() == 4 && key_buffer.sizes() == value_buffer.sizes() && buffer_rows_fit &&
                   key_buffer.size(2) * key_buffer.size(3) == d_model &&
                   key_buffer.scalar_type() == torch::kFloat32 && value_buffer.scalar_type() == torch::kFloat32,
               "self_attention_step: the cache buffers must be float32 (", rows, ", capacity, heads, head_dim) with "
@@ -101,7 +106,9 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
   write_position(value_buffer, position, qkv, 2 * d_model);
   const auto query = qkv.narrow(2, 0, d_model).view({rows, 1, heads, head_dim}).transpose(1, 2);
   const auto attention = decode_attention(query, key_buffer.narrow(1, 0, position + 1).transpose(1, 2),
-                                          value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling);
+                                          value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling,
+                                          key_rows.has_value() ? c10::optional<torch::Tensor>(key_rows->narrow(1, 0, position + 1))
+                                                               : c10::nullopt);
   return norm.exit(h, out_proj(attention.view({rows, 1, d_model})));
 }
 
@@ -127,7 +134,7 @@ torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& 
   if (groups > 1) {  // (rows, heads, 1, d) -> (key rows, heads, groups, d)
     query = query.reshape({key_rows, groups, heads, 1, head_dim}).transpose(1, 2).reshape({key_rows, heads, groups, head_dim});
   }
-  const auto attention = decode_attention(query, keys, values, mask, scaling);  // (key rows, groups, heads, d)
+  const auto attention = decode_attention(query, keys, values, mask, scaling, c10::nullopt);  // (key rows, groups, heads, d)
   return norm.exit(h, out_proj(attention.reshape({rows, 1, d_model})));
 }
 
@@ -178,14 +185,16 @@ void DecoderLayerSteps::end_layer() {
 // `keys`, `values`, `lengths`, `prefixes`: each self-attention slot's cache buffers, filled length (the position this
 // step writes) and prefix; `cross_keys`, `cross_values`: each cross-attention slot's keys/values; `memory_mask`: the
 // cross-attention mask, also the prefix mask of slots with a prefix (as `KernelResidualSublayer.run_decoding_step`
-// passes them). Returns each layer's output.
+// passes them); `key_rows`: every self-attention slot's buffer row of each row's position (`self_attention_step`).
+// Returns each layer's output.
 std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
                                                          const std::vector<torch::Tensor>& values,
                                                          const std::vector<int64_t>& lengths,
                                                          const std::vector<int64_t>& prefixes,
                                                          const std::vector<torch::Tensor>& cross_keys,
                                                          const std::vector<torch::Tensor>& cross_values,
-                                                         const c10::optional<torch::Tensor>& memory_mask) const {
+                                                         const c10::optional<torch::Tensor>& memory_mask,
+                                                         const c10::optional<torch::Tensor>& key_rows) const {
   TORCH_CHECK(!layer_ends_.empty() && layer_ends_.back() == static_cast<int64_t>(steps_.size()),
               "DecoderLayerSteps: end the last layer (end_layer) before stepping");
   const auto self_slots = static_cast<size_t>(self_slots_), cross_slots = static_cast<size_t>(cross_slots_);
@@ -209,7 +218,7 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
         const c10::optional<torch::Tensor> prefix_mask = prefixes[slot] > 0 ? memory_mask : c10::nullopt;
         state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
                                     step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
-                                    prefix_mask, step.scaling);
+                                    prefix_mask, step.scaling, key_rows);
         break;
       }
       case Form::cross_attention: {
