@@ -126,6 +126,9 @@ def test_family_variants_generate_the_tokens_of_generate(variant, attention, sou
         dict(num_beams=1, min_new_tokens=6),
         dict(num_beams=4, min_new_tokens=3, no_repeat_ngram_size=2, repetition_penalty=1.3),
         dict(num_beams=1, bad_words_ids=[[5], [6, 7]], forced_eos_token_id=EOS),
+        # two end tokens (11: both tiny models generate it within 9 tokens, so rows end at different steps)
+        dict(num_beams=1, eos_token_id=[EOS, 11]),
+        dict(num_beams=3, eos_token_id=[EOS, 11]),
     ],
     ids=lambda settings: ",".join(f"{key}={value}" for key, value in settings.items()),
 )

@@ -114,10 +114,14 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
     rows = None  # the original row of each computed row (None: all rows, in order)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=input_ids.device)
     tokens = input_ids[:, -1]
+    # one end token (the usual case) is compared with `==`, a few operator calls less per step than `isin`
+    one_eos_token = eos_token_id is not None and eos_token_id.numel() == 1
     while True:
         scores = steps.logits(tokens)
-        context = sequences[:, :cur_len] if rows is None else sequences[rows, :cur_len]
-        next_tokens = first_argmax(apply_logits_processors(logits_processor, context, scores))
+        if len(logits_processor):  # the tokens so far only where a processor reads them (a gather once compacted)
+            context = sequences[:, :cur_len] if rows is None else sequences[rows, :cur_len]
+            scores = apply_logits_processors(logits_processor, context, scores)
+        next_tokens = first_argmax(scores)
         if eos_token_id is not None:
             next_tokens = torch.where(finished, pad_token_id, next_tokens)
         if rows is None:
@@ -126,11 +130,11 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
             sequences[rows, cur_len] = next_tokens
         cur_len += 1
         if eos_token_id is not None:
-            finished |= torch.isin(next_tokens, eos_token_id)
-        if cur_len >= max_length or bool(finished.all()):
+            finished |= next_tokens == eos_token_id if one_eos_token else torch.isin(next_tokens, eos_token_id)
+        done = int(finished.sum())
+        if cur_len >= max_length or done == finished.shape[0]:
             return sequences[:, :cur_len]
         tokens = next_tokens
-        done = int(finished.sum())
         if compact and done >= max(1, COMPACTION_SHARE * finished.shape[0]):
             keep = (~finished).nonzero().squeeze(1)
             steps.select(keep, rows_dropped=True)
