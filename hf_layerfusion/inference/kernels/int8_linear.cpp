@@ -4,7 +4,7 @@
 // Two formats (`code_bits`): 8 bits (activation codes [-128, 127], weights [-127, 127]) and 7 bits (activation codes
 // [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format), else with
 // AVX-512 VNNI's `vpdpbusd` (unsigned x signed bytes, four products summed into each int32 lane, exactly) in the 8-bit
-// format only (the signed codes read as unsigned ones, code + 128, whose 128 x the weights' column sums is taken back:
+// format only (the weights stored as unsigned ones, weight + 128, whose 128 x each row's code sum is taken back:
 // `vnni_rows_times_panels`), else, on AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs
 // summed in 16 bits) in the 7-bit format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
@@ -280,16 +280,17 @@ __attribute__((target("avx2"))) void avx2_row_times_panels(const int8_t* __restr
 }
 
 // R rows of the 8-bit codes q (stride Kp, Kp a multiple of 4, each in [-128, 127]) times P consecutive VNNI panels of
-// 16 columns (each Kp / 4 groups of 64 bytes: per group of 4 inputs, 16 columns x their 4 weights) into R x 16 P int32
-// sums at `sums` (row stride `sums_stride`). `vpdpbusd` multiplies unsigned by signed bytes, so each group's 4 codes
-// are read as code + 128 (their sign bit flipped), and the sums they give exceed the products of the codes by 128 x
-// the weights' column sums (`column_sums`, the panels' 16 P of them; zero past N, where the weights are zero), taken
-// back at the end (wrapping int32 arithmetic: the intermediate sums may pass 2^31, the exact results do not). Each
-// weight register serves R rows, each broadcast code group P panels.
+// 16 columns (each Kp / 4 groups of 64 bytes: per group of 4 inputs, 16 columns x their 4 weights, sign bits flipped)
+// into R x 16 P int32 sums at `sums` (row stride `sums_stride`). `vpdpbusd` multiplies unsigned by signed bytes: the
+// weights are its unsigned operand, stored as weight + 128 (`pack_int8_weights`), the codes its signed one, so a row's
+// 4 codes are broadcast straight from memory (a load, where flipping their sign bits took a shuffle-port broadcast from
+// a general register per row and group, beside the multiply-adds on that port); the sums exceed the products by 128 x
+// the row's code sum (`code_sums`, R of them), taken back at the end (wrapping int32 arithmetic: the intermediate sums
+// may pass 2^31, the exact results do not). Each weight register serves R rows, each broadcast code group P panels.
 template <int R, int P>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows_times_panels(
-    const int8_t* __restrict q, int64_t Kp, const int8_t* __restrict panels, const int32_t* __restrict column_sums,
-    int64_t columns_left, int32_t* __restrict sums, int64_t sums_stride) {
+    const int8_t* __restrict q, int64_t Kp, const int8_t* __restrict panels, const int32_t* __restrict code_sums,
+    int32_t* __restrict sums, int64_t sums_stride) {
   __m512i lanes[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_setzero_si512();
@@ -299,17 +300,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows_times_pane
     for (int p = 0; p < P; ++p)
       weights[p] = _mm512_loadu_si512(reinterpret_cast<const void*>(panels + p * panel_bytes + 64 * g));
     for (int r = 0; r < R; ++r) {
-      uint32_t group;  // the row's 4 codes of these inputs, sign bits flipped, broadcast to every column
+      int32_t group;  // the row's 4 codes of these inputs, broadcast to every column
       std::memcpy(&group, q + r * Kp + kVnniDepth * g, sizeof(group));
-      const __m512i codes = _mm512_set1_epi32(static_cast<int32_t>(group ^ 0x80808080u));
-      for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_dpbusd_epi32(lanes[r][p], codes, weights[p]);
+      const __m512i codes = _mm512_set1_epi32(group);
+      for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_dpbusd_epi32(lanes[r][p], weights[p], codes);
     }
   }
-  for (int p = 0; p < P; ++p) {
-    const int64_t columns = std::min<int64_t>(kVnniColumns, columns_left - p * kVnniColumns);
-    const __mmask16 present = columns >= 16 ? __mmask16(0xffff) : __mmask16((1u << std::max<int64_t>(columns, 0)) - 1);
-    const __m512i offset = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(present, column_sums + p * kVnniColumns), 7);
-    for (int r = 0; r < R; ++r)
+  for (int r = 0; r < R; ++r) {
+    const __m512i offset = _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(code_sums[r]) << 7));
+    for (int p = 0; p < P; ++p)
       _mm512_storeu_si512(reinterpret_cast<void*>(sums + r * sums_stride + p * kVnniColumns),
                           _mm512_sub_epi32(lanes[r][p], offset));
   }
@@ -365,7 +364,8 @@ int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable(
 // - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
 //   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`);
 // - VNNI panels (8-bit weights only): for each panel of 16 columns p and each group of 4 inputs g, 64 bytes with byte
-//   [4 * c + i] = weight_t[4 * g + i][16 * p + c], zero past K and N (`vnni_rows_times_panels`).
+//   [4 * c + i] = weight_t[4 * g + i][16 * p + c] + 128 (its sign bit flipped: `vpdpbusd`'s unsigned operand), zero
+//   past K and N (`vnni_rows_times_panels`).
 torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
@@ -396,7 +396,7 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
     for (int64_t k = 0; k < K; ++k)
       for (int64_t n = 0; n < N; ++n)
         dst[n / kVnniColumns * Kp * kVnniColumns + k / kVnniDepth * 64 + kVnniDepth * (n % kVnniColumns) +
-            k % kVnniDepth] = src[k * N + n];
+            k % kVnniDepth] = static_cast<int8_t>(static_cast<uint8_t>(src[k * N + n]) ^ 0x80u);
     return panels;
   }
   const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
@@ -462,9 +462,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   float* rs = row_scale.data_ptr<float>();
   int32_t* rz = row_zero.data_ptr<int32_t>();
   const ActivationCodes codes = activation_codes(code_bits);
-  // the AVX2 product's offset weights add 64 x each row's code sum, taken back with these
-  auto code_sums = torch::empty({avx2 ? M : 0}, rows.options().dtype(torch::kInt32));
-  int32_t* csp = avx2 ? code_sums.data_ptr<int32_t>() : nullptr;
+  // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI product's 128 x, taken back with these
+  auto code_sums = torch::empty({avx2 || vnni ? M : 0}, rows.options().dtype(torch::kInt32));
+  int32_t* csp = avx2 || vnni ? code_sums.data_ptr<int32_t>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
   torch::Tensor sums;
@@ -481,7 +481,6 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   if (vnni) {
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
-    const int32_t* cs = column_sums.data_ptr<int32_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     // tasks of whole passes of kVnniPanels panels, about 64k multiply-adds or more each (small products: one thread)
     const int64_t passes = (Np / kVnniColumns + kVnniPanels - 1) / kVnniPanels;
@@ -494,7 +493,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
         const int64_t column = panel * kVnniColumns;
         for (int64_t m = 0; m < M; m += kVnniRows) {
           const int R = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
-          kVnniTable[R - 1][P - 1](qp + m * Kp, Kp, panels + panel * Kp * kVnniColumns, cs + column, N - column,
+          kVnniTable[R - 1][P - 1](qp + m * Kp, Kp, panels + panel * Kp * kVnniColumns, csp + m,
                                    sp + m * Np + column, Np);
         }
       }
