@@ -279,18 +279,33 @@ __attribute__((target("avx2"))) void avx2_row_times_panels(const int8_t* __restr
   }
 }
 
+// What `dequantize_rows` makes of the sums of rows [0, R) and columns [0, 16 P) (`columns_left` of them real), while
+// they are in registers: the sums are not written to memory and read back (at 128 rows x 8000 columns, 4 MB each way).
+// The same float operations in the same order, a vector at a time, so the same numbers.
+struct VnniDequantize {
+  const float* row_scale;       // R
+  const int32_t* row_zero;      // R
+  const int32_t* column_sums;   // 16 P
+  const float* weight_scale;    // 16 P
+  const float* bias;            // 16 P, or null
+  bool relu;
+  int64_t columns_left;
+  float* out;                   // rows at out_stride
+  int64_t out_stride;
+};
+
 // R rows of the 8-bit codes q (stride Kp, Kp a multiple of 4, each in [-128, 127]) times P consecutive VNNI panels of
-// 16 columns (each Kp / 4 groups of 64 bytes: per group of 4 inputs, 16 columns x their 4 weights, sign bits flipped)
-// into R x 16 P int32 sums at `sums` (row stride `sums_stride`). `vpdpbusd` multiplies unsigned by signed bytes: the
-// weights are its unsigned operand, stored as weight + 128 (`pack_int8_weights`), the codes its signed one, so a row's
-// 4 codes are broadcast straight from memory (a load, where flipping their sign bits took a shuffle-port broadcast from
-// a general register per row and group, beside the multiply-adds on that port); the sums exceed the products by 128 x
-// the row's code sum (`code_sums`, R of them), taken back at the end (wrapping int32 arithmetic: the intermediate sums
-// may pass 2^31, the exact results do not). Each weight register serves R rows, each broadcast code group P panels.
+// 16 columns (each Kp / 4 groups of 64 bytes: per group of 4 inputs, 16 columns x their 4 weights, sign bits flipped),
+// dequantized into the output (`VnniDequantize`). `vpdpbusd` multiplies unsigned by signed bytes: the weights are its
+// unsigned operand, stored as weight + 128 (`pack_int8_weights`), the codes its signed one, so a row's 4 codes are
+// broadcast straight from memory (a load, where flipping their sign bits took a shuffle-port broadcast from a general
+// register per row and group, beside the multiply-adds on that port); the sums exceed the products by 128 x the row's
+// code sum (`code_sums`, R of them), taken back at the end (wrapping int32 arithmetic: the intermediate sums may pass
+// 2^31, the exact results do not). Each weight register serves R rows, each broadcast code group P panels.
 template <int R, int P>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows_times_panels(
     const int8_t* __restrict q, int64_t Kp, const int8_t* __restrict panels, const int32_t* __restrict code_sums,
-    int32_t* __restrict sums, int64_t sums_stride) {
+    const VnniDequantize& d) {
   __m512i lanes[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_setzero_si512();
@@ -306,11 +321,24 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void vnni_rows_times_pane
       for (int p = 0; p < P; ++p) lanes[r][p] = _mm512_dpbusd_epi32(lanes[r][p], weights[p], codes);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    const __m512i offset = _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(code_sums[r]) << 7));
-    for (int p = 0; p < P; ++p)
-      _mm512_storeu_si512(reinterpret_cast<void*>(sums + r * sums_stride + p * kVnniColumns),
-                          _mm512_sub_epi32(lanes[r][p], offset));
+  // dequantize_rows: float(sums - zero x column sums) x (row scale x weight scale) (+ bias), max(., 0) with relu
+  for (int p = 0; p < P; ++p) {
+    const int64_t columns = std::min<int64_t>(kVnniColumns, d.columns_left - p * kVnniColumns);
+    if (columns <= 0) break;  // panels past N (the last pass's padding)
+    const __mmask16 present = columns >= 16 ? __mmask16(0xffff) : __mmask16((1u << columns) - 1);
+    const __m512i column_sums = _mm512_maskz_loadu_epi32(present, d.column_sums + p * kVnniColumns);
+    const __m512 weight_scale = _mm512_maskz_loadu_ps(present, d.weight_scale + p * kVnniColumns);
+    const __m512 bias = d.bias ? _mm512_maskz_loadu_ps(present, d.bias + p * kVnniColumns) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m512i exact = _mm512_sub_epi32(
+          lanes[r][p], _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(code_sums[r]) << 7)));
+      const __m512i centred = _mm512_sub_epi32(exact, _mm512_mullo_epi32(_mm512_set1_epi32(d.row_zero[r]), column_sums));
+      __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(centred), _mm512_mul_ps(_mm512_set1_ps(d.row_scale[r]), weight_scale));
+      if (d.bias) value = _mm512_add_ps(value, bias);
+      if (d.relu)  // x < 0 ? 0 : x, as dequantize_rows: NaN and -0 pass through
+        value = _mm512_mask_mov_ps(value, _mm512_cmp_ps_mask(value, _mm512_setzero_ps(), _CMP_LT_OQ), _mm512_setzero_ps());
+      _mm512_mask_storeu_ps(d.out + r * d.out_stride + p * kVnniColumns, present, value);
+    }
   }
 }
 
@@ -478,10 +506,13 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
       amx_column_blocks(qp, tiles, sp, Mp, Kp, Np, begin, end);
     });
   }
-  if (vnni) {
-    sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
+  if (vnni) {  // dequantized inside the product (`VnniDequantize`)
+    auto out = torch::empty({M, N}, rows.options());
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
-    int32_t* sp = sums.data_ptr<int32_t>();
+    float* op = out.data_ptr<float>();
+    const float* ws = weight_scale.data_ptr<float>();
+    const int32_t* cs = column_sums.data_ptr<int32_t>();
+    const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
     // tasks of whole passes of kVnniPanels panels, about 64k multiply-adds or more each (small products: one thread)
     const int64_t passes = (Np / kVnniColumns + kVnniPanels - 1) / kVnniPanels;
     const int64_t grain =
@@ -493,11 +524,15 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
         const int64_t column = panel * kVnniColumns;
         for (int64_t m = 0; m < M; m += kVnniRows) {
           const int R = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
-          kVnniTable[R - 1][P - 1](qp + m * Kp, Kp, panels + panel * Kp * kVnniColumns, csp + m,
-                                   sp + m * Np + column, Np);
+          const VnniDequantize dequantize{rs + m, rz + m, cs + column, ws + column, bp ? bp + column : nullptr, relu,
+                                          N - column, op + m * N + column, N};
+          kVnniTable[R - 1][P - 1](qp + m * Kp, Kp, panels + panel * Kp * kVnniColumns, csp + m, dequantize);
         }
       }
     });
+    auto shape = x.sizes().vec();
+    shape.back() = N;
+    return out.view(shape);
   }
   if (avx2) {
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
