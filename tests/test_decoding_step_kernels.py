@@ -264,6 +264,9 @@ def test_kernel_linear_is_its_layers_product_and_survives_deep_copies(quantizati
     assert (fc1.kernel_linear.out_features, fc1.kernel_linear.relu) == (fc1.out_features, True)
     assert fc1.kernel_linear.code_bits == (0 if quantization is None else fc1.code_bits)
     assert torch.equal(copy.deepcopy(fc1.kernel_linear)(inputs), expected)
+    if quantization is not None:  # int8 weights travel unpacked (the packed layout is this CPU's), packed again
+        state = fc1.kernel_linear.__getstate__()
+        assert len(state) == 7 and torch.equal(state[1], fc1.weight_t)
     tokens = torch.randint(4, model.config.vocab_size, (4, 5), generator=torch.Generator().manual_seed(0))
     tokens[0] = model.config.decoder_start_token_id
     duplicate = copy.deepcopy(engine)

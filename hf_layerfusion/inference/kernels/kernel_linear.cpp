@@ -91,9 +91,11 @@ torch::Tensor KernelLinear::operator()(const torch::Tensor& x) const {
                                        code_bits_);
 }
 
+// int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
+// so a state read on another CPU or by another version would multiply with the wrong layout; they are packed again
 pybind11::tuple KernelLinear::state() const {
   if (code_bits_ == 0) return pybind11::make_tuple("float32", weights_, out_features_, bias_, relu_);
-  return pybind11::make_tuple("int8", weights_, packed_weights_, column_sums_, weight_scale_, bias_, relu_, code_bits_);
+  return pybind11::make_tuple("int8", weights_, column_sums_, weight_scale_, bias_, relu_, code_bits_);
 }
 
 KernelLinear KernelLinear::from_state(const pybind11::tuple& state) {
@@ -102,8 +104,10 @@ KernelLinear KernelLinear::from_state(const pybind11::tuple& state) {
   if (kind == "float32" && state.size() == 5) {
     return float32(state[1].cast<torch::Tensor>(), state[2].cast<int64_t>(), bias(3), state[4].cast<bool>());
   }
-  TORCH_CHECK(kind == "int8" && state.size() == 8, "KernelLinear: not a KernelLinear's state (", kind, ", ",
+  TORCH_CHECK(kind == "int8" && state.size() == 7, "KernelLinear: not a KernelLinear's state (", kind, ", ",
               state.size(), " entries)");
-  return int8(state[1].cast<torch::Tensor>(), state[2].cast<torch::Tensor>(), state[3].cast<torch::Tensor>(),
-              state[4].cast<torch::Tensor>(), bias(5), state[6].cast<bool>(), state[7].cast<int64_t>());
+  const auto weight_t = state[1].cast<torch::Tensor>();
+  const auto code_bits = state[6].cast<int64_t>();
+  return int8(weight_t, pack_int8_weights(weight_t, code_bits), state[2].cast<torch::Tensor>(),
+              state[3].cast<torch::Tensor>(), bias(4), state[5].cast<bool>(), code_bits);
 }
