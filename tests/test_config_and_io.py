@@ -205,6 +205,43 @@ def test_too_long_inputs_raise(position_embedding_type, tiny_backbone):
             model(input_ids=fits, decoder_input_ids=too_long)
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"scale_embedding": False},
+        {"layernorm_embedding": True},
+        {"position_embedding_type": "learned"},
+        {"position_embedding_type": "learned", "layernorm_embedding": True},
+        {"dtype": torch.bfloat16},
+    ],
+)
+def test_the_embeddings_decoding_step_is_forward_at_one_position(overrides, tiny_backbone):
+    """`TokenAndPositionEmbedding.decoding_step` (the fast loop's step) gives `forward`'s numbers bit for bit at every
+    position up to the table's end, where it raises as `forward` does; it declines (None) where positions depend on
+    the tokens (learned positions) and in training mode (dropout)."""
+    dtype = overrides.pop("dtype", torch.float32)
+    config = family_config("plain_transformer", tiny_backbone, **overrides)
+    embeddings = AutoModelForSeq2SeqLM.from_config(config).to(dtype).eval().get_decoder().embeddings
+    if config.layernorm_embedding:  # not the identity LayerNorm of a fresh model
+        torch.nn.init.normal_(embeddings.layernorm_embedding.weight)
+        torch.nn.init.normal_(embeddings.layernorm_embedding.bias)
+    input_ids = torch.tensor([[5], [config.pad_token_id], [9]])
+    token_embeddings = torch.randn(3, 1, config.d_model, dtype=dtype)
+    limit = config.max_position_embeddings
+    for position in range(limit):
+        step = embeddings.decoding_step(token_embeddings, position)
+        if config.position_embedding_type == "learned":
+            assert step is None
+            break
+        assert step.dtype == dtype
+        assert torch.equal(step, embeddings(input_ids, token_embeddings, position))
+    if config.position_embedding_type != "learned":
+        with pytest.raises(ValueError, match=f"{limit + 1}.*max_position_embeddings={limit}"):
+            embeddings.decoding_step(token_embeddings, limit)
+    assert embeddings.train().decoding_step(token_embeddings, 0) is None
+
+
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
 def test_several_end_tokens_start_the_decoder_with_the_first_unless_a_start_is_set(model_type):
     """`eos_token_id=[2, 5]` (as generation configs allow) without `decoder_start_token_id`: a family that starts

@@ -142,6 +142,30 @@ def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels, 
     assert torch.equal(kernels.int8_linear(torch.zeros(2, 6), *codes), torch.zeros(2, 6))
 
 
+@pytest.mark.parametrize("code_bits", [7, 8])
+def test_the_quantized_input_buffer_is_reused_by_calls_of_any_size_and_layout(kernels, code_bits):
+    """Each call quantizes its input into a buffer of the calling thread, kept between calls: a large call, then
+    smaller ones, non-contiguous inputs (a transposed batch, a strided slice) and a large one again each give the
+    reference numbers, and no result changes when a later call reuses the buffer (the outputs are their own)."""
+    generator = torch.Generator().manual_seed(code_bits)
+    layer = Int8Linear(torch.randn(40, 72, generator=generator), torch.randn(40, generator=generator),
+                       code_bits=code_bits)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, False, code_bits)
+    inputs = [
+        torch.randn(300, 72, generator=generator) * 5,
+        torch.randn(1, 72, generator=generator),
+        torch.randn(9, 6, 72, generator=generator).transpose(0, 1),
+        torch.randn(11, 144, generator=generator)[:, ::2],
+        torch.randn(3, 72, generator=generator).relu(),
+        torch.randn(301, 72, generator=generator),
+    ]
+    assert not inputs[2].is_contiguous() and not inputs[3].is_contiguous()
+    results = [kernels.int8_linear(x, *codes) for x in inputs]
+    for x, result in zip(inputs, results):
+        assert result.shape == (*x.shape[:-1], 40)
+        assert torch.equal(result, int8_linear_reference(x.contiguous(), layer.weight_t, *codes[2:]))
+
+
 def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     layer = Int8Linear(torch.randn(4, 8), torch.randn(4))
     weight_t, tiles, sums, scale = layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale

@@ -290,7 +290,10 @@ class DecoderSteps:
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """float32 logits `(rows, vocab)` of the next position after `tokens` `(rows,)`, as `generate()` reads them."""
         input_ids = tokens[:, None]
-        embeddings = self.decoder.embeddings(input_ids, self.decoder.input_embeddings(input_ids, None), self.position)
+        token_embeddings = self.decoder.input_embeddings(input_ids, None)
+        embeddings = self.decoder.embeddings.decoding_step(token_embeddings, self.position)
+        if embeddings is None:
+            embeddings = self.decoder.embeddings(input_ids, token_embeddings, self.position)
         compiled = self.compiled_layers
         states = None if compiled is None else compiled.states(embeddings, self.cache, self.memory_mask,
                                                                self.memory_for_layer)

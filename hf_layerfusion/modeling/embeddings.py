@@ -69,12 +69,8 @@ class TokenAndPositionEmbedding(nn.Module):
         seq_length = inputs_embeds.shape[1]
         # a data-dependent check cannot be traced by torch.compile(fullgraph=True); compiled generation sizes its
         # static cache (and so the longest position) before the first step, where this check has already run
-        if not is_torchdynamo_compiling() and past_length + seq_length > self.config.max_position_embeddings:
-            raise ValueError(
-                f"Sequence of length {past_length + seq_length} exceeds the position table "
-                f"(max_position_embeddings={self.config.max_position_embeddings}); truncate the input or "
-                "lower the generation max_length."
-            )
+        if not is_torchdynamo_compiling():
+            self.check_length(past_length + seq_length)
         if self.config.position_embedding_type == "learned" and input_ids is not None:
             # RoBERTa: pads keep the padding position, real tokens count from pad_token_id + 1
             not_pad = input_ids.ne(self.config.pad_token_id).long()
@@ -83,6 +79,31 @@ class TokenAndPositionEmbedding(nn.Module):
         # traced value, and `arange(past_length, past_length + seq_length)` would have a data-dependent size
         positions = torch.arange(seq_length, device=inputs_embeds.device) + past_length
         return (positions + self.offset).unsqueeze(0)
+
+    def check_length(self, length: int) -> None:
+        if length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"Sequence of length {length} exceeds the position table "
+                f"(max_position_embeddings={self.config.max_position_embeddings}); truncate the input or "
+                "lower the generation max_length."
+            )
+
+    def decoding_step(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor | None:
+        """`forward(input_ids, inputs_embeds, past_length)` for one new position per row (`inputs_embeds`
+        `(rows, 1, d_model)`, the tokens' embeddings) in eval mode, bit for bit: the same multiplication and sum,
+        with the position's row of the table read directly (the fast decoding loop's steps, where the position ids,
+        the table lookup and the dropout call cost more than the arithmetic). None where the positions depend on the
+        tokens (learned RoBERTa-style positions count from the padding) or dropout applies (training): the caller runs
+        `forward` there."""
+        if self.training or (self.embed_positions is not None and self.config.position_embedding_type == "learned"):
+            return None
+        self.check_length(past_length + 1)
+        hidden_states = inputs_embeds * self.embed_scale
+        if self.embed_positions is not None:
+            hidden_states = hidden_states + self.embed_positions.weight[past_length + self.offset]
+        if self.layernorm_embedding is not None:
+            hidden_states = self.layernorm_embedding(hidden_states)
+        return hidden_states
 
     def forward(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor, past_length: int = 0

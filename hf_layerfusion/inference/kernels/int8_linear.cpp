@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 #include <cpuid.h>
@@ -372,6 +373,31 @@ void check_code_bits(int64_t code_bits, const char* function) {
   TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
 }
 
+// An int8_linear call's quantized input: the codes (rows x depth, padded as the product reads them), each row's scale,
+// zero point and code sum. They never leave the call, so they live in a buffer of the calling thread, grown as needed
+// and reused: allocated as four tensors per call they cost more than a one-row product's own arithmetic at d_model 256
+// (the compiled decoder layers make 36 of these calls per step). Worker threads of the call's `parallel_for` write
+// through the pointers; the buffer is the caller's.
+struct QuantizedInput {
+  int8_t* codes;
+  float* scale;
+  int32_t* zero;
+  int32_t* code_sums;
+};
+
+QuantizedInput quantized_input_buffer(int64_t padded_rows, int64_t depth, int64_t rows) {
+  constexpr int64_t kAlignment = 64;
+  const int64_t codes_bytes = round_up(padded_rows * depth, kAlignment), row_bytes = round_up(rows * 4, kAlignment);
+  const int64_t bytes = codes_bytes + 3 * row_bytes + kAlignment;
+  thread_local std::vector<char> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(static_cast<size_t>(bytes));
+  auto base = reinterpret_cast<uintptr_t>(buffer.data());
+  char* start = buffer.data() + (kAlignment - base % kAlignment) % kAlignment;
+  return {reinterpret_cast<int8_t*>(start), reinterpret_cast<float*>(start + codes_bytes),
+          reinterpret_cast<int32_t*>(start + codes_bytes + row_bytes),
+          reinterpret_cast<int32_t*>(start + codes_bytes + 2 * row_bytes)};
+}
+
 }  // namespace
 
 bool amx_available() { return amx_usable(); }
@@ -465,8 +491,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const bool amx = layout == "amx", vnni = layout == "vnni", avx2 = layout == "avx2";
   TORCH_CHECK(K <= kMaximumDepth, "int8_linear: ", K, " input features; at most ", kMaximumDepth,
               " keep every sum within int32");
-  const auto rows = x.reshape({-1, K}).contiguous();
-  const int64_t M = rows.size(0);
+  // a contiguous input is read in place (a reshaped view would cost a tensor per call)
+  const auto rows = x.is_contiguous() ? x : x.contiguous();
+  const int64_t M = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
   // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); VNNI reads groups of 4 inputs and
   // panels of 16 columns, AVX2 groups of 8 inputs and panels of 8 columns; results cut back
   const int64_t Mp = amx ? round_up(M, kTileRows) : M;
@@ -482,17 +509,16 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
                   (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : vnni || avx2 ? Np * Kp : 0),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
-  auto q = torch::empty({Mp, Kp}, rows.options().dtype(torch::kInt8));
-  auto row_scale = torch::empty({M}, rows.options());
-  auto row_zero = torch::empty({M}, rows.options().dtype(torch::kInt32));
+  auto output_shape = x.sizes().vec();
+  output_shape.back() = N;
+  const QuantizedInput input = quantized_input_buffer(Mp, Kp, M);
   const float* xp = rows.data_ptr<float>();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float* rs = row_scale.data_ptr<float>();
-  int32_t* rz = row_zero.data_ptr<int32_t>();
+  int8_t* qp = input.codes;
+  float* rs = input.scale;
+  int32_t* rz = input.zero;
   const ActivationCodes codes = activation_codes(code_bits);
   // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI product's 128 x, taken back with these
-  auto code_sums = torch::empty({avx2 || vnni ? M : 0}, rows.options().dtype(torch::kInt32));
-  int32_t* csp = avx2 || vnni ? code_sums.data_ptr<int32_t>() : nullptr;
+  int32_t* csp = avx2 || vnni ? input.code_sums : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
   torch::Tensor sums;
@@ -507,7 +533,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
   if (vnni) {  // dequantized inside the product (`VnniDequantize`)
-    auto out = torch::empty({M, N}, rows.options());
+    auto out = torch::empty(output_shape, rows.options());
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     float* op = out.data_ptr<float>();
     const float* ws = weight_scale.data_ptr<float>();
@@ -530,9 +556,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
         }
       }
     });
-    auto shape = x.sizes().vec();
-    shape.back() = N;
-    return out.view(shape);
+    return out;
   }
   if (avx2) {
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
@@ -554,7 +578,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     // (so exact), summed in int32, as `exact_int8_product` (inference_copies.py); `at::_int_mm` is far slower than a
     // float product on CPUs without VNNI
     const auto weights = weight_t.to(torch::kFloat32);
-    const auto codes = q.to(torch::kFloat32);
+    const auto codes = torch::from_blob(qp, {M, K}, torch::kInt8).to(torch::kFloat32);
     for (int64_t start = 0; start < K || start == 0; start += kExactFloatDepth) {
       const int64_t depth = std::min(kExactFloatDepth, K - start);
       const auto block = at::mm(codes.narrow(1, start, depth), weights.narrow(0, start, depth)).to(torch::kInt32);
@@ -572,7 +596,5 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
     dequantize_rows(sp, Np, op, rs, rz, cs, ws, bp, relu, begin, end, N);
   });
-  auto shape = x.sizes().vec();
-  shape.back() = N;
-  return out.view(shape);
+  return out.view(output_shape);
 }
