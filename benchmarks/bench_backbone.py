@@ -427,13 +427,21 @@ def loadavg() -> str:
     return "(" + ", ".join(f"{value:.2f}" for value in os.getloadavg()) + ")"
 
 
+# what the benchmarks themselves write into the repository: results not yet committed there do not make the code
+# that measures "uncommitted" (a run right after another would otherwise name no commit)
+RESULTS_PATHSPEC = ":(exclude)benchmarks/results"
+
+
 def git_revision() -> str:
+    """The short commit of the checkout, with "+uncommitted changes" where a file differs from it or an untracked
+    file lies outside `benchmarks/results` (results of earlier runs waiting to be committed do not count)."""
     def git(*arguments):
         result = subprocess.run(["git", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         return result.stdout.strip()
 
     revision = git("rev-parse", "--short", "HEAD") or "unknown"
-    return revision + ("+uncommitted changes" if git("status", "--porcelain") else "")
+    changed = git("status", "--porcelain", "--", ".", RESULTS_PATHSPEC)
+    return revision + ("+uncommitted changes" if changed else "")
 
 
 def paired_ratios(samples: dict[str, list[float]], numerator: str, denominator: str) -> list[float]:

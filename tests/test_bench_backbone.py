@@ -20,6 +20,31 @@ sys.modules[spec.name] = bench  # dataclasses look their module up there
 spec.loader.exec_module(bench)
 
 
+def test_git_revision_ignores_results_waiting_to_be_committed(monkeypatch, tmp_path):
+    """A results file a benchmark wrote (untracked or changed under benchmarks/results) leaves the revision clean; a
+    changed or new file anywhere else marks it "+uncommitted changes"."""
+    def git(*arguments):
+        subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "old.json").write_text("{}")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    monkeypatch.setattr(bench, "REPO_ROOT", tmp_path)
+    commit = bench.git_revision()
+    assert len(commit) >= 7 and "+" not in commit
+    (tmp_path / "benchmarks" / "results" / "new.json").write_text("{}")
+    (tmp_path / "benchmarks" / "results" / "old.json").write_text("[]")
+    assert bench.git_revision() == commit
+    (tmp_path / "benchmarks" / "new_bench.py").write_text("")
+    assert bench.git_revision() == commit + "+uncommitted changes"
+    (tmp_path / "benchmarks" / "new_bench.py").unlink()
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert bench.git_revision() == commit + "+uncommitted changes"
+
+
 def test_verdicts_need_three_samples():
     assert bench.target_verdict(1.2, ">=", 1.0, samples=3) == "met"
     assert bench.target_verdict(0.9, ">=", 1.0, samples=5) == "NOT met"
