@@ -13,7 +13,7 @@ number, so a development build between two releases takes the branch its code ne
 2. Private names that stay, checked when this module is imported, so that a release which renamed or removed one
    fails at `import hf_layerfusion` with an ImportError naming it, the installed release and the supported range,
    never with an AttributeError in the middle of a translation:
-   - `generate()`'s beam-search bookkeeping (eight methods of `GenerationMixin`): the fast beam search runs them so
+   - `generate()`'s beam-search bookkeeping (seven methods of `GenerationMixin`): the fast beam search runs them so
      that scoring, length penalty and early stopping are `generate()`'s by construction; transformers has no public
      API for one step of beam search;
    - `GenerationMixin._sample` / `_beam_search`: transformers' own loops, which the fast loop hands a generation it
@@ -96,7 +96,6 @@ def _private_method(owner: type, name: str, parameters: tuple[str, ...]):
 # generate()'s beam-search bookkeeping, called by the fast beam search (`inference/search.py`)
 flatten_beam_dim = _private_method(GenerationMixin, "_flatten_beam_dim", ("tensor",))
 unflatten_beam_dim = _private_method(GenerationMixin, "_unflatten_beam_dim", ("tensor", "batch_size", "num_beams"))
-gather_beams = _private_method(GenerationMixin, "_gather_beams", ("tensor", "beam_indices"))
 get_top_k_continuations = _private_method(
     GenerationMixin,
     "_get_top_k_continuations",

@@ -115,6 +115,36 @@ def test_top_k_continuations_are_those_of_transformers(kernels, monkeypatch):
             assert got.dtype == want.dtype and torch.equal(got, want), available
 
 
+def test_top_k_continuations_read_strided_beams_and_name_bad_inputs(kernels):
+    """The compiled continuations read sequences and beam indices of any layout (a slice of wider tensors, as the
+    search's widened ones can be) as the helper does, and name arguments they cannot use."""
+    generator = torch.Generator().manual_seed(1)
+    batch_size, num_beams, vocab, cur_len = 3, 2, 11, 5
+    log_probs = torch.log_softmax(torch.randn(batch_size * num_beams, vocab, generator=generator), dim=-1)
+    beam_scores = torch.randn(batch_size, num_beams, generator=generator)
+    sequences = torch.randint(0, vocab, (batch_size, num_beams, 16), generator=generator)[:, :, ::2]
+    beam_indices = torch.randint(0, 6, (batch_size, num_beams, 14), generator=generator).to(torch.int32)[:, :, 1::2]
+    assert not sequences.is_contiguous() and not beam_indices.is_contiguous()
+    arguments = dict(cur_len=cur_len, decoder_prompt_len=2, beams_to_keep=2 * num_beams, num_beams=num_beams,
+                     batch_size=batch_size)
+    expected = GenerationMixin._get_top_k_continuations(
+        GenerationMixin(), accumulated_log_probs=candidate_scores(log_probs, beam_scores),
+        running_sequences=sequences.clone(), running_beam_indices=beam_indices.clone(), do_sample=False, **arguments
+    )
+    actual = search.top_k_continuations(GenerationMixin(), log_probs, beam_scores, sequences, beam_indices, **arguments)
+    for got, want in zip(actual, expected):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    call = kernels.beam_top_k_continuations
+    with pytest.raises(RuntimeError, match="running sequences must be int64 \\(3, 2, width\\), got Int"):
+        call(log_probs, beam_scores, 4, sequences.int(), beam_indices, cur_len, 3)
+    with pytest.raises(RuntimeError, match="running beam indices must be int32 \\(3, 2, width\\), got Long"):
+        call(log_probs, beam_scores, 4, sequences, beam_indices.long(), cur_len, 3)
+    with pytest.raises(RuntimeError, match="cur_len 8 is outside the sequences' 8 positions"):
+        call(log_probs, beam_scores, 4, sequences, beam_indices, 8, 3)
+    with pytest.raises(RuntimeError, match="beam_index_column -1 is outside the beam indices' 7 columns"):
+        call(log_probs, beam_scores, 4, sequences, beam_indices, cur_len, -1)
+
+
 def moves_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A beam reorder's moves, as `_SelfAttentionCache.select` makes them: the rows whose beam changed."""
     targets = torch.nonzero(index != torch.arange(index.shape[0])).squeeze(1)

@@ -278,7 +278,7 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
         if settings["num_beams"] == 1:  # greedy search's choice
             assert counting.calls["first_argmax"] >= 8, counting.calls
         else:  # beam search's candidates and cache reorders: through `key_rows` where every step is compiled
-            assert counting.calls["beam_top_k"] >= 8, counting.calls
+            assert counting.calls["beam_top_k_continuations"] >= 8, counting.calls
             if compiled:
                 assert counting.calls["key_rows selects"] >= 1 and counting.calls["move_rows"] == 0, counting.calls
             else:

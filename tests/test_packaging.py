@@ -159,7 +159,7 @@ def test_import_names_a_private_transformers_method_that_changed(tmp_path):
     """A release in which a private name the package needs (`hf_layerfusion.compat`) is gone or takes other parameters
     fails at import, naming the method, the installed release and the supported range."""
     for patch, found in (
-        ("del GenerationMixin._gather_beams", "does not define"),
+        ("del GenerationMixin._get_top_k_continuations", "does not define"),
         ("GenerationMixin._flatten_beam_dim = staticmethod(lambda tensors: tensors)", "parameters ('tensors',)"),
     ):
         code = f"from transformers.generation import GenerationMixin\n{patch}\nimport hf_layerfusion\n"

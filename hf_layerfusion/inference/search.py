@@ -11,7 +11,6 @@ from ..compat import (
     beam_search_has_unfinished_sequences,
     check_early_stop_heuristic,
     flatten_beam_dim,
-    gather_beams,
     get_running_beams_for_next_iteration,
     get_top_k_continuations,
     special_token_tensors,
@@ -68,9 +67,10 @@ def top_k_continuations(
 ):
     """transformers' `_get_top_k_continuations` (without sampling) of the candidates' scores
     `log_probs + running_beam_scores` (`(batch * beams, vocab)` and `(batch, beams)`): the best `beams_to_keep` of each
-    batch item, their sequences and beam indices. For float32 CPU scores the candidates come from the compiled
-    `beam_top_k` (one pass over each item's scores instead of their sum as a new tensor and `torch.topk`, about 2 ms per
-    step at 32 x 4 x 8000 on one core), and the rest is the helper's own code; else the helper itself runs. The same
+    batch item, their sequences and beam indices. For float32 CPU scores the compiled `beam_top_k_continuations`
+    computes it in one call: the candidates by `beam_top_k` (one pass over each item's scores instead of their sum as
+    a new tensor and `torch.topk`, about 2 ms per step at 32 x 4 x 8000 on one core), then the helper's gathers and
+    writes (about ten torch operations per step); else the helper itself runs. The same
     candidates and scores (bit for bit: the same float32 additions); equal scores rank by candidate index, lowest
     first (`torch.topk` leaves their order unspecified)."""
     kernels = (
@@ -92,16 +92,10 @@ def top_k_continuations(
             num_beams=num_beams,
             batch_size=batch_size,
         )
-    topk_log_probs, topk_indices = kernels.beam_top_k(log_probs, running_beam_scores, beams_to_keep)
-    # from here on `_get_top_k_continuations`' code: each candidate's beam and token, its sequence and beam indices
-    vocab_size = log_probs.shape[-1]
-    topk_current_beam_indices = topk_indices // vocab_size
-    topk_running_beam_indices = gather_beams(running_beam_indices, topk_current_beam_indices)
-    topk_running_sequences = gather_beams(running_sequences, topk_current_beam_indices)
-    topk_running_sequences[:, :, cur_len] = topk_indices % vocab_size
-    batch_offset = torch.arange(batch_size, device=topk_indices.device).view(-1, 1) * num_beams
-    topk_running_beam_indices[:, :, cur_len - decoder_prompt_len] = topk_current_beam_indices + batch_offset
-    return topk_log_probs, topk_running_sequences, topk_running_beam_indices
+    return kernels.beam_top_k_continuations(
+        log_probs, running_beam_scores, beams_to_keep, running_sequences, running_beam_indices, cur_len,
+        cur_len - decoder_prompt_len,
+    )
 
 
 def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "vector16.h"
 
@@ -147,4 +148,53 @@ std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_pro
     out_indices[item].copy_(indices);
   }
   return {out_scores, out_indices};
+}
+
+// transformers' `_get_top_k_continuations` (without sampling) after the choice in one call: each candidate of
+// `beam_top_k` continues beam `index / vocab` with token `index % vocab`; its sequence is that beam's row of
+// `running_sequences` (items, beams, width) with the token written at `cur_len`, its beam indices that beam's row of
+// `running_beam_indices` (items, beams, index width) with `item * beams + beam` written at `beam_index_column`. What
+// the helper's division, modulo, two `take_along_dim` gathers and two writes compute (each a torch operation of a
+// few to tens of microseconds, every step), as (scores (items, k), sequences (items, k, width), beam indices
+// (items, k, index width)).
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations(
+    const torch::Tensor& log_probs, const torch::Tensor& beam_scores, int64_t k, const torch::Tensor& running_sequences,
+    const torch::Tensor& running_beam_indices, int64_t cur_len, int64_t beam_index_column) {
+  auto [scores, candidates] = beam_top_k(log_probs, beam_scores, k);
+  const int64_t items = beam_scores.size(0), beams = beam_scores.size(1), vocab = log_probs.size(1);
+  TORCH_CHECK(running_sequences.dim() == 3 && running_sequences.size(0) == items &&
+                  running_sequences.size(1) == beams && running_sequences.scalar_type() == torch::kInt64,
+              "beam_top_k_continuations: the running sequences must be int64 (", items, ", ", beams,
+              ", width), got ", running_sequences.scalar_type(), " ", running_sequences.sizes());
+  TORCH_CHECK(running_beam_indices.dim() == 3 && running_beam_indices.size(0) == items &&
+                  running_beam_indices.size(1) == beams && running_beam_indices.scalar_type() == torch::kInt32,
+              "beam_top_k_continuations: the running beam indices must be int32 (", items, ", ", beams,
+              ", width), got ", running_beam_indices.scalar_type(), " ", running_beam_indices.sizes());
+  TORCH_CHECK(cur_len >= 0 && cur_len < running_sequences.size(2), "beam_top_k_continuations: cur_len ", cur_len,
+              " is outside the sequences' ", running_sequences.size(2), " positions");
+  TORCH_CHECK(beam_index_column >= 0 && beam_index_column < running_beam_indices.size(2),
+              "beam_top_k_continuations: beam_index_column ", beam_index_column, " is outside the beam indices' ",
+              running_beam_indices.size(2), " columns");
+  const auto sequences_in = running_sequences.contiguous();
+  const auto beam_indices_in = running_beam_indices.contiguous();
+  const int64_t width = sequences_in.size(2), index_width = beam_indices_in.size(2);
+  auto sequences = torch::empty({items, k, width}, sequences_in.options());
+  auto beam_indices = torch::empty({items, k, index_width}, beam_indices_in.options());
+  const int64_t* candidate = candidates.data_ptr<int64_t>();
+  const int64_t* sequence_rows = sequences_in.data_ptr<int64_t>();
+  const int32_t* index_rows = beam_indices_in.data_ptr<int32_t>();
+  int64_t* sequence_out = sequences.data_ptr<int64_t>();
+  int32_t* index_out = beam_indices.data_ptr<int32_t>();
+  for (int64_t item = 0; item < items; ++item) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t chosen = candidate[item * k + j], beam = chosen / vocab, row = item * beams + beam;
+      int64_t* sequence = sequence_out + (item * k + j) * width;
+      std::memcpy(sequence, sequence_rows + row * width, width * sizeof(int64_t));
+      sequence[cur_len] = chosen % vocab;
+      int32_t* indices = index_out + (item * k + j) * index_width;
+      std::memcpy(indices, index_rows + row * index_width, index_width * sizeof(int32_t));
+      indices[beam_index_column] = static_cast<int32_t>(row);
+    }
+  }
+  return {scores, sequences, beam_indices};
 }

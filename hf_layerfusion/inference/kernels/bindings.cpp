@@ -103,6 +103,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Each item's k best candidates log_probs[beam, token] + beam_scores[beam], as torch.topk over its "
         "beams * vocab candidates (ties: lowest index first).",
         pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"));
+  m.def("beam_top_k_continuations", &beam_top_k_continuations,
+        "transformers' _get_top_k_continuations (no sampling) of beam_top_k's candidates: their scores, their beams' "
+        "sequences with the token at cur_len, their beams' indices with item * beams + beam at beam_index_column.",
+        pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"),
+        pybind11::arg("running_sequences"), pybind11::arg("running_beam_indices"), pybind11::arg("cur_len"),
+        pybind11::arg("beam_index_column"));
   m.def("move_rows", &move_rows,
         "Row targets[i] of every buffer takes row sources[i]'s contents (all read before any is written), in place.",
         pybind11::arg("buffers"), pybind11::arg("targets"), pybind11::arg("sources"));

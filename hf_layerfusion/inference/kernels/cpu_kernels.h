@@ -112,4 +112,7 @@ class DecoderLayerSteps {
 torch::Tensor first_argmax(const torch::Tensor& scores);
 std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_probs, const torch::Tensor& beam_scores,
                                                      int64_t k);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations(
+    const torch::Tensor& log_probs, const torch::Tensor& beam_scores, int64_t k, const torch::Tensor& running_sequences,
+    const torch::Tensor& running_beam_indices, int64_t cur_len, int64_t beam_index_column);
 void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& targets, const torch::Tensor& sources);
