@@ -89,16 +89,20 @@ def test_beam_top_k_names_bad_inputs(kernels):
             kernels.beam_top_k(log_probs, beam_scores, k)
 
 
-def test_top_k_continuations_are_those_of_transformers(kernels, monkeypatch):
+@pytest.mark.parametrize("strided", [False, True])
+def test_top_k_continuations_are_those_of_transformers(kernels, monkeypatch, strided):
     """`search.top_k_continuations` (the kernel) and its torch path give what transformers' helper gives: scores,
-    sequences with the new token, beam indices with the batch offset."""
+    sequences with the new token, beam indices with the batch offset; for sequences and beam indices of any layout
+    (strided: slices of wider tensors, as the search's widened ones can be)."""
     generator = torch.Generator().manual_seed(0)
     batch_size, num_beams, vocab, max_length, cur_len = 5, 3, 30, 12, 4
     log_probs = torch.log_softmax(torch.randn(batch_size * num_beams, vocab, generator=generator), dim=-1)
     beam_scores = torch.randn(batch_size, num_beams, generator=generator)
-    sequences = torch.randint(0, vocab, (batch_size, num_beams, max_length), generator=generator)
-    beam_indices = torch.randint(0, batch_size * num_beams, (batch_size, num_beams, max_length - 1), generator=generator)
-    beam_indices = beam_indices.to(torch.int32)
+    step = 2 if strided else 1
+    sequences = torch.randint(0, vocab, (batch_size, num_beams, step * max_length), generator=generator)[:, :, ::step]
+    beam_indices = torch.randint(0, batch_size * num_beams, (batch_size, num_beams, step * (max_length - 1)),
+                                 generator=generator).to(torch.int32)[:, :, ::step]
+    assert sequences.is_contiguous() != strided and beam_indices.is_contiguous() != strided
     arguments = dict(cur_len=cur_len, decoder_prompt_len=1, beams_to_keep=2 * num_beams, num_beams=num_beams,
                      batch_size=batch_size)
     expected = GenerationMixin._get_top_k_continuations(
@@ -115,34 +119,20 @@ def test_top_k_continuations_are_those_of_transformers(kernels, monkeypatch):
             assert got.dtype == want.dtype and torch.equal(got, want), available
 
 
-def test_top_k_continuations_read_strided_beams_and_name_bad_inputs(kernels):
-    """The compiled continuations read sequences and beam indices of any layout (a slice of wider tensors, as the
-    search's widened ones can be) as the helper does, and name arguments they cannot use."""
-    generator = torch.Generator().manual_seed(1)
-    batch_size, num_beams, vocab, cur_len = 3, 2, 11, 5
-    log_probs = torch.log_softmax(torch.randn(batch_size * num_beams, vocab, generator=generator), dim=-1)
-    beam_scores = torch.randn(batch_size, num_beams, generator=generator)
-    sequences = torch.randint(0, vocab, (batch_size, num_beams, 16), generator=generator)[:, :, ::2]
-    beam_indices = torch.randint(0, 6, (batch_size, num_beams, 14), generator=generator).to(torch.int32)[:, :, 1::2]
-    assert not sequences.is_contiguous() and not beam_indices.is_contiguous()
-    arguments = dict(cur_len=cur_len, decoder_prompt_len=2, beams_to_keep=2 * num_beams, num_beams=num_beams,
-                     batch_size=batch_size)
-    expected = GenerationMixin._get_top_k_continuations(
-        GenerationMixin(), accumulated_log_probs=candidate_scores(log_probs, beam_scores),
-        running_sequences=sequences.clone(), running_beam_indices=beam_indices.clone(), do_sample=False, **arguments
-    )
-    actual = search.top_k_continuations(GenerationMixin(), log_probs, beam_scores, sequences, beam_indices, **arguments)
-    for got, want in zip(actual, expected):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+def test_top_k_continuations_name_bad_inputs(kernels):
+    log_probs = torch.log_softmax(torch.randn(6, 11), dim=-1)
+    beam_scores = torch.randn(3, 2)
+    sequences = torch.randint(0, 11, (3, 2, 8))
+    beam_indices = torch.randint(0, 6, (3, 2, 7)).to(torch.int32)
     call = kernels.beam_top_k_continuations
     with pytest.raises(RuntimeError, match="running sequences must be int64 \\(3, 2, width\\), got Int"):
-        call(log_probs, beam_scores, 4, sequences.int(), beam_indices, cur_len, 3)
+        call(log_probs, beam_scores, 4, sequences.int(), beam_indices, 5, 3)
     with pytest.raises(RuntimeError, match="running beam indices must be int32 \\(3, 2, width\\), got Long"):
-        call(log_probs, beam_scores, 4, sequences, beam_indices.long(), cur_len, 3)
+        call(log_probs, beam_scores, 4, sequences, beam_indices.long(), 5, 3)
     with pytest.raises(RuntimeError, match="cur_len 8 is outside the sequences' 8 positions"):
         call(log_probs, beam_scores, 4, sequences, beam_indices, 8, 3)
     with pytest.raises(RuntimeError, match="beam_index_column -1 is outside the beam indices' 7 columns"):
-        call(log_probs, beam_scores, 4, sequences, beam_indices, cur_len, -1)
+        call(log_probs, beam_scores, 4, sequences, beam_indices, 5, -1)
 
 
 def moves_of(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

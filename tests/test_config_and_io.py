@@ -240,6 +240,11 @@ def test_the_embeddings_decoding_step_is_forward_at_one_position(overrides, tiny
         with pytest.raises(ValueError, match=f"{limit + 1}.*max_position_embeddings={limit}"):
             embeddings.decoding_step(token_embeddings, limit)
     assert embeddings.train().decoding_step(token_embeddings, 0) is None
+    for bad in (-1, 1.0, True):
+        with pytest.raises(ValueError, match=f"past_length must be an int >= 0 .*got {bad!r}"):
+            embeddings.decoding_step(token_embeddings, bad)
+    with pytest.raises(ValueError, match=rf"one position per row.*shape \(3, 2, {config.d_model}\)"):
+        embeddings.decoding_step(token_embeddings.expand(3, 2, config.d_model), 0)
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))

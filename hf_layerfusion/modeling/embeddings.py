@@ -88,30 +88,39 @@ class TokenAndPositionEmbedding(nn.Module):
                 "lower the generation max_length."
             )
 
-    def decoding_step(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor | None:
-        """`forward(input_ids, inputs_embeds, past_length)` for one new position per row (`inputs_embeds`
-        `(rows, 1, d_model)`, the tokens' embeddings) in eval mode, bit for bit: the same multiplication and sum,
-        with the position's row of the table read directly (the fast decoding loop's steps, where the position ids,
-        the table lookup and the dropout call cost more than the arithmetic). None where the positions depend on the
-        tokens (learned RoBERTa-style positions count from the padding) or dropout applies (training): the caller runs
-        `forward` there."""
-        if self.training or (self.embed_positions is not None and self.config.position_embedding_type == "learned"):
-            return None
-        self.check_length(past_length + 1)
+    def combine(self, inputs_embeds: torch.Tensor, position_embeddings: torch.Tensor | None) -> torch.Tensor:
+        """`scale * E[x] + P[pos]` (+ the LayerNorm): the arithmetic of `forward` and `decoding_step`, one place."""
         hidden_states = inputs_embeds * self.embed_scale
-        if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions.weight[past_length + self.offset]
+        if position_embeddings is not None:
+            hidden_states = hidden_states + position_embeddings
         if self.layernorm_embedding is not None:
             hidden_states = self.layernorm_embedding(hidden_states)
         return hidden_states
+
+    def decoding_step(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor | None:
+        """`forward(input_ids, inputs_embeds, past_length)` for one new position per row (`inputs_embeds`
+        `(rows, 1, d_model)`, the tokens' embeddings) in eval mode, bit for bit (`combine`), with the position's row
+        of the table read directly (the fast decoding loop's steps, where the position ids, the table lookup and the
+        dropout call cost more than the arithmetic). None where the positions depend on the tokens (learned
+        RoBERTa-style positions count from the padding) or dropout applies (training): the caller runs `forward`
+        there."""
+        if inputs_embeds.dim() != 3 or inputs_embeds.shape[1] != 1:
+            raise ValueError(
+                f"decoding_step embeds one position per row, (rows, 1, d_model); got inputs_embeds of shape "
+                f"{tuple(inputs_embeds.shape)}: run forward() for several positions."
+            )
+        if isinstance(past_length, bool) or not isinstance(past_length, int) or past_length < 0:
+            raise ValueError(f"past_length must be an int >= 0 (the positions already decoded), got {past_length!r}.")
+        if self.training or (self.embed_positions is not None and self.config.position_embedding_type == "learned"):
+            return None
+        self.check_length(past_length + 1)
+        position = None if self.embed_positions is None else self.embed_positions.weight[past_length + self.offset]
+        return self.combine(inputs_embeds, position)
 
     def forward(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor, past_length: int = 0
     ) -> torch.Tensor:
         positions = self.position_ids(input_ids, inputs_embeds, past_length)
-        hidden_states = inputs_embeds * self.embed_scale
-        if self.embed_positions is not None:
-            hidden_states = hidden_states + self.embed_positions(positions)
-        if self.layernorm_embedding is not None:
-            hidden_states = self.layernorm_embedding(hidden_states)
+        position_embeddings = None if self.embed_positions is None else self.embed_positions(positions)
+        hidden_states = self.combine(inputs_embeds, position_embeddings)
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
