@@ -82,6 +82,48 @@ def test_kernel_reads_the_decoding_caches_layouts(kernels):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "per_row", "shared"])
+def test_buffer_rows_read_the_rows_they_name(kernels, mask_kind):
+    """`buffer_rows` (the cross-attention keys once rows left the batch): each row reads the keys, values and mask row
+    it names, exactly as the kernel on those rows gathered; rows nobody names are not read (NaN there changes
+    nothing); queries folded from beams (several per key row) and repeated names included."""
+    torch.manual_seed(1)
+    buffer, heads, keys, head_dim = 7, 2, 21, 32
+    key, value = torch.randn(buffer, heads, keys, head_dim), torch.randn(buffer, heads, keys, head_dim)
+    mask = {"none": None, "per_row": torch.rand(buffer, 1, 1, keys) > 0.3,
+            "shared": torch.rand(1, 1, 1, keys) > 0.3}[mask_kind]
+    for rows in ([6, 2, 3], [4, 4], [0]):
+        buffer_rows = torch.tensor(rows)
+        poisoned_key, poisoned_value = key.clone(), value.clone()
+        unnamed = [row for row in range(buffer) if row not in rows]
+        poisoned_key[unnamed], poisoned_value[unnamed] = float("nan"), float("nan")
+        query = torch.randn(len(rows), heads, 3, head_dim)
+        gathered_mask = mask if mask is None or mask.shape[0] == 1 else mask[buffer_rows]
+        expected = kernels.decode_attention(query, key[buffer_rows], value[buffer_rows], gathered_mask, 0.3)
+        output = kernels.decode_attention(query, poisoned_key, poisoned_value, mask, 0.3, buffer_rows=buffer_rows)
+        assert torch.equal(output, expected), rows
+        np.testing.assert_allclose(output.numpy(), brute_force_attention(
+            query, key[buffer_rows], value[buffer_rows], gathered_mask, 0.3), rtol=1e-5, atol=1e-5)
+
+
+def test_buffer_rows_name_bad_inputs(kernels):
+    query, key = torch.randn(2, 2, 1, 16), torch.randn(4, 2, 5, 16)
+    with pytest.raises(RuntimeError, match=r"buffer_rows\[1\] = 4 is outside the 4 rows of the keys"):
+        kernels.decode_attention(query, key, key, None, 1.0, buffer_rows=torch.tensor([0, 4]))
+    with pytest.raises(RuntimeError, match=r"buffer_rows\[0\] = -1 is outside"):
+        kernels.decode_attention(query, key, key, None, 1.0, buffer_rows=torch.tensor([-1, 0]))
+    with pytest.raises(RuntimeError, match=r"buffer_rows must be contiguous int64 \(2,\), got Int"):
+        kernels.decode_attention(query, key, key, None, 1.0, buffer_rows=torch.tensor([0, 1], dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=r"buffer_rows must be contiguous int64 \(2,\)"):
+        kernels.decode_attention(query, key, key, None, 1.0, buffer_rows=torch.tensor([0, 1, 2]))
+    with pytest.raises(RuntimeError, match="give key_rows or buffer_rows, not both"):
+        kernels.decode_attention(query, key, key, None, 1.0, key_rows=torch.zeros(2, 5, dtype=torch.int64),
+                                 buffer_rows=torch.tensor([0, 1]))
+    with pytest.raises(RuntimeError, match=r"the mask must be bool \(4 or 1, 1, 1 or 1, 5\)"):  # the buffer's rows
+        kernels.decode_attention(query, key, key, torch.ones(2, 1, 1, 5, dtype=torch.bool), 1.0,
+                                 buffer_rows=torch.tensor([0, 1]))
+
+
 def test_kernel_weighs_far_lower_scores_exactly_zero(kernels):
     """Scores more than 87 below the maximum underflow to weight 0 (no subnormal arithmetic): the output is then the
     top key's value, exactly as in float arithmetic."""

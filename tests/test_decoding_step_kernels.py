@@ -95,6 +95,64 @@ def test_compiled_steps_give_the_python_paths_logits_bit_for_bit(case, quantizat
             assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
 
 
+# groups (sentences) kept at a step: rows leave the batch (the fast loop's compaction), in a new order, twice
+GROUPS_KEPT = {2: [4, 0, 2, 3], 4: [3, 0]}
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quantization, kernels, monkeypatch):
+    """Rows leaving the batch where the layers run in one call change `DecoderSteps.memory_rows` (which row of the
+    memory, its mask and the cross-attention keys/values each sentence reads) instead of copying them: the logits
+    are those of the blocks' steps, whose memory is copied into the rows kept, bit for bit, at every step after two
+    compactions (sentences of different padding, reordered; beams of one sentence); a step that leaves the one call
+    (here, made to) first gives each sentence its own rows again (`gather_memory_rows`). Layer-wise coordination's
+    source prefix, whose mask is read row by row, copies the memory instead."""
+    model_type, overrides = CASES[case]
+    engine = prepare_for_inference(tiny_model(model_type, d_model=32, **overrides), quantization)
+    states = inference_copies.CompiledDecoderLayers.states
+    leave_the_call_at = {5}
+
+    def states_except_at_one_step(self, embeddings, cache, *args):
+        return None if cache.get_seq_length() in leave_the_call_at else states(self, embeddings, cache, *args)
+
+    monkeypatch.setattr(inference_copies.CompiledDecoderLayers, "states", states_except_at_one_step)
+    for group in (1, 3):
+        tokens = torch.randint(4, engine.config.vocab_size, (7, 5 * group), generator=torch.Generator().manual_seed(group))
+        tokens[0] = engine.config.decoder_start_token_id
+        results = {}
+        for compile_layers in (inference_copies.compiled_decoder_layers, None):
+            encoder_outputs, mask = encoded_sources(engine, group)
+            logits, memory_rows = [], []
+            with torch.inference_mode():
+                steps = DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None,
+                                     group=group, compile_layers=compile_layers)
+                rows = torch.arange(tokens.shape[1])
+                for step, step_tokens in enumerate(tokens):
+                    if step in GROUPS_KEPT:
+                        # the kept groups' rows, indexed among the rows still computed
+                        kept = torch.tensor(GROUPS_KEPT[step])
+                        wanted = (kept[:, None] * group + torch.arange(group)).reshape(-1)
+                        index = torch.cat([(rows == row).nonzero()[0] for row in wanted])
+                        steps.select(index, rows_dropped=True)
+                        rows = wanted
+                    logits.append(steps.logits(step_tokens[rows]))
+                    memory_rows.append(None if steps.memory_rows is None else steps.memory_rows.tolist())
+            results[compile_layers is not None] = logits, memory_rows
+        (in_one_call, memory_rows), (through_blocks, copied) = results[True], results[False]
+        for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):
+            assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
+        assert copied == [None] * tokens.shape[0]
+        one_call = engine.get_decoder().connection is None and all(
+            block.decoding_step is not None for _, block in step_blocks(engine)
+        )
+        if one_call and not getattr(engine.config, "mixed_attention", False):
+            # sentences 4, 0, 2, 3 of the five, then 3 and 0; the step outside the call gathered them
+            assert memory_rows == [None, None, [4, 0, 2, 3], [4, 0, 2, 3], [3, 0], None, None], (case, memory_rows)
+        else:
+            assert memory_rows == [None] * tokens.shape[0], (case, memory_rows)
+
+
 @pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantization, kernels, monkeypatch):
@@ -235,9 +293,15 @@ def test_step_kernels_name_bad_inputs(kernels):
         self_step(projections=[fc1, projections[1]])
     cross = layer.encoder_attn
     q_proj, out_proj = cross.q_proj.kernel_linear, cross.out_proj.kernel_linear
-    with pytest.raises(RuntimeError, match="key rows dividing 3"):
+    with pytest.raises(RuntimeError, match=r"3 rows need keys \(key rows dividing them"):
         kernels.cross_attention_step(hidden, *norm, False, q_proj, out_proj, torch.zeros(2, 2, 5, 16),
                                      torch.zeros(2, 2, 5, 16), None, cross.scaling)
+    with pytest.raises(RuntimeError, match="got \\[4, 2, 5, 16\\] read through memory_rows of 2 key rows"):
+        kernels.cross_attention_step(hidden, *norm, False, q_proj, out_proj, torch.zeros(4, 2, 5, 16),
+                                     torch.zeros(4, 2, 5, 16), None, cross.scaling, torch.tensor([3, 0]))
+    assert kernels.cross_attention_step(hidden, *norm, False, q_proj, out_proj, torch.zeros(4, 2, 5, 16),
+                                        torch.zeros(4, 2, 5, 16), None, cross.scaling,
+                                        torch.tensor([3, 0, 1])).shape == (3, 1, 32)
     feed_forward_norm = layer.ffn_block.kernel_arguments
     assert kernels.feed_forward_step(hidden, *feed_forward_norm, False, fc1, fc2).shape == (3, 1, 32)
     with pytest.raises(RuntimeError, match="fc1 must have the ReLU folded in"):

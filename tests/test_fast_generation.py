@@ -159,6 +159,51 @@ def test_finished_rows_leave_the_batch_without_changing_tokens(source, monkeypat
         assert kept_rows, f"no row left the batch with {settings}"
 
 
+def test_greedy_rows_leave_at_once_where_leaving_copies_nothing(source, kernels, monkeypatch):
+    """Where rows leave the batch without copying the caches (the compiled layers read them through `key_rows` and
+    `memory_rows`: `DecoderSteps.drops_rows_without_copies`), every greedy step computes exactly the sentences that
+    have not ended; on the model itself (whose caches are copied) finished rows wait until they are
+    `COMPACTION_SHARE` of the rows. The sentences are made to end at chosen steps: the decoder's logits, followed
+    through rows leaving the batch, give EOS to sentence i at step `ends[i]`."""
+    ends = [3, 1, 6, 2, 8]
+    logits, select = DecoderSteps.logits, DecoderSteps.select
+    rows, without_copies = [], []
+
+    def ending_logits(self, tokens):
+        sentences = getattr(self, "sentences", torch.arange(tokens.shape[0]))
+        self.sentences = sentences
+        rows.append(tokens.shape[0])
+        without_copies.append(self.drops_rows_without_copies())
+        scores = logits(self, tokens)
+        for row, sentence in enumerate(sentences.tolist()):
+            if self.position - 1 == ends[sentence]:
+                scores[row] = -1e4
+                scores[row, EOS] = 0.0
+        return scores
+
+    def following_select(self, index, rows_dropped):
+        if rows_dropped:
+            self.sentences = self.sentences[index]
+        select(self, index, rows_dropped)
+
+    monkeypatch.setattr(DecoderSteps, "logits", ending_logits)
+    monkeypatch.setattr(DecoderSteps, "select", following_select)
+    model = tiny_model("plain_transformer", d_model=32)  # head_dim 16: the compiled layers' smallest
+    tokens = fast_generate(model, **source, num_beams=1, max_new_tokens=12, fallback=False)
+    assert [(row == EOS).nonzero()[0].item() for row in tokens[:, 1:]] == ends, tokens
+    not_ended = [sum(end >= step for end in ends) for step in range(max(ends) + 1)]  # [5, 4, 3, 3, 2, 2, 2, 1, 1]
+    assert rows == not_ended, (rows, without_copies, tokens)
+    assert without_copies[1:] == [True] * (len(rows) - 1)  # from the second step on (the first fills the caches)
+    rows.clear(), without_copies.clear()
+    with torch.no_grad():
+        own_layers = model.generate(**source, num_beams=1, max_new_tokens=12,
+                                    custom_generate=fast_decoding_loop(fallback=False))
+    assert torch.equal(own_layers, tokens) and not any(without_copies)
+    # rows leave once max(1, COMPACTION_SHARE x rows) have finished: two of five (after step 2), then one of three
+    # and one of two
+    assert search.COMPACTION_SHARE == 0.25 and rows == [5, 5, 5, 3, 2, 2, 2, 1, 1], rows
+
+
 @pytest.mark.parametrize(
     "settings",
     [dict(num_beams=3), dict(num_beams=4, num_return_sequences=2), dict(num_beams=2, early_stopping=True),

@@ -264,6 +264,10 @@ class DecoderSteps:
             self.layer_memories = self.layer_memories[:: self.group].contiguous()
         self.attention_mask = None if attention_mask is None else attention_mask[:: self.group]
         self.memory_mask = self.build_memory_mask()
+        # where the compiled layers run the steps, groups leaving the batch change `memory_rows` instead of copying the
+        # memory, its mask and every cross-attention layer's keys/values into fewer rows: `memory_rows[g]` is the row
+        # of those (kept as they were) that group g reads, None: row g itself (`select`, `gather_memory_rows`)
+        self.memory_rows: torch.Tensor | None = None
         self.cache = DecodingCache(capacity)
         self.position = 0
         # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
@@ -296,8 +300,9 @@ class DecoderSteps:
             embeddings = self.decoder.embeddings(input_ids, token_embeddings, self.position)
         compiled = self.compiled_layers
         states = None if compiled is None else compiled.states(embeddings, self.cache, self.memory_mask,
-                                                               self.memory_for_layer)
+                                                               self.memory_for_layer, self.memory_rows)
         if states is None:
+            self.gather_memory_rows()  # the modules read the memory and cross-attention keys/values row by row
             states = self.decoder.run_layers(
                 embeddings,
                 self.layers,
@@ -335,12 +340,43 @@ class DecoderSteps:
     def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
         """Keep rows `index`: a beam reorder (`rows_dropped=False`) or rows leaving the batch (whole groups)."""
         self.cache.self_attention_cache.select(index, rows_dropped)
-        if rows_dropped:
-            kept = index[:: self.group] // self.group  # the groups (sentences) kept
-            self.cache.cross_attention_cache.select(kept)
-            self.memory = self.memory.index_select(0, kept)
-            if self.layer_memories is not None:
-                self.layer_memories = self.layer_memories.index_select(0, kept)
-            if self.attention_mask is not None:
-                self.attention_mask = self.attention_mask.index_select(0, kept)
-            self.memory_mask = self.build_memory_mask()
+        if not rows_dropped:
+            return
+        kept = (index[:: self.group] // self.group).long()  # the groups (sentences) kept (beam indices are int32)
+        if self.reads_memory_rows():
+            self.memory_rows = kept if self.memory_rows is None else self.memory_rows.index_select(0, kept)
+        else:
+            self.keep_memory_rows(kept)
+
+    def drops_rows_without_copies(self) -> bool:
+        """Whether rows leave the batch without copying the caches: the self-attention slots through `key_rows` and
+        the memory through `memory_rows` (the compiled layers); the search loops then drop finished rows at once."""
+        return self.cache.self_attention_cache.reorders_key_rows and self.reads_memory_rows()
+
+    def reads_memory_rows(self) -> bool:
+        """Whether the steps read the memory through `memory_rows`: the compiled layers, once the first step computed
+        the cross-attention keys/values, and no self-attention slot with a prefix (layer-wise coordination's source
+        part, whose mask is the memory mask row by row)."""
+        slots = self.cache.self_attention_cache.slots
+        return (
+            self.compiled_layers is not None
+            and bool(self.cache.is_updated)
+            and not any(slot.prefix for slot in slots.values())
+        )
+
+    def gather_memory_rows(self) -> None:
+        """Give each group its own row of the memory, its mask and the cross-attention keys/values again (those of
+        `memory_rows`), for the modules' Python path; nothing to do without `memory_rows`."""
+        if self.memory_rows is not None:
+            memory_rows, self.memory_rows = self.memory_rows, None
+            self.keep_memory_rows(memory_rows)
+
+    def keep_memory_rows(self, kept: torch.Tensor) -> None:
+        """Keep rows `kept` of the memory, its mask and the cross-attention keys/values, in new tensors."""
+        self.cache.cross_attention_cache.select(kept)
+        self.memory = self.memory.index_select(0, kept)
+        if self.layer_memories is not None:
+            self.layer_memories = self.layer_memories.index_select(0, kept)
+        if self.attention_mask is not None:
+            self.attention_mask = self.attention_mask.index_select(0, kept)
+        self.memory_mask = self.build_memory_mask()

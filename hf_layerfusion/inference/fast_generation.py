@@ -15,12 +15,14 @@ hook):
   beam search, once per sentence instead of once per beam (the backbone's attention folds a
   sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); where the compiled layers run every
   step, a beam reorder (and rows leaving the batch) changes only which buffer row holds each row's keys/values at each
-  position (`key_rows`, read by the attention kernel), elsewhere it moves, in place, the rows whose beam changed, every
-  slot's in one compiled call (`move_rows`) that copies each row once (`generate()` reorders every slot,
-  cross-attention ones included, whose rows are equal);
+  position (`key_rows`, read by the attention kernel), and rows leaving the batch change only which row of the
+  cross-attention keys/values each sentence reads (`memory_rows`); elsewhere it moves, in place, the rows whose beam
+  changed, every slot's in one compiled call (`move_rows`) that copies each row once (`generate()` reorders every
+  slot, cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their
-  rows are no longer computed (`generate()` keeps computing them until the last one finishes); with logits
-  processors that are not known to act row by row, every row is kept, as `generate()` does;
+  rows are no longer computed (`generate()` keeps computing them until the last one finishes): at once where that
+  copies nothing (`key_rows`, `memory_rows`), else once they are a quarter of the rows; with logits processors that
+  are not known to act row by row, every row is kept, as `generate()` does;
 - beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
   scoring, length penalty and early stopping are those of `generate()` by construction; only the choice of each
   item's best candidates is a compiled kernel (`beam_top_k`: one pass over the log-probabilities instead of their sum

@@ -363,10 +363,11 @@ class CompiledDecoderLayers:
             cache.self_attention_cache.open_slot(slot, embeddings.new_empty((embeddings.shape[0], heads, 0, head_dim)))
 
     def states(self, embeddings: torch.Tensor, cache: DecodingCache, memory_mask: torch.Tensor | None,
-               memory_for_layer: Callable):
+               memory_for_layer: Callable, memory_rows: torch.Tensor | None = None):
         """The states `[s_0 .. s_L]` of a decoding step (`run_layers(..., normalize=False)`), each self-attention
         slot one position longer; None where the blocks would not run their compiled steps either (a full slot, for
-        which the Python path raises; a mask that is not boolean; a cache another path began)."""
+        which the Python path raises; a mask that is not boolean; a cache another path began). `memory_rows`: the
+        row of the cross-attention keys/values and of `memory_mask` that each key row reads (`DecoderSteps`)."""
         if memory_mask is not None and memory_mask.dtype != torch.bool:
             return None
         slots = cache.self_attention_cache.slots
@@ -390,6 +391,7 @@ class CompiledDecoderLayers:
             [layer.values for layer in cross],
             memory_mask,
             cache.self_attention_cache.key_rows,
+            memory_rows,
         )
         for slot in slots:
             slot.length += 1

@@ -20,12 +20,18 @@ from ..compat import (
 from .cpu_kernels import compiled_kernels
 from .decoding import DecoderSteps
 
-# rows that can no longer change the output leave the batch once they are this share of the rows still computed
-# (dropping them costs a copy of the cache, so it is batched)
+# rows that can no longer change the output leave the batch once they are this share of the rows still computed, where
+# dropping them copies the caches (so it is batched); where it does not (`DecoderSteps.drops_rows_without_copies`), as
+# soon as one row can leave
 COMPACTION_SHARE = 0.25
 # beam search's sequence tensors are this many positions wider than needed so far and grow by as many when full,
 # instead of `max_length` wide from the start: transformers' helpers gather and concatenate whole rows at every step
 SEQUENCE_WIDTH_STEP = 32
+
+
+def compaction_share(steps: DecoderSteps) -> float:
+    """The share of the rows still computed that must be able to leave the batch before they do."""
+    return 0.0 if steps.drops_rows_without_copies() else COMPACTION_SHARE
 
 
 def apply_logits_processors(processors, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -129,7 +135,7 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
         if cur_len >= max_length or done == finished.shape[0]:
             return sequences[:, :cur_len]
         tokens = next_tokens
-        if compact and done >= max(1, COMPACTION_SHARE * finished.shape[0]):
+        if compact and done >= max(1, compaction_share(steps) * finished.shape[0]):
             keep = (~finished).nonzero().squeeze(1)
             steps.select(keep, rows_dropped=True)
             rows = keep if rows is None else rows[keep]
@@ -261,7 +267,7 @@ def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generat
         frozen = ~is_early_stop_heuristic_unsatisfied[:, 0]
         if early_stopping is True:
             frozen |= is_sent_finished.all(dim=-1)
-        if not compact or int(frozen.sum()) < max(1, COMPACTION_SHARE * batch_size):
+        if not compact or int(frozen.sum()) < max(1, compaction_share(steps) * batch_size):
             steps.select(beam_idx, rows_dropped=False)
             continue
         final_sequences[items[frozen]] = sequences[frozen]

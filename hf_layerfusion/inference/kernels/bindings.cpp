@@ -42,7 +42,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("relu") = false);
   m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
         pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
-        pybind11::arg("scaling"), pybind11::arg("key_rows") = pybind11::none());
+        pybind11::arg("scaling"), pybind11::arg("key_rows") = pybind11::none(),
+        pybind11::arg("buffer_rows") = pybind11::none());
   m.def("mixture_log_probs", &mixture_log_probs, "GTrans' log sum_g psi_g softmax(z_g), clamped at FLT_MIN (Eq. 5).",
         pybind11::arg("group_logits"), pybind11::arg("psi"));
   m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
@@ -73,7 +74,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("self_attention_step", &self_attention_step,
         "A decoding step of a residual self-attention sub-layer (KernelLinear projections, cache write at `position`).");
   m.def("cross_attention_step", &cross_attention_step,
-        "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.");
+        "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.", pybind11::arg("h"),
+        pybind11::arg("norm_weight"), pybind11::arg("norm_bias"), pybind11::arg("eps"),
+        pybind11::arg("normalize_before"), pybind11::arg("q_proj"), pybind11::arg("out_proj"), pybind11::arg("keys"),
+        pybind11::arg("values"), pybind11::arg("mask"), pybind11::arg("scaling"),
+        pybind11::arg("memory_rows") = pybind11::none());
   m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
   if (const auto registered = pybind11::detail::get_type_handle(typeid(DecoderLayerSteps), false)) {
     m.attr("DecoderLayerSteps") = registered;  // as KernelLinear above
@@ -94,7 +99,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def("end_layer", &DecoderLayerSteps::end_layer)
         .def("__call__", &DecoderLayerSteps::operator(), pybind11::arg("h"), pybind11::arg("keys"),
              pybind11::arg("values"), pybind11::arg("lengths"), pybind11::arg("prefixes"), pybind11::arg("cross_keys"),
-             pybind11::arg("cross_values"), pybind11::arg("memory_mask"), pybind11::arg("key_rows") = pybind11::none())
+             pybind11::arg("cross_values"), pybind11::arg("memory_mask"), pybind11::arg("key_rows") = pybind11::none(),
+             pybind11::arg("memory_rows") = pybind11::none())
         .def_property_readonly("layers", &DecoderLayerSteps::layers);
   }
   m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",

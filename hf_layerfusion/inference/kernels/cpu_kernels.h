@@ -19,7 +19,8 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
                              const c10::optional<torch::Tensor>& bias, bool relu);
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const c10::optional<torch::Tensor>& mask, double scaling,
-                               const c10::optional<torch::Tensor>& key_rows);
+                               const c10::optional<torch::Tensor>& key_rows,
+                               const c10::optional<torch::Tensor>& buffer_rows);
 torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi);
 torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
                              const torch::Tensor& bias, double eps);
@@ -68,7 +69,7 @@ torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& 
                                    const torch::Tensor& norm_bias, double eps, bool normalize_before,
                                    const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
                                    const torch::Tensor& values, const c10::optional<torch::Tensor>& mask,
-                                   double scaling);
+                                   double scaling, const c10::optional<torch::Tensor>& memory_rows);
 torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
                                 double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2);
 // The decoder's layers at one decoding step in one call (decoding_step.cpp; `CompiledDecoderLayers` in
@@ -90,7 +91,8 @@ class DecoderLayerSteps {
                                         const std::vector<torch::Tensor>& cross_keys,
                                         const std::vector<torch::Tensor>& cross_values,
                                         const c10::optional<torch::Tensor>& memory_mask,
-                                        const c10::optional<torch::Tensor>& key_rows) const;
+                                        const c10::optional<torch::Tensor>& key_rows,
+                                        const c10::optional<torch::Tensor>& memory_rows) const;
   int64_t layers() const { return static_cast<int64_t>(layer_ends_.size()); }
 
  private:

@@ -15,10 +15,14 @@
 // `key_rows` (beam search's self-attention cache, `_SelfAttentionCache.key_rows`): the row of the key/value buffers
 // that holds each row's key at each position, instead of the row itself; a beam reorder then changes these indices
 // instead of moving the rows' keys and values (which grow with the position: most of a beam step's copies).
+// `buffer_rows` (the cross-attention keys/values once rows left the batch, `DecoderSteps.memory_rows`): the row of the
+// keys, values and mask that each row reads, the same at every position; rows leaving the batch then change these
+// indices instead of copying every cross-attention layer's keys and values into fewer rows.
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
 
+#include <string>
 #include <vector>
 
 #include "vector16.h"
@@ -31,8 +35,9 @@ struct Problem {
   const float *query, *key, *value;
   const bool* mask;  // true: attend; null: every key
   float* output;     // (rows, queries, heads, head_dim), contiguous
-  const int64_t* key_rows;  // (rows, keys): the buffer row of each key; null: the row itself
+  const int64_t* key_rows;  // (rows, keys): the buffer row of each key; null: the row itself (or its buffer row)
   int64_t key_rows_stride;
+  const int64_t* buffer_rows;  // (rows,): the row of key, value and mask of each row; null: the row itself
   int64_t rows, heads, queries, keys, head_dim;
   int64_t query_strides[3], key_strides[3], value_strides[3], mask_strides[2];  // rows, heads, positions
   float scaling;
@@ -46,12 +51,13 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
   const int64_t padded_keys = (p.keys + kLanes - 1) / kLanes * kLanes;
   for (int64_t row_head = begin; row_head < end; ++row_head) {
     const int64_t row = row_head / p.heads, head = row_head % p.heads;
+    const int64_t buffer_row = p.buffer_rows ? p.buffer_rows[row] : row;
     const float* keys = p.key + head * p.key_strides[1];
     const float* values = p.value + head * p.value_strides[1];
     const int64_t* key_rows = p.key_rows ? p.key_rows + row * p.key_rows_stride : nullptr;
     for (int64_t position = 0; position < p.queries; ++position) {
       const float* query = p.query + row * p.query_strides[0] + head * p.query_strides[1] + position * p.query_strides[2];
-      const bool* mask = p.mask ? p.mask + row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
+      const bool* mask = p.mask ? p.mask + buffer_row * p.mask_strides[0] + position * p.mask_strides[1] : nullptr;
       V scaled_query[kChunks];
       for (int c = 0; c < kChunks; ++c) scaled_query[c] = load_vector<V>(query + kWidth<V> * c) * p.scaling;
       // scores q . k (scaled), their maximum; masked keys are not read (in a padded batch, most of some rows' keys)
@@ -61,7 +67,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
           scores[k] = -INFINITY;
           continue;
         }
-        const float* key = keys + (key_rows ? key_rows[k] : row) * p.key_strides[0] + k * p.key_strides[2];
+        const float* key = keys + (key_rows ? key_rows[k] : buffer_row) * p.key_strides[0] + k * p.key_strides[2];
         V products = scaled_query[0] * load_vector<V>(key);
         for (int c = 1; c < kChunks; ++c) products += scaled_query[c] * load_vector<V>(key + kWidth<V> * c);
         const float score = lane_sum(products);
@@ -88,7 +94,7 @@ HLF_INLINE void attend_row_heads(const Problem& problem, int64_t begin, int64_t 
       for (int64_t k = 0; k < p.keys; ++k) {
         if (mask && !mask[k]) continue;
         const float weight = scores[k];
-        const float* value = values + (key_rows ? key_rows[k] : row) * p.value_strides[0] + k * p.value_strides[2];
+        const float* value = values + (key_rows ? key_rows[k] : buffer_row) * p.value_strides[0] + k * p.value_strides[2];
         for (int c = 0; c < kChunks; ++c) accumulated[c] += weight * load_vector<V>(value + kWidth<V> * c);
       }
       for (int c = 0; c < kChunks; ++c) store_vector(out + kWidth<V> * c, accumulated[c] * inverse_sum);
@@ -124,10 +130,12 @@ void check_layout(const torch::Tensor& tensor, const char* name) {
 
 // query (rows, heads, queries, head_dim), key/value (rows, heads, keys, head_dim), any strides with a contiguous last
 // dimension; mask: None or bool (rows or 1, 1, queries or 1, keys), true = attend; key_rows: None or int64 (rows, keys),
-// each a row of key/value, which may then have more rows -> (rows, queries, heads, head_dim)
+// each a row of key/value, which may then have more rows; buffer_rows (not with key_rows): None or int64 (rows,), the
+// row of key, value and mask (then of as many rows as key, or 1) of each row -> (rows, queries, heads, head_dim)
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const c10::optional<torch::Tensor>& mask, double scaling,
-                               const c10::optional<torch::Tensor>& key_rows) {
+                               const c10::optional<torch::Tensor>& key_rows,
+                               const c10::optional<torch::Tensor>& buffer_rows) {
   check_layout(query, "query");
   check_layout(key, "key");
   check_layout(value, "value");
@@ -135,24 +143,30 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t keys = key.size(2);
   TORCH_CHECK(head_dim % kLanes == 0 && head_dim <= kMaxHeadDim,
               "decode_attention: head_dim must be a multiple of 16 up to 128, got ", head_dim);
-  // through key_rows, rows read buffer rows: at least as many (beams that left the batch leave theirs behind)
-  const bool buffer_rows_fit = key_rows.has_value() ? key.size(0) >= rows : key.size(0) == rows;
+  TORCH_CHECK(!(key_rows.has_value() && buffer_rows.has_value()),
+              "decode_attention: give key_rows or buffer_rows, not both");
+  // through key_rows or buffer_rows, rows read buffer rows: at least as many with key_rows (beams that left the batch
+  // leave theirs behind), any number with buffer_rows (checked with its indices below)
+  const bool indirect = key_rows.has_value() || buffer_rows.has_value();
+  const bool buffer_rows_fit = key_rows.has_value() ? key.size(0) >= rows : buffer_rows.has_value() || key.size(0) == rows;
   TORCH_CHECK(key.sizes() == value.sizes() && buffer_rows_fit && key.size(1) == heads && key.size(3) == head_dim,
-              "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (", rows,
-              key_rows.has_value() ? " or more" : "", ", ", heads, ", keys, ", head_dim, ")");
+              "decode_attention: key ", key.sizes(), " and value ", value.sizes(), " must be (",
+              buffer_rows.has_value() ? "buffer rows" : std::to_string(rows) + (indirect ? " or more" : ""), ", ",
+              heads, ", keys, ", head_dim, ")");
   TORCH_CHECK(keys > 0, "decode_attention: no keys");
   Problem problem{query.data_ptr<float>(), key.data_ptr<float>(), value.data_ptr<float>(), nullptr, nullptr,
-                  nullptr, 0, rows, heads, queries, keys, head_dim,
+                  nullptr, 0, nullptr, rows, heads, queries, keys, head_dim,
                   {query.stride(0), query.stride(1), query.stride(2)},
                   {key.stride(0), key.stride(1), key.stride(2)},
                   {value.stride(0), value.stride(1), value.stride(2)},
                   {0, 0}, static_cast<float>(scaling)};
   if (mask.has_value()) {
     const auto& m = *mask;
-    TORCH_CHECK(m.dim() == 4 && m.scalar_type() == torch::kBool && (m.size(0) == 1 || m.size(0) == rows) &&
+    const int64_t mask_rows = buffer_rows.has_value() ? key.size(0) : rows;  // buffer_rows index the mask's rows too
+    TORCH_CHECK(m.dim() == 4 && m.scalar_type() == torch::kBool && (m.size(0) == 1 || m.size(0) == mask_rows) &&
                     m.size(1) == 1 && (m.size(2) == 1 || m.size(2) == queries) && m.size(3) == keys &&
                     m.stride(3) == 1,
-                "decode_attention: the mask must be bool (", rows, " or 1, 1, ", queries, " or 1, ", keys,
+                "decode_attention: the mask must be bool (", mask_rows, " or 1, 1, ", queries, " or 1, ", keys,
                 ") with contiguous keys, got ", m.scalar_type(), " ", m.sizes());
     problem.mask = m.data_ptr<bool>();
     problem.mask_strides[0] = m.size(0) == 1 ? 0 : m.stride(0);
@@ -173,6 +187,18 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
       }
     problem.key_rows = indices;
     problem.key_rows_stride = r.stride(0);
+  }
+  if (buffer_rows.has_value()) {
+    const auto& r = *buffer_rows;
+    TORCH_CHECK(r.dim() == 1 && r.scalar_type() == torch::kInt64 && r.device().is_cpu() && r.size(0) == rows &&
+                    r.stride(0) == 1,
+                "decode_attention: buffer_rows must be contiguous int64 (", rows, ",), got ", r.scalar_type(), " ",
+                r.sizes());
+    const int64_t* indices = r.data_ptr<int64_t>();
+    for (int64_t row = 0; row < rows; ++row)  // a row outside the buffers would be read out of bounds
+      TORCH_CHECK(indices[row] >= 0 && indices[row] < key.size(0), "decode_attention: buffer_rows[", row, "] = ",
+                  indices[row], " is outside the ", key.size(0), " rows of the keys");
+    problem.buffer_rows = indices;
   }
   auto output = torch::empty({rows, queries, heads, head_dim}, query.options());
   problem.output = output.data_ptr<float>();

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 namespace {
 
@@ -108,33 +109,38 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
   const auto attention = decode_attention(query, key_buffer.narrow(1, 0, position + 1).transpose(1, 2),
                                           value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling,
                                           key_rows.has_value() ? c10::optional<torch::Tensor>(key_rows->narrow(1, 0, position + 1))
-                                                               : c10::nullopt);
+                                                               : c10::nullopt,
+                                          c10::nullopt);
   return norm.exit(h, out_proj(attention.view({rows, 1, d_model})));
 }
 
-// `c`: attention over the cross-attention keys/values (key rows, heads, source, head_dim) computed at the first step;
-// with fewer key rows than rows, each key row serves `rows / key rows` consecutive rows (a sentence's beams), folded
-// into query positions as `MultiHeadAttention.attend_to` does
+// `c`: attention over the cross-attention keys/values (buffer rows, heads, source, head_dim) computed at the first
+// step; `memory_rows` (key rows,): the buffer row of keys, values and mask that each key row reads (rows that left the
+// batch leave theirs behind), None: key row r reads buffer row r; with fewer key rows than rows, each key row serves
+// `rows / key rows` consecutive rows (a sentence's beams), folded into query positions as
+// `MultiHeadAttention.attend_to` does
 torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
                                    const torch::Tensor& norm_bias, double eps, bool normalize_before,
                                    const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
                                    const torch::Tensor& values, const c10::optional<torch::Tensor>& mask,
-                                   double scaling) {
+                                   double scaling, const c10::optional<torch::Tensor>& memory_rows) {
   check_step_input(h, "cross_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
   check_projection(q_proj, d_model, "cross_attention_step", "q_proj");
   check_projection(out_proj, d_model, "cross_attention_step", "out_proj");
-  TORCH_CHECK(keys.dim() == 4 && keys.size(0) > 0 && rows % keys.size(0) == 0 &&
-                  keys.size(1) * keys.size(3) == d_model,
-              "cross_attention_step: the keys must be (key rows dividing ", rows, ", heads, source, head_dim) with "
-              "heads x head_dim = ", d_model, ", got ", keys.sizes());
-  const int64_t key_rows = keys.size(0), groups = rows / key_rows, heads = keys.size(1), head_dim = keys.size(3);
+  const int64_t key_rows = memory_rows.has_value() ? memory_rows->size(0) : keys.size(0);
+  TORCH_CHECK(keys.dim() == 4 && key_rows > 0 && rows % key_rows == 0 && keys.size(1) * keys.size(3) == d_model,
+              "cross_attention_step: ", rows, " rows need keys (key rows dividing them, heads, source, head_dim) with "
+              "heads x head_dim = ", d_model, ", got ", keys.sizes(),
+              memory_rows.has_value() ? " read through memory_rows of " + std::to_string(key_rows) + " key rows" : "");
+  const int64_t groups = rows / key_rows, heads = keys.size(1), head_dim = keys.size(3);
   const ResidualNorm norm{norm_weight, norm_bias, eps, normalize_before};
   auto query = q_proj(norm.enter(h)).view({rows, 1, heads, head_dim}).transpose(1, 2);
   if (groups > 1) {  // (rows, heads, 1, d) -> (key rows, heads, groups, d)
     query = query.reshape({key_rows, groups, heads, 1, head_dim}).transpose(1, 2).reshape({key_rows, heads, groups, head_dim});
   }
-  const auto attention = decode_attention(query, keys, values, mask, scaling, c10::nullopt);  // (key rows, groups, heads, d)
+  // (key rows, groups, heads, d)
+  const auto attention = decode_attention(query, keys, values, mask, scaling, c10::nullopt, memory_rows);
   return norm.exit(h, out_proj(attention.reshape({rows, 1, d_model})));
 }
 
@@ -185,7 +191,9 @@ void DecoderLayerSteps::end_layer() {
 // `keys`, `values`, `lengths`, `prefixes`: each self-attention slot's cache buffers, filled length (the position this
 // step writes) and prefix; `cross_keys`, `cross_values`: each cross-attention slot's keys/values; `memory_mask`: the
 // cross-attention mask, also the prefix mask of slots with a prefix (as `KernelResidualSublayer.run_decoding_step`
-// passes them); `key_rows`: every self-attention slot's buffer row of each row's position (`self_attention_step`).
+// passes them); `key_rows`: every self-attention slot's buffer row of each row's position (`self_attention_step`);
+// `memory_rows`: every cross-attention slot's (and the memory mask's) buffer row of each key row
+// (`cross_attention_step`), not with slots that have a prefix (whose prefix mask is the memory mask, row by row).
 // Returns each layer's output.
 std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
                                                          const std::vector<torch::Tensor>& values,
@@ -194,7 +202,8 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
                                                          const std::vector<torch::Tensor>& cross_keys,
                                                          const std::vector<torch::Tensor>& cross_values,
                                                          const c10::optional<torch::Tensor>& memory_mask,
-                                                         const c10::optional<torch::Tensor>& key_rows) const {
+                                                         const c10::optional<torch::Tensor>& key_rows,
+                                                         const c10::optional<torch::Tensor>& memory_rows) const {
   TORCH_CHECK(!layer_ends_.empty() && layer_ends_.back() == static_cast<int64_t>(steps_.size()),
               "DecoderLayerSteps: end the last layer (end_layer) before stepping");
   const auto self_slots = static_cast<size_t>(self_slots_), cross_slots = static_cast<size_t>(cross_slots_);
@@ -206,6 +215,8 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
   TORCH_CHECK(cross_keys.size() == cross_slots && cross_values.size() == cross_slots,
               "DecoderLayerSteps: expected keys and values of ", cross_slots, " cross-attention slots, got ",
               cross_keys.size(), " and ", cross_values.size());
+  TORCH_CHECK(!memory_rows.has_value() || std::all_of(prefixes.begin(), prefixes.end(), [](int64_t p) { return p == 0; }),
+              "DecoderLayerSteps: memory_rows with a self-attention prefix: its mask would be read by buffer row");
   std::vector<torch::Tensor> outputs;
   outputs.reserve(layer_ends_.size());
   torch::Tensor state = h;
@@ -225,7 +236,7 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
         const auto slot = static_cast<size_t>(step.slot);
         state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
                                      step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
-                                     step.scaling);
+                                     step.scaling, memory_rows);
         break;
       }
       case Form::feed_forward:
