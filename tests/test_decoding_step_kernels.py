@@ -153,6 +153,45 @@ def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quanti
             assert memory_rows == [None] * tokens.shape[0], (case, memory_rows)
 
 
+def test_the_layers_in_one_call_are_made_once_per_copy_and_layers(kernels, monkeypatch):
+    """`compiled_decoder_layers` is made at a copy's first fast call and reused by the next calls with the same
+    layers; fewer layers (GTrans' first decoder group), a layer replaced, or a new copy (the model's weights changed)
+    make their own. The tokens stay `generate()`'s throughout."""
+    from hf_layerfusion.inference import fast_generate
+
+    built = []
+    compile_decoder_layers = inference_copies.compile_decoder_layers
+
+    def counted(kernels, decoder, layers):
+        built.append(len(layers))
+        return compile_decoder_layers(kernels, decoder, layers)
+
+    monkeypatch.setattr(inference_copies, "compile_decoder_layers", counted)
+    model = tiny_model("gtrans", d_model=32)
+    source = tiny_sources()
+    settings = dict(num_beams=2, max_new_tokens=6)
+    with torch.no_grad():
+        expected = model.generate(**source, **settings)
+        expected_first_group = model.generate(**source, decoder_groups=[1], **settings)
+    for _ in range(2):
+        assert torch.equal(fast_generate(model, **source, fallback=False, **settings), expected)
+    layers = model.config.decoder_layers
+    assert built == [layers], built
+    assert torch.equal(fast_generate(model, **source, decoder_groups=[1], fallback=False, **settings),
+                       expected_first_group)
+    assert len(built) == 2 and built[1] < layers, built  # the first group needs fewer layers
+    decoder = prepare_for_inference(model).get_decoder()
+    first = inference_copies.compiled_decoder_layers(decoder, decoder.layers)
+    assert inference_copies.compiled_decoder_layers(decoder, decoder.layers) is first and len(built) == 2
+    replaced = torch.nn.ModuleList([*decoder.layers[:-1], copy.deepcopy(decoder.layers[-1])])
+    assert inference_copies.compiled_decoder_layers(decoder, replaced) is not first and len(built) == 3
+    with torch.no_grad():
+        model.model.decoder.layers[0].ffn.fc1.weight.mul_(1.5)  # a new copy at the next call
+        expected = model.generate(**source, **settings)
+    assert torch.equal(fast_generate(model, **source, fallback=False, **settings), expected)
+    assert built[3:] == [layers], built
+
+
 @pytest.mark.parametrize("quantization", [None, "int8"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantization, kernels, monkeypatch):

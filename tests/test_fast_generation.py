@@ -6,6 +6,8 @@ operations) and on its float32 inference copy (the compiled kernels); rows leavi
 import pytest
 import torch
 from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, tiny_model, tiny_sources
+from transformers import GenerationConfig
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import hf_layerfusion
 from hf_layerfusion.inference import (
@@ -20,6 +22,7 @@ from hf_layerfusion.inference import (
     prepare_for_inference,
     search,
 )
+from hf_layerfusion.compat import CACHE_NAME, LEGACY_CACHE_NAME
 from hf_layerfusion.inference.decoding import DecoderSteps
 from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, float32_kernel_available
 from hf_layerfusion.modeling.model import LayerFusionForConditionalGeneration
@@ -247,6 +250,33 @@ def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
         fast_generate(model, **source, max_new_tokens=6, streamer=object(), fallback=False)
     with pytest.raises(UnsupportedFastGeneration, match="training mode"):
         fast_generate(model.train(), **source, max_new_tokens=6, fallback=False)
+
+
+def test_generate_is_handed_an_empty_cache_a_fallback_fills_as_its_own(source):
+    """`fast_generate` hands `generate()` an empty cache (which the loop never fills: it keeps its own), sparing
+    `generate()` the making of its own from the model's config, except where the caller gives one (under either
+    name), turns the cache off or asks for another kind; a fallback inside the loop (the int8 copy's: its own
+    `generate()`) fills it as `generate()` fills its own, greedy and beam."""
+    model = tiny_model("plain_transformer")
+    (handed,) = fast_generation.empty_cache_for_generate(model, {}).values()
+    assert type(handed) is EncoderDecoderCache and handed.get_seq_length() == 0
+    assert fast_generation.empty_cache_for_generate(model, {}) != {CACHE_NAME: handed}  # a new one per call
+    for kwargs in (
+        {CACHE_NAME: EncoderDecoderCache(DynamicCache(), DynamicCache())},
+        {LEGACY_CACHE_NAME: EncoderDecoderCache(DynamicCache(), DynamicCache())},
+        {"use_cache": False},
+        {"generation_config": GenerationConfig(use_cache=False)},
+        {"cache_implementation": "static"},
+    ):
+        assert fast_generation.empty_cache_for_generate(model, kwargs) == {}, kwargs
+    engine = prepare_for_inference(model, "int8")
+    for num_beams in (1, 2):
+        settings = dict(num_beams=num_beams, max_new_tokens=5, return_dict_in_generate=True, output_scores=True)
+        output = fast_generate(model, **source, quantization="int8", **settings)
+        with torch.no_grad():
+            expected = engine.generate(**source, **settings)
+        assert torch.equal(output.sequences, expected.sequences), num_beams
+        assert all(torch.equal(got, want) for got, want in zip(output.scores, expected.scores, strict=True))
 
 
 def mixes_through_the_declared_hook(model) -> bool:

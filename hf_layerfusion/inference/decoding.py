@@ -253,8 +253,16 @@ class DecoderSteps:
         self.groups = check_decoder_groups(decoder_groups, self.decoder.readout.num_groups)
         needed = self.decoder.readout.num_layers_needed(self.groups, len(self.decoder.layers))
         self.layers = self.decoder.layers[:needed]
-        attention = [module for module in self.layers.modules() if isinstance(module, MultiHeadAttention)]
-        self.group = group if all(module.accepts_key_groups for module in attention) else 1
+        # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
+        # (inference_copies.compiled_decoder_layers for the inference copies)
+        self.compiled_layers = None if compile_layers is None else compile_layers(self.decoder, self.layers)
+        if self.compiled_layers is not None:
+            accepts_key_groups = self.compiled_layers.accepts_key_groups
+        else:
+            accepts_key_groups = all(
+                module.accepts_key_groups for module in self.layers.modules() if isinstance(module, MultiHeadAttention)
+            )
+        self.group = group if accepts_key_groups else 1
         # `generate()` expands the encoder outputs to one row per beam (consecutive copies): keep one per group
         # contiguous once here: each cross-attention layer's key and value projections read it at the first step, and
         # a product copies a strided input (every group-th row) at every call (12 copies of a 6-layer decoder)
@@ -270,9 +278,6 @@ class DecoderSteps:
         self.memory_rows: torch.Tensor | None = None
         self.cache = DecodingCache(capacity)
         self.position = 0
-        # the layers of a step in one compiled call, where `compile_layers(decoder, layers)` gives one
-        # (inference_copies.compiled_decoder_layers for the inference copies)
-        self.compiled_layers = None if compile_layers is None else compile_layers(self.decoder, self.layers)
         # the compiled layers read the self-attention slots through `key_rows`: a beam reorder need not move them
         self.cache.self_attention_cache.reorders_key_rows = self.compiled_layers is not None
         # whether a row's numbers are the same whatever rows are computed beside it (`logits_of_equal_groups`)

@@ -46,7 +46,7 @@ criteria, a prompt for the decoder, attention implementations other than eager a
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import GenerationMode
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
@@ -64,7 +64,7 @@ from transformers.generation.logits_process import (
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 from transformers.utils import ModelOutput, logging
 
-from ..compat import CACHE_NAME, beam_search_loop, sample_loop
+from ..compat import CACHE_NAME, LEGACY_CACHE_NAME, beam_search_loop, sample_loop
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
 from .encoding import encode_by_length
@@ -195,6 +195,23 @@ def encodes_by_length(model, kwargs: dict) -> bool:
     return not others and not wants_encoder_details
 
 
+def empty_cache_for_generate(model, kwargs: dict) -> dict:
+    """`{cache name: an empty EncoderDecoderCache of DynamicCaches}` for `generate()` to take as the caller's, where the
+    call gives none and does not turn the cache off; else {}. `generate()` would make the same caches from the model's
+    config (each asking `get_text_config(decoder=True)`, a deep copy of a flat encoder-decoder config: a share of a
+    short call's time, docs/fast_cpu_translation.md), which the fast loop never fills (it keeps its own
+    `DecodingCache`); a fallback inside the loop fills this one as it would fill its own (layers made as they are
+    first written)."""
+    config = kwargs.get("generation_config") or model.generation_config
+    if any(kwargs.get(name) is not None for name in (CACHE_NAME, LEGACY_CACHE_NAME)):
+        return {}
+    if kwargs.get("use_cache", config.use_cache) is False:
+        return {}
+    if kwargs.get("cache_implementation", config.cache_implementation) is not None:  # generate() makes another kind
+        return {}
+    return {CACHE_NAME: EncoderDecoderCache(DynamicCache(), DynamicCache())}
+
+
 def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: str | None = None, fallback: bool = True, **kwargs):
     """`model.generate(inputs, **kwargs)` with the fast decoding loop (see the module docstring): the same output for
     greedy and beam search. It runs the model's inference copy (`prepare_for_inference`): on CPU in float32 the
@@ -219,13 +236,14 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     # inside the loop a fallback runs transformers' loop on the model generate() was called on: only where that is
     # the fallback model (not the float32 copy, whose attention returns no weights)
     decode = fast_decoding_loop(fallback and engine is fallback_model)
+    engine_kwargs = {**kwargs, **empty_cache_for_generate(engine, kwargs)}
     try:
         with torch.inference_mode():
             if encodes_by_length(engine, kwargs):
                 input_ids = kwargs["inputs"] if "inputs" in kwargs else kwargs["input_ids"]
                 encoder_outputs = encode_by_length(engine.get_encoder(), input_ids, kwargs["attention_mask"])
-                return engine.generate(custom_generate=decode, encoder_outputs=encoder_outputs, **kwargs)
-            return engine.generate(custom_generate=decode, **kwargs)
+                return engine.generate(custom_generate=decode, encoder_outputs=encoder_outputs, **engine_kwargs)
+            return engine.generate(custom_generate=decode, **engine_kwargs)
     except UnsupportedFastGeneration as error:
         if not fallback:
             raise

@@ -349,9 +349,15 @@ class CompiledDecoderLayers:
     path's first step would (`open_first_step`), so that every step runs in the one call."""
 
     def __init__(self, kernel_steps, self_attentions: list[tuple[int, int, int]],
-                 cross_attentions: list[tuple[int, MultiHeadAttention, int]]):
+                 cross_attentions: list[tuple[int, MultiHeadAttention, int]], layers: nn.ModuleList):
         self.kernel_steps = kernel_steps
         self.self_attentions, self.cross_attentions = self_attentions, cross_attentions
+        self.layers = tuple(layers)
+        # whether every attention module of the layers takes a sentence's beams as query positions over one key row
+        # (`DecoderSteps`' key groups), found once here rather than by a walk over the modules at every call
+        self.accepts_key_groups = all(
+            module.accepts_key_groups for module in layers.modules() if isinstance(module, MultiHeadAttention)
+        )
 
     def open_first_step(self, embeddings: torch.Tensor, cache: DecodingCache, memory_for_layer: Callable) -> None:
         """What the first step of the Python path makes before its kernels: each cross-attention's keys and values of
@@ -398,13 +404,29 @@ class CompiledDecoderLayers:
         return [embeddings, *outputs]
 
 
+# `compiled_decoder_layers` per decoder (an inference copy's, never changed once made: changed weights make a new copy)
+# and number of layers, made at a decoder's first fast call instead of at every call
+_compiled_layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
     """`CompiledDecoderLayers` for `layers` of `decoder` (an inference copy's), or None where the kernels are not
     built, the stack connects its layers (`connection`), a layer is not a plain `TransformerLayer`, or a sub-layer's
-    block has no bound decoding step: those steps run through `run_layers`."""
+    block has no bound decoding step: those steps run through `run_layers`. Made once per decoder and layers."""
     kernels = compiled_kernels()
     if kernels is None or decoder.connection is not None or decoder.training:
         return None
+    cached = _compiled_layers.get(decoder, {}).get(len(layers))
+    if cached is not None and all(kept is layer for kept, layer in zip(cached.layers, layers)):
+        return cached
+    compiled = compile_decoder_layers(kernels, decoder, layers)
+    if compiled is not None:
+        _compiled_layers.setdefault(decoder, {})[len(layers)] = compiled
+    return compiled
+
+
+def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | None:
+    """`compiled_decoder_layers` without its cache."""
     kernel_steps = kernels.DecoderLayerSteps()
     self_attentions, cross_attentions = {}, {}
     for position, layer in enumerate(layers):
@@ -430,7 +452,7 @@ def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
     ):
         return None  # the slots of a shortened stack (`num_layers_needed`) are its first ones; anything else runs in Python
     return CompiledDecoderLayers(kernel_steps, [self_attentions[i] for i in range(len(self_attentions))],
-                                 [cross_attentions[i] for i in range(len(cross_attentions))])
+                                 [cross_attentions[i] for i in range(len(cross_attentions))], layers)
 
 
 def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
