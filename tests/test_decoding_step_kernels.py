@@ -118,7 +118,8 @@ def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quanti
 
     monkeypatch.setattr(inference_copies.CompiledDecoderLayers, "states", states_except_at_one_step)
     for group in (1, 3):
-        tokens = torch.randint(4, engine.config.vocab_size, (7, 5 * group), generator=torch.Generator().manual_seed(group))
+        generator = torch.Generator().manual_seed(group)
+        tokens = torch.randint(4, engine.config.vocab_size, (7, 5 * group), generator=generator)
         tokens[0] = engine.config.decoder_start_token_id
         results = {}
         for compile_layers in (inference_copies.compiled_decoder_layers, None):

@@ -350,8 +350,8 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
         assert counting.calls["add_layer_norm"] >= 8, counting.calls
         if model.config.num_decoder_groups > 1 and mixes_through_the_declared_hook(model):  # GTrans' Eq. 5
             assert counting.calls["mixture_log_probs"] >= 8, counting.calls
-        if settings["num_beams"] == 1:  # greedy search's choice
-            assert counting.calls["first_argmax"] >= 8, counting.calls
+        if settings["num_beams"] == 1:  # greedy search's choice and the rest of its step
+            assert counting.calls["greedy_choice"] >= 8, counting.calls
         else:  # beam search's candidates and cache reorders: through `key_rows` where every step is compiled
             assert counting.calls["beam_top_k_continuations"] >= 8, counting.calls
             if compiled:

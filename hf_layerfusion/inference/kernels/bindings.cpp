@@ -105,6 +105,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }
   m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",
         pybind11::arg("scores"));
+  m.def("greedy_choice", &greedy_choice,
+        "A greedy step's tokens (first_argmax; padding for finished rows), written into the sequences, and the "
+        "finished rows updated: (tokens, finished count).",
+        pybind11::arg("scores"), pybind11::arg("finished"), pybind11::arg("sequences"), pybind11::arg("rows"),
+        pybind11::arg("position"), pybind11::arg("pad_token"), pybind11::arg("eos_tokens"));
   m.def("beam_top_k", &beam_top_k,
         "Each item's k best candidates log_probs[beam, token] + beam_scores[beam], as torch.topk over its "
         "beams * vocab candidates (ties: lowest index first).",

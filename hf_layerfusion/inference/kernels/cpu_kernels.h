@@ -112,6 +112,11 @@ class DecoderLayerSteps {
 };
 
 torch::Tensor first_argmax(const torch::Tensor& scores);
+std::tuple<torch::Tensor, int64_t> greedy_choice(const torch::Tensor& scores, const torch::Tensor& finished,
+                                                 const torch::Tensor& sequences,
+                                                 const c10::optional<torch::Tensor>& rows, int64_t position,
+                                                 const c10::optional<int64_t>& pad_token,
+                                                 const c10::optional<torch::Tensor>& eos_tokens);
 std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_probs, const torch::Tensor& beam_scores,
                                                      int64_t k);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations(

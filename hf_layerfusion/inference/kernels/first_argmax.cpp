@@ -2,11 +2,18 @@
 // the first NaN where the row has one: what `scores.max(dim=-1).indices` (and `argmax`) return, for float32
 // `(rows, vocab)` scores. torch's reduction takes about 100 µs for 32 x 8000 scores on one core; here a row is one pass,
 // 16 floats at a time (8 on AVX2), each lane keeping its largest value and where it first occurred.
+//
+// `greedy_choice` is the rest of a greedy step after that choice, as `generate()`'s `_sample` does it with torch
+// operations (about ten calls and a synchronising count per step, tens of microseconds at the one-row steps where a
+// step's kernels take a few hundred): finished rows get the padding token, rows whose token is an end token finish,
+// each token is written into the sequences at its row.
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "vector16.h"
 
@@ -75,4 +82,64 @@ torch::Tensor first_argmax(const torch::Tensor& scores) {
     run_with_widest_vectors<ArgmaxRows>(data, stride, vocab, indices, begin, end);
   });
   return output;
+}
+
+// scores (rows, vocab) as first_argmax; finished (rows,) bool, updated in place; sequences (batch, width) int64, row
+// rows[r] (r itself without rows) getting row r's token at `position`; eos_tokens: None or int64 (n,) (then
+// pad_token is required) -> (the tokens (rows,) int64, how many rows are finished)
+std::tuple<torch::Tensor, int64_t> greedy_choice(const torch::Tensor& scores, const torch::Tensor& finished,
+                                                 const torch::Tensor& sequences,
+                                                 const c10::optional<torch::Tensor>& rows, int64_t position,
+                                                 const c10::optional<int64_t>& pad_token,
+                                                 const c10::optional<torch::Tensor>& eos_tokens) {
+  auto tokens = first_argmax(scores);
+  const int64_t count = scores.size(0);
+  TORCH_CHECK(finished.dim() == 1 && finished.size(0) == count && finished.scalar_type() == torch::kBool &&
+                  finished.is_contiguous() && finished.device().is_cpu(),
+              "greedy_choice: finished must be a contiguous bool CPU tensor (", count, ",), got ",
+              finished.scalar_type(), " ", finished.sizes());
+  TORCH_CHECK(sequences.dim() == 2 && sequences.scalar_type() == torch::kInt64 && sequences.device().is_cpu() &&
+                  position >= 0 && position < sequences.size(1),
+              "greedy_choice: the sequences must be int64 CPU (batch, width) with position ", position,
+              " inside width, got ", sequences.scalar_type(), " ", sequences.sizes());
+  const int64_t batch = sequences.size(0);
+  const int64_t* row_of = nullptr;
+  if (rows.has_value()) {
+    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == count && rows->scalar_type() == torch::kInt64 &&
+                    rows->is_contiguous() && rows->device().is_cpu(),
+                "greedy_choice: rows must be a contiguous int64 CPU tensor (", count, ",), got ",
+                rows->scalar_type(), " ", rows->sizes());
+    row_of = rows->data_ptr<int64_t>();
+    for (int64_t r = 0; r < count; ++r)
+      TORCH_CHECK(row_of[r] >= 0 && row_of[r] < batch, "greedy_choice: rows[", r, "] = ", row_of[r],
+                  " is outside the ", batch, " rows of the sequences");
+  } else {
+    TORCH_CHECK(count == batch, "greedy_choice: ", count, " rows of scores need ", count,
+                " rows of sequences without `rows`, got ", batch);
+  }
+  const int64_t* eos = nullptr;
+  int64_t eos_count = 0;
+  if (eos_tokens.has_value()) {
+    TORCH_CHECK(eos_tokens->dim() == 1 && eos_tokens->scalar_type() == torch::kInt64 &&
+                    eos_tokens->is_contiguous() && eos_tokens->device().is_cpu(),
+                "greedy_choice: eos_tokens must be a contiguous int64 CPU tensor (n,), got ",
+                eos_tokens->scalar_type(), " ", eos_tokens->sizes());
+    TORCH_CHECK(pad_token.has_value(), "greedy_choice: eos_tokens need a pad_token for the finished rows");
+    eos = eos_tokens->data_ptr<int64_t>();
+    eos_count = eos_tokens->size(0);
+  }
+  int64_t* token = tokens.data_ptr<int64_t>();
+  bool* done = finished.data_ptr<bool>();
+  int64_t* sequence = sequences.data_ptr<int64_t>();
+  const int64_t row_stride = sequences.stride(0), column = position * sequences.stride(1);
+  int64_t finished_rows = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    if (eos != nullptr) {
+      if (done[r]) token[r] = *pad_token;
+      done[r] = done[r] || std::find(eos, eos + eos_count, token[r]) != eos + eos_count;
+    }
+    finished_rows += done[r];
+    sequence[(row_of ? row_of[r] : r) * row_stride + column] = token[r];
+  }
+  return {tokens, finished_rows};
 }
