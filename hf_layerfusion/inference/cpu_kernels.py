@@ -3,8 +3,9 @@
 (`KernelResidualSublayer`), `mixture_log_probs` (GTrans' output mixture) and the sub-layer decoding steps
 `self_attention_step`, `cross_attention_step`, `feed_forward_step` (`KernelResidualSublayer.run`) and all of a
 decoder's layers at a step in one call (`DecoderLayerSteps`, `CompiledDecoderLayers`), all used in inference_copies.py, `decode_attention` (the copies' attention at decoding steps, decoding_attention.py),
-`first_argmax` (greedy search's choice) and `beam_top_k` (beam search's, search.py), and `move_rows` (beam search's
-cache reorder, decoding.py), compiled into one extension module.
+`first_argmax` and `greedy_choice` (greedy search's choice and the rest of its step), `beam_top_k` and
+`beam_top_k_continuations` (beam search's, search.py), and `move_rows` (beam search's cache reorder, decoding.py),
+compiled into one extension module.
 
 The module is built once per machine and source hash: its build directory is named by a hash of everything the
 build depends on (`kernel_build_key`: the sources, the flags, torch, the Python ABI, the machine type), under the
