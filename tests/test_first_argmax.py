@@ -82,7 +82,7 @@ def test_greedy_choice_is_a_step_of_generate(kernels, monkeypatch, eos, layout):
         if not compiled:
             monkeypatch.setattr(search, "compiled_kernels", lambda: None)
         got_finished, got_sequences = finished.clone(), sequences.clone()
-        tokens, done = search.greedy_choice(scores, got_finished, got_sequences, rows, 6, torch.tensor(pad), eos_tensor)
+        tokens, done = search.greedy_choice(scores, got_finished, got_sequences, rows, 6, pad, eos_tensor)
         assert torch.equal(tokens, expected[0]) and torch.equal(got_finished, expected[1]), (compiled, tokens)
         assert torch.equal(got_sequences, expected[2]) and done == int(expected[1].sum()), compiled
     if eos is not None:

@@ -110,32 +110,29 @@ def greedy_choice(
     sequences: torch.Tensor,
     rows: torch.Tensor | None,
     cur_len: int,
-    pad_token_id: torch.Tensor | None,
-    eos_token_id: torch.Tensor | None,
+    pad_token: int | None,
+    eos_tokens: torch.Tensor | None,
 ) -> tuple[torch.Tensor, int]:
     """The rest of a greedy step after the processed `scores` `(rows, vocab)`, as `GenerationMixin._sample` does it:
-    each row's token (`first_argmax`), the padding token for rows already `finished`, written into `sequences` at
-    `cur_len` (row `rows[r]` for row r; `rows` None: row r), `finished` updated in place with the end tokens; returns
-    the tokens and how many rows are finished. For float32 CPU scores the compiled `greedy_choice` does it in one call,
-    else torch operations (the same tokens and rows)."""
+    each row's token (`first_argmax`), `pad_token` for rows already `finished`, written into `sequences` at `cur_len`
+    (row `rows[r]` for row r; `rows` None: row r), `finished` updated in place with the end tokens `eos_tokens` (int64
+    `(n,)`, as `greedy_search` makes them once); returns the tokens and how many rows are finished. For float32 CPU
+    scores the compiled `greedy_choice` does it in one call, else torch operations (the same tokens and rows)."""
     kernels = compiled_kernels() if scores.device.type == "cpu" and scores.dtype == torch.float32 else None
     if (kernels is not None and scores.dim() == 2 and scores.shape[1] > 0 and scores.stride(1) == 1
             and sequences.device.type == "cpu" and sequences.dtype == torch.int64
-            and (eos_token_id is None or pad_token_id is not None)):
-        return kernels.greedy_choice(
-            scores, finished, sequences, rows, cur_len, None if pad_token_id is None else int(pad_token_id),
-            None if eos_token_id is None else eos_token_id.reshape(-1).to(torch.int64).contiguous(),
-        )
+            and (eos_tokens is None or pad_token is not None)):
+        return kernels.greedy_choice(scores, finished, sequences, rows, cur_len, pad_token, eos_tokens)
     next_tokens = first_argmax(scores)
-    if eos_token_id is not None:
-        next_tokens = torch.where(finished, pad_token_id, next_tokens)
+    if eos_tokens is not None:
+        next_tokens = torch.where(finished, pad_token, next_tokens)
     if rows is None:
         sequences[:, cur_len] = next_tokens
     else:
         sequences[rows, cur_len] = next_tokens
-    if eos_token_id is not None:
+    if eos_tokens is not None:
         # one end token (the usual case) is compared with `==`, a few operator calls less than `isin`
-        finished |= next_tokens == eos_token_id if eos_token_id.numel() == 1 else torch.isin(next_tokens, eos_token_id)
+        finished |= next_tokens == eos_tokens if eos_tokens.numel() == 1 else torch.isin(next_tokens, eos_tokens)
     return next_tokens, int(finished.sum())
 
 
@@ -143,8 +140,11 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
     """`GenerationMixin._sample` without sampling: argmax of the processed scores; a finished row gets padding (and,
     with `compact`, leaves the batch once enough rows have finished)."""
     pad_token_id, eos_token_id = special_token_tensors(generation_config)
+    # once, as every step's `greedy_choice` takes them
+    pad_token = None if pad_token_id is None else int(pad_token_id)
+    eos_tokens = None if eos_token_id is None else eos_token_id.reshape(-1).to(torch.int64).contiguous()
     batch_size, cur_len = input_ids.shape
-    sequences = input_ids.new_full((batch_size, max_length), 0 if pad_token_id is None else int(pad_token_id))
+    sequences = input_ids.new_full((batch_size, max_length), 0 if pad_token is None else pad_token)
     sequences[:, :cur_len] = input_ids
     rows = None  # the original row of each computed row (None: all rows, in order)
     finished = torch.zeros(batch_size, dtype=torch.bool, device=input_ids.device)
@@ -154,7 +154,7 @@ def greedy_search(steps: DecoderSteps, input_ids, logits_processor, generation_c
         if len(logits_processor):  # the tokens so far only where a processor reads them (a gather once compacted)
             context = sequences[:, :cur_len] if rows is None else sequences[rows, :cur_len]
             scores = apply_logits_processors(logits_processor, context, scores)
-        next_tokens, done = greedy_choice(scores, finished, sequences, rows, cur_len, pad_token_id, eos_token_id)
+        next_tokens, done = greedy_choice(scores, finished, sequences, rows, cur_len, pad_token, eos_tokens)
         cur_len += 1
         if cur_len >= max_length or done == finished.shape[0]:
             return sequences[:, :cur_len]
