@@ -32,6 +32,10 @@ loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_mari
 plain fast float32 loop at or above CTranslate2 float32, the int8 loop at or above CTranslate2 int8, and the int8
 BLEU cost <= 0.2. `--int8-formats 7 8` adds the int8 loop in each of those formats (`int8_copy(model, code_bits)`,
 run by whichever product this CPU has for it: `Int8Linear`), the BLEU cost of every format measured on one CPU;
+`--plain-reference PLAIN_DIR` (a trained plain Transformer with the same tokenizer) times that model's fast loops
+beside every fusion model of `--bleu` on the same chunks and counts both models' FLOPs (`generate()` on every
+`--flops-every`-th sentence, one at a time, `FlopCounterMode`): the issue-39 target there is each family's fast loop
+at or above 0.8x the plain fast loop times the FLOPs ratio (plain / family), float32 and int8.
 `--bleu-corpus quickstart` translates the quickstart's test split (examples/quickstart.py: its built-in number
 corpus, German -> English) instead of Multi30k's, for the quickstart's models. `--results-dir DIR` (with `--bleu`)
 also keeps the workload's numbers (no translations) in `DIR/workload_<cpu>_<commit>.json`, refused if that file
@@ -47,6 +51,10 @@ exists unless `--overwrite-results`: the README's real-workload tables are rende
     # the BLEU cost of both int8 formats with the quickstart's models
     python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 --int8-formats 7 8 \
         --bleu-corpus quickstart --bleu runs/quickstart/gtrans runs/quickstart/plain_transformer
+    # fusion families against the plain fast loop, FLOPs-normalised (the study's fine-tuned models share its tokenizer)
+    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 \
+        --plain-reference runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1 \
+        --bleu runs/study/runs/steps_2000_warmup_1000/gtrans_finetuned/seed_1
     # the real workload kept for the README (then: python benchmarks/inference_workload_report.py --update-readme)
     python benchmarks/bench_inference.py --speed none --threads 1 2 --bleu-beams 1 4 \
         --results-dir benchmarks/results/inference \
@@ -71,6 +79,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
@@ -98,7 +107,11 @@ TARGETS = {
     "plain_int8_vs_marian": 2.8,
     "int8_bleu_cost": 0.2,
     "workload_vs_ctranslate2": 1.0,  # issue 39: the fast loop at or above CTranslate2 of the same precision
+    # issue 39: a fusion family's fast loop at or above this share of the plain fast loop's speed times the counted
+    # FLOPs ratio (plain / family) on the real workload
+    "fusion_workload_vs_plain": 0.8,
 }
+PLAIN_ENGINES = {"fast float32": "plain fast float32", "fast int8": "plain fast int8"}  # `--plain-reference`'s
 
 
 # ------------------------------------------------------------------------------------------------ CTranslate2
@@ -244,12 +257,15 @@ def other_int8_formats(model, int8_formats) -> dict:
 
 
 def workload_engines(
-    model, tokenizer, num_beams: int, marian=None, translators: dict | None = None, int8_copies: dict | None = None
+    model, tokenizer, num_beams: int, marian=None, translators: dict | None = None, int8_copies: dict | None = None,
+    plain_reference: tuple | None = None,
 ) -> dict:
     """`{engine: translate(sentences) -> list[str]}` for a trained model: `generate()`, the fast loop in float32
     and int8 (`hf_layerfusion.translate`, batches of 32 sorted by length), and each int8 copy of `int8_copies`
     (`other_int8_formats`); for a plain Transformer also its `MarianMTModel` (`marian`, from
-    `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines` (`{quantization: translator}`)."""
+    `to_marian`) and the CTranslate2 `translators` of `ctranslate2_engines` (`{quantization: translator}`); for a
+    fusion family with `plain_reference` (`(model, tokenizer)` of `--plain-reference`) also that plain model's fast
+    loops, float32 and int8 (`PLAIN_ENGINES`), timed on the same chunks."""
     engines = {
         "generate()": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams, fast=False),
         "fast float32": lambda s: hf_layerfusion.translate(model, tokenizer, s, num_beams=num_beams),
@@ -259,6 +275,12 @@ def workload_engines(
         engines[int8_format_engine(code_bits)] = lambda s, c=copy: hf_layerfusion.translate(
             c, tokenizer, s, num_beams=num_beams, quantization="int8"
         )
+    for engine, quantization in ((PLAIN_ENGINES["fast float32"], None), (PLAIN_ENGINES["fast int8"], "int8")):
+        if plain_reference is not None:
+            plain, plain_tokenizer = plain_reference
+            engines[engine] = lambda s, q=quantization: hf_layerfusion.translate(
+                plain, plain_tokenizer, s, num_beams=num_beams, quantization=q
+            )
     if marian is not None:
         engines = {"MarianMTModel generate()": lambda s: hf_layerfusion.translate(
             marian, tokenizer, s, num_beams=num_beams, fast=False), **engines}
@@ -314,6 +336,32 @@ def alternate_on_chunks(engines: dict, sources: list[str]) -> tuple[dict, dict]:
     return seconds, translations
 
 
+def counted_flops(model, tokenizer, sources: list[str], num_beams: int) -> int:
+    """Floating-point operations of `generate()` translating each of `sources` alone (batch 1: each sentence decodes
+    to its own end, no padding and no finished rows computed), counted by torch's `FlopCounterMode` (matrix products;
+    element-wise operations are not counted): the work the model's own computation takes for these sentences, which
+    the fusion target compares with the plain model's."""
+    with FlopCounterMode(display=False) as counter:
+        for sentence in sources:
+            hf_layerfusion.translate(model, tokenizer, [sentence], num_beams=num_beams, fast=False)
+    return counter.get_total_flops()
+
+
+def load_plain_reference(args, tokenizers: dict) -> tuple | None:
+    """`(model, tokenizer)` of `--plain-reference`, checked to share the tokenizer of every fusion model of `--bleu`
+    (`tokenizers`: `{model_dir: tokenizer}`): the two translate the same token sequences. None without the option."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if args.plain_reference is None:
+        return None
+    tokenizer = AutoTokenizer.from_pretrained(args.plain_reference)
+    for model_dir, other in tokenizers.items():
+        if other.get_vocab() != tokenizer.get_vocab():
+            raise SystemExit(f"error: --plain-reference {args.plain_reference} and --bleu {model_dir} have different "
+                             "vocabularies: the plain reference must be trained with the fusion model's tokenizer")
+    return AutoModelForSeq2SeqLM.from_pretrained(args.plain_reference).eval(), tokenizer
+
+
 def measure_workload(args) -> list[dict]:
     """For each `--bleu` model, each `--threads` count and each search of `--bleu-beams`: the first
     `--bleu-sentences` test sentences (`workload_corpus`) translated by every engine of `workload_engines`, with
@@ -321,19 +369,30 @@ def measure_workload(args) -> list[dict]:
     fast loop's batch; `generate()` keeps computing it until its batch is done). The engines alternate on chunks of
     `WORKLOAD_CHUNK` sentences (order flipped every chunk), so a change of machine speed hits every engine alike;
     ratios are medians of the per-chunk ratios. Each engine first translates two sentences untimed (making the
-    int8 copy, first calls)."""
+    int8 copy, first calls).
+
+    With `--plain-reference`, each fusion model's rows also time that plain model's fast loops on the same chunks and
+    give `flops`: the counted FLOPs (`counted_flops`) of the fusion model and of the plain one on every
+    `--flops-every`-th sentence, per search, for the target "fast loop at or above 0.8x the plain fast loop times
+    the FLOPs ratio"."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_layerfusion.training.evaluation import corpus_bleu
 
     corpus, sources, references = workload_corpus(args)
+    tokenizers = {model_dir: AutoTokenizer.from_pretrained(model_dir) for model_dir in args.bleu}
+    plain_reference = load_plain_reference(args, tokenizers)
+    flops_sources = sources[:: args.flops_every]
+    plain_flops = {}  # num_beams -> the plain reference's counted FLOPs, counted once
     rows = []
     for model_dir in args.bleu:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = tokenizers[model_dir]
         plain = model.config.model_type == "plain_transformer"
+        versus_plain = plain_reference if not plain else None
         marian = hf_layerfusion.to_marian(model) if plain else None
         int8_copies = other_int8_formats(model, args.int8_formats)
+        flops_by_search = {}
         with tempfile.TemporaryDirectory() as work:
             translators = ctranslate2_engines(model, tokenizer, Path(work), args.threads) if plain else {}
             for threads in args.threads:
@@ -342,15 +401,27 @@ def measure_workload(args) -> list[dict]:
                     engines = workload_engines(
                         model, tokenizer, num_beams, marian,
                         {quantization: t for (quantization, count), t in translators.items() if count == threads},
-                        int8_copies,
+                        int8_copies, versus_plain,
                     )
                     seconds, translations = alternate_on_chunks(engines, sources)
-                    rows.append(dict(
+                    row = dict(
                         model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams,
                         threads=threads, corpus=corpus, sentences=len(sources), seconds=seconds,
                         bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
                         translations=translations,
-                    ))
+                    )
+                    if versus_plain is not None:
+                        if num_beams not in plain_flops:
+                            plain_flops[num_beams] = counted_flops(*versus_plain, flops_sources, num_beams)
+                        counted = flops_by_search.get(num_beams)
+                        if counted is None:  # the thread count changes no FLOPs: counted once per search
+                            counted = flops_by_search[num_beams] = counted_flops(
+                                model, tokenizer, flops_sources, num_beams
+                            )
+                        row["plain_reference"] = str(args.plain_reference)
+                        row["flops"] = {"model": counted, "plain reference": plain_flops[num_beams],
+                                        "sentences": len(flops_sources)}
+                    rows.append(row)
     return rows
 
 
@@ -395,6 +466,29 @@ def print_workload(row: dict) -> None:
         same = f"{identical[engine][0]}: {identical[engine][1]}/{row['sentences']}" if engine in identical else "–"
         own = f" {own} |" if versus_own else ""
         print(f"| {engine} | {sum(samples):.1f} | {versus} |{own} {row['bleu'][engine]:.2f} | {same} |")
+    if "flops" in row:
+        print(f"\nAgainst the plain fast loop of {row['plain_reference']} (issue 39: speed ratio / FLOPs ratio >= "
+              f"{TARGETS['fusion_workload_vs_plain']}):\n")
+        print("| fast loop | vs plain fast loop, same precision | FLOPs ratio (plain / model) | speed / FLOPs ratio |")
+        print("|---|---|---|---|")
+        for engine, (speed, flops_ratio, normalised) in fusion_versus_plain(row).items():
+            print(f"| {engine} | {speed[1]} | {flops_ratio:.3f} | {normalised:.2f} |")
+        flops = row["flops"]
+        print(f"\n(counted FLOPs of `generate()` on {flops['sentences']} of the sentences, one at a time: model "
+              f"{flops['model'] / 1e9:.2f} G, plain reference {flops['plain reference'] / 1e9:.2f} G)")
+
+
+def fusion_versus_plain(row: dict) -> dict:
+    """`{fast engine: ((ratio, cell) against the plain reference's fast loop of the same precision, FLOPs ratio
+    plain / model, ratio / FLOPs ratio)}` of a row measured with `--plain-reference`; the last is what the target
+    bounds. One function for the printed table, the targets and the README report."""
+    flops_ratio = row["flops"]["plain reference"] / row["flops"]["model"]
+    result = {}
+    for engine, plain_engine in PLAIN_ENGINES.items():
+        if engine in row["seconds"] and plain_engine in row["seconds"]:
+            speed = ratio_cell(row["seconds"], engine, plain_engine)
+            result[engine] = (speed, flops_ratio, speed[0] / flops_ratio)
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -479,6 +573,11 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
             if versus in row["seconds"]:
                 report(f"{fast_engine} / {versus} on {row['corpus']} ({row['model']}, {search}, {row['threads']} "
                        "thread(s))", ratio_cell(row["seconds"], fast_engine, versus)[0], TARGETS["workload_vs_ctranslate2"])
+        if "flops" in row:
+            for engine, (_, flops_ratio, normalised) in fusion_versus_plain(row).items():
+                report(f"{row['model_type']} {engine} / plain {engine} ÷ FLOPs ratio {flops_ratio:.3f} on "
+                       f"{row['corpus']} ({row['model']}, {search}, {row['threads']} thread(s))", normalised,
+                       TARGETS["fusion_workload_vs_plain"])
         if row["threads"] != args.threads[0]:
             continue  # the BLEU does not depend on the thread count
         fast = row["bleu"]["fast float32"]
@@ -529,6 +628,7 @@ def workload_record(args, command: str, revision: str, loadavg_start, rows: list
                 "seconds": row["seconds"], "bleu": row["bleu"],
                 "identical_to": {engine: {"engine": other, "sentences": count}
                                  for engine, (other, count) in identical_translations(row).items()},
+                **{key: row[key] for key in ("plain_reference", "flops") if key in row},
             }
             for row in rows
         ],
@@ -571,6 +671,11 @@ def parse_args(argv=None):
     parser.add_argument("--int8-formats", type=int, nargs="+", choices=[7, 8], default=[],
                         help="with --bleu, also the int8 loop in each of these formats (code bits), whatever this "
                              "CPU's default")
+    parser.add_argument("--plain-reference", type=Path, default=None,
+                        help="with --bleu: a trained plain Transformer (same tokenizer) whose fast loops are timed "
+                             "beside every fusion model's, with both models' counted FLOPs (issue 39's fusion target)")
+    parser.add_argument("--flops-every", type=int, default=5,
+                        help="with --plain-reference: count FLOPs on every N-th workload sentence (default 5)")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="with --bleu: also write the real workload's results to DIR/workload_<cpu>_<commit>.json "
                              "(for benchmarks/inference_workload_report.py, e.g. benchmarks/results/inference)")
@@ -591,6 +696,19 @@ def parse_args(argv=None):
         args.results_path = target
     elif args.overwrite_results:
         parser.error("--overwrite-results needs --results-dir")
+    if args.plain_reference is not None:
+        if not args.bleu:
+            parser.error("--plain-reference is timed beside the fusion models of --bleu MODEL_DIR: give some")
+        config = args.plain_reference / "config.json"
+        try:
+            model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        except (OSError, ValueError) as error:
+            parser.error(f"--plain-reference {args.plain_reference}: no readable config.json ({error})")
+        if model_type != "plain_transformer":
+            parser.error(f"--plain-reference {args.plain_reference} is a {model_type!r} model; it must be a "
+                         "plain_transformer")
+    if args.flops_every < 1:
+        parser.error(f"--flops-every takes a positive integer, got {args.flops_every}")
     for name in ("bleu_beams", "threads"):
         bad = [value for value in getattr(args, name) if value < 1]
         if bad:

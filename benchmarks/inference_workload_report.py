@@ -8,7 +8,9 @@ speed against CTranslate2 of the same precision (fast float32 against CTranslate
 against CTranslate2 int8) and the BLEU of each search; per other family, one row per engine against its own
 `generate()`. A speed ratio is the reference's time over the engine's, the median of the per-chunk ratios [min-max]
 (`bench_inference.ratio_cell`: the same numbers the run printed). Then the int8 BLEU cost (the fast float32 loop's
-BLEU minus each int8 loop's; goal <= 0.2) of every model, search and int8 engine of every file.
+BLEU minus each int8 loop's; goal <= 0.2) of every model, search and int8 engine of every file, and, for runs with
+`--plain-reference`, each fusion model's fast loops against the plain reference's divided by the counted FLOPs ratio
+(goal >= 0.8).
 
 A file that cannot be read as a result (cut short, a merge gone wrong, a field missing) stops the report with an
 error naming it: a report that silently left a run out would be wrong.
@@ -30,7 +32,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_inference and its bench_backbone
 
-from bench_inference import TARGETS, WORKLOAD_RESULTS_VERSION, ratio_cell, workload_reference  # noqa: E402
+from bench_inference import (  # noqa: E402
+    PLAIN_ENGINES,
+    TARGETS,
+    WORKLOAD_RESULTS_VERSION,
+    fusion_versus_plain,
+    ratio_cell,
+    workload_reference,
+)
 
 DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "inference"
 README = REPO_ROOT / "README.md"
@@ -74,6 +83,16 @@ def row_problem(row) -> str | None:
         return f"row {row['model']}: `bleu` does not give one number per engine of `seconds`"
     if not isinstance(row["num_beams"], int) or not isinstance(row["threads"], int):
         return f"row {row['model']}: `num_beams` and `threads` must be integers"
+    if "flops" in row:  # a fusion model measured with --plain-reference
+        flops = row["flops"]
+        if not isinstance(flops, dict) or not all(
+            isinstance(flops.get(key), Real) and flops[key] > 0 for key in ("model", "plain reference", "sentences")
+        ):
+            return f"row {row['model']}: `flops` does not give positive `model`, `plain reference` and `sentences`"
+        if not isinstance(row.get("plain_reference"), str):
+            return f"row {row['model']}: `flops` without the `plain_reference` it was counted against"
+        if not any(engine in seconds for engine in PLAIN_ENGINES.values()):
+            return f"row {row['model']}: `flops` without the plain reference's fast loops in `seconds`"
     return None
 
 
@@ -229,6 +248,30 @@ def int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
     return lines
 
 
+def fusion_table(results: list[tuple[Path, dict]]) -> list[str]:
+    """Each fusion model's fast loops against the plain reference's of the same precision (files of runs with
+    `--plain-reference`), with the counted FLOPs ratio and the target's ratio (`bench_inference.fusion_versus_plain`);
+    nothing where no file has such rows."""
+    bound = TARGETS["fusion_workload_vs_plain"]
+    lines = []
+    for path, record in results:
+        for row in (row for row in record["rows"] if "flops" in row):
+            for engine, (speed, flops_ratio, normalised) in fusion_versus_plain(row).items():
+                lines.append(f"| {record['cpu_model']} | {record['git_revision']} | `{row['model']}` "
+                             f"({row['model_type']}) | {search_label(row['num_beams'])} | {row['threads']} | "
+                             f"{engine} | {speed[1]} | {flops_ratio:.3f} | {normalised:.2f} | "
+                             f"{'met' if normalised >= bound else 'NOT met'} |")
+    if not lines:
+        return []
+    return [f"#### Fusion families against the plain fast loop (speed ratio / FLOPs ratio; goal >= {bound})", "",
+            "Each fusion model's fast loop against the fast loop of the same precision of the plain Transformer given "
+            "as `--plain-reference` (same tokenizer; timed on the same chunks), divided by the FLOPs ratio plain / "
+            "model: torch's `FlopCounterMode` over `generate()` translating every `--flops-every`-th sentence alone "
+            "(matrix products; each model decodes to its own end).", "",
+            "| CPU | git | model | search | threads | fast loop | vs plain fast loop | FLOPs ratio (plain / model) | "
+            "speed / FLOPs ratio | goal |", "|---|---|---|---|---|---|---|---|---|---|", *lines]
+
+
 def render(results_dir: Path = DEFAULT_RESULTS) -> str:
     """The README section (without its markers) from the files of `results_dir`."""
     results = read_results(results_dir)
@@ -248,6 +291,9 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
             if (record["cpu_model"], record["machine_type"]) == (cpu, machine):
                 lines += [""] + run_tables(path, record)
     lines += [""] + int8_cost_table(results)
+    fusion = fusion_table(results)
+    if fusion:
+        lines += [""] + fusion
     return "\n".join(lines) + "\n"
 
 

@@ -42,6 +42,15 @@ def step_blocks(engine) -> list[tuple[str, KernelResidualSublayer]]:
     ]
 
 
+def one_call_applies(engine) -> bool:
+    """Whether the copy's decoder layers run a step in one compiled call: every sub-layer's block has a bound step,
+    and the stack has no connection or one that changes the embeddings alone."""
+    connection = engine.get_decoder().connection
+    return (connection is None or connection.changes_only_embeddings()) and all(
+        block.decoding_step is not None for _, block in step_blocks(engine)
+    )
+
+
 def encoded_sources(engine, group: int):
     """The tiny sources' encoder outputs and attention mask, each row repeated `group` times (beams), as `generate()`
     hands them to the decoding loop."""
@@ -144,10 +153,7 @@ def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quanti
         for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):
             assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
         assert copied == [None] * tokens.shape[0]
-        one_call = engine.get_decoder().connection is None and all(
-            block.decoding_step is not None for _, block in step_blocks(engine)
-        )
-        if one_call and not getattr(engine.config, "mixed_attention", False):
+        if one_call_applies(engine) and not getattr(engine.config, "mixed_attention", False):
             # sentences 4, 0, 2, 3 of the five, then 3 and 0; the step outside the call gathered them
             assert memory_rows == [None, None, [4, 0, 2, 3], [4, 0, 2, 3], [3, 0], None, None], (case, memory_rows)
         else:
@@ -200,12 +206,14 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
     steps through `run_layers` and the blocks' own compiled steps: the same logits bit for bit at every step (beams
     sharing a sentence's cross-attention keys, a source prefix). It applies to stacks without a connection whose
     every decoder sub-layer has a bound step, at every step (the first one making the cross-attention keys and the
-    self-attention slots before its kernels), and there it replaces the blocks' calls and the Python path's."""
+    self-attention slots before its kernels), and there it replaces the blocks' calls and the Python path's. A
+    connection that changes the embeddings alone (layer-wise coordination's language embedding) runs before the
+    call; a family whose attention makes its first step otherwise (layer-wise coordination's source prefix, its
+    normalised layer-wise memory) runs that step through `run_layers`, and the next ones in the call."""
     model_type, overrides = CASES[case]
     engine = prepare_for_inference(tiny_model(model_type, d_model=32, **overrides), quantization)
-    applies = engine.get_decoder().connection is None and all(
-        block.decoding_step is not None for _, block in step_blocks(engine)
-    )
+    applies = one_call_applies(engine)
+    first_step_in_call = model_type != "layerwise_coordination"
     runs = []
     states = inference_copies.CompiledDecoderLayers.states
 
@@ -224,16 +232,18 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
         counting.calls.clear()
         in_one_call = decoder_logits(engine, group, tokens, inference_copies.compiled_decoder_layers)
         blocks_calls = sum(counting.calls[name] for name in ("self_attention_step", "cross_attention_step"))
-        assert runs == ([True] * tokens.shape[0] if applies else []), (case, runs)
-        # where it applies, every step runs in the one call (the first one included), and no block's kernel runs
+        expected_runs = [first_step_in_call] + [True] * (tokens.shape[0] - 1)
+        assert runs == (expected_runs if applies else []), (case, runs)
+        # where it applies, every step runs in the one call (the first one included, or made by the Python path,
+        # which runs no block's attention kernel), and no block's attention kernel runs
         assert (blocks_calls == 0) == applies, (case, counting.calls)
         through_blocks = decoder_logits(engine, group, tokens)
         for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):
             assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
-    # deep representations' and layer-wise coordination's stacks have a connection (the aggregation; the layer
-    # embeddings), which runs in Python between the layers
+    # deep representations' stack has a connection between its layers (the aggregation), which runs in Python
     expected_to_apply = {"gtrans", "plain_transformer", "plain_transformer pre-norm", "re_transformer",
-                         "re_transformer sff encoder, scf-sfc decoder", "rtal"}
+                         "re_transformer sff encoder, scf-sfc decoder", "rtal", "layerwise_coordination",
+                         "layerwise_coordination pre-norm", "layerwise_coordination without mixed attention"}
     assert applies == (case in expected_to_apply), (case, applies)
 
 

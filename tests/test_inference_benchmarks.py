@@ -4,6 +4,7 @@ run): `profile_workload.py` (its phases add up to the whole, and it puts every f
 BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload`,
 `bench_layers_in_one_call.py` and `bench_ctranslate2_shapes.py`."""
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -83,6 +84,61 @@ def test_bench_inference_adds_the_other_int8_format_with_its_product_and_bleu_co
     assert f"| {engine} |" in output
     assert output.count("| fast int8") == 2  # the default format once ("fast int8"), the other format once
     assert re.search(rf"- {re.escape(engine)} BLEU cost on Multi30k test .* <= 0.2 BLEU: ", output)
+
+
+def test_bench_inference_times_a_fusion_model_beside_the_plain_reference_with_both_flops(saved_models, tmp_path,
+                                                                                          capsys, monkeypatch):
+    """`--plain-reference`: the plain model's fast loops timed on the fusion model's chunks, both models' FLOPs counted
+    on every `--flops-every`-th sentence (here compared with `FlopCounterMode` over `generate()` written out), the
+    target line, and the numbers in the results file; a plain reference that is not a plain Transformer, or has
+    another vocabulary, is refused before anything is timed."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from hf_layerfusion import translate
+    from transformers import AutoModelForSeq2SeqLM
+
+    directories, data = saved_models
+    argv = ["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--flops-every", "2", "--data", str(data),
+            "--plain-reference", str(directories["plain_transformer"]), "--bleu", str(directories["gtrans"]),
+            "--results-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["bench_inference.py", *argv])
+    bench_inference.main(argv)
+    output = capsys.readouterr().out
+    assert "| plain fast float32 |" in output and "| plain fast int8 |" in output
+    assert re.search(r"- gtrans fast float32 / plain fast float32 ÷ FLOPs ratio [0-9.]+ on Multi30k test .* >= 0.8x: ",
+                     output)
+    (path,) = tmp_path.iterdir()
+    (stored,) = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    assert stored["plain_reference"] == str(directories["plain_transformer"])
+    expected = {}
+    for name, model_type in (("model", "gtrans"), ("plain reference", "plain_transformer")):
+        model = AutoModelForSeq2SeqLM.from_pretrained(directories[model_type]).eval()
+        with FlopCounterMode(display=False) as counter:
+            for sentence in SENTENCES[::2]:
+                translate(model, tiny_tokenizer(), [sentence], num_beams=1, fast=False)
+        expected[name] = counter.get_total_flops()
+    assert stored["flops"] == {**expected, "sentences": 3} and min(expected.values()) > 0
+    assert set(stored["seconds"]) == {"generate()", "fast float32", "fast int8", "plain fast float32",
+                                      "plain fast int8"}
+
+    def fail_if_measured(args):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(bench_inference, "measure_workload", fail_if_measured)
+    with pytest.raises(SystemExit):
+        bench_inference.main(["--speed", "none", "--plain-reference", str(directories["gtrans"]), "--bleu",
+                              str(directories["gtrans"])])
+    assert "is a 'gtrans' model; it must be a plain_transformer" in capsys.readouterr().err
+    monkeypatch.undo()
+    other_vocabulary = tmp_path / "other_vocabulary"
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["zzz"])
+    AutoModelForSeq2SeqLM.from_pretrained(directories["plain_transformer"]).save_pretrained(other_vocabulary)
+    tokenizer.save_pretrained(other_vocabulary)
+    with pytest.raises(SystemExit, match="different vocabularies"):
+        bench_inference.measure_workload(bench_inference.parse_args(
+            ["--speed", "none", "--data", str(data), "--plain-reference", str(other_vocabulary), "--bleu",
+             str(directories["gtrans"])]))
 
 
 def test_the_quickstart_corpus_is_the_quickstarts_test_split():

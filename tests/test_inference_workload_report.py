@@ -108,6 +108,8 @@ def parse_tables(section: str) -> dict:
             run = line.split("`")[1]
         elif line.startswith("#### int8 BLEU cost"):
             run, model = None, "int8"
+        elif line.startswith("#### Fusion families against the plain fast loop"):
+            run, model = None, "fusion"
         elif line.startswith("`") and not line.startswith("| "):
             model = line.split("`")[1]
         elif line.startswith("|") and not line.startswith("|---"):
@@ -222,6 +224,49 @@ def test_a_broken_file_stops_the_report_naming_it(tmp_path, damage, capsys):
     with pytest.raises(SystemExit) as exit_info:
         report.main(["--results-dir", str(tmp_path)])
     assert name in str(exit_info.value.code)
+
+
+# a fusion model measured with --plain-reference: its fast loops beside the plain model's, and both counted FLOPs
+RTAL_SECONDS = {"generate()": [9.0, 8.0, 10.0], "fast float32": [3.0, 2.5, 4.0], "fast int8": [2.0, 1.8, 2.4],
+                "plain fast float32": [2.4, 2.4, 2.8], "plain fast int8": [1.0, 1.2, 1.3]}
+RTAL_FLOPS = {"model": 4.0e9, "plain reference": 3.2e9, "sentences": 200}
+
+
+def test_fusion_rows_against_the_plain_fast_loop_divided_by_the_flops_ratio(tmp_path):
+    """A fusion model's speed against the plain reference's fast loop of the same precision (median of per-chunk
+    ratios, computed here), divided by the FLOPs ratio plain / model, with the goal >= 0.8; no such table without
+    `flops` rows; a row with `flops` but no plain seconds, or broken counts, stops the report naming the file."""
+    write_results(tmp_path)
+    assert not any(key[1] == "fusion" for key in parse_tables(report.render(tmp_path)))
+    rtal = row("runs/rtal", "rtal", 1, 1, RTAL_SECONDS, {engine: 30.0 for engine in RTAL_SECONDS})
+    rtal |= {"flops": RTAL_FLOPS, "plain_reference": "runs/plain"}
+    name = "workload_intel-xeon_fff0000.json"
+    content = record("Intel Xeon", "x86_64 avx512f", "fff0000", [1], [rtal])
+    (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    table = parse_tables(report.render(tmp_path))[None, "fusion"]
+    cells = {row_cells[5]: dict(zip(table["header"], row_cells)) for group in table["rows"].values()
+             for row_cells in group}
+    assert sorted(cells) == ["fast float32", "fast int8"]
+    flops_ratio = 3.2 / 4.0
+    for engine, plain_engine in (("fast float32", "plain fast float32"), ("fast int8", "plain fast int8")):
+        ratios = [plain / own for plain, own in zip(RTAL_SECONDS[plain_engine], RTAL_SECONDS[engine])]
+        normalised = statistics.median(ratios) / flops_ratio
+        assert cells[engine]["vs plain fast loop"] == expected_cell(RTAL_SECONDS, engine, plain_engine)
+        assert cells[engine]["FLOPs ratio (plain / model)"] == f"{flops_ratio:.3f}"
+        assert cells[engine]["speed / FLOPs ratio"] == f"{normalised:.2f}"
+        assert cells[engine]["goal"] == ("met" if normalised >= 0.8 else "NOT met")
+    # float32: median(0.8, 0.96, 0.7) = 0.8 / 0.8 = 1.00, met; int8: median(0.5, 0.67, 0.54) = 0.54 / 0.8 = 0.68
+    assert (cells["fast float32"]["goal"], cells["fast int8"]["goal"]) == ("met", "NOT met")
+    for damage in ("no plain seconds", "zero flops"):
+        broken = json.loads(json.dumps(content))
+        if damage == "no plain seconds":
+            for engine in ("plain fast float32", "plain fast int8"):
+                del broken["rows"][0]["seconds"][engine], broken["rows"][0]["bleu"][engine]
+        else:
+            broken["rows"][0]["flops"]["model"] = 0
+        (tmp_path / name).write_text(json.dumps(broken), encoding="utf-8")
+        with pytest.raises(report.UnreadableResult, match=name):
+            report.render(tmp_path)
 
 
 def test_no_results_and_a_missing_folder(tmp_path):

@@ -21,7 +21,7 @@ import helpers
 from hf_layerfusion.inference import encoding, prepare_for_inference
 from hf_layerfusion.modeling.attention import CrossAttention, MultiHeadAttention
 from hf_layerfusion.modeling.configuration import LayerFusionConfig
-from hf_layerfusion.modeling.extension_points import FeedForwardSublayer, FusionParameters, Sublayer
+from hf_layerfusion.modeling.extension_points import Connection, FeedForwardSublayer, FusionParameters, Sublayer
 from hf_layerfusion.modeling.layers import FeedForward
 from hf_layerfusion.modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
 from hf_layerfusion.modeling.registry import FAMILIES, register_family
@@ -170,6 +170,29 @@ def test_a_declaration_is_the_classs_own_and_checked_where_it_is_made():
     with pytest.raises(TypeError, match=r"decoding_step='ffn' .* may declare none"):
 
         class NoExtensionPoint(Sublayer, decoding_step="ffn"):
+            pass
+
+
+def test_a_connection_changes_only_the_embeddings_where_its_own_class_declares_it():
+    """`changes_only_embeddings()` is what the connection's own class declares (`changes_only_embeddings=True`):
+    layer-wise coordination's language embedding does, deep representations' aggregations do not, a subclass that
+    does not repeat it does not (it may connect the layers too), and anything but a bool is refused when the class is
+    defined."""
+    from hf_layerfusion.models.deep_representations import DenseConnection
+    from hf_layerfusion.models.layerwise_coordination import LanguageEmbedding, LayerwiseCoordinationConfig
+
+    language_embedding = LanguageEmbedding(LayerwiseCoordinationConfig(**helpers.TINY_BACKBONE))
+    assert language_embedding.changes_only_embeddings() is True
+    assert DenseConnection().changes_only_embeddings() is False
+
+    class AddsToEveryLayer(LanguageEmbedding):
+        def forward(self, layer_idx, output, states):
+            return output + self.language_embedding.weight[0]
+
+    assert AddsToEveryLayer(LayerwiseCoordinationConfig(**helpers.TINY_BACKBONE)).changes_only_embeddings() is False
+    with pytest.raises(TypeError, match=r"WrongFlag: changes_only_embeddings must be True or False, got 'yes'"):
+
+        class WrongFlag(Connection, changes_only_embeddings="yes"):
             pass
 
 

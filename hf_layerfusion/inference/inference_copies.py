@@ -336,23 +336,36 @@ class KernelResidualSublayer(ResidualSublayer):
         return super().exit(residual, sublayer_output)
 
 
+# what the first step of each decoding step form computes before its kernels, where the sub-layer's forward is the
+# backbone's: an empty self-attention slot ("self"), the memory's keys/values through `project_keys_values` ("memory");
+# `CompiledDecoderLayers.open_first_step` makes exactly that. A family's own forward may make its first step otherwise
+# (layer-wise coordination's mixed attention keeps the source keys as the slot's prefix, its layer-wise
+# cross-attention normalises the memory first): that step then runs through `run_layers`, the next ones in one call.
+BACKBONE_FIRST_STEPS = {"self": MultiHeadAttention.forward, "memory": CrossAttention.forward}
+
+
 class CompiledDecoderLayers:
     """The decoder layers of an inference copy at each step of the fast decoding loop as one compiled call
     (`DecoderLayerSteps`, kernels/decoding_step.cpp), for stacks whose every sub-layer runs its bound decoding step
-    (`KernelResidualSublayer.bind_decoding_step`) and that connect their layers plainly (no `Connection`): the kernel
-    calls that `run_layers` makes through the blocks' `run_decoding_step`, in the same order on the same tensors, so
-    the same numbers bit for bit, without the Python of the layer and block modules between them
-    (`compiled_decoder_layers` builds it; `DecoderSteps.logits` calls `states`).
+    (`KernelResidualSublayer.bind_decoding_step`) and that connect their layers plainly (no `Connection`, or one that
+    changes the embeddings alone, `connection`, applied before the call): the kernel calls that `run_layers` makes
+    through the blocks' `run_decoding_step`, in the same order on the same tensors, so the same numbers bit for bit,
+    without the Python of the layer and block modules between them (`compiled_decoder_layers` builds it;
+    `DecoderSteps.logits` calls `states`).
 
     `self_attentions` are the stack's self-attention slots `(slot, heads, head_dim)`, `cross_attentions` its
-    cross-attention sub-layers `(slot, module, layer position)`: before the first step `states` makes what the Python
-    path's first step would (`open_first_step`), so that every step runs in the one call."""
+    cross-attention sub-layers `(slot, module, layer position)`: where every attention's first step is the backbone's
+    (`opens_first_step`, see `BACKBONE_FIRST_STEPS`), `states` makes before the first step what the Python path's
+    first step would (`open_first_step`), so that every step runs in the one call; elsewhere the first step runs
+    through `run_layers` and the one call takes over from the second."""
 
     def __init__(self, kernel_steps, self_attentions: list[tuple[int, int, int]],
-                 cross_attentions: list[tuple[int, MultiHeadAttention, int]], layers: nn.ModuleList):
+                 cross_attentions: list[tuple[int, MultiHeadAttention, int]], layers: nn.ModuleList,
+                 connection: nn.Module | None = None, opens_first_step: bool = True):
         self.kernel_steps = kernel_steps
         self.self_attentions, self.cross_attentions = self_attentions, cross_attentions
         self.layers = tuple(layers)
+        self.connection, self.opens_first_step = connection, opens_first_step
         # whether every attention module of the layers takes a sentence's beams as query positions over one key row
         # (`DecoderSteps`' key groups), found once here rather than by a walk over the modules at every call
         self.accepts_key_groups = all(
@@ -378,6 +391,8 @@ class CompiledDecoderLayers:
             return None
         slots = cache.self_attention_cache.slots
         if not slots and not cache.is_updated:
+            if not self.opens_first_step:
+                return None
             self.open_first_step(embeddings, cache, memory_for_layer)
         if len(slots) != len(self.self_attentions) or not all(
             cache.is_updated.get(slot, False) for slot, _, _ in self.cross_attentions
@@ -386,6 +401,8 @@ class CompiledDecoderLayers:
         slots = [slots[slot] for slot, _, _ in self.self_attentions]
         if any(slot.length >= slot.keys.shape[1] for slot in slots):
             return None
+        if self.connection is not None:
+            embeddings = self.connection(0, embeddings, [])  # s_0, as `run_layers` connects it
         cross = [cache.cross_attention_cache.layers[slot] for slot, _, _ in self.cross_attentions]
         outputs = self.kernel_steps(
             embeddings,
@@ -411,10 +428,12 @@ _compiled_layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def compiled_decoder_layers(decoder, layers) -> CompiledDecoderLayers | None:
     """`CompiledDecoderLayers` for `layers` of `decoder` (an inference copy's), or None where the kernels are not
-    built, the stack connects its layers (`connection`), a layer is not a plain `TransformerLayer`, or a sub-layer's
-    block has no bound decoding step: those steps run through `run_layers`. Made once per decoder and layers."""
+    built, the stack connects its layers (a `connection` that changes more than the embeddings), a layer is not a
+    plain `TransformerLayer`, or a sub-layer's block has no bound decoding step: those steps run through
+    `run_layers`. Made once per decoder and layers."""
     kernels = compiled_kernels()
-    if kernels is None or decoder.connection is not None or decoder.training:
+    connection = decoder.connection
+    if kernels is None or decoder.training or not (connection is None or connection.changes_only_embeddings()):
         return None
     cached = _compiled_layers.get(decoder, {}).get(len(layers))
     if cached is not None and all(kept is layer for kept, layer in zip(cached.layers, layers)):
@@ -429,6 +448,7 @@ def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | 
     """`compiled_decoder_layers` without its cache."""
     kernel_steps = kernels.DecoderLayerSteps()
     self_attentions, cross_attentions = {}, {}
+    opens_first_step = True
     for position, layer in enumerate(layers):
         if type(layer) is not TransformerLayer:
             return None
@@ -437,6 +457,8 @@ def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | 
             if not isinstance(block, KernelResidualSublayer) or block.decoding_step is None:
                 return None
             form, arguments, layer_idx, scaling = block.decoding_step
+            if form in BACKBONE_FIRST_STEPS and type(sublayer).forward is not BACKBONE_FIRST_STEPS[form]:
+                opens_first_step = False
             if form == "feed_forward":
                 kernel_steps.add_feed_forward(*arguments)
             elif form == "self":
@@ -452,7 +474,8 @@ def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | 
     ):
         return None  # the slots of a shortened stack (`num_layers_needed`) are its first ones; anything else runs in Python
     return CompiledDecoderLayers(kernel_steps, [self_attentions[i] for i in range(len(self_attentions))],
-                                 [cross_attentions[i] for i in range(len(cross_attentions))], layers)
+                                 [cross_attentions[i] for i in range(len(cross_attentions))], layers,
+                                 decoder.connection, opens_first_step)
 
 
 def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):

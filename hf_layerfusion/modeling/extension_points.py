@@ -24,6 +24,9 @@ kernels instead is declared here, each with a default that runs the family's Pyt
 - a sub-layer's decoding step: the class keyword `decoding_step=` of a `Sublayer` (one of `DECODING_STEP_FORMS`),
   read through `Sublayer.decoding_step()`. It is the class's own declaration, never inherited: a subclass that does
   not declare one runs its Python forward at decoding steps too (it may compute something else than its parent);
+- a connection that changes the embeddings alone: the class keyword `changes_only_embeddings=True` of a
+  `Connection`, read through `Connection.changes_only_embeddings()` (never inherited either); a stack with another
+  connection runs a step's layers one by one, the connection between them;
 - the output head's projection and group mixture: `LayerFusionForConditionalGeneration.project` (h W_o + b) and
   `mix_output_groups` (`probability_mixture` of several output groups' distributions, GTrans' Eq. 5), which read
   what an inference copy hands them through `LayerFusionForConditionalGeneration.set_output_kernels` (None by
@@ -146,7 +149,28 @@ DECODING_STEP_FORMS: dict[str, type[Sublayer]] = {
 
 # --------------------------------------------------------------------------------------------------- connections
 class Connection(nn.Module):
-    """What layer l+1 of a stack receives: the state s_l."""
+    """What layer l+1 of a stack receives: the state s_l.
+
+    A class whose s_l is layer l's output unchanged for every l >= 1 (it changes the embeddings alone, l = 0)
+    declares it with the class keyword `changes_only_embeddings=True`, e.g. layer-wise coordination's language
+    embedding; the inference copies then run a decoding step's layers as one compiled call, the connection applied to
+    the embeddings before it. Like a sub-layer's decoding step the declaration belongs to the class that makes it (a
+    subclass may connect its layers otherwise): without one, every step's layers run through `run_layers`, the
+    connection called between them, which is always correct."""
+
+    _declared_changes_only_embeddings: ClassVar[bool] = False
+
+    def __init_subclass__(cls, changes_only_embeddings: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not isinstance(changes_only_embeddings, bool):
+            raise TypeError(
+                f"{cls.__name__}: changes_only_embeddings must be True or False, got {changes_only_embeddings!r}."
+            )
+        cls._declared_changes_only_embeddings = changes_only_embeddings  # set on every class: never inherited
+
+    def changes_only_embeddings(self) -> bool:
+        """Whether this connection's own class declares that it changes s_0 (the embeddings) alone."""
+        return type(self)._declared_changes_only_embeddings
 
     def forward(self, layer_idx: int, output: torch.Tensor, states: Sequence[torch.Tensor]) -> torch.Tensor:
         """s_l from layer l's output and the states `[s_0 .. s_{l-1}]` below it; l = 0 is the embedding output

@@ -277,10 +277,11 @@ class LayerwiseMemoryReadout(TopLayerReadout):
         return torch.stack(states[:-1], dim=1)
 
 
-class LanguageEmbedding(Connection):
+class LanguageEmbedding(Connection, changes_only_embeddings=True):
     """The connection at l = 0: adds the learned source (encoder) or target (decoder) embedding to every position
     (Sec. 3, "Source/Target Embedding"); position-wise, so KV caching is unaffected. Initialised like the token
-    embeddings (an `nn.Embedding` with one row)."""
+    embeddings (an `nn.Embedding` with one row). It changes s_0 alone (`changes_only_embeddings`): the fast path runs
+    a decoding step's layers in one compiled call after it."""
 
     def __init__(self, config: LayerwiseCoordinationConfig):
         super().__init__()
