@@ -214,7 +214,8 @@ def run_tables(path: Path, record: dict) -> list[str]:
         f"Run `{path.name}` on the {record['cpu_model']}, git {record['git_revision']}: `{record['command']}`",
         f"(torch {versions.get('torch')}, transformers {versions.get('transformers')}, hf_layerfusion "
         f"{versions.get('hf_layerfusion')}, Python {versions.get('python')}; compiled kernels: {record['kernels']}; "
-        f"load average at start {tuple(record['loadavg_start'])}, at end {tuple(record['loadavg_end'])}).",
+        f"OMP_WAIT_POLICY={record.get('omp_wait_policy')}; load average at start {tuple(record['loadavg_start'])}, "
+        f"at end {tuple(record['loadavg_end'])}).",
     ]
     for model in unique(row["model"] for row in record["rows"]):
         rows = [row for row in record["rows"] if row["model"] == model]

@@ -176,6 +176,8 @@ def test_rendered_ratios_are_the_medians_of_per_chunk_ratios(tmp_path):
     assert section.count("#### AMD EPYC 7B12") == 1 and section.count("#### Intel(R) Xeon(R) Processor") == 1
     assert "`x86_64 amx_tile avx avx2 avx512f fma`" in section
     assert "git def5678+uncommitted changes: `python benchmarks/bench_inference.py --speed none --threads 1 " in section
+    # the OpenMP wait policy of each run (passive waits make every engine slower at two threads)
+    assert section.count("; OMP_WAIT_POLICY=PASSIVE; load average at start") == 2
 
 
 def test_int8_bleu_cost_of_every_file_model_search_and_int8_engine(tmp_path):
