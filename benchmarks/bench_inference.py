@@ -277,9 +277,9 @@ def workload_engines(
         engines[int8_format_engine(code_bits)] = lambda s, c=copy: hf_layerfusion.translate(
             c, tokenizer, s, num_beams=num_beams, quantization="int8"
         )
-    for engine, quantization in ((PLAIN_ENGINES["fast float32"], None), (PLAIN_ENGINES["fast int8"], "int8")):
-        if plain_reference is not None:
-            plain, plain_tokenizer = plain_reference
+    if plain_reference is not None:
+        plain, plain_tokenizer = plain_reference
+        for engine, quantization in ((PLAIN_ENGINES["fast float32"], None), (PLAIN_ENGINES["fast int8"], "int8")):
             engines[engine] = lambda s, q=quantization: hf_layerfusion.translate(
                 plain, plain_tokenizer, s, num_beams=num_beams, quantization=q
             )

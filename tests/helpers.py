@@ -756,3 +756,15 @@ def without_package_preamble() -> str:
         "try:\n    import hf_layerfusion\nexcept ModuleNotFoundError:\n    pass\n"
         "else:\n    raise SystemExit('hf_layerfusion is importable in the process without the package')\n"
     )
+
+
+def one_call_applies(engine) -> bool:
+    """Whether an inference copy's decoder layers run a step in one compiled call: every decoder sub-layer's block
+    has a bound decoding step, and the stack has no connection or one that changes the embeddings alone."""
+    from hf_layerfusion.inference.inference_copies import KernelResidualSublayer
+
+    connection = engine.get_decoder().connection
+    blocks = [module for module in engine.get_decoder().modules() if isinstance(module, KernelResidualSublayer)]
+    return (connection is None or connection.changes_only_embeddings()) and all(
+        block.decoding_step is not None for block in blocks
+    )

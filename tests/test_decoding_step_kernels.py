@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from helpers import CountingKernels, tiny_model, tiny_sources
+from helpers import CountingKernels, one_call_applies, tiny_model, tiny_sources
 
 import hf_layerfusion
 from hf_layerfusion.inference import inference_copies, prepare_for_inference
@@ -40,15 +40,6 @@ def step_blocks(engine) -> list[tuple[str, KernelResidualSublayer]]:
         for layer in engine.model.decoder.modules() if isinstance(layer, TransformerLayer)
         for _, name in layer.sublayers
     ]
-
-
-def one_call_applies(engine) -> bool:
-    """Whether the copy's decoder layers run a step in one compiled call: every sub-layer's block has a bound step,
-    and the stack has no connection or one that changes the embeddings alone."""
-    connection = engine.get_decoder().connection
-    return (connection is None or connection.changes_only_embeddings()) and all(
-        block.decoding_step is not None for _, block in step_blocks(engine)
-    )
 
 
 def encoded_sources(engine, group: int):

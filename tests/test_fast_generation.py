@@ -5,7 +5,7 @@ operations) and on its float32 inference copy (the compiled kernels); rows leavi
 
 import pytest
 import torch
-from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, tiny_model, tiny_sources
+from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, one_call_applies, tiny_model, tiny_sources
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -343,11 +343,7 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
         steps = sum(counting.calls[name] for name in ("self_attention_step", "cross_attention_step", "feed_forward_step",
                                                       "DecoderLayerSteps"))
         assert steps >= 8 and counting.calls["Float32Linear"] >= 8, counting.calls
-        blocks = [m for m in engine.model.decoder.modules() if isinstance(m, inference_copies.KernelResidualSublayer)]
-        connection = engine.model.decoder.connection
-        compiled = (connection is None or connection.changes_only_embeddings()) and all(
-            block.decoding_step is not None for block in blocks
-        )
+        compiled = one_call_applies(engine)
         if compiled:  # every step, or every step after the first (layer-wise coordination's source prefix)
             first_step_in_call = model_type != "layerwise_coordination"
             assert counting.calls["DecoderLayerSteps"] >= 7 + first_step_in_call, counting.calls
