@@ -52,13 +52,18 @@ def brute_force_int8_linear(
 NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's float32-block product
 
 
+AMX_MINIMUM_ROWS = 8  # the kernel's kAmxMinimumRows: fewer rows run VNNI's product on the AMX layout
+
+
 def expected_product(code_bits: int) -> str:
-    """The product the kernel must run `code_bits` layers with on this CPU: AMX takes either format; AVX-512 VNNI
-    (without AMX) 8-bit codes; AVX2 (without AMX) 7-bit codes; anything else runs the float32 block products."""
+    """The product the kernel must run `code_bits` layers with on this CPU: AMX takes either format (with VNNI, its
+    products of fewer than `AMX_MINIMUM_ROWS` rows run VNNI's kernels on the same weights); AVX-512 VNNI (without
+    AMX) 8-bit codes; AVX2 (without AMX) 7-bit codes; anything else runs the float32 block products."""
     flags = cpu_flags()
+    vnni = {"avx512_vnni", "avx512bw"} <= flags
     if {"amx_tile", "amx_int8"} <= flags:
-        return "AMX"
-    if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
+        return f"AMX (AVX-512 VNNI below {AMX_MINIMUM_ROWS} rows)" if vnni else "AMX"
+    if vnni and code_bits == 8:
         return "AVX-512 VNNI"
     return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
 
@@ -79,7 +84,8 @@ def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels):
         assert f"code_bits={code_bits}" in repr(layer)
 
 
-# odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows
+# odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows; on a
+# CPU with AMX and VNNI, rows on both sides of `AMX_MINIMUM_ROWS` (1, 5, 6, 7 run VNNI's kernels on the AMX layout)
 CASES = [
     ((3, 5, 20), 13, True),
     ((32, 256), 300, True),
@@ -118,6 +124,28 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(
     assert torch.equal(layer(inputs), compiled)
     if relu:  # the folded ReLU is the layer followed by torch's ReLU, bit for bit
         assert torch.equal(compiled, torch.relu(Int8Linear(weight, bias, code_bits=code_bits)(inputs)))
+
+
+@pytest.mark.parametrize("code_bits", [7, 8])
+@pytest.mark.parametrize("shape, out_features, with_bias", CASES)
+def test_amx_weights_give_the_same_numbers_on_tiles_and_on_vnni_at_every_size(
+    kernels, shape, out_features, with_bias, code_bits
+):
+    """On a CPU with AMX and VNNI one packed layout serves both products: tiles from `amx_minimum_rows` rows, VNNI's
+    kernels below. Forced each way at every size (0: tiles always; a huge minimum: VNNI always), both give the
+    reference's numbers; elsewhere the argument changes nothing."""
+    assert kernels.AMX_MINIMUM_ROWS == AMX_MINIMUM_ROWS
+    generator = torch.Generator().manual_seed(3 * sum(shape) + out_features)
+    inputs = torch.randn(*shape, generator=generator) * 4
+    inputs[1::2] = inputs[1::2].relu()
+    layer = Int8Linear(torch.randn(out_features, shape[-1], generator=generator),
+                       torch.randn(out_features, generator=generator) if with_bias else None, code_bits=code_bits)
+    codes = (layer.weight_t, layer.packed_weights, layer.column_sums, layer.weight_scale, layer.bias, False, code_bits)
+    reference = int8_linear_reference(inputs, *codes[:1], *codes[2:])
+    for minimum in (0, 10**9, AMX_MINIMUM_ROWS):
+        assert torch.equal(kernels.int8_linear(inputs, *codes, amx_minimum_rows=minimum), reference), minimum
+    with pytest.raises(RuntimeError, match="amx_minimum_rows must be >= 0, got -1"):
+        kernels.int8_linear(inputs, *codes, amx_minimum_rows=-1)
 
 
 @pytest.mark.parametrize("code_bits", [7, 8])

@@ -35,7 +35,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear,
         "Per-row asymmetric quantization to code_bits codes, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
-        pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"));
+        pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"),
+        pybind11::arg("amx_minimum_rows") = kAmxMinimumRows);
+  m.attr("AMX_MINIMUM_ROWS") = kAmxMinimumRows;
   m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
   m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),

@@ -2,11 +2,13 @@
 // quantized with its own scale and zero point (asymmetric: the row's range [min(x, 0), max(x, 0)] onto the codes of
 // the format), multiplied with the int8 weights in exact int32 arithmetic, and dequantized with the bias in float.
 // Two formats (`code_bits`): 8 bits (activation codes [-128, 127], weights [-127, 127]) and 7 bits (activation codes
-// [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format), else with
-// AVX-512 VNNI's `vpdpbusd` (unsigned x signed bytes, four products summed into each int32 lane, exactly) in the 8-bit
-// format only (the weights stored as unsigned ones, weight + 128, whose 128 x each row's code sum is taken back:
-// `vnni_rows_times_panels`), else, on AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs
-// summed in 16 bits) in the 7-bit format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
+// [0, 127], weights [-63, 63]). The product runs on the CPU's AMX tiles where it has them (either format; below
+// `amx_minimum_rows` rows, where a tile of 16 rows would compute mostly padding, with VNNI on the same weights),
+// else with AVX-512 VNNI's `vpdpbusd` (unsigned x signed bytes, four products summed into each int32 lane, exactly) in
+// the 8-bit format only (the weights stored as unsigned ones, weight + 128, whose 128 x each row's code sum is taken
+// back: `vnni_rows_times_panels`; the AMX tiles read the same layout with `tdpbsud`, signed x unsigned), else, on
+// AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
+// format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
 // widening (`avx2_row_times_panels`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
 // product needs there) per cycle, no more multiply-adds than float32's two FMAs (an AMD Zen 2: measured by
@@ -157,22 +159,27 @@ HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restri
 
 // rows [begin, end): out (M, N) = float(sums - zero * column_sums) * (row_scale * weight_scale) + bias, then
 // max(out, 0) with `relu`, with sums at stride sums_stride; `out` may be `sums` itself (same stride): each element is
-// read before it is overwritten
+// read before it is overwritten. With `code_sums` (the AMX product's sums, of weights + 128) 128 x the row's code sum
+// is taken from its sums first, in wrapping arithmetic (those sums may pass 2^31, the exact ones do not).
 HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride, float* out,
                                        const float* __restrict row_scale, const int32_t* __restrict row_zero,
-                                       const int32_t* __restrict column_sums, const float* __restrict weight_scale,
-                                       const float* __restrict bias, bool relu, int64_t begin, int64_t end,
-                                       int64_t N) {
+                                       const int32_t* __restrict code_sums, const int32_t* __restrict column_sums,
+                                       const float* __restrict weight_scale, const float* __restrict bias, bool relu,
+                                       int64_t begin, int64_t end, int64_t N) {
   for (int64_t m = begin; m < end; ++m) {
     const float r = row_scale[m];
     const int32_t z = row_zero[m];
+    const uint32_t offset = code_sums != nullptr ? static_cast<uint32_t>(code_sums[m]) << 7 : 0u;
     const int32_t* srow = sums + m * sums_stride;
     float* orow = out + m * N;
     if (bias != nullptr)
       for (int64_t n = 0; n < N; ++n)
-        orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
+        orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
+                                     z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
     else
-      for (int64_t n = 0; n < N; ++n) orow[n] = static_cast<float>(srow[n] - z * column_sums[n]) * (r * weight_scale[n]);
+      for (int64_t n = 0; n < N; ++n)
+        orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
+                                     z * column_sums[n]) * (r * weight_scale[n]);
     if (relu)  // max(x, 0) as torch's clamp_min: NaN and -0 pass through
       for (int64_t n = 0; n < N; ++n) orow[n] = orow[n] < 0.f ? 0.f : orow[n];
   }
@@ -199,9 +206,12 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {0};
 };
 
-// sums (Mp, Np) int32 = q (Mp, Kp) x the packed weights, for column blocks [block_begin, block_end) of 64 columns:
-// tiles 0-3 accumulate 64 columns of 16 rows, tile 4 holds the input rows, tile 5 one weight tile at a time
-__attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t* q, const int8_t* tiles,
+// sums (Mp, Np) int32 = q (Mp, Kp) x the packed weights (VNNI panels: weight + 128, `pack_int8_weights`; each 64-deep
+// block of a panel is one tile), for column blocks [block_begin, block_end) of 64 columns: `tdpbsud` multiplies the
+// signed codes by the unsigned weights, so each row's sums exceed the exact ones by 128 x its code sum (taken back by
+// `dequantize_rows`). Tiles 0-3 accumulate 64 columns of 16 rows, tile 4 holds the input rows, tile 5 one weight tile
+// at a time.
+__attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t* q, const int8_t* panels,
                                                                      int32_t* sums, int64_t Mp, int64_t Kp,
                                                                      int64_t Np, int64_t block_begin,
                                                                      int64_t block_end) {
@@ -213,7 +223,7 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t
   _tile_loadconfig(&config);  // per thread
   const int64_t depth_blocks = Kp / kTileDepth;
   for (int64_t block = block_begin; block < block_end; ++block) {
-    const int8_t* weights = tiles + block * 4 * depth_blocks * kTileBytes;
+    const int8_t* weights = panels + block * 4 * depth_blocks * kTileBytes;
     for (int64_t m = 0; m < Mp; m += kTileRows) {
       _tile_zero(0);
       _tile_zero(1);
@@ -222,13 +232,13 @@ __attribute__((target("amx-tile,amx-int8"))) void amx_column_blocks(const int8_t
       for (int64_t d = 0; d < depth_blocks; ++d) {
         _tile_loadd(4, q + m * Kp + d * kTileDepth, Kp);
         _tile_loadd(5, weights + (0 * depth_blocks + d) * kTileBytes, 64);
-        _tile_dpbssd(0, 4, 5);
+        _tile_dpbsud(0, 4, 5);
         _tile_loadd(5, weights + (1 * depth_blocks + d) * kTileBytes, 64);
-        _tile_dpbssd(1, 4, 5);
+        _tile_dpbsud(1, 4, 5);
         _tile_loadd(5, weights + (2 * depth_blocks + d) * kTileBytes, 64);
-        _tile_dpbssd(2, 4, 5);
+        _tile_dpbsud(2, 4, 5);
         _tile_loadd(5, weights + (3 * depth_blocks + d) * kTileBytes, 64);
-        _tile_dpbssd(3, 4, 5);
+        _tile_dpbsud(3, 4, 5);
       }
       int32_t* out = sums + m * Np + block * kBlockColumns;
       _tile_stored(0, out + 0 * kTileColumns, Np * 4);
@@ -361,7 +371,8 @@ struct Avx2RowTimesPanels {
 using Avx2PanelTable = Avx2RowTimesPanels<1, 2, 3, 4>;
 #endif
 
-// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format), "vnni"
+// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format: VNNI panels
+// padded to whole tiles, read by the AMX product and, below `amx_minimum_rows` rows, by VNNI's), "vnni"
 // (the 8-bit format), "avx2" (the 7-bit format), or "" (the float32 block products read weight_t itself)
 std::string packed_layout(int64_t code_bits) {
   if (amx_usable()) return "amx";
@@ -405,21 +416,24 @@ bool amx_available() { return amx_usable(); }
 std::string int8_product(int64_t code_bits) {
   check_code_bits(code_bits, "int8_product");
   const std::string layout = packed_layout(code_bits);
-  return layout == "amx" ? "AMX" : layout == "vnni" ? "AVX-512 VNNI" : layout == "avx2" ? "AVX2" : "float32 blocks";
+  if (layout == "amx")
+    return vnni_usable() ? "AMX (AVX-512 VNNI below " + std::to_string(kAmxMinimumRows) + " rows)" : "AMX";
+  return layout == "vnni" ? "AVX-512 VNNI" : layout == "avx2" ? "AVX2" : "float32 blocks";
 }
 
 int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable() ? 8 : 7; }
 
 // weight_t (K, N) int8, codes of the `code_bits` format -> the weights in the layout of this CPU's product for that
 // format (`int8_product(code_bits)`), empty for the float32 block products:
-// - AMX tiles: for each tile of 16 columns nt and each 64-deep block d, 16 rows x 64 bytes with byte [r][4 * j + i] =
-//   weight_t[64 * d + 4 * r + i][16 * nt + j], zero past K and N (the layout `_tile_dpbssd` reads, columns padded to
-//   whole 64-column blocks);
 // - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
 //   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`);
 // - VNNI panels (8-bit weights only): for each panel of 16 columns p and each group of 4 inputs g, 64 bytes with byte
 //   [4 * c + i] = weight_t[4 * g + i][16 * p + c] + 128 (its sign bit flipped: `vpdpbusd`'s unsigned operand), zero
-//   past K and N (`vnni_rows_times_panels`).
+//   past K and N (`vnni_rows_times_panels`);
+// - AMX (either format): the VNNI panels, their depth padded to whole 64-deep blocks and their columns to whole blocks
+//   of 64: the 16 groups of a panel's 64-deep block d are the 16 rows x 64 bytes of one tile, byte [r][4 * j + i] =
+//   weight_t[64 * d + 4 * r + i][16 * p + j] + 128, which `amx_column_blocks`' `tdpbsud` reads as unsigned, and
+//   which VNNI's product reads as it reads its own panels (with Kp the padded depth).
 torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
@@ -443,37 +457,30 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
             static_cast<int8_t>(src[k * N + n] + kAvx2WeightOffset);
     return panels;
   }
-  if (layout == "vnni") {
-    const int64_t Kp = round_up(K, kVnniDepth), Np = round_up(N, kVnniColumns);
-    auto panels = torch::zeros({Np * Kp}, weight_t.options());
-    int8_t* dst = panels.data_ptr<int8_t>();
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t n = 0; n < N; ++n)
-        dst[n / kVnniColumns * Kp * kVnniColumns + k / kVnniDepth * 64 + kVnniDepth * (n % kVnniColumns) +
-            k % kVnniDepth] = static_cast<int8_t>(static_cast<uint8_t>(src[k * N + n]) ^ 0x80u);
-    return panels;
-  }
-  const int64_t depth_blocks = round_up(K, kTileDepth) / kTileDepth, Np = round_up(N, kBlockColumns);
-  auto tiles = torch::zeros({Np / kTileColumns * depth_blocks * kTileBytes}, weight_t.options());
-  int8_t* dst = tiles.data_ptr<int8_t>();
+  const bool amx = layout == "amx";
+  const int64_t Kp = round_up(K, amx ? kTileDepth : kVnniDepth), Np = round_up(N, amx ? kBlockColumns : kVnniColumns);
+  auto panels = torch::zeros({Np * Kp}, weight_t.options());
+  int8_t* dst = panels.data_ptr<int8_t>();
   for (int64_t k = 0; k < K; ++k)
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t tile = n / kTileColumns * depth_blocks + k / kTileDepth;
-      dst[tile * kTileBytes + (k % kTileDepth) / 4 * 64 + 4 * (n % kTileColumns) + k % 4] = src[k * N + n];
-    }
-  return tiles;
+    for (int64_t n = 0; n < N; ++n)
+      dst[n / kVnniColumns * Kp * kVnniColumns + k / kVnniDepth * 64 + kVnniDepth * (n % kVnniColumns) +
+          k % kVnniDepth] = static_cast<int8_t>(static_cast<uint8_t>(src[k * N + n]) ^ 0x80u);
+  return panels;
 }
 
 // x (..., K) float32; weight_t (K, N) int8 codes of the `code_bits` format; packed_weights:
 // pack_int8_weights(weight_t, code_bits), or empty for the float32 block products; column_sums (N,) int32: weight_t's
 // column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the output's max(., 0) (a ReLU that
-// follows the layer, folded in) -> (..., N)
+// follows the layer, folded in); amx_minimum_rows: on a CPU with AMX and VNNI, products of fewer rows run VNNI's
+// kernels (the same numbers) -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits) {
+                          const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
+                          int64_t amx_minimum_rows) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   check_code_bits(code_bits, "int8_linear");
+  TORCH_CHECK(amx_minimum_rows >= 0, "int8_linear: amx_minimum_rows must be >= 0, got ", amx_minimum_rows);
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   TORCH_CHECK(x.size(-1) == K, "int8_linear: the input has ", x.size(-1), " features, the weight expects ", K);
   TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N &&
@@ -488,25 +495,27 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(packed_weights.numel() == 0 || !layout.empty(),
               "int8_linear: packed weights given, but this CPU has no product that reads ", code_bits,
               "-bit weights packed (AMX: either format; AVX-512 VNNI: 8 bits; AVX2: 7 bits)");
-  const bool amx = layout == "amx", vnni = layout == "vnni", avx2 = layout == "avx2";
   TORCH_CHECK(K <= kMaximumDepth, "int8_linear: ", K, " input features; at most ", kMaximumDepth,
               " keep every sum within int32");
   // a contiguous input is read in place (a reshaped view would cost a tensor per call)
   const auto rows = x.is_contiguous() ? x : x.contiguous();
   const int64_t M = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
+  // the AMX layout's few-row products run VNNI's kernels on the same weights
+  const bool amx_layout = layout == "amx", avx2 = layout == "avx2";
+  const bool amx = amx_layout && !(M < amx_minimum_rows && vnni_usable());
+  const bool vnni = layout == "vnni" || (amx_layout && !amx);
   // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); VNNI reads groups of 4 inputs and
   // panels of 16 columns, AVX2 groups of 8 inputs and panels of 8 columns; results cut back
   const int64_t Mp = amx ? round_up(M, kTileRows) : M;
-  const int64_t Kp = amx    ? round_up(K, kTileDepth)
-                     : vnni ? round_up(K, kVnniDepth)
-                     : avx2 ? round_up(K, kAvx2Depth)
-                            : K;
-  const int64_t Np = amx    ? round_up(N, kBlockColumns)
-                     : vnni ? round_up(N, kVnniColumns)
-                     : avx2 ? round_up(N, kAvx2Columns)
-                            : N;
-  TORCH_CHECK(packed_weights.numel() ==
-                  (amx ? Np / kTileColumns * (Kp / kTileDepth) * kTileBytes : vnni || avx2 ? Np * Kp : 0),
+  const int64_t Kp = amx_layout ? round_up(K, kTileDepth)
+                     : vnni     ? round_up(K, kVnniDepth)
+                     : avx2     ? round_up(K, kAvx2Depth)
+                                : K;
+  const int64_t Np = amx_layout ? round_up(N, kBlockColumns)
+                     : vnni     ? round_up(N, kVnniColumns)
+                     : avx2     ? round_up(N, kAvx2Columns)
+                                : N;
+  TORCH_CHECK(packed_weights.numel() == (layout.empty() ? 0 : Np * Kp),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
   auto output_shape = x.sizes().vec();
@@ -517,8 +526,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   float* rs = input.scale;
   int32_t* rz = input.zero;
   const ActivationCodes codes = activation_codes(code_bits);
-  // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI product's 128 x, taken back with these
-  int32_t* csp = avx2 || vnni ? input.code_sums : nullptr;
+  // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI and AMX products' 128 x, taken back with
+  // these
+  int32_t* csp = layout.empty() ? nullptr : input.code_sums;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
   torch::Tensor sums;
@@ -526,10 +536,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   if (amx) {
     std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});  // padding rows: their sums are not read
     sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
-    const int8_t* tiles = packed_weights.data_ptr<int8_t>();
+    const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     at::parallel_for(0, Np / kBlockColumns, 1, [&](int64_t begin, int64_t end) {
-      amx_column_blocks(qp, tiles, sp, Mp, Kp, Np, begin, end);
+      amx_column_blocks(qp, panels, sp, Mp, Kp, Np, begin, end);
     });
   }
   if (vnni) {  // dequantized inside the product (`VnniDequantize`)
@@ -539,14 +549,16 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     const float* ws = weight_scale.data_ptr<float>();
     const int32_t* cs = column_sums.data_ptr<int32_t>();
     const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-    // tasks of whole passes of kVnniPanels panels, about 64k multiply-adds or more each (small products: one thread)
-    const int64_t passes = (Np / kVnniColumns + kVnniPanels - 1) / kVnniPanels;
+    // tasks of whole passes of kVnniPanels panels, about 64k multiply-adds or more each (small products: one thread);
+    // the panels that hold columns of the output (the AMX layout pads further)
+    const int64_t output_panels = round_up(N, kVnniColumns) / kVnniColumns;
+    const int64_t passes = (output_panels + kVnniPanels - 1) / kVnniPanels;
     const int64_t grain =
         std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kVnniColumns * kVnniPanels, 1));
     at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
       for (int64_t pass = begin; pass < end; ++pass) {
         const int64_t panel = pass * kVnniPanels;
-        const int P = static_cast<int>(std::min<int64_t>(kVnniPanels, Np / kVnniColumns - panel));
+        const int P = static_cast<int>(std::min<int64_t>(kVnniPanels, output_panels - panel));
         const int64_t column = panel * kVnniColumns;
         for (int64_t m = 0; m < M; m += kVnniRows) {
           const int R = static_cast<int>(std::min<int64_t>(kVnniRows, M - m));
@@ -594,7 +606,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
-    dequantize_rows(sp, Np, op, rs, rz, cs, ws, bp, relu, begin, end, N);
+    dequantize_rows(sp, Np, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu, begin, end, N);
   });
   return out.view(output_shape);
 }
