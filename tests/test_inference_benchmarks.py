@@ -2,7 +2,7 @@
 run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
 `bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
 BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload`,
-`bench_layers_in_one_call.py` and `bench_ctranslate2_shapes.py`."""
+`bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py` and `probe_amx_rows.py`."""
 
 import json
 import re
@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_ctranslate2_shapes  # noqa: E402
 import bench_inference  # noqa: E402
 import bench_layers_in_one_call  # noqa: E402
+import probe_amx_rows  # noqa: E402
 import probe_inference_kernels  # noqa: E402
 import profile_workload  # noqa: E402
 
@@ -198,3 +199,23 @@ def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_mo
     for row in rows:
         assert min(row["one_token"].values()) > 0 and row["long_ratio"] > 0
         assert f"| {row['precision']} | {row['sentences']} | " in output
+
+
+def test_probe_amx_rows_times_both_products_where_the_cpu_has_them(capsys):
+    """On a CPU with AMX and VNNI: a row per product and row count, both timings and their ratio (the probe itself
+    stops if the two products' numbers differ); elsewhere one line saying there is nothing to compare."""
+    with pytest.raises(SystemExit):
+        probe_amx_rows.main(["--rows", "0"])
+    capsys.readouterr()
+    assert probe_amx_rows.main(["--rows", "1", "9", "--repeats", "1"]) == 0
+    output = capsys.readouterr().out
+    kernels = compiled_kernels()
+    if kernels is None or not kernels.int8_product(8).startswith("AMX ("):
+        assert "which needs both" in output and "|" not in output
+        return
+    rows = re.findall(r"^\| (\d+) -> (\d+)(?: \+ ReLU)? \| (\d+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", output, re.M)
+    assert [(int(r[0]), int(r[1]), int(r[2])) for r in rows] == [
+        (k, n, m) for k, n, _ in probe_amx_rows.SHAPES for m in (1, 9)
+    ]
+    for *_, tiles, vnni, ratio in rows:
+        assert float(ratio) == pytest.approx(float(tiles) / float(vnni), abs=0.01)
