@@ -47,7 +47,7 @@ def microseconds_per_call(kernels, inputs, codes, amx_minimum_rows: int, calls: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 5, 6, 7, 8, 10, 12, 16, 32, 128])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5, help="alternating timings per product (median)")
