@@ -52,8 +52,9 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5, help="alternating timings per product (median)")
     args = parser.parse_args(argv)
-    if any(rows < 1 for rows in args.rows) or args.threads < 1 or args.repeats < 1:
-        parser.error("--rows, --threads and --repeats must be positive")
+    for name, values in (("--rows", args.rows), ("--threads", [args.threads]), ("--repeats", [args.repeats])):
+        if any(value < 1 for value in values):
+            parser.error(f"{name} must be positive, got {' '.join(map(str, values))}")
     kernels = compiled_kernels()
     if kernels is None or not kernels.int8_product(8).startswith("AMX ("):
         product = "no compiled kernels" if kernels is None else kernels.int8_product(8)

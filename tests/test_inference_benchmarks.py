@@ -204,9 +204,11 @@ def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_mo
 def test_probe_amx_rows_times_both_products_where_the_cpu_has_them(capsys):
     """On a CPU with AMX and VNNI: a row per product and row count, both timings and their ratio (the probe itself
     stops if the two products' numbers differ); elsewhere one line saying there is nothing to compare."""
-    with pytest.raises(SystemExit):
-        probe_amx_rows.main(["--rows", "0"])
-    capsys.readouterr()
+    for bad, message in ((["--rows", "1", "0"], "--rows must be positive, got 1 0"),
+                         (["--threads", "0"], "--threads must be positive, got 0")):
+        with pytest.raises(SystemExit):
+            probe_amx_rows.main(bad)
+        assert message in capsys.readouterr().err
     assert probe_amx_rows.main(["--rows", "1", "9", "--repeats", "1"]) == 0
     output = capsys.readouterr().out
     kernels = compiled_kernels()
