@@ -1,11 +1,12 @@
 """`Int8Linear` and its compiled kernel against brute-force arithmetic, in both formats (8-bit codes, and the 7-bit
 codes of AVX2's `vpmaddubsw` product): per-row asymmetric quantization (scale and zero point, round half to even), an
 exact integer product, float dequantization; the kernel's AMX, AVX-512 VNNI, AVX2 and float32-block products and the
-torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning. Each
-product runs where the CPU has it: on a CPU with VNNI and AVX2 but no AMX (the 8-bit layers' VNNI product, the 7-bit
-layers' AVX2 one), three of the four; AMX's only on a CPU with AMX (`test_each_product_is_used_where_the_cpu_has_it`
-says which ran)."""
+torch operations that replace it where it cannot be built, all bit for bit equal; the fallback and its warning. Every
+product the CPU has runs, not only its fastest (`int8_linear`'s `product`): on a CPU with AMX all four (AVX2's with
+7-bit weights), on one with VNNI and AVX2 but no AMX three; AMX's only on a CPU with AMX
+(`test_each_product_is_used_where_the_cpu_has_it` says which ran)."""
 
+import re
 import warnings
 
 import numpy as np
@@ -68,6 +69,18 @@ def expected_product(code_bits: int) -> str:
     return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
 
 
+def expected_products(code_bits: int) -> list[str]:
+    """Every product that runs `code_bits` weights on this CPU, its fastest first, by the kernel's names: the
+    AMX layout (either format), VNNI's own panels (8 bits), AVX2's (7 bits), and the float32 blocks anywhere."""
+    flags = cpu_flags()
+    products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
+    if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
+        products.append("vnni")
+    if "avx2" in flags and code_bits == 7:
+        products.append("avx2")
+    return [*products, "float32_blocks"]
+
+
 def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels):
     """Layers use by default the format of the CPU's fastest product: 8 bits with AMX or VNNI, 7 bits on AVX2
     without either (its `vpmaddubsw` product), 8 bits elsewhere (the float32 block products)."""
@@ -79,6 +92,7 @@ def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels):
     for code_bits in (7, 8):
         expected = expected_product(code_bits)
         assert kernels.int8_product(code_bits) == expected
+        assert kernels.int8_products(code_bits) == expected_products(code_bits)
         layer = Int8Linear(torch.randn(8, 16), None, code_bits=code_bits)
         assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
         assert f"code_bits={code_bits}" in repr(layer)
@@ -119,6 +133,10 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(
     fallback = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
     assert compiled.shape == (*shape[:-1], out_features)
     assert torch.equal(compiled, fallback) and torch.equal(blocks, fallback)
+    # every product this CPU has, not only its fastest (an AVX2 machine's product also runs on one with AMX)
+    for product in kernels.int8_products(code_bits):
+        packed = kernels.pack_int8_weights(layer.weight_t, code_bits, product)
+        assert torch.equal(kernels.int8_linear(inputs, layer.weight_t, packed, *codes[2:], product=product), fallback)
     expected = brute_force_int8_linear(inputs, weight, bias, relu, code_bits)
     np.testing.assert_allclose(compiled.numpy(), expected, rtol=1e-5, atol=1e-4)
     assert torch.equal(layer(inputs), compiled)
@@ -213,11 +231,24 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     if tiles.numel() > 0:
         with pytest.raises(RuntimeError, match="packed_weights do not match weight_t"):
             kernels.int8_linear(torch.randn(2, 8), weight_t, tiles[:-1], sums, scale, layer.bias, False, bits)
-    if kernels.int8_product(7) == "AVX2":  # its panels hold 7-bit weights only
+    if "avx2" in kernels.int8_products(7):  # its panels hold 7-bit weights only
         with pytest.raises(RuntimeError, match="7-bit weights lie in \\[-63, 63\\], got one of magnitude 127"):
-            kernels.pack_int8_weights(Int8Linear(torch.randn(4, 8), None, code_bits=8).weight_t, 7)
+            kernels.pack_int8_weights(Int8Linear(torch.randn(4, 8), None, code_bits=8).weight_t, 7, "avx2")
         with pytest.raises(RuntimeError, match="got one of magnitude 128"):  # int8's abs(-128) is -128
-            kernels.pack_int8_weights(torch.full((8, 4), -128, dtype=torch.int8), 7)
+            kernels.pack_int8_weights(torch.full((8, 4), -128, dtype=torch.int8), 7, "avx2")
+    runnable = ", ".join(kernels.int8_products(7))
+    for bad in ("vnni", "sse", "AMX"):  # VNNI's own panels take 8-bit weights only; names are the kernel's
+        message = f"product '{bad}' does not run 7-bit weights on this CPU; it runs: {runnable}"
+        with pytest.raises(RuntimeError, match=re.escape(f"pack_int8_weights: {message}")):
+            kernels.pack_int8_weights(weight_t, 7, bad)
+        with pytest.raises(RuntimeError, match=re.escape(f"int8_linear: {message}")):
+            kernels.int8_linear(torch.randn(2, 8), weight_t, tiles, sums, scale, layer.bias, False, 7, product=bad)
+    seven_bit_products = kernels.int8_products(7)
+    if len(seven_bit_products) > 2:  # weights packed for one product, read as another's: their sizes differ here
+        packed = kernels.pack_int8_weights(weight_t, 7, seven_bit_products[0])
+        with pytest.raises(RuntimeError, match="packed_weights do not match weight_t"):
+            kernels.int8_linear(torch.randn(2, 8), weight_t, packed, sums, scale, None, False, 7,
+                                product=seven_bit_products[1])
     if kernels.int8_product(7) == "AVX2" and kernels.int8_product(8) == "float32 blocks":
         seven_bit = Int8Linear(torch.randn(4, 8), torch.randn(4), code_bits=7)
         with pytest.raises(RuntimeError, match="no product that reads 8-bit weights packed"):

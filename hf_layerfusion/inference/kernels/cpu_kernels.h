@@ -4,9 +4,10 @@
 
 int64_t parallel_for_threads(int64_t tasks);
 bool amx_available();
+std::vector<std::string> int8_products(int64_t code_bits);
 std::string int8_product(int64_t code_bits);
 int64_t int8_code_bits();
-torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits);
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits, const std::string& product = "");
 // Products of fewer rows than this run VNNI's kernels on a CPU with AMX (on the same packed weights): a tile computes
 // 16 rows whatever the call's, and the tiles' sums pass through memory before they are dequantized
 // (docs/fast_cpu_translation.md measures the crossover, benchmarks/probe_amx_rows.py)
@@ -14,7 +15,7 @@ constexpr int64_t kAmxMinimumRows = 8;
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
-                          int64_t amx_minimum_rows = kAmxMinimumRows);
+                          int64_t amx_minimum_rows = kAmxMinimumRows, const std::string& product = "");
 bool float32_linear_available();
 // float32_linear's weight layout: panels of 16 output features (one AVX-512 register, two AVX2 ones), two per pass,
 // zero past out_features (inference_copies.py's PANEL_COLUMNS)

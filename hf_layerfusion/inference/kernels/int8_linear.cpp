@@ -371,17 +371,22 @@ struct Avx2RowTimesPanels {
 using Avx2PanelTable = Avx2RowTimesPanels<1, 2, 3, 4>;
 #endif
 
-// the layout `pack_int8_weights` packs `code_bits` weights in for this CPU's product: "amx" (either format: VNNI panels
-// padded to whole tiles, read by the AMX product and, below `amx_minimum_rows` rows, by VNNI's), "vnni"
-// (the 8-bit format), "avx2" (the 7-bit format), or "" (the float32 block products read weight_t itself)
-std::string packed_layout(int64_t code_bits) {
-  if (amx_usable()) return "amx";
-  if (vnni_usable() && code_bits == 8) return "vnni";
-  return avx2_usable() && code_bits == 7 ? "avx2" : "";
-}
-
 void check_code_bits(int64_t code_bits, const char* function) {
   TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
+}
+
+// The product a call names (`product`), or this CPU's fastest for `code_bits` weights (an empty name), refused by name
+// where this CPU cannot run it with that format
+std::string chosen_product(int64_t code_bits, const std::string& product, const char* function) {
+  const std::vector<std::string> products = int8_products(code_bits);
+  if (product.empty()) return products.front();
+  if (std::find(products.begin(), products.end(), product) == products.end()) {
+    std::string runnable;
+    for (const auto& name : products) runnable += (runnable.empty() ? "" : ", ") + name;
+    TORCH_CHECK(false, function, ": product '", product, "' does not run ", code_bits,
+                "-bit weights on this CPU; it runs: ", runnable);
+  }
+  return product;
 }
 
 // An int8_linear call's quantized input: the codes (rows x depth, padded as the product reads them), each row's scale,
@@ -413,18 +418,32 @@ QuantizedInput quantized_input_buffer(int64_t padded_rows, int64_t depth, int64_
 
 bool amx_available() { return amx_usable(); }
 
+// The products that run `code_bits` weights on this CPU, its fastest first (the one `int8_linear` runs unless told):
+// "amx" (either format: the VNNI panels padded to whole tiles, read by the AMX product and, below `amx_minimum_rows`
+// rows, by VNNI's), "vnni" (the 8-bit format), "avx2" (the 7-bit format), "float32_blocks" (any CPU: weight_t itself,
+// nothing packed). Every one gives the same numbers; naming one lets the tests run each product the CPU has.
+std::vector<std::string> int8_products(int64_t code_bits) {
+  check_code_bits(code_bits, "int8_products");
+  std::vector<std::string> products;
+  if (amx_usable()) products.push_back("amx");
+  if (vnni_usable() && code_bits == 8) products.push_back("vnni");
+  if (avx2_usable() && code_bits == 7) products.push_back("avx2");
+  products.push_back("float32_blocks");
+  return products;
+}
+
 std::string int8_product(int64_t code_bits) {
   check_code_bits(code_bits, "int8_product");
-  const std::string layout = packed_layout(code_bits);
-  if (layout == "amx")
+  const std::string product = int8_products(code_bits).front();
+  if (product == "amx")
     return vnni_usable() ? "AMX (AVX-512 VNNI below " + std::to_string(kAmxMinimumRows) + " rows)" : "AMX";
-  return layout == "vnni" ? "AVX-512 VNNI" : layout == "avx2" ? "AVX2" : "float32 blocks";
+  return product == "vnni" ? "AVX-512 VNNI" : product == "avx2" ? "AVX2" : "float32 blocks";
 }
 
 int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable() ? 8 : 7; }
 
-// weight_t (K, N) int8, codes of the `code_bits` format -> the weights in the layout of this CPU's product for that
-// format (`int8_product(code_bits)`), empty for the float32 block products:
+// weight_t (K, N) int8, codes of the `code_bits` format -> the weights in the layout of `product` (one of
+// `int8_products(code_bits)`; empty: this CPU's fastest, `int8_product(code_bits)`), empty for the float32 blocks:
 // - AVX2 panels (7-bit weights only): for each panel of 8 columns p and each group of 4 inputs g, 32 bytes with byte
 //   [4 * c + i] = weight_t[4 * g + i][8 * p + c] + 64, zero past K and N (`avx2_row_times_panels`);
 // - VNNI panels (8-bit weights only): for each panel of 16 columns p and each group of 4 inputs g, 64 bytes with byte
@@ -434,12 +453,12 @@ int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable(
 //   of 64: the 16 groups of a panel's 64-deep block d are the 16 rows x 64 bytes of one tile, byte [r][4 * j + i] =
 //   weight_t[64 * d + 4 * r + i][16 * p + j] + 128, which `amx_column_blocks`' `tdpbsud` reads as unsigned, and
 //   which VNNI's product reads as it reads its own panels (with Kp the padded depth).
-torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits) {
+torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits, const std::string& product) {
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
   check_code_bits(code_bits, "pack_int8_weights");
-  const std::string layout = packed_layout(code_bits);
-  if (layout.empty()) return torch::empty({0}, weight_t.options());
+  const std::string layout = chosen_product(code_bits, product, "pack_int8_weights");
+  if (layout == "float32_blocks") return torch::empty({0}, weight_t.options());
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   const auto weights = weight_t.contiguous();
   const int8_t* src = weights.data_ptr<int8_t>();
@@ -469,14 +488,15 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
 }
 
 // x (..., K) float32; weight_t (K, N) int8 codes of the `code_bits` format; packed_weights:
-// pack_int8_weights(weight_t, code_bits), or empty for the float32 block products; column_sums (N,) int32: weight_t's
-// column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the output's max(., 0) (a ReLU that
-// follows the layer, folded in); amx_minimum_rows: on a CPU with AMX and VNNI, products of fewer rows run VNNI's
-// kernels (the same numbers) -> (..., N)
+// pack_int8_weights(weight_t, code_bits, product), or empty for the float32 block products; column_sums (N,) int32:
+// weight_t's column sums; weight_scale (N,) float32; bias (N,) float32 or None; relu: the output's max(., 0) (a ReLU
+// that follows the layer, folded in); amx_minimum_rows: on a CPU with AMX and VNNI, products of fewer rows run VNNI's
+// kernels (the same numbers); product: the product the weights were packed for (empty: this CPU's fastest, or the
+// float32 blocks where nothing is packed) -> (..., N)
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
-                          int64_t amx_minimum_rows) {
+                          int64_t amx_minimum_rows, const std::string& product) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   check_code_bits(code_bits, "int8_linear");
@@ -491,8 +511,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
-  const std::string layout = packed_weights.numel() > 0 ? packed_layout(code_bits) : "";
-  TORCH_CHECK(packed_weights.numel() == 0 || !layout.empty(),
+  const std::string layout = !product.empty()              ? chosen_product(code_bits, product, "int8_linear")
+                             : packed_weights.numel() > 0 ? int8_products(code_bits).front()
+                                                          : "float32_blocks";
+  TORCH_CHECK(packed_weights.numel() == 0 || layout != "float32_blocks",
               "int8_linear: packed weights given, but this CPU has no product that reads ", code_bits,
               "-bit weights packed (AMX: either format; AVX-512 VNNI: 8 bits; AVX2: 7 bits)");
   TORCH_CHECK(K <= kMaximumDepth, "int8_linear: ", K, " input features; at most ", kMaximumDepth,
@@ -515,7 +537,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
                      : vnni     ? round_up(N, kVnniColumns)
                      : avx2     ? round_up(N, kAvx2Columns)
                                 : N;
-  TORCH_CHECK(packed_weights.numel() == (layout.empty() ? 0 : Np * Kp),
+  TORCH_CHECK(packed_weights.numel() == (layout == "float32_blocks" ? 0 : Np * Kp),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
   auto output_shape = x.sizes().vec();
@@ -528,7 +550,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const ActivationCodes codes = activation_codes(code_bits);
   // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI and AMX products' 128 x, taken back with
   // these
-  int32_t* csp = layout.empty() ? nullptr : input.code_sums;
+  int32_t* csp = layout == "float32_blocks" ? nullptr : input.code_sums;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
   torch::Tensor sums;
