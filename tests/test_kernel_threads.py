@@ -31,6 +31,8 @@ def kernel_calls(kernels):
     linear = torch.nn.Linear(96, 200)
     float32_linear, int8_linear = (copy(linear.weight.data, linear.bias.data) for copy in (Float32Linear, Int8Linear))
     x = torch.randn(70, 96)
+    # on a CPU with AMX, a product the tiles split too (whole blocks of 64 columns, 2^22 multiply-adds or more each)
+    wide_int8_linear, wide_x = Int8Linear(torch.randn(1024, 256), torch.randn(1024)), torch.randn(128, 256)
     query, key, value = torch.randn(9, 4, 1, 32), torch.randn(9, 4, 50, 32), torch.randn(9, 4, 50, 32)
     group_logits, psi = torch.randn(3, 40, 300) * 4, torch.softmax(torch.randn(3), dim=0)
     a, b, weight, bias = torch.randn(300, 64), torch.randn(300, 64), torch.randn(64), torch.randn(64)
@@ -38,6 +40,7 @@ def kernel_calls(kernels):
     return {
         "float32_linear": lambda: float32_linear(x),
         "int8_linear": lambda: int8_linear(x),
+        "int8_linear (128 x 256 -> 1024)": lambda: wide_int8_linear(wide_x),
         "decode_attention": lambda: kernels.decode_attention(query, key, value, None, 0.2),
         "mixture_log_probs": lambda: kernels.mixture_log_probs(group_logits, psi),
         "add_layer_norm": lambda: kernels.add_layer_norm(a, b, weight, bias, 1e-5),

@@ -50,6 +50,11 @@ constexpr int64_t kTileDepth = 64;  // int8 products summed per tile row
 constexpr int64_t kTileColumns = 16;
 constexpr int64_t kBlockColumns = 4 * kTileColumns;  // 4 accumulator tiles per pass over the input tile
 constexpr int64_t kTileBytes = kTileRows * 64;
+// A thread's share of an AMX product pays only above about this many multiply-adds (padded rows x depth x columns):
+// on the Intel Xeon with AMX at 2 threads, one block of 64 columns per task made products of 8-16 rows slower than
+// one thread (256 -> 1024 at 8 rows: 19.7 against 12.0 us); 2^22 was the fastest of 1, 2^22, 2^23, 2^24 and one
+// thread, or within 12% of it, at every product of a decoder step and 8-128 rows (docs/fast_cpu_translation.md)
+constexpr int64_t kAmxTaskMultiplyAdds = int64_t{1} << 22;
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -560,7 +565,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
-    at::parallel_for(0, Np / kBlockColumns, 1, [&](int64_t begin, int64_t end) {
+    // whole 64-column blocks, about kAmxTaskMultiplyAdds of the tiles' work or more per task
+    const int64_t grain = std::max<int64_t>(1, kAmxTaskMultiplyAdds / std::max<int64_t>(Mp * Kp * kBlockColumns, 1));
+    at::parallel_for(0, Np / kBlockColumns, grain, [&](int64_t begin, int64_t end) {
       amx_column_blocks(qp, panels, sp, Mp, Kp, Np, begin, end);
     });
   }
