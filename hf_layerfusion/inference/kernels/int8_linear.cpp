@@ -380,10 +380,17 @@ void check_code_bits(int64_t code_bits, const char* function) {
   TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
 }
 
+// `int8_products(code_bits)`, listed once per process: `int8_linear` reads them at every call, where building the list
+// again would cost an allocation per call
+const std::vector<std::string>& runnable_products(int64_t code_bits) {
+  static const std::vector<std::string> seven_bit = int8_products(7), eight_bit = int8_products(8);
+  return code_bits == 7 ? seven_bit : eight_bit;
+}
+
 // The product a call names (`product`), or this CPU's fastest for `code_bits` weights (an empty name), refused by name
 // where this CPU cannot run it with that format
-std::string chosen_product(int64_t code_bits, const std::string& product, const char* function) {
-  const std::vector<std::string> products = int8_products(code_bits);
+const std::string& chosen_product(int64_t code_bits, const std::string& product, const char* function) {
+  const std::vector<std::string>& products = runnable_products(code_bits);
   if (product.empty()) return products.front();
   if (std::find(products.begin(), products.end(), product) == products.end()) {
     std::string runnable;
@@ -462,7 +469,7 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
               "pack_int8_weights: weight_t must be 2-D int8");
   check_code_bits(code_bits, "pack_int8_weights");
-  const std::string layout = chosen_product(code_bits, product, "pack_int8_weights");
+  const std::string& layout = chosen_product(code_bits, product, "pack_int8_weights");
   if (layout == "float32_blocks") return torch::empty({0}, weight_t.options());
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   const auto weights = weight_t.contiguous();
@@ -516,9 +523,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
                                     bias->scalar_type() == torch::kFloat32),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
-  const std::string layout = !product.empty()              ? chosen_product(code_bits, product, "int8_linear")
-                             : packed_weights.numel() > 0 ? int8_products(code_bits).front()
-                                                          : "float32_blocks";
+  const std::string& layout = packed_weights.numel() > 0 || !product.empty()
+                                  ? chosen_product(code_bits, product, "int8_linear")
+                                  : runnable_products(code_bits).back();  // the float32 blocks
   TORCH_CHECK(packed_weights.numel() == 0 || layout != "float32_blocks",
               "int8_linear: packed weights given, but this CPU has no product that reads ", code_bits,
               "-bit weights packed (AMX: either format; AVX-512 VNNI: 8 bits; AVX2: 7 bits)");
