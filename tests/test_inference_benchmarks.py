@@ -2,7 +2,7 @@
 run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
 `bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
 BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload`,
-`bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py` and `probe_amx_rows.py`."""
+`bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py`, `bench_workload_processes.py` and `probe_amx_rows.py`."""
 
 import json
 import re
@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import bench_ctranslate2_shapes  # noqa: E402
 import bench_inference  # noqa: E402
 import bench_layers_in_one_call  # noqa: E402
+import bench_workload_processes  # noqa: E402
 import probe_amx_rows  # noqa: E402
 import probe_inference_kernels  # noqa: E402
 import profile_workload  # noqa: E402
@@ -182,15 +183,24 @@ def test_bench_layers_in_one_call_times_both_ways_and_puts_the_layers_back(saved
     assert fast_generation.compiled_decoder_layers is original
 
 
-def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_models, capsys):
-    pytest.importorskip("ctranslate2")
+@pytest.fixture(scope="module")
+def tokenizer_sized_plain(saved_models):
+    """A tiny plain Transformer with exactly the tiny tokenizer's vocabulary (CTranslate2 takes the tokenizer's
+    vocabulary as the model's), saved with it."""
     _, data = saved_models
-    # CTranslate2 takes the tokenizer's vocabulary as the model's: a model of exactly its size
     tokenizer = tiny_tokenizer()
     model = tiny_model("plain_transformer", vocab_size=len(tokenizer), max_length=12)
+    model.generation_config.max_length = 12
     directory = data.parent / "plain_transformer_tokenizer_sized"
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_models, tokenizer_sized_plain, capsys):
+    pytest.importorskip("ctranslate2")
+    _, data = saved_models
+    directory = tokenizer_sized_plain
     rows = bench_ctranslate2_shapes.main([str(directory), "--data", str(data), "--steps", "3", "--repeats", "1"])
     output = capsys.readouterr().out
     assert [(row["precision"], row["sentences"], row["beams"]) for row in rows] == [
@@ -199,6 +209,43 @@ def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_mo
     for row in rows:
         assert min(row["one_token"].values()) > 0 and row["long_ratio"] > 0
         assert f"| {row['precision']} | {row['sentences']} | " in output
+
+
+def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_own_process(
+    saved_models, tokenizer_sized_plain, capsys
+):
+    pytest.importorskip("ctranslate2")
+    _, data = saved_models
+    rows = bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--threads", "1", "2",
+                                          "--beams", "1", "--rounds", "1", "--sentences", "4"])
+    output = capsys.readouterr().out
+    assert sorted((row["engine"], row["threads"]) for row in rows) == sorted(
+        (engine, threads) for engine in bench_workload_processes.ENGINES for threads in (1, 2)
+    )
+    for row in rows:
+        assert len(row["seconds"]) == 1 and min(row["seconds"]) > 0 and row["num_beams"] == 1
+        # each fast loop's process ran at the thread count asked for
+        assert row["threads_used"] == row["threads"]
+    # float32 gives the same translations in both engines (CTranslate2 float32 equals generate() here too)
+    bleu = {(row["engine"], row["threads"]): row["bleu"] for row in rows}
+    assert bleu["fast float32", 1] == bleu["fast float32", 2] == bleu["CTranslate2 float32", 1]
+    assert "- fast int8 vs CTranslate2 int8, greedy, 2 thread(s): " in output
+    assert "| fast float32 | greedy | " in output
+
+
+def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_models, tokenizer_sized_plain, capsys):
+    directories, data = saved_models
+    cases = [
+        ([str(tokenizer_sized_plain), "--threads", "1", "1"], "--threads repeats a value"),
+        ([str(tokenizer_sized_plain), "--rounds", "0"], "must be a positive integer, got 0"),
+        ([str(directories["gtrans"]), "--data", str(data)], "'gtrans' model; CTranslate2 runs only the plain"),
+        ([str(data / "missing")], "no model at"),
+        ([str(tokenizer_sized_plain), "--data", str(data / "missing")], "no Multi30k test sentences at"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit):
+            bench_workload_processes.main(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_probe_amx_rows_times_both_products_where_the_cpu_has_them(capsys):

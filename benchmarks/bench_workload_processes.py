@@ -1,0 +1,251 @@
+"""The real workload at one and two threads with each engine in a process of its own (issue 39, item 3).
+
+`bench_inference.py --bleu` alternates every engine on chunks of sentences in one process. At one thread that is the
+fairest comparison there is; at two it is not: torch and CTranslate2 each bring their own OpenMP runtime (the
+CTranslate2 wheel bundles a libgomp of its own), and with `OMP_WAIT_POLICY=ACTIVE` (which two threads need on idle
+cores: with passive waits every engine ran slower at two threads than at one, docs/fast_cpu_translation.md) a
+runtime's worker thread keeps spinning on the second core after its engine's turn, so whichever engine runs next
+shares that core with the other runtime's spinning thread. Here each engine translates in a fresh process (this
+script with `--child`) at one thread count, while the parent stays at one thread (no worker threads of its own);
+rounds flip the engines' order, so that a drift of machine speed hits them alike, and each engine's time is the
+median over rounds [min-max].
+
+Engines: the fast loop in float32 and int8 (`hf_layerfusion.translate`: batches of 32 sorted by length, each sentence
+stopping at its end token) and CTranslate2 float32 and int8 (`export_ctranslate2`, batches of 32, as
+`bench_inference.py` runs it). Each child first translates two sentences untimed (the int8 copy, first calls,
+thread pools), then the whole set once. Target (issue 39): the fast loop at or above CTranslate2 of the same
+precision, at every thread count and search.
+
+    python benchmarks/bench_workload_processes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
+    python benchmarks/bench_workload_processes.py MODEL_DIR --threads 1 2 --beams 1 4 --rounds 3 --sentences 500
+"""
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_layerfusion
+from bench_backbone import cpu_model, git_revision, loadavg, read_lines
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+ENGINES = ("fast float32", "CTranslate2 float32", "fast int8", "CTranslate2 int8")
+SAME_PRECISION = {"fast float32": "CTranslate2 float32", "fast int8": "CTranslate2 int8"}
+TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
+
+
+def engine_wait_policy() -> str:
+    """The engines' processes' OMP_WAIT_POLICY: the environment's, else ACTIVE (two threads need spinning waits on
+    idle cores, and each engine has the cores to itself here)."""
+    return os.environ.get("OMP_WAIT_POLICY", "ACTIVE")
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_dir", type=Path, help="a trained plain Transformer with its tokenizer (a study run dir)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Multi30k directory")
+    parser.add_argument("--threads", type=positive, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
+    parser.add_argument("--beams", type=positive, nargs="+", default=[1, 4], help="searches (default: 1 4)")
+    parser.add_argument("--rounds", type=positive, default=3, help="timed runs per engine (default: %(default)s)")
+    parser.add_argument("--sentences", type=positive, default=None, help="the first N test sentences (default: all)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file of `run_child`
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        return args
+    for name in ("threads", "beams"):
+        values = getattr(args, name)
+        if len(set(values)) != len(values):
+            parser.error(f"--{name} repeats a value: {values}")
+    if not (args.model_dir / "config.json").is_file():
+        parser.error(f"no model at {args.model_dir} (no config.json): pass a trained plain Transformer's directory")
+    model_type = json.loads((args.model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
+    if model_type != "plain_transformer":
+        parser.error(f"{args.model_dir} is a {model_type!r} model; CTranslate2 runs only the plain Transformer")
+    for split in ("en", "de"):
+        if not (args.data / f"test_2016_flickr.{split}").is_file():
+            parser.error(f"no Multi30k test sentences at {args.data / f'test_2016_flickr.{split}'}; pass --data DIR")
+    return args
+
+
+# ------------------------------------------------------------------------------------------------ one engine's process
+def run_child(job_file: Path) -> None:
+    """Translate the job's sentences with one engine at one thread count (warm-up on two sentences first) and write
+    `{"seconds", "translations", "threads"}` beside the job file."""
+    job = json.loads(job_file.read_text(encoding="utf-8"))
+    transformers.logging.set_verbosity_error()
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+    sources = job["sources"]
+    tokenizer = AutoTokenizer.from_pretrained(job["model_dir"])
+    engine = job["engine"]
+    if engine.startswith("CTranslate2"):
+        import ctranslate2
+        from bench_inference import ctranslate2_translate
+
+        torch.set_num_threads(1)  # no torch worker threads beside CTranslate2's
+        translator = ctranslate2.Translator(job["ctranslate2_dir"], device="cpu", intra_threads=job["threads"],
+                                            inter_threads=1)
+        max_decoding_length = GenerationConfig.from_pretrained(job["model_dir"]).max_length - 1  # as generate()'s
+        threads = job["threads"]
+
+        def translate(sentences):
+            return ctranslate2_translate(translator, tokenizer, sentences, job["num_beams"], max_decoding_length)
+    else:
+        torch.set_num_threads(job["threads"])
+        model = AutoModelForSeq2SeqLM.from_pretrained(job["model_dir"]).eval()
+        quantization = "int8" if engine == "fast int8" else None
+        threads = torch.get_num_threads()
+
+        def translate(sentences):
+            return hf_layerfusion.translate(model, tokenizer, sentences, num_beams=job["num_beams"],
+                                            quantization=quantization)
+    translate(sources[:2])
+    start = time.perf_counter()
+    translations = translate(sources)
+    seconds = time.perf_counter() - start
+    result = {"seconds": seconds, "translations": translations, "threads": threads}
+    job_file.with_suffix(".result.json").write_text(json.dumps(result), encoding="utf-8")
+
+
+def run_engine_process(work: Path, job: dict) -> dict:
+    """`run_child`'s result for `job`, in a fresh Python process (`engine_wait_policy`)."""
+    job_file = work / f"job_{time.monotonic_ns()}.json"
+    job_file.write_text(json.dumps(job), encoding="utf-8")
+    completed = subprocess.run([sys.executable, __file__, job["model_dir"], "--child", str(job_file)], capture_output=True, text=True,
+                               cwd=REPO_ROOT, env={**os.environ, "OMP_WAIT_POLICY": engine_wait_policy()})
+    if completed.returncode != 0:
+        raise SystemExit(f"error: the {job['engine']} process ({job['threads']} thread(s), beam {job['num_beams']}) "
+                         f"failed:\n{completed.stderr[-3000:]}")
+    return json.loads(job_file.with_suffix(".result.json").read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------------------------------------ the whole run
+def measure(args, work: Path, sources: list[str]) -> dict:
+    """`{(engine, threads, num_beams): [result of each round]}`, the engines' order flipped every round."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_layerfusion.inference import export_ctranslate2
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
+    converted = {quantization: export_ctranslate2(model, tokenizer, work / quantization,
+                                                  None if quantization == "float32" else quantization)
+                 for quantization in ("float32", "int8")}
+    del model
+    results = {}
+    for round_index in range(args.rounds):
+        for num_beams in args.beams:
+            for threads in args.threads:
+                for engine in ENGINES if round_index % 2 == 0 else reversed(ENGINES):
+                    job = dict(engine=engine, model_dir=str(args.model_dir), threads=threads, num_beams=num_beams,
+                               sources=sources, ctranslate2_dir=str(converted[engine.split()[-1]]))
+                    results.setdefault((engine, threads, num_beams), []).append(run_engine_process(work, job))
+    return results
+
+
+def search_name(num_beams: int) -> str:
+    return "greedy" if num_beams == 1 else f"beam-{num_beams}"
+
+
+def seconds_cell(runs: list[dict]) -> str:
+    seconds = [run["seconds"] for run in runs]
+    return f"{statistics.median(seconds):.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
+
+
+def report(args, results: dict, references: list[str]) -> list[dict]:
+    """Print the tables and targets; return one row per (engine, threads, search)."""
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    rows = []
+    for (engine, threads, num_beams), runs in results.items():
+        rows.append(dict(engine=engine, threads=threads, num_beams=num_beams,
+                         seconds=[run["seconds"] for run in runs],
+                         median_seconds=statistics.median(run["seconds"] for run in runs),
+                         threads_used=runs[0]["threads"],
+                         bleu=corpus_bleu(runs[0]["translations"], references)[0]))
+    row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in rows}
+    header = " | ".join(f"{search_name(b)}, {t} thread(s): s" for b in args.beams for t in args.threads)
+    print(f"| engine | {header} | " + " | ".join(f"{search_name(b)} BLEU" for b in args.beams) + " |")
+    print("|---|" + "---|" * (len(args.beams) * len(args.threads) + len(args.beams)))
+    for engine in ENGINES:
+        cells = [seconds_cell(results[engine, t, b]) for b in args.beams for t in args.threads]
+        bleu = [f"{row_of[engine, args.threads[0], b]['bleu']:.2f}" for b in args.beams]
+        print(f"| {engine} | " + " | ".join(cells + bleu) + " |")
+    print("\nSeconds to translate the sentences once, median over rounds [min-max]; BLEU of the first round.")
+    if len(args.threads) > 1:
+        print(f"\n| engine | search | " + " | ".join(f"{t} threads vs {args.threads[0]}" for t in args.threads[1:])
+              + " |")
+        print("|---|---|" + "---|" * (len(args.threads) - 1))
+        for engine in ENGINES:
+            for b in args.beams:
+                base = row_of[engine, args.threads[0], b]["median_seconds"]
+                ratios = [f"{base / row_of[engine, t, b]['median_seconds']:.2f}x" for t in args.threads[1:]]
+                print(f"| {engine} | {search_name(b)} | " + " | ".join(ratios) + " |")
+    print(f"\nTargets (issue 39): the fast loop at or above CTranslate2 of the same precision (>= {TARGET:.1f}x):")
+    for fast, reference in SAME_PRECISION.items():
+        for t in args.threads:
+            for b in args.beams:
+                ratio = row_of[reference, t, b]["median_seconds"] / row_of[fast, t, b]["median_seconds"]
+                verdict = "met" if ratio >= TARGET else "NOT met"
+                print(f"- {fast} vs {reference}, {search_name(b)}, {t} thread(s): {ratio:.2f}x, {verdict}")
+    return rows
+
+
+def main(argv=None) -> list[dict] | None:
+    args = parse_args(argv)
+    if args.child is not None:
+        run_child(Path(args.child))
+        return None
+    try:
+        import ctranslate2
+    except ImportError:
+        raise SystemExit("error: this benchmark compares with CTranslate2: pip install -e '.[ctranslate2]'")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the parent starts no worker threads beside the engines' processes
+    try:
+        return measure_and_report(args, ctranslate2.__version__, argv)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
+    transformers.logging.set_verbosity_error()
+    sources = read_lines(args.data / "test_2016_flickr.en")[: args.sentences]
+    references = read_lines(args.data / "test_2016_flickr.de")[: args.sentences]
+    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT),
+                                                            *(sys.argv[1:] if argv is None else argv)])
+    start = time.perf_counter()
+    print("## The real workload with each engine in a process of its own (issue 39)\n")
+    print(f"- command (from the repository root): `{command}`")
+    print(f"- torch {torch.__version__}, transformers {transformers.__version__}, CTranslate2 {ctranslate2_version}, "
+          f"hf_layerfusion {hf_layerfusion.__version__} (git {git_revision()}), Python {platform.python_version()}")
+    print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
+          f"{engine_wait_policy()} in the engines' processes, load average at start {loadavg()}")
+    print(f"- model: {args.model_dir}, Multi30k test, {len(sources)} sentences, {args.rounds} round(s)\n")
+    with tempfile.TemporaryDirectory() as work:
+        results = measure(args, Path(work), sources)
+    rows = report(args, results, references)
+    print(f"\n(load average at end {loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
