@@ -32,23 +32,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import transformers
+# the engines' processes' OMP_WAIT_POLICY, read before bench_backbone sets this process's default (PASSIVE): the
+# environment's, else ACTIVE (two threads need spinning waits on idle cores, and each engine has the cores to itself)
+ENGINE_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY", "ACTIVE")
 
-import hf_layerfusion
-from bench_backbone import cpu_model, git_revision, loadavg, read_lines
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+import hf_layerfusion  # noqa: E402
+from bench_backbone import cpu_model, git_revision, loadavg, read_lines  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 ENGINES = ("fast float32", "CTranslate2 float32", "fast int8", "CTranslate2 int8")
 SAME_PRECISION = {"fast float32": "CTranslate2 float32", "fast int8": "CTranslate2 int8"}
 TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
-
-
-def engine_wait_policy() -> str:
-    """The engines' processes' OMP_WAIT_POLICY: the environment's, else ACTIVE (two threads need spinning waits on
-    idle cores, and each engine has the cores to itself here)."""
-    return os.environ.get("OMP_WAIT_POLICY", "ACTIVE")
 
 
 def positive(text: str) -> int:
@@ -126,11 +124,11 @@ def run_child(job_file: Path) -> None:
 
 
 def run_engine_process(work: Path, job: dict) -> dict:
-    """`run_child`'s result for `job`, in a fresh Python process (`engine_wait_policy`)."""
+    """`run_child`'s result for `job`, in a fresh Python process (`ENGINE_WAIT_POLICY`)."""
     job_file = work / f"job_{time.monotonic_ns()}.json"
     job_file.write_text(json.dumps(job), encoding="utf-8")
     completed = subprocess.run([sys.executable, __file__, job["model_dir"], "--child", str(job_file)], capture_output=True, text=True,
-                               cwd=REPO_ROOT, env={**os.environ, "OMP_WAIT_POLICY": engine_wait_policy()})
+                               cwd=REPO_ROOT, env={**os.environ, "OMP_WAIT_POLICY": ENGINE_WAIT_POLICY})
     if completed.returncode != 0:
         raise SystemExit(f"error: the {job['engine']} process ({job['threads']} thread(s), beam {job['num_beams']}) "
                          f"failed:\n{completed.stderr[-3000:]}")
@@ -238,7 +236,7 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, CTranslate2 {ctranslate2_version}, "
           f"hf_layerfusion {hf_layerfusion.__version__} (git {git_revision()}), Python {platform.python_version()}")
     print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
-          f"{engine_wait_policy()} in the engines' processes, load average at start {loadavg()}")
+          f"{ENGINE_WAIT_POLICY} in the engines' processes, load average at start {loadavg()}")
     print(f"- model: {args.model_dir}, Multi30k test, {len(sources)} sentences, {args.rounds} round(s)\n")
     with tempfile.TemporaryDirectory() as work:
         results = measure(args, Path(work), sources)

@@ -5,7 +5,9 @@ BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe
 `bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py`, `bench_workload_processes.py` and `probe_amx_rows.py`."""
 
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -231,6 +233,20 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
     assert bleu["fast float32", 1] == bleu["fast float32", 2] == bleu["CTranslate2 float32", 1]
     assert "- fast int8 vs CTranslate2 int8, greedy, 2 thread(s): " in output
     assert "| fast float32 | greedy | " in output
+
+
+@pytest.mark.parametrize("environment, policy", [(None, "ACTIVE"), ("PASSIVE", "PASSIVE")])
+def test_bench_workload_processes_engines_wait_policy_is_the_environments_else_active(environment, policy):
+    """Read before bench_backbone's import sets PASSIVE as the parent's default (the bug of a first run)."""
+    env = {name: value for name, value in os.environ.items() if name != "OMP_WAIT_POLICY"}
+    if environment is not None:
+        env["OMP_WAIT_POLICY"] = environment
+    completed = subprocess.run(
+        [sys.executable, "-c", "import bench_workload_processes as b, os; print(b.ENGINE_WAIT_POLICY)"],
+        cwd=BENCHMARKS, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split()[-1] == policy
 
 
 def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_models, tokenizer_sized_plain, capsys):
