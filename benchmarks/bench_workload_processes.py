@@ -41,6 +41,8 @@ import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from bench_backbone import cpu_model, git_revision, loadavg, read_lines  # noqa: E402
+from bench_multi30k import positive_int  # noqa: E402
+from inference_workload_report import search_label  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
@@ -49,21 +51,14 @@ SAME_PRECISION = {"fast float32": "CTranslate2 float32", "fast int8": "CTranslat
 TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="a trained plain Transformer with its tokenizer (a study run dir)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="Multi30k directory")
-    parser.add_argument("--threads", type=positive, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
-    parser.add_argument("--beams", type=positive, nargs="+", default=[1, 4], help="searches (default: 1 4)")
-    parser.add_argument("--rounds", type=positive, default=3, help="timed runs per engine (default: %(default)s)")
-    parser.add_argument("--sentences", type=positive, default=None, help="the first N test sentences (default: all)")
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
+    parser.add_argument("--beams", type=positive_int, nargs="+", default=[1, 4], help="searches (default: 1 4)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed runs per engine (default: %(default)s)")
+    parser.add_argument("--sentences", type=positive_int, default=None, help="the first N test sentences (default: all)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file of `run_child`
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -159,10 +154,6 @@ def measure(args, work: Path, sources: list[str]) -> dict:
     return results
 
 
-def search_name(num_beams: int) -> str:
-    return "greedy" if num_beams == 1 else f"beam-{num_beams}"
-
-
 def seconds_cell(runs: list[dict]) -> str:
     seconds = [run["seconds"] for run in runs]
     return f"{statistics.median(seconds):.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
@@ -180,8 +171,8 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
                          threads_used=runs[0]["threads"],
                          bleu=corpus_bleu(runs[0]["translations"], references)[0]))
     row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in rows}
-    header = " | ".join(f"{search_name(b)}, {t} thread(s): s" for b in args.beams for t in args.threads)
-    print(f"| engine | {header} | " + " | ".join(f"{search_name(b)} BLEU" for b in args.beams) + " |")
+    header = " | ".join(f"{search_label(b)}, {t} thread(s): s" for b in args.beams for t in args.threads)
+    print(f"| engine | {header} | " + " | ".join(f"{search_label(b)} BLEU" for b in args.beams) + " |")
     print("|---|" + "---|" * (len(args.beams) * len(args.threads) + len(args.beams)))
     for engine in ENGINES:
         cells = [seconds_cell(results[engine, t, b]) for b in args.beams for t in args.threads]
@@ -196,14 +187,14 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
             for b in args.beams:
                 base = row_of[engine, args.threads[0], b]["median_seconds"]
                 ratios = [f"{base / row_of[engine, t, b]['median_seconds']:.2f}x" for t in args.threads[1:]]
-                print(f"| {engine} | {search_name(b)} | " + " | ".join(ratios) + " |")
+                print(f"| {engine} | {search_label(b)} | " + " | ".join(ratios) + " |")
     print(f"\nTargets (issue 39): the fast loop at or above CTranslate2 of the same precision (>= {TARGET:.1f}x):")
     for fast, reference in SAME_PRECISION.items():
         for t in args.threads:
             for b in args.beams:
                 ratio = row_of[reference, t, b]["median_seconds"] / row_of[fast, t, b]["median_seconds"]
                 verdict = "met" if ratio >= TARGET else "NOT met"
-                print(f"- {fast} vs {reference}, {search_name(b)}, {t} thread(s): {ratio:.2f}x, {verdict}")
+                print(f"- {fast} vs {reference}, {search_label(b)}, {t} thread(s): {ratio:.2f}x, {verdict}")
     return rows
 
 
