@@ -8,7 +8,9 @@ runtime's worker thread keeps spinning on the second core after its engine's tur
 shares that core with the other runtime's spinning thread. Here each engine translates in a fresh process (this
 script with `--child`) at one thread count, while the parent stays at one thread (no worker threads of its own);
 rounds flip the engines' order, so that a drift of machine speed hits them alike, and each engine's time is the
-median over rounds [min-max].
+median over rounds [min-max]. Each process also counts its OS threads and their context switches during the timed
+translation (Linux): an OpenMP runtime whose workers sleep and wake at every parallel region shows there (libgomp
+spins only 1,000 times before sleeping once it manages more threads than there are CPUs).
 
 Engines: the fast loop in float32 and int8 (`hf_layerfusion.translate`: batches of 32 sorted by length, each sentence
 stopping at its end token) and CTranslate2 float32 and int8 (`export_ctranslate2`, batches of 32, as
@@ -79,9 +81,28 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------------------ one engine's process
+def process_threads_and_context_switches() -> tuple[int, int] | tuple[None, None]:
+    """This process's OS threads and the context switches (voluntary and involuntary) its living threads have made so
+    far, from Linux's /proc; (None, None) elsewhere."""
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return None, None
+    threads = switches = 0
+    for status in tasks.glob("*/status"):
+        try:
+            lines = status.read_text(encoding="utf-8").splitlines()
+        except OSError:  # a thread that ended since the listing
+            continue
+        threads += 1
+        switches += sum(int(line.split()[1]) for line in lines if line.startswith(("voluntary_ctxt_switches",
+                                                                                     "nonvoluntary_ctxt_switches")))
+    return threads, switches
+
+
 def run_child(job_file: Path) -> None:
     """Translate the job's sentences with one engine at one thread count (warm-up on two sentences first) and write
-    `{"seconds", "translations", "threads"}` beside the job file."""
+    `{"seconds", "translations", "threads", "process_threads", "context_switches"}` beside the job file (the last two:
+    this process's OS threads after the timed translation and their context switches during it; None off Linux)."""
     job = json.loads(job_file.read_text(encoding="utf-8"))
     transformers.logging.set_verbosity_error()
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
@@ -111,10 +132,14 @@ def run_child(job_file: Path) -> None:
             return hf_layerfusion.translate(model, tokenizer, sentences, num_beams=job["num_beams"],
                                             quantization=quantization)
     translate(sources[:2])
+    _, switches_before = process_threads_and_context_switches()
     start = time.perf_counter()
     translations = translate(sources)
     seconds = time.perf_counter() - start
-    result = {"seconds": seconds, "translations": translations, "threads": threads}
+    process_threads, switches_after = process_threads_and_context_switches()
+    context_switches = None if switches_after is None else switches_after - switches_before
+    result = {"seconds": seconds, "translations": translations, "threads": threads,
+              "process_threads": process_threads, "context_switches": context_switches}
     job_file.with_suffix(".result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
@@ -169,6 +194,9 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
                          seconds=[run["seconds"] for run in runs],
                          median_seconds=statistics.median(run["seconds"] for run in runs),
                          threads_used=runs[0]["threads"],
+                         process_threads=runs[0]["process_threads"],
+                         context_switches_per_second=[None if run["context_switches"] is None
+                                                      else run["context_switches"] / run["seconds"] for run in runs],
                          bleu=corpus_bleu(runs[0]["translations"], references)[0]))
     row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in rows}
     header = " | ".join(f"{search_label(b)}, {t} thread(s): s" for b in args.beams for t in args.threads)
@@ -188,6 +216,18 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
                 base = row_of[engine, args.threads[0], b]["median_seconds"]
                 ratios = [f"{base / row_of[engine, t, b]['median_seconds']:.2f}x" for t in args.threads[1:]]
                 print(f"| {engine} | {search_label(b)} | " + " | ".join(ratios) + " |")
+    if all(row["process_threads"] is not None for row in rows):
+        print("\n| engine | search | " + " | ".join(f"{t} thread(s): OS threads, context switches / s" for t in args.threads)
+              + " |")
+        print("|---|---|" + "---|" * len(args.threads))
+        for engine in ENGINES:
+            for b in args.beams:
+                cells = [f"{row_of[engine, t, b]['process_threads']}, "
+                         f"{statistics.median(row_of[engine, t, b]['context_switches_per_second']):.0f}"
+                         for t in args.threads]
+                print(f"| {engine} | {search_label(b)} | " + " | ".join(cells) + " |")
+        print("\nOS threads of the engine's process after its timed translation (first round); context switches of its "
+              "threads per second of translation (median over rounds).")
     print(f"\nTargets (issue 39): the fast loop at or above CTranslate2 of the same precision (>= {TARGET:.1f}x):")
     for fast, reference in SAME_PRECISION.items():
         for t in args.threads:

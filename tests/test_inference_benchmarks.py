@@ -228,11 +228,16 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
         assert len(row["seconds"]) == 1 and min(row["seconds"]) > 0 and row["num_beams"] == 1
         # each fast loop's process ran at the thread count asked for
         assert row["threads_used"] == row["threads"]
+        if sys.platform.startswith("linux"):  # counted from /proc: every thread of the process, not only the main one
+            assert row["process_threads"] >= (2 if row["engine"].startswith("CTranslate2") else 1)  # + its translator
+            assert min(row["context_switches_per_second"]) >= 0
     # float32 gives the same translations in both engines (CTranslate2 float32 equals generate() here too)
     bleu = {(row["engine"], row["threads"]): row["bleu"] for row in rows}
     assert bleu["fast float32", 1] == bleu["fast float32", 2] == bleu["CTranslate2 float32", 1]
     assert "- fast int8 vs CTranslate2 int8, greedy, 2 thread(s): " in output
     assert "| fast float32 | greedy | " in output
+    if sys.platform.startswith("linux"):
+        assert "| engine | search | 1 thread(s): OS threads, context switches / s | 2 thread(s): " in output
 
 
 @pytest.mark.parametrize("environment, policy", [(None, "ACTIVE"), ("PASSIVE", "PASSIVE")])
