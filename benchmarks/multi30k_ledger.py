@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 LEDGER_VERSION = 1
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +70,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+class CpuKind(NamedTuple):
+    """A CPU as the study's time estimates tell CPUs apart: its model name and the widest vector instruction set torch
+    dispatches to on it (`torch.backends.cpu.get_cpu_capability()`: "AVX512", "AVX2", ...; None for a ledger entry
+    written before `device.cpu_capability` was recorded). One model name covers generations that train at very
+    different speeds: "AMD EPYC" is an AVX2-only Zen 2 and an AVX-512 Zen 4 alike."""
+
+    model: str
+    capability: str | None
+
+
+def cpu_capability() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def this_cpu() -> CpuKind:
+    return CpuKind(cpu_model(), cpu_capability())
+
+
 def device_description() -> dict:
     """What the run ran on: the CPU model (and GPU, if one was used), the threads torch used, library versions."""
     import torch
@@ -76,6 +97,7 @@ def device_description() -> dict:
 
     return {
         "cpu": cpu_model(),
+        "cpu_capability": cpu_capability(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

@@ -346,10 +346,10 @@ def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
     return None if starting_arm is None else StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
 
 
-def ledger_cpu_minutes(arm_dir: Path, cpu: str, steps: int) -> list[float]:
-    """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), those on the CPU
-    model `cpu` where there are any, their training scaled to `steps` steps; unreadable files are left out (the
-    queue reruns them)."""
+def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int) -> list[float]:
+    """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), their training
+    scaled to `steps` steps: those on `cpu`'s model and instruction set where there are any, else those on its model
+    whose entries predate `device.cpu_capability`, else all; unreadable files are left out (the queue reruns them)."""
     entries = []
     for path in Path(arm_dir).glob("seed_*.json"):
         try:
@@ -358,12 +358,14 @@ def ledger_cpu_minutes(arm_dir: Path, cpu: str, steps: int) -> list[float]:
         except ledger.UnreadableResult:
             continue
     on_cpu = [entry for entry in entries if entry["device"]["gpu"] is None]
-    same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu]
+    same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu.model]
+    same_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") == cpu.capability]
+    unrecorded_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") is None]
     return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0)
-            for entry in same_model or on_cpu]
+            for entry in same_kind or unrecorded_kind or on_cpu]
 
 
-def expected_minutes(run: ArmRun | DepthProbe, args, cpu: str) -> tuple[float, str]:
+def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tuple[float, str]:
     """How long `run` should take on one core of this CPU, and where that estimate comes from: the median of its
     arm's CPU runs in the ledger (else `UNTIMED_RUN_MINUTES`), plus its starting run's when a fine-tuning arm must
     train that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing)."""
@@ -542,7 +544,7 @@ def startable(pending: list, running: list[RunningRun], slots: int) -> list:
     return chosen
 
 
-def fitting_runs(pending: list, minutes_left: float, args, cpu: str, skipped: set) -> list:
+def fitting_runs(pending: list, minutes_left: float, args, cpu: ledger.CpuKind, skipped: set) -> list:
     """The pending runs expected to finish in `minutes_left` (`expected_minutes`), in queue order; says once for
     each run it leaves out why (`skipped` remembers which)."""
     fitting = []
@@ -563,7 +565,7 @@ def run_queue(args) -> bool:
     running: list[RunningRun] = []
     failed, started = False, 0
     deadline = None if args.hours is None else time.monotonic() + args.hours * 3600
-    cpu, skipped = ledger.cpu_model(), set()
+    cpu, skipped = ledger.this_cpu(), set()
     while True:
         pending = [] if failed or (args.once and started) else pending_runs(args.ledger_dir, args.probe_dir, args.arms)
         if deadline is not None:
@@ -605,8 +607,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--hours", type=float, metavar="H",
         help="How long this machine stays up (a session's time left, say): start only runs expected to finish within "
-             "it, on one core of this CPU (the median of the arm's CPU runs in the ledger, on this CPU model where "
-             "there are any, else %d min; plus a fine-tuning arm's starting run when that must train first), and skip "
+             "it, on one core of this CPU (the median of the arm's CPU runs in the ledger, on this CPU model and vector "
+             "instruction set where there are any, else on this model as recorded before the set was, else on any "
+             "CPU; %d min without any; plus a fine-tuning arm's starting run when that must train first), and skip "
              "the others for later runs of the queue that fit. A new machine starts without runs/, so a run that does "
              "not fit would only be lost. Default: no limit." % UNTIMED_RUN_MINUTES,
     )

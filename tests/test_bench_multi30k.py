@@ -418,36 +418,49 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
 
 def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
     """`--hours`: a run's expected minutes are the median of its arm's CPU runs in the ledger (those on this CPU
-    model where there are any; GPU runs never count), 90 without any, plus the starting run's while a fine-tuning arm
-    must train that first; runs that do not fit are left for later ones that do, each said once."""
+    model and instruction set where there are any, else this model's entries that predate the set's record; GPU runs
+    never count), 90 without any, plus the starting run's while a fine-tuning arm must train that first; runs that do
+    not fit are left for later ones that do, each said once."""
     monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
 
-    def run_in_ledger(arm, seed, minutes, cpu, gpu=None):
+    def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None):
+        device = {"cpu": cpu, "gpu": gpu, "torch_threads": 1}
+        if capability is not None:
+            device["cpu_capability"] = capability
         ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
-            arm, seed, 30.0, REFERENCES, train_minutes=minutes - 2.0, evaluation_minutes=2.0,
-            device={"cpu": cpu, "gpu": gpu, "torch_threads": 1}))
+            arm, seed, 30.0, REFERENCES, train_minutes=minutes - 2.0, evaluation_minutes=2.0, device=device))
 
     run_in_ledger("plain_transformer_continued", 1, 100.0, "CPU A")
     run_in_ledger("plain_transformer_continued", 2, 40.0, "CPU B")
     run_in_ledger("plain_transformer_continued", 4, 60.0, "CPU B")
     run_in_ledger("plain_transformer_continued", 5, 3.0, "CPU A", gpu="Some GPU")
     run_in_ledger("plain_transformer", 1, 60.0, "CPU B")
+    run_in_ledger("re_transformer_2", 1, 30.0, "CPU A", capability="AVX512")
+    run_in_ledger("re_transformer_2", 2, 80.0, "CPU A")  # before the instruction set was recorded
+    run_in_ledger("re_transformer_2", 3, 200.0, "CPU A", capability="AVX2")
+    run_in_ledger("re_transformer_2", 4, 10.0, "CPU B", capability="AVX512")
     args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    re_transformer = study.StudyRun("re_transformer_2", 5)
+    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 30.0
+    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX2"))[0] == 200.0
+    # a kind of CPU A no entry names: its entries from before the record, not those of another kind
+    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "DEFAULT"))[0] == 80.0
+    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU C", "AVX512"))[0] == 55.0  # all CPUs
     continued, untimed = study.StudyRun("plain_transformer_continued", 3), study.StudyRun("gtrans_12x6", 2)
-    assert study.expected_minutes(continued, args, "CPU A")[0] == 100.0 + 60.0  # its starting run must train first
-    assert study.expected_minutes(continued, args, "CPU C")[0] == 60.0 + 60.0  # no run on this model: all CPUs
+    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU A", None))[0] == 100.0 + 60.0  # its starting run must train first
+    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU C", None))[0] == 60.0 + 60.0  # no run on this model: all CPUs
     starting_run = study.StudyRun("plain_transformer", 3)
     starting_run.run_dir().mkdir(parents=True)
     (starting_run.run_dir() / "bench_results.json").write_text("{}")  # finished here: bench_multi30k reuses it
-    assert study.expected_minutes(continued, args, "CPU A") == (100.0, "the median of its arm's 1 CPU run(s) in the ledger")
-    assert study.expected_minutes(untimed, args, "CPU A")[0] == study.UNTIMED_RUN_MINUTES
+    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU A", None)) == (100.0, "the median of its arm's 1 CPU run(s) in the ledger")
+    assert study.expected_minutes(untimed, args, ledger.CpuKind("CPU A", None))[0] == study.UNTIMED_RUN_MINUTES
     skipped = set()
     for _ in range(2):
-        assert study.fitting_runs([continued, untimed], 95.0, args, "CPU A", skipped) == [untimed]
+        assert study.fitting_runs([continued, untimed], 95.0, args, ledger.CpuKind("CPU A", None), skipped) == [untimed]
     said = capsys.readouterr().out
     assert said.count("not starting `plain_transformer_continued` seed 3: expected 100 min") == 1
-    assert study.fitting_runs([continued, untimed], 60.0, args, "CPU A", skipped) == []
+    assert study.fitting_runs([continued, untimed], 60.0, args, ledger.CpuKind("CPU A", None), skipped) == []
     for hours in ("0", "-1", "nan", "inf"):
         with pytest.raises(SystemExit):
             study.parse_args(["--hours", hours])
@@ -766,7 +779,7 @@ def test_long_depth_runs_are_timed_from_the_same_models_shorter_runs(tmp_path, m
     ledger.write_entry(ledger.ledger_path(ledger_dir, "gtrans_24x18", 1), fake_entry(
         "gtrans_24x18", 1, 30.0, REFERENCES, steps=1000, train_minutes=60.0, evaluation_minutes=5.0))
     args = study.parse_args(["--ledger_dir", str(ledger_dir)])
-    minutes, source = study.expected_minutes(study.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args, "Some CPU")
+    minutes, source = study.expected_minutes(study.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args, ledger.CpuKind("Some CPU", "AVX2"))
     assert minutes == 125.0 and "`gtrans_24x18`" in source and "scaled to 2000 steps" in source
 
 
