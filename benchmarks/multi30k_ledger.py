@@ -241,6 +241,9 @@ class Comparison:
     # per seed, the paired bootstrap p on val; None where the ledger holds no val translations of the seed's arm or
     # baseline run (entries written before issue 38)
     val_p_values: list = ()
+    # seeds whose arm and baseline fine-tuned different runs of the arm they start from (`init_from`: machines without
+    # each other's runs/ trained one each), so that the seed's Δ also holds the difference of their starting points
+    other_start_seeds: list = ()
 
     def verdict(self) -> str:
         """The verdict on test (`majority_verdict`)."""
@@ -268,11 +271,18 @@ class Comparison:
         val_delta = f"Δ {signed_mean_std(self.val_deltas)}"
         if val == UNTESTED:
             return (f"{test_text}, untested on val ({val_delta}; the ledger holds no val translations of "
-                    f"{seed_list(self.seeds)})" + (": not a win yet" if test == "wins" else ""))
+                    f"{seed_list(self.seeds)})" + (": not a win yet" if test == "wins" else "") + self.other_start_text())
         tested = self.val_tested_seeds
         partial = "" if len(tested) == n else f", tested on {seed_list(tested)} of {n}"
         val_p = ", ".join(f"{p:.3f}" for p in self.val_p_values if p is not None)
-        return f"{test_text} {'and' if test == val else 'but'} {val} on val ({val_delta}, p {val_p}{partial})"
+        return (f"{test_text} {'and' if test == val else 'but'} {val} on val ({val_delta}, p {val_p}{partial})"
+                + self.other_start_text())
+
+    def other_start_text(self) -> str:
+        if not self.other_start_seeds:
+            return ""
+        return (f" ({seed_list(self.other_start_seeds)} from another starting run than the baseline's "
+                f"{OTHER_START_MARK})")
 
 
 def seed_list(seeds: list) -> str:
@@ -312,7 +322,23 @@ def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]
         p_values=[test["p_value"] for test in tests],
         cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baseline_runs[s])],
         val_p_values=val_p_values,
+        other_start_seeds=[s for s in seeds if starts_apart(arm_runs[s], baseline_runs[s])],
     )
+
+
+def starting_point(entry: dict) -> tuple | None:
+    """What a fine-tuning run started from, as the ledger records it (`init_from`; its BLEU tells two runs of one
+    arm and seed apart); None for a run from scratch."""
+    start = entry.get("init_from")
+    if start is None:
+        return None
+    return tuple(start.get(key) for key in ("arm", "seed", "steps", "validation_bleu", "test_bleu"))
+
+
+def starts_apart(arm_entry: dict, baseline_entry: dict) -> bool:
+    """Whether both runs fine-tuned a trained run but not the same one."""
+    arm_start, baseline_start = starting_point(arm_entry), starting_point(baseline_entry)
+    return None not in (arm_start, baseline_start) and arm_start != baseline_start
 
 
 def hardware_kind(entry: dict) -> str:
@@ -320,6 +346,7 @@ def hardware_kind(entry: dict) -> str:
 
 
 CROSS_HARDWARE_MARK = "†"
+OTHER_START_MARK = "‡"
 
 
 def check_comparable(runs: dict) -> None:
@@ -383,7 +410,8 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         else:
             def p_text(seed, p):
                 return ("–" if p is None else f"{p:.3f}") + (
-                    CROSS_HARDWARE_MARK if seed in comparison.cross_hardware_seeds else "")
+                    CROSS_HARDWARE_MARK if seed in comparison.cross_hardware_seeds else "") + (
+                    OTHER_START_MARK if seed in comparison.other_start_seeds else "")
 
             cells += [
                 signed_mean_std(comparison.test_deltas),
@@ -410,6 +438,17 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
             "hardware (one on a GPU, the other on a CPU): the same recipe, seed and batch order, but other dropout "
             "draws (the GPU's random stream) and float rounding, so a systematic difference between GPU and CPU "
             "training would show in this seed's Δ; the baseline's seed on the arm's hardware removes the doubt."
+        )
+    apart = [(arm, seed) for arm, c in comparisons.items() for seed in c.other_start_seeds]
+    if apart:
+        starts = "; ".join(
+            f"`{arm}` seed {seed} from test {runs[arm][seed]['init_from']['test_bleu']:.2f}, its baseline from "
+            f"{runs[runs[arm][seed]['baseline']][seed]['init_from']['test_bleu']:.2f}" for arm, seed in apart)
+        lines[-1] += (
+            f" {OTHER_START_MARK}: the arm and its baseline of this seed fine-tuned different runs of the arm they "
+            "start from (each trained on a machine that did not have the other's; the entries' `init_from`), so this "
+            f"seed's Δ also holds the difference of their starting points ({starts}); rerunning the pair from one "
+            "starting run removes it."
         )
     lines += groups_table(runs)
     lines += loss_curve_table(runs)

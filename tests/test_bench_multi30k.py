@@ -231,6 +231,31 @@ def test_seeds_whose_arm_and_baseline_ran_on_other_hardware_are_marked(tmp_path)
     assert "†" not in ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
 
 
+def test_seeds_whose_arm_and_baseline_fine_tuned_different_starting_runs_are_marked(tmp_path):
+    """A fine-tuning arm and its baseline must start from the same run of their starting arm for Δ to be the change
+    of model alone; a seed whose two runs record different starting runs (`init_from`) is marked, with both starts."""
+    def start(test_bleu):
+        return {"arm": "plain_transformer", "seed": 2, "steps": 2000, "validation_bleu": 36.0, "test_bleu": test_bleu,
+                "run_dir": "runs/x"}
+
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_continued", seed), fake_entry(
+            "plain_transformer_continued", seed, 11.0, WRONG, baseline=None, init_from=start(34.09)))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_finetuned", 1), fake_entry(
+        "gtrans_finetuned", 1, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start(34.09)))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_finetuned", 2), fake_entry(
+        "gtrans_finetuned", 2, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start(35.16)))
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    row = next(line for line in text.splitlines() if line.startswith("| `gtrans_finetuned`")).split(" | ")
+    assert row[8] == "0.001 / 0.001‡" and row[11] == "– / –‡"
+    assert "‡: the arm and its baseline of this seed fine-tuned different runs of the arm they start from" in text
+    assert "`gtrans_finetuned` seed 2 from test 35.16, its baseline from 34.09" in text
+    assert "(seed 2 from another starting run than the baseline's ‡)" in text  # in the conclusions too
+    # one starting run for both: no mark
+    (tmp_path / "gtrans_finetuned" / "seed_2.json").unlink()
+    assert "‡" not in ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+
+
 def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
     entry = fake_entry("plain_transformer_24x18", 1, 1.0, WRONG, baseline=None, show_loss_curve=True)
     ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_24x18", 1), entry)
