@@ -479,15 +479,7 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
 
 def starting_run(args, arm_name: str, seed: int) -> dict:
     """What a fine-tuning run started from: the finished run of `arm_name` and `seed` in this output dir."""
-    results = json.loads((run_dir(args, arm_name, seed) / "bench_results.json").read_text())
-    return {
-        "arm": arm_name,
-        "seed": seed,
-        "steps": results["train"]["global_step"],
-        "validation_bleu": results["validation"]["bleu"],
-        "test_bleu": results["test"]["bleu"],
-        "run_dir": str(run_dir(args, arm_name, seed)),
-    }
+    return ledger.starting_run_record(run_dir(args, arm_name, seed), arm_name, seed)
 
 
 def mean_std(values: list[float]) -> dict:
@@ -768,8 +760,16 @@ def depth_runs(runs: dict) -> list[str]:
 def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
                      test_pairs: list[dict]) -> Path:
     path = ledger.ledger_path(args.ledger_dir, arm_name, seed)
-    if path.exists() and ledger.entry_problem(path) is None:
-        return path  # an unreadable file in its place is replaced (`ledger.write_entry`)
+    init_from = MODELS[arm_name].init_from
+    if path.exists() and ledger.entry_problem(path) is None:  # an unreadable file is replaced (`ledger.write_entry`)
+        start = None if init_from is None else starting_run(args, init_from, seed)
+        if start is None or not ledger.starts_apart(ledger.read_entry(path), {"init_from": start}):
+            return path
+        # the entry fine-tuned another run of its starting arm (trained on another machine): this run, from this
+        # machine's, is a rerun beside it (the study's baseline reruns: `ledger.rerun_path`)
+        path = ledger.rerun_path(args.ledger_dir, arm_name, seed, ledger.start_tag(start))
+        if path.exists() and ledger.entry_problem(path) is None:
+            return path
     table_vi = None
     if MODELS[arm_name].model_type == "gtrans" and MODELS[arm_name].decoder_group_table:
         table_vi = decoder_group_table(run_dir(args, arm_name, seed), test_pairs)

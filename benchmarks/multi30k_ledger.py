@@ -11,7 +11,10 @@ for a fine-tuning arm the run it started from (`init_from`: arm, seed, steps, BL
 `benchmarks/study.py` decides which run comes next.
 
 Entries are written once, atomically (a temporary file renamed into place), and never overwritten: a different
-result for the same arm and seed is a new arm name or a deliberate `git rm`. A file that cannot be read as an entry
+result for the same arm and seed is a new arm name or a deliberate `git rm`, except a fine-tuning run from another
+starting run than its entry's (a baseline rerun from a fine-tuning arm's start, `study.py`'s priority 7), which goes
+beside it (`<arm>/seed_<s>_from_<start>.json`, `rerun_path`) and stands in for it where a comparison's seeds
+started there (`matching_baseline`). A file that cannot be read as an entry
 (cut short, a merge gone wrong, a key missing) is not an entry: `--report` stops with an error naming it, the
 queue counts its run as not done and the rerun replaces it (`UnreadableResult`, `write_entry`).
 """
@@ -22,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 from dataclasses import dataclass
@@ -41,6 +45,34 @@ README_END = "<!-- multi30k-ledger-report:end -->"
 
 def ledger_path(ledger_dir: Path, arm: str, seed: int) -> Path:
     return Path(ledger_dir) / arm / f"seed_{seed}.json"
+
+
+def rerun_path(ledger_dir: Path, arm: str, seed: int, start_tag: str) -> Path:
+    """Where a fine-tuning run of `arm` and `seed` goes when the arm's entry (`ledger_path`) started from another run
+    of its starting arm (a machine without runs/ retrains that run, and two trainings of one seed differ): a
+    baseline rerun from the start a fine-tuning arm's seed had, so that the two compare from one start (`compare`).
+    `start_tag`: `start_tag(init_from)` of the run."""
+    return Path(ledger_dir) / arm / f"seed_{seed}_from_{start_tag}.json"
+
+
+def start_tag(init_from: dict) -> str:
+    """A short name for a starting run (an entry's `init_from`) in file names: a hash of `starting_point`."""
+    point = starting_point({"init_from": init_from})
+    return hashlib.sha256(json.dumps(point).encode()).hexdigest()[:10]
+
+
+def starting_run_record(run_dir: Path, arm: str, seed: int) -> dict:
+    """What a fine-tuning run started from (its entry's `init_from`): the finished run of `arm` and `seed` in
+    `run_dir`, as bench_multi30k.py's `bench_results.json` there describes it."""
+    results = json.loads((Path(run_dir) / "bench_results.json").read_text())
+    return {
+        "arm": arm,
+        "seed": seed,
+        "steps": results["train"]["global_step"],
+        "validation_bleu": results["validation"]["bleu"],
+        "test_bleu": results["test"]["bleu"],
+        "run_dir": str(run_dir),
+    }
 
 
 def code_revision(code_root: Path = REPO_ROOT) -> dict:
@@ -171,8 +203,13 @@ def read_entry(path: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict:
     path = Path(path)
     if entry["ledger_version"] != LEDGER_VERSION:
         raise UnreadableResult(path, f"ledger_version {entry['ledger_version']!r}, expected {LEDGER_VERSION}")
-    if path.parent.name != entry["arm"] or path.stem != f"seed_{entry['seed']}":
-        raise UnreadableResult(path, f"holds arm {entry['arm']!r} seed {entry['seed']}: misplaced ledger entry")
+    stems = {f"seed_{entry['seed']}"}
+    if entry.get("init_from") is not None:
+        stems.add(rerun_path(path.parent, entry["arm"], entry["seed"], start_tag(entry["init_from"])).stem)
+    if path.parent.name != entry["arm"] or path.stem not in stems:
+        raise UnreadableResult(path, f"holds arm {entry['arm']!r} seed {entry['seed']}"
+                               + (f" from {start_tag(entry['init_from'])}" if entry.get("init_from") else "")
+                               + ": misplaced ledger entry")
     return entry
 
 
@@ -200,14 +237,31 @@ def write_entry(path: Path, entry: dict, required: tuple[str, ...] = REQUIRED_KE
     os.replace(temporary, path)
 
 
+ENTRY_NAME = re.compile(r"seed_\d+\.json")
+RERUN_NAME = re.compile(r"seed_\d+_from_[0-9a-f]+\.json")
+
+
 def read_ledger(ledger_dir: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, dict[int, dict]]:
-    """`{arm: {seed: entry}}` of every finished run in the ledger; `UnreadableResult` naming the first file that is
-    not a usable entry (a report that silently left a run out would be wrong)."""
+    """`{arm: {seed: entry}}` of every finished run in the ledger (its reruns from another start: `read_reruns`);
+    `UnreadableResult` naming the first file that is not a usable entry (a report that silently left a run out
+    would be wrong)."""
     runs: dict[str, dict[int, dict]] = {}
     for path in sorted(Path(ledger_dir).glob("*/seed_*.json")):
-        entry = read_entry(path, required)
-        runs.setdefault(entry["arm"], {})[entry["seed"]] = entry
+        if ENTRY_NAME.fullmatch(path.name):
+            entry = read_entry(path, required)
+            runs.setdefault(entry["arm"], {})[entry["seed"]] = entry
     return runs
+
+
+def read_reruns(ledger_dir: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict[str, dict[int, list[dict]]]:
+    """`{arm: {seed: [entry, ...]}}` of the ledger's reruns from another start (`rerun_path`), checked as
+    `read_ledger` checks entries."""
+    reruns: dict[str, dict[int, list[dict]]] = {}
+    for path in sorted(Path(ledger_dir).glob("*/seed_*_from_*.json")):
+        if RERUN_NAME.fullmatch(path.name):
+            entry = read_entry(path, required)
+            reruns.setdefault(entry["arm"], {}).setdefault(entry["seed"], []).append(entry)
+    return reruns
 
 
 # --- the report ------------------------------------------------------------------------------------------------
@@ -244,6 +298,9 @@ class Comparison:
     # seeds whose arm and baseline fine-tuned different runs of the arm they start from (`init_from`: machines without
     # each other's runs/ trained one each), so that the seed's Δ also holds the difference of their starting points
     other_start_seeds: list = ()
+    # seeds compared with a rerun of the baseline from the arm's starting run (`matching_baseline`), not with the
+    # baseline's entry, which started from another
+    rerun_seeds: list = ()
 
     def verdict(self) -> str:
         """The verdict on test (`majority_verdict`)."""
@@ -301,29 +358,44 @@ def signed_mean_std(values: list[float]) -> str:
     return f"{statistics.fmean(values):+.2f} ± {statistics.stdev(values):.2f}"
 
 
-def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]], paired_bootstrap
-            ) -> Comparison | None:
-    """`references`: the test references (`"test"`) and the val references (`"validation"`)."""
+def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]], paired_bootstrap,
+            baseline_reruns: dict | None = None) -> Comparison | None:
+    """`references`: the test references (`"test"`) and the val references (`"validation"`); `baseline_reruns`:
+    the baseline's reruns from another start (`read_reruns`), each compared with the arm's seeds that started where
+    it did (`matching_baseline`)."""
     seeds = sorted(set(arm_runs) & set(baseline_runs))
     if not seeds:
         return None
-    tests = [paired_bootstrap(baseline_runs[s]["test"]["hypotheses"], arm_runs[s]["test"]["hypotheses"],
+    baselines = {s: matching_baseline(arm_runs[s], baseline_runs[s], (baseline_reruns or {}).get(s, []))
+                 for s in seeds}
+    tests = [paired_bootstrap(baselines[s]["test"]["hypotheses"], arm_runs[s]["test"]["hypotheses"],
                               references["test"]) for s in seeds]
     val_p_values = []
     for s in seeds:
-        pair = (baseline_runs[s]["validation"], arm_runs[s]["validation"])
+        pair = (baselines[s]["validation"], arm_runs[s]["validation"])
         val_p_values.append(
             paired_bootstrap(pair[0]["hypotheses"], pair[1]["hypotheses"], references["validation"])["p_value"]
             if all("hypotheses" in split for split in pair) else None)
     return Comparison(
         seeds=seeds,
-        test_deltas=[arm_runs[s]["test"]["bleu"] - baseline_runs[s]["test"]["bleu"] for s in seeds],
-        val_deltas=[arm_runs[s]["validation"]["bleu"] - baseline_runs[s]["validation"]["bleu"] for s in seeds],
+        test_deltas=[arm_runs[s]["test"]["bleu"] - baselines[s]["test"]["bleu"] for s in seeds],
+        val_deltas=[arm_runs[s]["validation"]["bleu"] - baselines[s]["validation"]["bleu"] for s in seeds],
         p_values=[test["p_value"] for test in tests],
-        cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baseline_runs[s])],
+        cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baselines[s])],
         val_p_values=val_p_values,
-        other_start_seeds=[s for s in seeds if starts_apart(arm_runs[s], baseline_runs[s])],
+        other_start_seeds=[s for s in seeds if starts_apart(arm_runs[s], baselines[s])],
+        rerun_seeds=[s for s in seeds if baselines[s] is not baseline_runs[s]],
     )
+
+
+def matching_baseline(arm_entry: dict, baseline_entry: dict, baseline_reruns: list[dict]) -> dict:
+    """The baseline run to compare an arm's run of a seed with: the baseline's entry when both started from the same
+    run (or either from scratch), else its rerun from the arm's start where the ledger holds one, else its entry
+    (`starts_apart` then marks the seed)."""
+    if not starts_apart(arm_entry, baseline_entry):
+        return baseline_entry
+    start = starting_point(arm_entry)
+    return next((rerun for rerun in baseline_reruns if starting_point(rerun) == start), baseline_entry)
 
 
 def starting_point(entry: dict) -> tuple | None:
@@ -347,12 +419,13 @@ def hardware_kind(entry: dict) -> str:
 
 CROSS_HARDWARE_MARK = "†"
 OTHER_START_MARK = "‡"
+RERUN_MARK = "§"
 
 
-def check_comparable(runs: dict) -> None:
+def check_comparable(entries: list[dict]) -> None:
     """Every run must have been scored on the same test set and tokenizer; otherwise the tables would mix them."""
     for key in ("tokenizer_sha256", "test_references_sha256"):
-        values = {entry[key] for by_seed in runs.values() for entry in by_seed.values()}
+        values = {entry[key] for entry in entries}
         if len(values) > 1:
             raise ValueError(f"The ledger mixes runs with different {key} ({sorted(values)}): not comparable.")
 
@@ -364,20 +437,22 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
     what its paper claims; `pending` lists the queue's next runs; `other_results` (Markdown lines, e.g. the depth
     probes) go before them."""
     runs = read_ledger(ledger_dir)
+    reruns = read_reruns(ledger_dir)
     # baselines first, then the arms compared with them
     runs = dict(sorted(runs.items(), key=lambda item: (next(iter(item[1].values()))["baseline"] is not None, item[0])))
     next_runs = ["", f"Next in the queue (`python benchmarks/study.py --list`): {', '.join(pending)}."] if pending else []
     if not runs:
         return "\n".join(["No run has finished yet: the ledger is empty.", *next_runs]) + "\n"
-    check_comparable(runs)
+    every_entry = [*(e for r in runs.values() for e in r.values()),
+                   *(e for r in reruns.values() for es in r.values() for e in es)]
+    check_comparable(every_entry)
     hashes = {split: sha256_lines(references[split]) for split in ("test", "validation")}
-    for by_seed in runs.values():
-        for entry in by_seed.values():
-            if entry["test_references_sha256"] != hashes["test"]:
-                raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other test references.")
-            # entries from before issue 38 hold neither val translations nor the val references' hash
-            if entry.get("validation_references_sha256", hashes["validation"]) != hashes["validation"]:
-                raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other val references.")
+    for entry in every_entry:
+        if entry["test_references_sha256"] != hashes["test"]:
+            raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other test references.")
+        # entries from before issue 38 hold neither val translations nor the val references' hash
+        if entry.get("validation_references_sha256", hashes["validation"]) != hashes["validation"]:
+            raise ValueError(f"Run {entry['arm']} seed {entry['seed']} was scored on other val references.")
     lines = []
     signatures = sorted({e["test"]["signature"] for r in runs.values() for e in r.values()})
     lines += [
@@ -393,7 +468,7 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         baseline = entries[0]["baseline"]
         comparison = None
         if baseline is not None and baseline in runs:
-            comparison = compare(by_seed, runs[baseline], references, paired_bootstrap)
+            comparison = compare(by_seed, runs[baseline], references, paired_bootstrap, reruns.get(baseline))
             comparisons[arm] = comparison
         cells = [
             f"`{arm}`",
@@ -411,7 +486,8 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
             def p_text(seed, p):
                 return ("–" if p is None else f"{p:.3f}") + (
                     CROSS_HARDWARE_MARK if seed in comparison.cross_hardware_seeds else "") + (
-                    OTHER_START_MARK if seed in comparison.other_start_seeds else "")
+                    OTHER_START_MARK if seed in comparison.other_start_seeds else "") + (
+                    RERUN_MARK if seed in comparison.rerun_seeds else "")
 
             cells += [
                 signed_mean_std(comparison.test_deltas),
@@ -447,9 +523,16 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         lines[-1] += (
             f" {OTHER_START_MARK}: the arm and its baseline of this seed fine-tuned different runs of the arm they "
             "start from (each trained on a machine that did not have the other's; the entries' `init_from`), so this "
-            f"seed's Δ also holds the difference of their starting points ({starts}); rerunning the pair from one "
-            "starting run removes it."
+            f"seed's Δ also holds the difference of their starting points ({starts}); a rerun of the baseline from "
+            "the arm's starting run removes it (`benchmarks/study.py` queues one on a machine that holds that run)."
         )
+    rerun_pairs = [(arm, seed) for arm, c in comparisons.items() for seed in c.rerun_seeds]
+    if rerun_pairs:
+        lines[-1] += (
+            f" {RERUN_MARK}: compared with its baseline's rerun from the arm's own starting run (below), not with the "
+            "baseline's entry, which fine-tuned another run of the starting arm."
+        )
+        lines += ["", *rerun_lines(reruns, runs, rerun_pairs)]
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
     lines += provenance(runs)
@@ -457,6 +540,27 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
     lines += other_results
     lines += next_runs
     return "\n".join(lines) + "\n"
+
+
+def rerun_lines(reruns: dict, runs: dict, rerun_pairs: list[tuple[str, int]]) -> list[str]:
+    """The baseline reruns the comparisons used (Markdown lines): each with its start, BLEU and the arms' seeds it
+    stands in for."""
+    lines = [f"Baseline reruns from a fine-tuning arm's starting run ({RERUN_MARK}; "
+             "`<arm>/seed_<s>_from_<start>.json` in the ledger; each stands in for its baseline's entry only in the "
+             "comparisons of the seeds that started where it did):", ""]
+    for arm, by_seed in reruns.items():
+        for seed, entries in sorted(by_seed.items()):
+            for entry in entries:
+                users = [f"`{user}` seed {s}" for user, s in rerun_pairs
+                         if s == seed and runs[user][s]["baseline"] == arm
+                         and starting_point(runs[user][s]) == starting_point(entry)]
+                if users:
+                    lines.append(
+                        f"- `{arm}` seed {seed} from test {entry['init_from']['test_bleu']:.2f}: val "
+                        f"{entry['validation']['bleu']:.2f}, test {entry['test']['bleu']:.2f} (for {', '.join(users)}; "
+                        f"its entry, from test {runs[arm][seed]['init_from']['test_bleu']:.2f}: val "
+                        f"{runs[arm][seed]['validation']['bleu']:.2f}, test {runs[arm][seed]['test']['bleu']:.2f})")
+    return lines
 
 
 def steps_text(entry: dict) -> str:

@@ -61,6 +61,12 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    pair; then the fine-tuning arms' seeds 2-3, the 12 + 12 pair (seeds 1-3), priority 4's 12 + 6 shape, and
    18 + 12 with one seed last. The depths are the issue's, not the depth probes' choice: the report reads whether
    the plain model trains from these runs, not from the probes' 600-step rule.
+7. Baseline reruns: a fine-tuning arm's seed and its baseline's (`plain_transformer_continued`) must fine-tune the
+   same run of their starting arm, but a machine without runs/ retrains that run, and two trainings of one seed
+   differ (by up to a BLEU). Where a seed's two entries started apart and this machine holds the arm's starting run,
+   the baseline's seed runs again from it (`BaselineRerun`), right after the fine-tuning arms' seeds 2-3;
+   bench_multi30k.py writes it beside the baseline's entry (`<arm>/seed_<s>_from_<start>.json`) and the report
+   compares the arm's seed with it.
 
 A result file that exists but cannot be read as one (cut short, a bad merge, a key missing) is `BAD` in `--list`,
 named with what is wrong; its run counts as not done, and the rerun replaces the file.
@@ -158,6 +164,64 @@ class StudyRun(ArmRun):
             "--output_dir", str(self.run_dir().parents[1]), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
             "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
         ]
+
+
+@dataclass(frozen=True)
+class BaselineRerun(StudyRun):
+    """A baseline's seed (`arm`) again, fine-tuning the starting run that a fine-tuning arm's seed started from
+    (`start`: `ledger.start_tag` of its `init_from`) where the baseline's entry started from another: the same
+    command in the same run dir as the baseline's `StudyRun`, on a machine whose starting run is the arm's
+    (`runnable_here`); bench_multi30k.py writes the result beside the baseline's entry (`ledger.rerun_path`)."""
+
+    start: str = ""
+    start_test_bleu: float = 0.0
+    for_runs: tuple[str, ...] = ()  # the arms' seeds that started there, as labels
+
+    @property
+    def label(self) -> str:
+        return (f"`{self.arm}` seed {self.seed} again, from the start of {', '.join(self.for_runs)} "
+                f"(test {self.start_test_bleu:.2f})")
+
+    def result_file(self, ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR) -> Path:
+        return ledger.rerun_path(ledger_dir, self.arm, self.seed, self.start)
+
+    def runnable_here(self) -> bool:
+        """Whether this machine's finished starting run of the seed is the one the arm's seed started from."""
+        start_from = starting_run(self)
+        if not finished_here(start_from):
+            return False
+        record = ledger.starting_run_record(start_from.run_dir(), start_from.arm, self.seed)
+        return ledger.start_tag(record) == self.start
+
+
+def baseline_reruns(ledger_dir: Path = LEDGER_DIR) -> list[BaselineRerun]:
+    """The reruns priority 7 asks for: one per baseline, seed and starting run that some fine-tuning arm's entry of
+    the seed started from while the baseline's entry started from another (`ledger.starts_apart`); unreadable
+    entries are left out (the queue reruns them first)."""
+    def entry(arm, seed):
+        path = ledger.ledger_path(ledger_dir, arm, seed)
+        try:
+            return ledger.read_entry(path, ("baseline", "init_from")) if path.is_file() else None
+        except ledger.UnreadableResult:
+            return None
+
+    wanted: dict[tuple, tuple[float, list[str]]] = {}
+    for arm in STARTING_RUNS:
+        for path in sorted((Path(ledger_dir) / arm).glob("seed_*.json")):
+            if not ledger.ENTRY_NAME.fullmatch(path.name):
+                continue
+            seed = int(path.stem.removeprefix("seed_"))
+            arm_entry = entry(arm, seed)
+            baseline_entry = None if arm_entry is None or arm_entry["baseline"] is None else entry(
+                arm_entry["baseline"], seed)
+            if baseline_entry is None or not ledger.starts_apart(arm_entry, baseline_entry):
+                continue
+            key = (arm_entry["baseline"], seed, ledger.start_tag(arm_entry["init_from"]))
+            test_bleu, labels = wanted.setdefault(key, (arm_entry["init_from"]["test_bleu"], []))
+            labels.append(f"`{arm}` seed {seed}")
+    return [BaselineRerun(baseline, seed, **STANDARD_BUDGET, start=tag, start_test_bleu=test_bleu,
+                          for_runs=tuple(labels))
+            for (baseline, seed, tag), (test_bleu, labels) in sorted(wanted.items())]
 
 
 @dataclass(frozen=True)
@@ -270,8 +334,9 @@ def deep_post_norm_pair(probe_dir: Path = PROBE_DIR) -> tuple[tuple[int, int] | 
                      f"{MAX_DEEP_TRAIN_MINUTES} training minutes")
 
 
-def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
-    """Every run of the study, in the order they are run (priority 2's pair once the depth probes decided it)."""
+def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> list[ArmRun | DepthProbe]:
+    """Every run of the study, in the order they are run (priority 2's pair once the depth probes decided it,
+    priority 7's reruns as the ledger in `ledger_dir` asks for them)."""
     standard = STANDARD_BUDGET
     queue = []
     for seed in (1, 2, 3):  # priority 1
@@ -309,6 +374,7 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
               for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
     queue += [ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
     queue += [StudyRun(arm, seed, **standard) for seed in (2, 3) for arm in FINE_TUNING_ARMS]
+    queue += baseline_reruns(ledger_dir)  # priority 7
     queue += [run for seed in (1, 2, 3) for run in depth_pair((12, 12), seed)]
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     queue += depth_pair((18, 12), 1)
@@ -317,11 +383,13 @@ def study_queue(probe_dir: Path = PROBE_DIR) -> list[ArmRun | DepthProbe]:
 
 def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None
                  ) -> list[ArmRun | DepthProbe]:
-    """The queue's runs that the ledger lacks, in queue order; with `arms`, only the runs of those arms."""
+    """The queue's runs that the ledger lacks, in queue order (a baseline rerun only where this machine holds its
+    starting run); with `arms`, only the runs of those arms."""
     return [
-        run for run in study_queue(probe_dir)
+        run for run in study_queue(probe_dir, ledger_dir)
         if result_state(run, ledger_dir, probe_dir)[0] != "done"
         and (arms is None or (isinstance(run, ArmRun) and run.arm in arms))
+        and (not isinstance(run, BaselineRerun) or run.runnable_here())
     ]
 
 
@@ -630,7 +698,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
     if args.arms is not None:
-        known = {run.arm for run in study_queue(args.probe_dir) if isinstance(run, ArmRun)}
+        known = {run.arm for run in study_queue(args.probe_dir, args.ledger_dir) if isinstance(run, ArmRun)}
         unknown = sorted(set(args.arms) - known)
         if unknown:
             parser.error(f"--arms: unknown arm(s) {', '.join(unknown)}; the queue's arms: {', '.join(sorted(known))}")
@@ -642,11 +710,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.list:
-        queue = study_queue(args.probe_dir)
+        queue = study_queue(args.probe_dir, args.ledger_dir)
         for number, run in enumerate(queue, start=1):
             state, problem = result_state(run, args.ledger_dir, args.probe_dir)
             mark = {"done": "done", "pending": "    ", "unreadable": "BAD "}[state]
             print(f"{number:>3} {mark} {run.label:<46} {run.budget}")
+            if isinstance(run, BaselineRerun) and state != "done" and not run.runnable_here():
+                print("         its starting run is not on this machine: only a machine that kept that run can run it")
             if problem is not None:
                 print(f"         unreadable result {run.result_file(args.ledger_dir, args.probe_dir)}: {problem}; "
                       "not done, the queue reruns it")

@@ -256,6 +256,99 @@ def test_seeds_whose_arm_and_baseline_fine_tuned_different_starting_runs_are_mar
     assert "‡" not in ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
 
 
+def start_record(test_bleu, seed=2):
+    """An `init_from` of a fine-tuning entry: the plain run of `seed` it started from, told apart by its BLEU."""
+    return {"arm": "plain_transformer", "seed": seed, "steps": 2000, "validation_bleu": 36.0, "test_bleu": test_bleu,
+            "run_dir": "runs/x"}
+
+
+def test_a_baseline_rerun_from_the_arms_start_replaces_the_baselines_entry_in_that_seeds_comparison(tmp_path):
+    """Seed 2 of the arm started from another plain run (35.16) than the baseline's entry (34.09); the seed's Δ is
+    taken against the baseline's rerun from 35.16 (39 BLEU, not the entry's 11), unmarked ‡ and marked §; the
+    baseline's own row stays its entries'."""
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_continued", seed), fake_entry(
+            "plain_transformer_continued", seed, 11.0, WRONG, baseline=None, init_from=start_record(34.09, seed)))
+        ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_finetuned", seed), fake_entry(
+            "gtrans_finetuned", seed, 40.0, REFERENCES, baseline="plain_transformer_continued",
+            init_from=start_record(34.09 if seed == 1 else 35.16, seed)))
+    rerun = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
+                       init_from=start_record(35.16))
+    path = ledger.rerun_path(tmp_path, "plain_transformer_continued", 2, ledger.start_tag(rerun["init_from"]))
+    ledger.write_entry(path, rerun)
+    assert path.name == f"seed_2_from_{ledger.start_tag(start_record(35.16))}.json"
+    assert ledger.read_ledger(tmp_path)["plain_transformer_continued"][2]["test"]["bleu"] == 11.0  # not the rerun
+    assert ledger.read_reruns(tmp_path) == {"plain_transformer_continued": {2: [ledger.read_entry(path)]}}
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    row = next(line for line in text.splitlines() if line.startswith("| `gtrans_finetuned`")).split(" | ")
+    assert row[7:9] == ["+15.00 ± 19.80", "0.001 / 0.001§"]  # Δ 40 - 11 and 40 - 39: seed 2 against the rerun
+    assert row[11] == "– / –§"
+    baseline_row = next(line for line in text.splitlines() if line.startswith("| `plain_transformer_continued`"))
+    assert baseline_row.split(" | ")[5] == "11.00 ± 0.00"
+    assert "‡" not in text and "§: compared with its baseline's rerun from the arm's own starting run" in text
+    assert ("- `plain_transformer_continued` seed 2 from test 35.16: val 40.00, test 39.00 (for `gtrans_finetuned` "
+            "seed 2; its entry, from test 34.09: val 12.00, test 11.00)") in text
+    # a rerun from a start no arm's seed had is not used, and the seed is marked as started apart again
+    path.unlink()
+    other = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
+                       init_from=start_record(33.00))
+    ledger.write_entry(ledger.rerun_path(tmp_path, "plain_transformer_continued", 2,
+                                         ledger.start_tag(other["init_from"])), other)
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    assert "0.001 / 0.001‡" in text and "§" not in text
+
+
+def test_a_rerun_entry_must_carry_the_start_its_name_says(tmp_path):
+    entry = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
+                       init_from=start_record(35.16))
+    wrong = ledger.rerun_path(tmp_path, "plain_transformer_continued", 2, ledger.start_tag(start_record(34.09)))
+    ledger.write_entry(wrong, entry)
+    with pytest.raises(ledger.UnreadableResult, match="misplaced ledger entry"):
+        ledger.read_reruns(tmp_path)
+
+
+def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_start(tmp_path, monkeypatch):
+    """Priority 7: the seeds whose fine-tuning arm and baseline entries started apart get one baseline rerun per
+    start, pending only on a machine whose finished starting run is that start, done once its file exists."""
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    ledger_dir = tmp_path / "ledger"
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(ledger_dir, "plain_transformer_continued", seed), fake_entry(
+            "plain_transformer_continued", seed, 11.0, WRONG, baseline=None, init_from=start_record(34.09, seed)))
+    for arm, seed, start in (("gtrans_finetuned", 1, 34.09), ("gtrans_finetuned", 2, 35.16),
+                             ("rtal_finetuned", 2, 35.16), ("layerwise_coordination_finetuned", 2, 36.00)):
+        ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
+            arm, seed, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start_record(start, seed)))
+    reruns = study.baseline_reruns(ledger_dir)
+    assert [(r.arm, r.seed, r.start_test_bleu, r.for_runs) for r in reruns] == sorted([
+        ("plain_transformer_continued", 2, 35.16, ("`gtrans_finetuned` seed 2", "`rtal_finetuned` seed 2")),
+        ("plain_transformer_continued", 2, 36.00, ("`layerwise_coordination_finetuned` seed 2",)),
+    ], key=lambda r: ledger.start_tag(start_record(r[2])))
+    queue = study.study_queue(ledger_dir=ledger_dir)
+    last_fine_tuning = max(queue.index(study.StudyRun(arm, 3)) for arm in study.FINE_TUNING_ARMS)
+    assert queue[last_fine_tuning + 1: last_fine_tuning + 3] == reruns  # right after the fine-tuning seeds
+    def pending_reruns():
+        pending = study.pending_runs(ledger_dir, tmp_path / "probes")
+        return [run for run in pending if isinstance(run, study.BaselineRerun)]
+
+    assert pending_reruns() == []  # neither start is on this machine
+    # this machine's plain run of seed 2 is the one gtrans_finetuned and rtal_finetuned seed 2 started from
+    start_dir = study.StudyRun("plain_transformer", 2).run_dir()
+    start_dir.mkdir(parents=True)
+    (start_dir / "bench_results.json").write_text(json.dumps(
+        {"train": {"global_step": 2000}, "validation": {"bleu": 36.0}, "test": {"bleu": 35.16}}))
+    pending = pending_reruns()
+    assert [(r.start_test_bleu, r.label) for r in pending] == [(35.16, (
+        "`plain_transformer_continued` seed 2 again, from the start of `gtrans_finetuned` seed 2, `rtal_finetuned` "
+        "seed 2 (test 35.16)"))]
+    assert pending[0].run_dir() == study.StudyRun("plain_transformer_continued", 2).run_dir()  # bench_multi30k's
+    rerun = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
+                       init_from={**start_record(35.16), "run_dir": str(start_dir)})
+    ledger.write_entry(pending[0].result_file(ledger_dir), rerun)
+    assert pending_reruns() == []
+    assert study.result_state(pending[0], ledger_dir)[0] == "done"
+
+
 def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
     entry = fake_entry("plain_transformer_24x18", 1, 1.0, WRONG, baseline=None, show_loss_curve=True)
     ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_24x18", 1), entry)
@@ -326,8 +419,9 @@ def test_the_probed_depths_have_their_arms():
         assert bench.MODELS[f"gtrans_{encoder}x{decoder}"].config["encoder_layers"] == encoder
 
 
-def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike():
-    queue = [run for run in study.study_queue() if isinstance(run, study.StudyRun)]
+def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike(tmp_path):
+    # an empty ledger: no baseline reruns (priority 7, the only runs sharing an arm and seed with another)
+    queue = [run for run in study.study_queue(ledger_dir=tmp_path) if isinstance(run, study.StudyRun)]
     assert len({(run.arm, run.seed) for run in queue}) == len(queue)  # one ledger file per arm and seed
     budget = {(run.arm, run.seed): (run.max_steps, run.warmup_steps) for run in queue}
     for run in queue:
@@ -547,13 +641,9 @@ def tiny_corpus(directory):
     return directory
 
 
-def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, monkeypatch):
-    """`deep_representations_paper --run_only`: the plain run it starts from is trained first (once), the arm then
-    runs run_translation.py on that run's directory read as deep representations, and both ledger entries are
-    written, the arm's with what it started from. run_translation is replaced by a stand-in that writes what a
-    finished run leaves behind."""
-    calls = []
-
+def finished_run_stand_in(calls: list):
+    """A stand-in for run_translation that writes what a finished run leaves behind (its BLEU 20 + the number of
+    calls so far) and records each command in `calls`."""
     def fake_run_translation(command):
         calls.append(command)
         options = dict(item[2:].split("=", 1) for item in command if "=" in item)
@@ -570,7 +660,16 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
             (output_dir / f"generated_predictions_{split}.txt").write_text("ein mann\n" * 3, encoding="utf-8")
         return {split: {"bleu": bleu, "signature": "sig"} for split in ("validation", "test")}
 
-    monkeypatch.setattr(bench, "run_translation", fake_run_translation)
+    return fake_run_translation
+
+
+def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, monkeypatch):
+    """`deep_representations_paper --run_only`: the plain run it starts from is trained first (once), the arm then
+    runs run_translation.py on that run's directory read as deep representations, and both ledger entries are
+    written, the arm's with what it started from. run_translation is replaced by a stand-in that writes what a
+    finished run leaves behind."""
+    calls = []
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls))
     output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
     argv = ["--models", "deep_representations_paper", "--run_only", "--seeds", "1", "--max_steps_per_model", "3",
             "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
@@ -598,6 +697,31 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
 
     bench.main(argv)  # finished runs are read back, not redone
     assert len(calls) == 2
+
+
+def test_a_fine_tuning_run_from_another_start_than_its_entry_is_written_beside_it(tmp_path, monkeypatch):
+    """`plain_transformer_continued --run_only` where the ledger's entry of the seed fine-tuned another plain run
+    (trained on another machine): the entry stays, the run lands in its rerun file, and a second call writes
+    nothing."""
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in([]))
+    output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
+    elsewhere = fake_entry("plain_transformer_continued", 1, 11.0, WRONG, baseline=None,
+                           init_from=start_record(34.09, seed=1))
+    entry_path = ledger.ledger_path(ledger_dir, "plain_transformer_continued", 1)
+    ledger.write_entry(entry_path, elsewhere)
+    before = entry_path.read_text()
+    argv = ["--models", "plain_transformer_continued", "--run_only", "--seeds", "1", "--max_steps_per_model", "3",
+            "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
+            "--data_dir", str(tiny_corpus(tmp_path))]
+    bench.main(argv)
+    assert entry_path.read_text() == before
+    start = bench.starting_run(bench.parse_args(argv), "plain_transformer", 1)
+    rerun = ledger.read_reruns(ledger_dir)["plain_transformer_continued"][1]
+    assert [entry["init_from"] for entry in rerun] == [start]
+    assert (ledger_dir / "plain_transformer_continued" / f"seed_1_from_{ledger.start_tag(start)}.json").is_file()
+    bench.main(argv)
+    assert sorted(p.name for p in (ledger_dir / "plain_transformer_continued").iterdir()) == [
+        "seed_1.json", f"seed_1_from_{ledger.start_tag(start)}.json"]
 
 
 def test_run_translation_reads_a_checkpoint_as_another_family(tmp_path):
@@ -766,11 +890,11 @@ def test_long_depth_arms_keep_the_1000_step_ledger_apart():
     assert {(run.max_steps, run.warmup_steps) for run in long_runs} == {(2000, 400)}
 
 
-def test_the_queue_puts_issue_38_in_order_of_value():
+def test_the_queue_puts_issue_38_in_order_of_value(tmp_path):
     """Issue 38 item 5: 24 + 18 with 3 seeds first, then seed 1 of every family's fine-tuning arm, then the seeds
     4-5 of deep representations' recipe (and the runs it needs) and the many-to-many pair, then the rest, 18 + 12
-    last."""
-    queue = study.study_queue()
+    last (an empty ledger: no baseline reruns, whose place `test_the_study_queues_a_baseline_rerun...` checks)."""
+    queue = study.study_queue(ledger_dir=tmp_path)
     first = next(i for i, run in enumerate(queue) if isinstance(run, study.ArmRun)
                  and run.arm.endswith(study.LONG_DEPTH_SUFFIX))
     assert all(isinstance(run, (study.StudyRun, study.DepthProbe)) and
