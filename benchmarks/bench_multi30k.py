@@ -710,7 +710,7 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
     import bench_multilingual  # priority 5 (it imports this module: imported here, not at the top)
     import study  # benchmarks/study.py: the queue's next runs
 
-    pending = [run.label for run in study.pending_runs(ledger_dir)[:3]]
+    pending = [run.label for run in study.pending_runs(ledger_dir, here=False)[:3]]  # not this machine's runs/
     references = report_references(data_dir, max_predict_samples)
     depth_probes = [
         "",

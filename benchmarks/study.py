@@ -64,7 +64,8 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
 7. Baseline reruns: a fine-tuning arm's seed and its baseline's (`plain_transformer_continued`) must fine-tune the
    same run of their starting arm, but a machine without runs/ retrains that run, and two trainings of one seed
    differ (by up to a BLEU). Where a seed's two entries started apart and this machine holds the arm's starting run,
-   the baseline's seed runs again from it (`BaselineRerun`), right after the fine-tuning arms' seeds 2-3;
+   the baseline's seed runs again from it (`BaselineRerun`), before the fine-tuning arms' seeds 2-3 (it repairs
+   comparisons the ledger holds);
    bench_multi30k.py writes it beside the baseline's entry (`<arm>/seed_<s>_from_<start>.json`) and the report
    compares the arm's seed with it.
 
@@ -373,23 +374,24 @@ def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> l
     queue += [StudyRun(arm, seed, **standard) for seed in (4, 5)
               for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
     queue += [ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
+    queue += baseline_reruns(ledger_dir)  # priority 7: repairs comparisons in the ledger, before new seeds
     queue += [StudyRun(arm, seed, **standard) for seed in (2, 3) for arm in FINE_TUNING_ARMS]
-    queue += baseline_reruns(ledger_dir)  # priority 7
     queue += [run for seed in (1, 2, 3) for run in depth_pair((12, 12), seed)]
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     queue += depth_pair((18, 12), 1)
     return queue
 
 
-def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None
-                 ) -> list[ArmRun | DepthProbe]:
-    """The queue's runs that the ledger lacks, in queue order (a baseline rerun only where this machine holds its
-    starting run); with `arms`, only the runs of those arms."""
+def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None,
+                 here: bool = True) -> list[ArmRun | DepthProbe]:
+    """The queue's runs that the ledger lacks, in queue order; with `arms`, only the runs of those arms; with
+    `here`, a baseline rerun only where this machine holds its starting run (`here=False`: the queue as the ledger
+    alone says, as the README lists it)."""
     return [
         run for run in study_queue(probe_dir, ledger_dir)
         if result_state(run, ledger_dir, probe_dir)[0] != "done"
         and (arms is None or (isinstance(run, ArmRun) and run.arm in arms))
-        and (not isinstance(run, BaselineRerun) or run.runnable_here())
+        and (not here or not isinstance(run, BaselineRerun) or run.runnable_here())
     ]
 
 

@@ -325,13 +325,15 @@ def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_sta
         ("plain_transformer_continued", 2, 36.00, ("`layerwise_coordination_finetuned` seed 2",)),
     ], key=lambda r: ledger.start_tag(start_record(r[2])))
     queue = study.study_queue(ledger_dir=ledger_dir)
-    last_fine_tuning = max(queue.index(study.StudyRun(arm, 3)) for arm in study.FINE_TUNING_ARMS)
-    assert queue[last_fine_tuning + 1: last_fine_tuning + 3] == reruns  # right after the fine-tuning seeds
+    first_seed_2 = queue.index(study.StudyRun(study.FINE_TUNING_ARMS[0], 2))
+    assert queue[first_seed_2 - 2: first_seed_2] == reruns  # before the fine-tuning arms' seeds 2-3
     def pending_reruns():
         pending = study.pending_runs(ledger_dir, tmp_path / "probes")
         return [run for run in pending if isinstance(run, study.BaselineRerun)]
 
     assert pending_reruns() == []  # neither start is on this machine
+    assert [r for r in study.pending_runs(ledger_dir, tmp_path / "probes", here=False)
+            if isinstance(r, study.BaselineRerun)] == reruns  # the queue as the ledger alone says (the README's)
     # this machine's plain run of seed 2 is the one gtrans_finetuned and rtal_finetuned seed 2 started from
     start_dir = study.StudyRun("plain_transformer", 2).run_dir()
     start_dir.mkdir(parents=True)
