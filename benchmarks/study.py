@@ -84,7 +84,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -175,8 +175,9 @@ class BaselineRerun(StudyRun):
     (`runnable_here`); bench_multi30k.py writes the result beside the baseline's entry (`ledger.rerun_path`)."""
 
     start: str = ""
-    start_test_bleu: float = 0.0
-    for_runs: tuple[str, ...] = ()  # the arms' seeds that started there, as labels
+    # what the label says, not what the run is (the run is the same when another arm's seed joins the start)
+    start_test_bleu: float = field(default=0.0, compare=False)
+    for_runs: tuple[str, ...] = field(default=(), compare=False)  # the arms' seeds that started there, as labels
 
     @property
     def label(self) -> str:

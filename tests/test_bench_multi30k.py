@@ -324,6 +324,9 @@ def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_sta
         ("plain_transformer_continued", 2, 35.16, ("`gtrans_finetuned` seed 2", "`rtal_finetuned` seed 2")),
         ("plain_transformer_continued", 2, 36.00, ("`layerwise_coordination_finetuned` seed 2",)),
     ], key=lambda r: ledger.start_tag(start_record(r[2])))
+    # one run however many arms' seeds started there: a seed joining it while it runs does not make it another
+    # (`startable` keeps a running run from starting twice by this equality)
+    assert reruns[0] == __import__("dataclasses").replace(reruns[0], for_runs=("`x` seed 2",))
     queue = study.study_queue(ledger_dir=ledger_dir)
     first_seed_2 = queue.index(study.StudyRun(study.FINE_TUNING_ARMS[0], 2))
     assert queue[first_seed_2 - 2: first_seed_2] == reruns  # before the fine-tuning arms' seeds 2-3
