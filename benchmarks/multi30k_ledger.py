@@ -12,9 +12,9 @@ for a fine-tuning arm the run it started from (`init_from`: arm, seed, steps, BL
 
 Entries are written once, atomically (a temporary file renamed into place), and never overwritten: a different
 result for the same arm and seed is a new arm name or a deliberate `git rm`, except a fine-tuning run from another
-starting run than its entry's (a baseline rerun from a fine-tuning arm's start, `study.py`'s priority 7), which goes
-beside it (`<arm>/seed_<s>_from_<start>.json`, `rerun_path`) and stands in for it where a comparison's seeds
-started there (`matching_baseline`). A file that cannot be read as an entry
+starting run than its entry's (a rerun from the start of the run it is compared with, `study.py`'s priority 7),
+which goes beside it (`<arm>/seed_<s>_from_<start>.json`, `rerun_path`) and stands in for it where that makes a
+seed's arm and baseline start from one run (`matching_pair`). A file that cannot be read as an entry
 (cut short, a merge gone wrong, a key missing) is not an entry: `--report` stops with an error naming it, the
 queue counts its run as not done and the rerun replaces it (`UnreadableResult`, `write_entry`).
 """
@@ -28,7 +28,7 @@ import platform
 import re
 import statistics
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -298,9 +298,10 @@ class Comparison:
     # seeds whose arm and baseline fine-tuned different runs of the arm they start from (`init_from`: machines without
     # each other's runs/ trained one each), so that the seed's Δ also holds the difference of their starting points
     other_start_seeds: list = ()
-    # seeds compared with a rerun of the baseline from the arm's starting run (`matching_baseline`), not with the
-    # baseline's entry, which started from another
+    # seeds compared through a rerun (the arm's, the baseline's) from the other's starting run (`matching_pair`), not
+    # through their entries, which started from different runs; `compared_runs`: those seeds' (arm, baseline) runs
     rerun_seeds: list = ()
+    compared_runs: dict = field(default_factory=dict)
 
     def verdict(self) -> str:
         """The verdict on test (`majority_verdict`)."""
@@ -359,15 +360,18 @@ def signed_mean_std(values: list[float]) -> str:
 
 
 def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]], paired_bootstrap,
-            baseline_reruns: dict | None = None) -> Comparison | None:
-    """`references`: the test references (`"test"`) and the val references (`"validation"`); `baseline_reruns`:
-    the baseline's reruns from another start (`read_reruns`), each compared with the arm's seeds that started where
-    it did (`matching_baseline`)."""
+            baseline_reruns: dict | None = None, arm_reruns: dict | None = None) -> Comparison | None:
+    """`references`: the test references (`"test"`) and the val references (`"validation"`); `baseline_reruns`,
+    `arm_reruns`: the two arms' reruns from another start (`read_reruns`), which stand in for their entries where a
+    seed's entries started apart (`matching_pair`)."""
     seeds = sorted(set(arm_runs) & set(baseline_runs))
     if not seeds:
         return None
-    baselines = {s: matching_baseline(arm_runs[s], baseline_runs[s], (baseline_reruns or {}).get(s, []))
-                 for s in seeds}
+    pairs = {s: matching_pair([arm_runs[s], *(arm_reruns or {}).get(s, [])],
+                              [baseline_runs[s], *(baseline_reruns or {}).get(s, [])]) for s in seeds}
+    through_reruns = [s for s in seeds if pairs[s][0] is not arm_runs[s] or pairs[s][1] is not baseline_runs[s]]
+    arm_runs = {s: pair[0] for s, pair in pairs.items()}
+    baselines = {s: pair[1] for s, pair in pairs.items()}
     tests = [paired_bootstrap(baselines[s]["test"]["hypotheses"], arm_runs[s]["test"]["hypotheses"],
                               references["test"]) for s in seeds]
     val_p_values = []
@@ -384,18 +388,21 @@ def compare(arm_runs: dict, baseline_runs: dict, references: dict[str, list[str]
         cross_hardware_seeds=[s for s in seeds if hardware_kind(arm_runs[s]) != hardware_kind(baselines[s])],
         val_p_values=val_p_values,
         other_start_seeds=[s for s in seeds if starts_apart(arm_runs[s], baselines[s])],
-        rerun_seeds=[s for s in seeds if baselines[s] is not baseline_runs[s]],
+        rerun_seeds=[s for s in seeds if s in through_reruns],
+        compared_runs={s: pairs[s] for s in through_reruns},
     )
 
 
-def matching_baseline(arm_entry: dict, baseline_entry: dict, baseline_reruns: list[dict]) -> dict:
-    """The baseline run to compare an arm's run of a seed with: the baseline's entry when both started from the same
-    run (or either from scratch), else its rerun from the arm's start where the ledger holds one, else its entry
-    (`starts_apart` then marks the seed)."""
-    if not starts_apart(arm_entry, baseline_entry):
-        return baseline_entry
-    start = starting_point(arm_entry)
-    return next((rerun for rerun in baseline_reruns if starting_point(rerun) == start), baseline_entry)
+def matching_pair(arm_runs: list[dict], baseline_runs: list[dict]) -> tuple[dict, dict]:
+    """The (arm, baseline) runs of one seed to compare, each list its entry first, then its reruns from other
+    starts: the first pair that started from one run (or either from scratch), the arm's entry before its reruns and,
+    for each, the baseline's entry before its reruns; the two entries when no pair did (`starts_apart` then marks
+    the seed)."""
+    for arm_run in arm_runs:
+        for baseline_run in baseline_runs:
+            if not starts_apart(arm_run, baseline_run):
+                return arm_run, baseline_run
+    return arm_runs[0], baseline_runs[0]
 
 
 def starting_point(entry: dict) -> tuple | None:
@@ -468,7 +475,8 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         baseline = entries[0]["baseline"]
         comparison = None
         if baseline is not None and baseline in runs:
-            comparison = compare(by_seed, runs[baseline], references, paired_bootstrap, reruns.get(baseline))
+            comparison = compare(by_seed, runs[baseline], references, paired_bootstrap, reruns.get(baseline),
+                                 reruns.get(arm))
             comparisons[arm] = comparison
         cells = [
             f"`{arm}`",
@@ -523,16 +531,15 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         lines[-1] += (
             f" {OTHER_START_MARK}: the arm and its baseline of this seed fine-tuned different runs of the arm they "
             "start from (each trained on a machine that did not have the other's; the entries' `init_from`), so this "
-            f"seed's Δ also holds the difference of their starting points ({starts}); a rerun of the baseline from "
-            "the arm's starting run removes it (`benchmarks/study.py` queues one on a machine that holds that run)."
+            f"seed's Δ also holds the difference of their starting points ({starts}); a rerun of either from the "
+            "other's starting run removes it (`benchmarks/study.py` queues them on a machine that holds that run)."
         )
-    rerun_pairs = [(arm, seed) for arm, c in comparisons.items() for seed in c.rerun_seeds]
-    if rerun_pairs:
+    if any(c.rerun_seeds for c in comparisons.values()):
         lines[-1] += (
-            f" {RERUN_MARK}: compared with its baseline's rerun from the arm's own starting run (below), not with the "
-            "baseline's entry, which fine-tuned another run of the starting arm."
+            f" {RERUN_MARK}: compared through a rerun of the arm or its baseline from the other's starting run "
+            "(below), since their entries fine-tuned different runs of the starting arm."
         )
-        lines += ["", *rerun_lines(reruns, runs, rerun_pairs)]
+        lines += ["", *rerun_lines(runs, comparisons)]
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
     lines += provenance(runs)
@@ -542,24 +549,27 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
     return "\n".join(lines) + "\n"
 
 
-def rerun_lines(reruns: dict, runs: dict, rerun_pairs: list[tuple[str, int]]) -> list[str]:
-    """The baseline reruns the comparisons used (Markdown lines): each with its start, BLEU and the arms' seeds it
-    stands in for."""
-    lines = [f"Baseline reruns from a fine-tuning arm's starting run ({RERUN_MARK}; "
-             "`<arm>/seed_<s>_from_<start>.json` in the ledger; each stands in for its baseline's entry only in the "
-             "comparisons of the seeds that started where it did):", ""]
-    for arm, by_seed in reruns.items():
-        for seed, entries in sorted(by_seed.items()):
-            for entry in entries:
-                users = [f"`{user}` seed {s}" for user, s in rerun_pairs
-                         if s == seed and runs[user][s]["baseline"] == arm
-                         and starting_point(runs[user][s]) == starting_point(entry)]
-                if users:
-                    lines.append(
-                        f"- `{arm}` seed {seed} from test {entry['init_from']['test_bleu']:.2f}: val "
-                        f"{entry['validation']['bleu']:.2f}, test {entry['test']['bleu']:.2f} (for {', '.join(users)}; "
-                        f"its entry, from test {runs[arm][seed]['init_from']['test_bleu']:.2f}: val "
-                        f"{runs[arm][seed]['validation']['bleu']:.2f}, test {runs[arm][seed]['test']['bleu']:.2f})")
+def rerun_lines(runs: dict, comparisons: dict) -> list[str]:
+    """The seeds compared through reruns (Markdown lines): per seed, the two runs compared, from which start, and
+    the entry a rerun stands in for."""
+    lines = [f"Seeds compared through reruns from one starting run ({RERUN_MARK}; a rerun is "
+             "`<arm>/seed_<s>_from_<start>.json` in the ledger and stands in for its entry only in these "
+             "comparisons):", ""]
+
+    def described(role: str, run: dict) -> str:
+        entry = runs[run["arm"]][run["seed"]]
+        text = (f"{role} {'entry' if run is entry else 'rerun'} (val {run['validation']['bleu']:.2f}, test "
+                f"{run['test']['bleu']:.2f}")
+        if run is not entry:
+            text += (f"; its entry, from test {entry['init_from']['test_bleu']:.2f}: val "
+                     f"{entry['validation']['bleu']:.2f}, test {entry['test']['bleu']:.2f}")
+        return text + ")"
+
+    for arm, comparison in comparisons.items():
+        for seed, (arm_run, baseline_run) in comparison.compared_runs.items():
+            arm_text, baseline_text = described("the arm's", arm_run), described("the baseline's", baseline_run)
+            lines.append(f"- `{arm}` seed {seed} against `{baseline_run['arm']}`, both from test "
+                         f"{arm_run['init_from']['test_bleu']:.2f}: {arm_text}, {baseline_text}")
     return lines
 
 

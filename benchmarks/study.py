@@ -61,13 +61,14 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    pair; then the fine-tuning arms' seeds 2-3, the 12 + 12 pair (seeds 1-3), priority 4's 12 + 6 shape, and
    18 + 12 with one seed last. The depths are the issue's, not the depth probes' choice: the report reads whether
    the plain model trains from these runs, not from the probes' 600-step rule.
-7. Baseline reruns: a fine-tuning arm's seed and its baseline's (`plain_transformer_continued`) must fine-tune the
-   same run of their starting arm, but a machine without runs/ retrains that run, and two trainings of one seed
-   differ (by up to a BLEU). Where a seed's two entries started apart and this machine holds the arm's starting run,
-   the baseline's seed runs again from it (`BaselineRerun`), before the fine-tuning arms' seeds 2-3 (it repairs
-   comparisons the ledger holds);
-   bench_multi30k.py writes it beside the baseline's entry (`<arm>/seed_<s>_from_<start>.json`) and the report
-   compares the arm's seed with it.
+7. Reruns from one start: a fine-tuning arm's seed and its baseline's (`plain_transformer_continued`) must
+   fine-tune the same run of their starting arm, but a machine without runs/ retrains that run, and two trainings of
+   one seed differ (by up to a BLEU). Where no run of a seed's arm (its entry, its reruns) started where a run of its
+   baseline did, the baseline's seed runs again from each start of the arm's runs, and the arm's seed from each
+   start of the baseline's (`Rerun`), each only on a machine that holds that start, before the fine-tuning arms'
+   seeds 2-3 (they repair comparisons the ledger holds); once one has run, the seed is paired and the others leave
+   the queue. bench_multi30k.py writes a rerun beside its entry (`<arm>/seed_<s>_from_<start>.json`) and the report
+   compares the seed through it.
 
 A result file that exists but cannot be read as one (cut short, a bad merge, a key missing) is `BAD` in `--list`,
 named with what is wrong; its run counts as not done, and the rerun replaces the file.
@@ -168,16 +169,16 @@ class StudyRun(ArmRun):
 
 
 @dataclass(frozen=True)
-class BaselineRerun(StudyRun):
-    """A baseline's seed (`arm`) again, fine-tuning the starting run that a fine-tuning arm's seed started from
-    (`start`: `ledger.start_tag` of its `init_from`) where the baseline's entry started from another: the same
-    command in the same run dir as the baseline's `StudyRun`, on a machine whose starting run is the arm's
-    (`runnable_here`); bench_multi30k.py writes the result beside the baseline's entry (`ledger.rerun_path`)."""
+class Rerun(StudyRun):
+    """A fine-tuning arm's seed (`arm`: a fine-tuning arm or its baseline) again, fine-tuning the starting run that
+    the run it is compared with started from (`start`: `ledger.start_tag` of that run's `init_from`) where its entry
+    started from another: the same command in the same run dir as the arm's `StudyRun`, on a machine whose starting
+    run is that one (`runnable_here`); bench_multi30k.py writes the result beside the entry (`ledger.rerun_path`)."""
 
     start: str = ""
     # what the label says, not what the run is (the run is the same when another arm's seed joins the start)
     start_test_bleu: float = field(default=0.0, compare=False)
-    for_runs: tuple[str, ...] = field(default=(), compare=False)  # the arms' seeds that started there, as labels
+    for_runs: tuple[str, ...] = field(default=(), compare=False)  # the runs it is for (labels), which started there
 
     @property
     def label(self) -> str:
@@ -196,16 +197,22 @@ class BaselineRerun(StudyRun):
         return ledger.start_tag(record) == self.start
 
 
-def baseline_reruns(ledger_dir: Path = LEDGER_DIR) -> list[BaselineRerun]:
-    """The reruns priority 7 asks for: one per baseline, seed and starting run that some fine-tuning arm's entry of
-    the seed started from while the baseline's entry started from another (`ledger.starts_apart`); unreadable
-    entries are left out (the queue reruns them first)."""
-    def entry(arm, seed):
-        path = ledger.ledger_path(ledger_dir, arm, seed)
-        try:
-            return ledger.read_entry(path, ("baseline", "init_from")) if path.is_file() else None
-        except ledger.UnreadableResult:
-            return None
+def reruns_from_one_start(ledger_dir: Path = LEDGER_DIR) -> list[Rerun]:
+    """The reruns priority 7 asks for: for each fine-tuning arm's seed none of whose runs (entry, reruns) started
+    where a run of its baseline's seed did (`ledger.starts_apart`), the baseline's seed from each start of the arm's
+    runs and the arm's seed from each start of the baseline's; one rerun per arm, seed and start. Unreadable entries
+    are left out (the queue reruns them first)."""
+    def runs_of(arm, seed):
+        """The seed's entry, then its readable reruns; [] without a readable entry."""
+        found = []
+        for path in [ledger.ledger_path(ledger_dir, arm, seed),
+                     *sorted((Path(ledger_dir) / arm).glob(f"seed_{seed}_from_*.json"))]:
+            try:
+                found.append(ledger.read_entry(path, ("baseline", "init_from")))
+            except ledger.UnreadableResult:
+                if not found:
+                    return []
+        return found
 
     wanted: dict[tuple, tuple[float, list[str]]] = {}
     for arm in STARTING_RUNS:
@@ -213,17 +220,18 @@ def baseline_reruns(ledger_dir: Path = LEDGER_DIR) -> list[BaselineRerun]:
             if not ledger.ENTRY_NAME.fullmatch(path.name):
                 continue
             seed = int(path.stem.removeprefix("seed_"))
-            arm_entry = entry(arm, seed)
-            baseline_entry = None if arm_entry is None or arm_entry["baseline"] is None else entry(
-                arm_entry["baseline"], seed)
-            if baseline_entry is None or not ledger.starts_apart(arm_entry, baseline_entry):
+            arm_runs = runs_of(arm, seed)
+            baseline = arm_runs[0]["baseline"] if arm_runs else None
+            baseline_runs = [] if baseline is None else runs_of(baseline, seed)
+            if not baseline_runs or any(not ledger.starts_apart(a, b) for a in arm_runs for b in baseline_runs):
                 continue
-            key = (arm_entry["baseline"], seed, ledger.start_tag(arm_entry["init_from"]))
-            test_bleu, labels = wanted.setdefault(key, (arm_entry["init_from"]["test_bleu"], []))
-            labels.append(f"`{arm}` seed {seed}")
-    return [BaselineRerun(baseline, seed, **STANDARD_BUDGET, start=tag, start_test_bleu=test_bleu,
-                          for_runs=tuple(labels))
-            for (baseline, seed, tag), (test_bleu, labels) in sorted(wanted.items())]
+            for rerun_arm, starts_from, other_arm in ((baseline, arm_runs, arm), (arm, baseline_runs, baseline)):
+                for run in starts_from:
+                    key = (rerun_arm, seed, ledger.start_tag(run["init_from"]))
+                    test_bleu, labels = wanted.setdefault(key, (run["init_from"]["test_bleu"], []))
+                    labels.append(f"`{other_arm}` seed {seed}")
+    return [Rerun(rerun_arm, seed, **STANDARD_BUDGET, start=tag, start_test_bleu=test_bleu, for_runs=tuple(labels))
+            for (rerun_arm, seed, tag), (test_bleu, labels) in sorted(wanted.items())]
 
 
 @dataclass(frozen=True)
@@ -375,7 +383,7 @@ def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> l
     queue += [StudyRun(arm, seed, **standard) for seed in (4, 5)
               for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
     queue += [ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
-    queue += baseline_reruns(ledger_dir)  # priority 7: repairs comparisons in the ledger, before new seeds
+    queue += reruns_from_one_start(ledger_dir)  # priority 7: repairs comparisons in the ledger, before new seeds
     queue += [StudyRun(arm, seed, **standard) for seed in (2, 3) for arm in FINE_TUNING_ARMS]
     queue += [run for seed in (1, 2, 3) for run in depth_pair((12, 12), seed)]
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
@@ -386,13 +394,13 @@ def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> l
 def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None,
                  here: bool = True) -> list[ArmRun | DepthProbe]:
     """The queue's runs that the ledger lacks, in queue order; with `arms`, only the runs of those arms; with
-    `here`, a baseline rerun only where this machine holds its starting run (`here=False`: the queue as the ledger
+    `here`, a rerun only where this machine holds its starting run (`here=False`: the queue as the ledger
     alone says, as the README lists it)."""
     return [
         run for run in study_queue(probe_dir, ledger_dir)
         if result_state(run, ledger_dir, probe_dir)[0] != "done"
         and (arms is None or (isinstance(run, ArmRun) and run.arm in arms))
-        and (not here or not isinstance(run, BaselineRerun) or run.runnable_here())
+        and (not here or not isinstance(run, Rerun) or run.runnable_here())
     ]
 
 
@@ -718,7 +726,7 @@ def main(argv=None) -> None:
             state, problem = result_state(run, args.ledger_dir, args.probe_dir)
             mark = {"done": "done", "pending": "    ", "unreadable": "BAD "}[state]
             print(f"{number:>3} {mark} {run.label:<46} {run.budget}")
-            if isinstance(run, BaselineRerun) and state != "done" and not run.runnable_here():
+            if isinstance(run, Rerun) and state != "done" and not run.runnable_here():
                 print("         its starting run is not on this machine: only a machine that kept that run can run it")
             if problem is not None:
                 print(f"         unreadable result {run.result_file(args.ledger_dir, args.probe_dir)}: {problem}; "

@@ -262,10 +262,11 @@ def start_record(test_bleu, seed=2):
             "run_dir": "runs/x"}
 
 
-def test_a_baseline_rerun_from_the_arms_start_replaces_the_baselines_entry_in_that_seeds_comparison(tmp_path):
+def test_a_rerun_from_the_other_runs_start_stands_in_for_an_entry_in_that_seeds_comparison(tmp_path):
     """Seed 2 of the arm started from another plain run (35.16) than the baseline's entry (34.09); the seed's Δ is
-    taken against the baseline's rerun from 35.16 (39 BLEU, not the entry's 11), unmarked ‡ and marked §; the
-    baseline's own row stays its entries'."""
+    taken against the baseline's rerun from 35.16 (39 BLEU, not the entry's 11), unmarked ‡ and marked §, and the
+    baseline's own row stays its entries'. Without that rerun, the arm's rerun from 34.09 pairs with the baseline's
+    entry instead."""
     for seed in (1, 2):
         ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_continued", seed), fake_entry(
             "plain_transformer_continued", seed, 11.0, WRONG, baseline=None, init_from=start_record(34.09, seed)))
@@ -285,10 +286,11 @@ def test_a_baseline_rerun_from_the_arms_start_replaces_the_baselines_entry_in_th
     assert row[11] == "– / –§"
     baseline_row = next(line for line in text.splitlines() if line.startswith("| `plain_transformer_continued`"))
     assert baseline_row.split(" | ")[5] == "11.00 ± 0.00"
-    assert "‡" not in text and "§: compared with its baseline's rerun from the arm's own starting run" in text
-    assert ("- `plain_transformer_continued` seed 2 from test 35.16: val 40.00, test 39.00 (for `gtrans_finetuned` "
-            "seed 2; its entry, from test 34.09: val 12.00, test 11.00)") in text
-    # a rerun from a start no arm's seed had is not used, and the seed is marked as started apart again
+    assert "‡" not in text and "§: compared through a rerun of the arm or its baseline" in text
+    assert ("- `gtrans_finetuned` seed 2 against `plain_transformer_continued`, both from test 35.16: the arm's entry "
+            "(val 41.00, test 40.00), the baseline's rerun (val 40.00, test 39.00; its entry, from test 34.09: val "
+            "12.00, test 11.00)") in text
+    # a rerun from a start no run of the arm had is not used, and the seed is marked as started apart again
     path.unlink()
     other = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
                        init_from=start_record(33.00))
@@ -296,6 +298,17 @@ def test_a_baseline_rerun_from_the_arms_start_replaces_the_baselines_entry_in_th
                                          ledger.start_tag(other["init_from"])), other)
     text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
     assert "0.001 / 0.001‡" in text and "§" not in text
+    # the arm's rerun from the baseline entry's start (34.09, 20 BLEU) pairs with that entry
+    arm_rerun = fake_entry("gtrans_finetuned", 2, 20.0, WRONG, baseline="plain_transformer_continued",
+                           init_from=start_record(34.09))
+    ledger.write_entry(ledger.rerun_path(tmp_path, "gtrans_finetuned", 2, ledger.start_tag(arm_rerun["init_from"])),
+                       arm_rerun)
+    text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [])
+    row = next(line for line in text.splitlines() if line.startswith("| `gtrans_finetuned`")).split(" | ")
+    assert row[4:8] == ["41.00 ± 0.00", "40.00 ± 0.00", "`plain_transformer_continued`", "+19.00 ± 14.14"]
+    assert ("- `gtrans_finetuned` seed 2 against `plain_transformer_continued`, both from test 34.09: the arm's rerun "
+            "(val 21.00, test 20.00; its entry, from test 35.16: val 41.00, test 40.00), the baseline's entry (val "
+            "12.00, test 11.00)") in text and "‡" not in text
 
 
 def test_a_rerun_entry_must_carry_the_start_its_name_says(tmp_path):
@@ -307,9 +320,11 @@ def test_a_rerun_entry_must_carry_the_start_its_name_says(tmp_path):
         ledger.read_reruns(tmp_path)
 
 
-def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_start(tmp_path, monkeypatch):
-    """Priority 7: the seeds whose fine-tuning arm and baseline entries started apart get one baseline rerun per
-    start, pending only on a machine whose finished starting run is that start, done once its file exists."""
+def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_path, monkeypatch):
+    """Priority 7: a seed none of whose fine-tuning arm's runs started where a run of its baseline did gets the
+    baseline's rerun from each of the arm's starts and the arm's rerun from each of the baseline's, one per arm and
+    start, pending only on a machine whose finished starting run is that start; once one has run, the seed is
+    paired and its other reruns leave the queue."""
     monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
     for seed in (1, 2):
@@ -319,24 +334,32 @@ def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_sta
                              ("rtal_finetuned", 2, 35.16), ("layerwise_coordination_finetuned", 2, 36.00)):
         ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
             arm, seed, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start_record(start, seed)))
-    reruns = study.baseline_reruns(ledger_dir)
-    assert [(r.arm, r.seed, r.start_test_bleu, r.for_runs) for r in reruns] == sorted([
+
+    def planned():
+        return sorted((r.arm, r.seed, r.start_test_bleu, r.for_runs) for r in study.reruns_from_one_start(ledger_dir))
+
+    continued = "`plain_transformer_continued` seed 2"
+    assert planned() == sorted([
         ("plain_transformer_continued", 2, 35.16, ("`gtrans_finetuned` seed 2", "`rtal_finetuned` seed 2")),
         ("plain_transformer_continued", 2, 36.00, ("`layerwise_coordination_finetuned` seed 2",)),
-    ], key=lambda r: ledger.start_tag(start_record(r[2])))
-    # one run however many arms' seeds started there: a seed joining it while it runs does not make it another
-    # (`startable` keeps a running run from starting twice by this equality)
+        ("gtrans_finetuned", 2, 34.09, (continued,)), ("rtal_finetuned", 2, 34.09, (continued,)),
+        ("layerwise_coordination_finetuned", 2, 34.09, (continued,)),
+    ])
+    reruns = study.reruns_from_one_start(ledger_dir)
+    # one run however many seeds it serves: a seed joining it while it runs does not make it another (`startable`
+    # keeps a running run from starting twice by this equality)
     assert reruns[0] == __import__("dataclasses").replace(reruns[0], for_runs=("`x` seed 2",))
     queue = study.study_queue(ledger_dir=ledger_dir)
     first_seed_2 = queue.index(study.StudyRun(study.FINE_TUNING_ARMS[0], 2))
-    assert queue[first_seed_2 - 2: first_seed_2] == reruns  # before the fine-tuning arms' seeds 2-3
+    assert queue[first_seed_2 - 5: first_seed_2] == reruns  # before the fine-tuning arms' seeds 2-3
+
     def pending_reruns():
         pending = study.pending_runs(ledger_dir, tmp_path / "probes")
-        return [run for run in pending if isinstance(run, study.BaselineRerun)]
+        return [run for run in pending if isinstance(run, study.Rerun)]
 
-    assert pending_reruns() == []  # neither start is on this machine
+    assert pending_reruns() == []  # no start is on this machine
     assert [r for r in study.pending_runs(ledger_dir, tmp_path / "probes", here=False)
-            if isinstance(r, study.BaselineRerun)] == reruns  # the queue as the ledger alone says (the README's)
+            if isinstance(r, study.Rerun)] == reruns  # the queue as the ledger alone says (the README's)
     # this machine's plain run of seed 2 is the one gtrans_finetuned and rtal_finetuned seed 2 started from
     start_dir = study.StudyRun("plain_transformer", 2).run_dir()
     start_dir.mkdir(parents=True)
@@ -350,8 +373,16 @@ def test_the_study_queues_a_baseline_rerun_where_this_machine_holds_the_arms_sta
     rerun = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
                        init_from={**start_record(35.16), "run_dir": str(start_dir)})
     ledger.write_entry(pending[0].result_file(ledger_dir), rerun)
-    assert pending_reruns() == []
     assert study.result_state(pending[0], ledger_dir)[0] == "done"
+    # layer-wise coordination's seed 2, from 36.00, can now pair with the baseline's rerun: its own rerun from 35.16
+    assert [(r.arm, r.start_test_bleu) for r in pending_reruns()] == [("layerwise_coordination_finetuned", 35.16)]
+    # gtrans and rtal seed 2 are paired now; layer-wise coordination's seed is not: the baseline from its start, or
+    # the arm from either of the baseline's (34.09, and the rerun's 35.16)
+    assert planned() == sorted([
+        ("plain_transformer_continued", 2, 36.00, ("`layerwise_coordination_finetuned` seed 2",)),
+        ("layerwise_coordination_finetuned", 2, 34.09, (continued,)),
+        ("layerwise_coordination_finetuned", 2, 35.16, (continued,)),
+    ])
 
 
 def test_loss_curves_of_the_deep_runs_are_reported(tmp_path):
