@@ -33,6 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_inference and its bench_backbone
 
 from bench_inference import (  # noqa: E402
+    INT8_COST_BOOTSTRAP_SAMPLES,
     PLAIN_ENGINES,
     TARGETS,
     WORKLOAD_RESULTS_VERSION,
@@ -93,6 +94,15 @@ def row_problem(row) -> str | None:
             return f"row {row['model']}: `flops` without the `plain_reference` it was counted against"
         if not any(engine in seconds for engine in PLAIN_ENGINES.values()):
             return f"row {row['model']}: `flops` without the plain reference's fast loops in `seconds`"
+    if "int8_cost_interval" in row:  # files written since the interval was added; older ones show "–"
+        intervals = row["int8_cost_interval"]
+        int8_engines = {engine for engine in bleu if engine.startswith("fast int8")}
+        if not isinstance(intervals, dict) or set(intervals) != int8_engines or not all(
+            isinstance(interval, list) and len(interval) == 2 and all(isinstance(v, Real) for v in interval)
+            and interval[0] <= interval[1] for interval in intervals.values()
+        ):
+            return (f"row {row['model']}: `int8_cost_interval` does not give [low, high] (low <= high) for each int8 "
+                    f"engine of `bleu` ({sorted(int8_engines)})")
     return None
 
 
@@ -232,9 +242,11 @@ def int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
     (as `bench_inference.print_targets` reports it: the BLEU does not depend on the thread count)."""
     bound = TARGETS["int8_bleu_cost"]
     lines = [f"#### int8 BLEU cost (fast float32 BLEU minus the int8 loop's; goal <= {bound})", "",
-             "Every file above, at its first thread count; the command of each is in its table's heading.", "",
-             "| CPU | git | model | search | int8 engine | fast float32 BLEU | int8 BLEU | cost | goal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "Every file above, at its first thread count; the command of each is in its table's heading. The 95% "
+             "interval: paired bootstrap over the test sentences (`bench_inference.int8_cost_interval`, "
+             f"{INT8_COST_BOOTSTRAP_SAMPLES:,} resamples; files written before it was added show \"–\"); the goal is decided on the cost itself.", "",
+             "| CPU | git | model | search | int8 engine | fast float32 BLEU | int8 BLEU | cost | 95% interval | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for path, record in results:
         for row in record["rows"]:
             if row["threads"] != record["threads"][0] or "fast float32" not in row["bleu"]:
@@ -243,9 +255,11 @@ def int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
             for engine, int8 in row["bleu"].items():
                 if engine.startswith("fast int8"):
                     cost = fast - int8
+                    interval = row.get("int8_cost_interval", {}).get(engine)
+                    interval = "–" if interval is None else f"{interval[0]:.3f} to {interval[1]:.3f}"
                     lines.append(f"| {record['cpu_model']} | {record['git_revision']} | `{row['model']}` | "
                                  f"{search_label(row['num_beams'])} | {engine} | {fast:.2f} | {int8:.2f} | "
-                                 f"{cost:.3f} | {'met' if cost <= bound else 'NOT met'} |")
+                                 f"{cost:.3f} | {interval} | {'met' if cost <= bound else 'NOT met'} |")
     return lines
 
 

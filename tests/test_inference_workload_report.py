@@ -12,6 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -344,7 +345,8 @@ def fake_rows(args) -> list[dict]:
     translations[CT2_INT8] = ["a", "c", "e"]  # 0/3 equal to CTranslate2 float32
     bleu = {engine: 30.0 for engine in seconds} | {"fast int8": 29.9}
     return [dict(model="runs/plain", model_type="plain_transformer", num_beams=1, threads=1, corpus="Multi30k test",
-                 sentences=3, seconds=seconds, bleu=bleu, translations=translations)]
+                 sentences=3, seconds=seconds, bleu=bleu, translations=translations,
+                 int8_cost_interval={"fast int8": [-0.05, 0.25]})]
 
 
 def test_a_run_writes_one_file_the_report_reads(tmp_path, monkeypatch, capsys):
@@ -372,7 +374,12 @@ def test_a_run_writes_one_file_the_report_reads(tmp_path, monkeypatch, capsys):
     assert MARIAN not in stored["identical_to"]
     assert "| fast int8 | 1.1 |" in printed and "| fast float32: 2/3 |" in printed
     assert "| CTranslate2 float32: 0/3 |" in printed
+    assert stored["int8_cost_interval"] == {"fast int8": [-0.05, 0.25]}
+    assert "float32 30.00, int8 29.90; 95% interval -0.050 to 0.250) <= 0.2 BLEU: 0.100 BLEU, met" in printed
     section = report.render(tmp_path)
+    int8_row = dict(zip(*(lambda table: (table["header"], table["rows"][content["cpu_model"]][0]))(
+        parse_tables(section)[None, "int8"])))
+    assert int8_row["95% interval"] == "-0.050 to 0.250" and int8_row["cost"] == "0.100"
     cells = parse_tables(section)[path.name, "runs/plain"]
     row = dict(zip(cells["header"], cells["rows"]["fast int8"][0]))
     assert row["greedy, 1 thread: vs Marian"] == expected_cell(stored["seconds"], "fast int8", MARIAN)
@@ -395,3 +402,55 @@ def test_write_workload_results_never_replaces_a_file_that_appeared_during_the_r
     assert str(kept) in str(error.value) and not kept.name.startswith("workload_")  # the report skips it
     bench.write_workload_results(target, {"format_version": 1}, overwrite=True)
     assert json.loads(target.read_text(encoding="utf-8")) == {"format_version": 1}
+
+
+def resampled_costs_by_sacrebleu(float_texts, int8_texts, references, samples, seed):
+    """The bootstrap written out with sacreBLEU's own corpus BLEU on every resample (the same draws as
+    `int8_cost_interval`: one generator, one (samples, sentences) draw of sentence indices)."""
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    picks = np.random.default_rng(seed).integers(0, len(references), size=(samples, len(references)))
+    return [corpus_bleu([float_texts[i] for i in pick], [references[i] for i in pick])[0]
+            - corpus_bleu([int8_texts[i] for i in pick], [references[i] for i in pick])[0] for pick in picks]
+
+
+def test_int8_cost_interval_is_a_paired_bootstrap_of_sacrebleu_corpus_bleu():
+    """The interval equals percentiles of sacreBLEU corpus BLEU differences over resamples that draw the same
+    sentences for both engines (a bootstrap drawing each engine's sentences apart would give another, wider one);
+    no difference where the translations are identical; the sum of the per-sentence statistics is corpus BLEU."""
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    references = [f"ein mann {word} auf der strasse mit einem hund" for word in
+                  ("steht", "geht", "sitzt", "liegt", "rennt", "tanzt", "singt", "wartet", "spielt", "lacht")] * 4
+    float_texts = [reference if i % 3 else reference.replace("hund", "katze") for i, reference in enumerate(references)]
+    int8_texts = [text if i % 4 else " ".join(text.split()[:4]) for i, text in enumerate(float_texts)]
+    assert bench.bleu_from_statistics(bench.bleu_statistics(float_texts, references).sum(axis=0)) == pytest.approx(
+        corpus_bleu(float_texts, references)[0], abs=1e-9)
+    costs = resampled_costs_by_sacrebleu(float_texts, int8_texts, references, samples=200, seed=3)
+    expected = [round(float(value), 3) for value in np.percentile(costs, [2.5, 97.5])]
+    assert bench.int8_cost_interval(float_texts, int8_texts, references, samples=200, seed=3) == expected
+    assert expected[0] > 0  # every fourth sentence cut short: a cost the interval must not straddle zero for
+    assert bench.int8_cost_interval(float_texts, float_texts, references, samples=200) == [0.0, 0.0]
+
+
+def test_the_int8_table_shows_each_rows_interval_and_refuses_a_broken_one(tmp_path):
+    files = write_results(tmp_path)
+    name = "workload_amd-epyc-7b12_abc1234.json"
+    content = files[name]
+    greedy = content["rows"][0]
+    assert (greedy["model"], greedy["num_beams"], greedy["threads"]) == ("runs/plain", 1, 1)
+    greedy["int8_cost_interval"] = {"fast int8": [-0.2, 0.31], FORMAT_ROW: [0.1, 0.52]}
+    (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    rows = parse_tables(report.render(tmp_path))[None, "int8"]
+    header = rows["header"]
+    cells = {tuple(row[:5]): dict(zip(header, row)) for group in rows["rows"].values() for row in group}
+    plain = ("AMD EPYC 7B12", "abc1234", "`runs/plain`")
+    assert cells[(*plain, "greedy", "fast int8")]["95% interval"] == "-0.200 to 0.310"
+    assert cells[(*plain, "greedy", FORMAT_ROW)]["95% interval"] == "0.100 to 0.520"
+    assert cells[(*plain, "beam-4", "fast int8")]["95% interval"] == "–"  # a row written without it
+    for broken in ({"fast int8": [0.3, -0.2], FORMAT_ROW: [0.1, 0.5]}, {"fast int8": [0.0, 0.1]},
+                   {"fast int8": [0.0, "0.1"], FORMAT_ROW: [0.1, 0.5]}):
+        greedy["int8_cost_interval"] = broken
+        (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+        with pytest.raises(report.UnreadableResult, match=f"{name}.*int8_cost_interval"):
+            report.render(tmp_path)
