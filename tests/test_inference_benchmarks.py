@@ -2,7 +2,8 @@
 run): `profile_workload.py` (its phases add up to the whole, and it puts every function it times back),
 `bench_inference.py --int8-formats` (a row for the other format, run by the product this CPU has for it, with its
 BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe_inference_kernels.py --workload`,
-`bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py`, `bench_workload_processes.py` and `probe_amx_rows.py`."""
+`bench_layers_in_one_call.py`, `bench_ctranslate2_shapes.py`, `bench_workload_processes.py`, `probe_amx_rows.py` and `probe_int8_schemes.py` (its simulation against
+`int8_linear_reference` and the int8 copies' translations)."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import tiny_model, tiny_tokenizer
 
 from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search
@@ -26,6 +28,7 @@ import bench_layers_in_one_call  # noqa: E402
 import bench_workload_processes  # noqa: E402
 import probe_amx_rows  # noqa: E402
 import probe_inference_kernels  # noqa: E402
+import probe_int8_schemes  # noqa: E402
 import profile_workload  # noqa: E402
 
 SENTENCES = ["ab ba abba", "baab ab", "b a", "abab baba aa bb", "ab", "ba ab ba ab"]
@@ -289,3 +292,62 @@ def test_probe_amx_rows_times_both_products_where_the_cpu_has_them(capsys):
     ]
     for *_, tiles, vnni, ratio in rows:
         assert float(ratio) == pytest.approx(float(tiles) / float(vnni), abs=0.01)
+
+
+@pytest.mark.parametrize("code_bits", [8, 7])
+def test_simulated_int8_schemes_compute_the_formats_reference_arithmetic(code_bits):
+    """`SimulatedInt8Linear` in the scheme of an existing format gives `int8_linear_reference`'s numbers (exact
+    integer products) to float rounding: rows of both signs, one-signed rows (after a ReLU), an outlier, all zeros."""
+    generator = torch.Generator().manual_seed(code_bits)
+    linear = torch.nn.Linear(48, 20)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(20, 48, generator=generator))
+        linear.bias.copy_(torch.randn(20, generator=generator))
+    inputs = torch.randn(6, 48, generator=generator)
+    inputs[1] = inputs[1].abs()  # one-signed
+    inputs[2] = -inputs[2].abs()
+    inputs[3, 5] = 40.0  # an outlier sets the row's scale
+    inputs[4] = 0.0
+    weight_max = inference_copies.WEIGHT_CODE_MAX[code_bits]
+    weight_scale = linear.weight.detach().abs().amax(dim=1) / weight_max  # `Int8Linear`'s weights, written out
+    weight_t = torch.round(linear.weight.detach() / weight_scale[:, None]).to(torch.int8).t().contiguous()
+    expected = inference_copies.int8_linear_reference(
+        inputs, weight_t, weight_t.sum(dim=0, dtype=torch.int32), weight_scale, linear.bias.detach(), code_bits=code_bits
+    )
+    simulated = probe_int8_schemes.SimulatedInt8Linear(linear.weight, linear.bias, code_bits, weight_max)(inputs)
+    torch.testing.assert_close(simulated, expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(simulated[4], linear.bias.detach())  # an all-zero row: the bias alone
+
+
+def test_probe_int8_schemes_translates_as_the_int8_copies(saved_models, capsys, kernels):
+    """The probe's 8- and 7-bit schemes translate as the int8 copies of those formats (the compiled products) do,
+    and its table counts each scheme's translations identical to float32's; bad schemes are named."""
+    import hf_layerfusion
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    directories, data = saved_models
+    model_dir = directories["gtrans"]
+    args = probe_int8_schemes.parse_args([str(model_dir), "--data", str(data), "--schemes", "8:127", "7:63", "3:5"])
+    texts = probe_int8_schemes.translations(args, SENTENCES)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    batch = tokenizer(SENTENCES, text_target=SENTENCES, padding=True, return_tensors="pt")
+    for code_bits, weight_max in ((8, 127), (7, 63)):
+        copy = inference_copies.int8_copy(model, code_bits)
+        assert texts[code_bits, weight_max] == hf_layerfusion.translate(copy, tokenizer, SENTENCES,
+                                                                        quantization="int8")
+        simulated = probe_int8_schemes.simulated_copy(model_dir, code_bits, weight_max)
+        with torch.no_grad():  # every product quantized alike, the output projection too: the same logits
+            torch.testing.assert_close(simulated(**batch).logits, copy(**batch).logits, rtol=1e-4, atol=1e-4)
+    assert texts["float32"] == hf_layerfusion.translate(model, tokenizer, SENTENCES, fast=False)
+    probe_int8_schemes.main([str(model_dir), "--data", str(data), "--schemes", "3:5"])
+    printed = capsys.readouterr().out
+    same = sum(a == b for a, b in zip(texts[3, 5], texts["float32"]))
+    assert f"| 3-bit activations, weights [-5, 5] | 7 | 11 |" in printed and f"| {same}/{len(SENTENCES)} |" in printed
+    for bad, message in (("7", "ACTIVATION_BITS:WEIGHT_MAX"), ("9:127", "activation bits"), ("8:128", "127")):
+        with pytest.raises(SystemExit):
+            probe_int8_schemes.parse_args([str(model_dir), "--data", str(data), "--schemes", bad])
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        probe_int8_schemes.parse_args([str(data), "--data", str(data)])
+    assert "no config.json" in capsys.readouterr().err
