@@ -32,7 +32,8 @@ sentences translated in batches of 32 sorted by length, each stopping at its end
 loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_marian`) and CTranslate2 float32 / int8
 (`export_ctranslate2`): seconds, ratios and BLEU of each, at each `--threads` count. Targets there (issue 39): the
 plain fast float32 loop at or above CTranslate2 float32, the int8 loop at or above CTranslate2 int8, and the int8
-BLEU cost <= 0.2, printed with its 95% interval (paired bootstrap over the sentences, `int8_cost_interval`).
+BLEU cost <= 0.2, printed with its 95% interval (paired bootstrap over the sentences, `int8_cost_interval`),
+and, where two or more models were given, each int8 loop's cost pooled over them (`pooled_int8_costs`).
 `--int8-formats 7 8` adds the int8 loop in each of those formats (`int8_copy(model, code_bits)`, run by whichever
 product this CPU has for it: `Int8Linear`), the BLEU cost of every format measured on one CPU;
 `--plain-reference PLAIN_DIR` (a trained plain Transformer with the same tokenizer) times that model's fast loops
@@ -418,11 +419,13 @@ def measure_workload(args) -> list[dict]:
                         bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
                         translations=translations,
                     )
-                    if "fast float32" in translations:
-                        row["int8_cost_interval"] = {
-                            engine: int8_cost_interval(translations["fast float32"], texts, references)
-                            for engine, texts in translations.items() if engine.startswith("fast int8")
-                        }
+                    row["bleu_statistics"] = {engine: bleu_statistics(texts, references)
+                                              for engine, texts in translations.items()
+                                              if engine == "fast float32" or engine.startswith("fast int8")}
+                    row["int8_cost_interval"] = {
+                        engine: int8_cost_interval(row["bleu_statistics"]["fast float32"], statistics)
+                        for engine, statistics in row["bleu_statistics"].items() if engine.startswith("fast int8")
+                    }
                     if versus_plain is not None:
                         if num_beams not in plain_flops:
                             plain_flops[num_beams] = counted_flops(*versus_plain, flops_sources, num_beams)
@@ -459,24 +462,64 @@ def bleu_from_statistics(statistics_sum: np.ndarray) -> float:
     return BLEU.compute_bleu(counts[0:4], counts[4:8], counts[8], counts[9], smooth_method="exp").score
 
 
-def int8_cost_interval(float_texts: list[str], int8_texts: list[str], references: list[str],
-                       samples: int = INT8_COST_BOOTSTRAP_SAMPLES, seed: int = INT8_COST_BOOTSTRAP_SEED) -> list[float]:
-    """The 95% interval `[low, high]` of the int8 BLEU cost (float32 BLEU minus int8 BLEU): paired bootstrap over the
-    sentences (Koehn 2004), each resample of the test set scored with both engines' translations, the 2.5th and
-    97.5th percentiles of the differences. A greedy cost is decided by the few sentences whose translations differ
-    (a sentence that loops to the maximum length in one engine moves the corpus BLEU by tenths), so a point estimate
-    near the 0.2 goal is read with this interval beside it."""
-    float_statistics = bleu_statistics(float_texts, references)
-    int8_statistics = bleu_statistics(int8_texts, references)
-    sentences = len(references)
+def bootstrap_weights(sentences: int, samples: int = INT8_COST_BOOTSTRAP_SAMPLES,
+                      seed: int = INT8_COST_BOOTSTRAP_SEED) -> np.ndarray:
+    """`(samples, sentences)`: how often each sentence is drawn in each bootstrap resample of the test set."""
     picks = np.random.default_rng(seed).integers(0, sentences, size=(samples, sentences))
-    # how often each sentence is drawn in each resample: (samples, sentences) @ (sentences, 10) sums the statistics
     weights = np.zeros((samples, sentences), dtype=np.int64)
     np.add.at(weights, (np.arange(samples)[:, None], picks), 1)
-    costs = [bleu_from_statistics(float_sum) - bleu_from_statistics(int8_sum)
-             for float_sum, int8_sum in zip(weights @ float_statistics, weights @ int8_statistics)]
-    low, high = np.percentile(costs, [2.5, 97.5])
+    return weights
+
+
+def resampled_costs(float_statistics: np.ndarray, int8_statistics: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """float32 BLEU minus int8 BLEU on each resample of `weights` (`bootstrap_weights`), from `bleu_statistics`."""
+    return np.array([bleu_from_statistics(float_sum) - bleu_from_statistics(int8_sum)
+                     for float_sum, int8_sum in zip(weights @ float_statistics, weights @ int8_statistics)])
+
+
+def percentile_interval(values: np.ndarray) -> list[float]:
+    low, high = np.percentile(values, [2.5, 97.5])
     return [round(float(low), 3), round(float(high), 3)]
+
+
+def int8_cost_interval(float_statistics: np.ndarray, int8_statistics: np.ndarray,
+                       samples: int = INT8_COST_BOOTSTRAP_SAMPLES, seed: int = INT8_COST_BOOTSTRAP_SEED) -> list[float]:
+    """The 95% interval `[low, high]` of the int8 BLEU cost (float32 BLEU minus int8 BLEU) from both engines'
+    `bleu_statistics` of one test set: paired bootstrap over the sentences (Koehn 2004), each resample scored with both
+    engines' translations, the 2.5th and 97.5th percentiles of the differences. A greedy cost is decided by the few
+    sentences whose translations differ (a sentence that loops to the maximum length in one engine moves the corpus
+    BLEU by tenths), so a point estimate near the 0.2 goal is read with this interval beside it."""
+    weights = bootstrap_weights(len(float_statistics), samples, seed)
+    return percentile_interval(resampled_costs(float_statistics, int8_statistics, weights))
+
+
+def pooled_int8_costs(rows: list[dict], threads: int, samples: int = INT8_COST_BOOTSTRAP_SAMPLES,
+                      seed: int = INT8_COST_BOOTSTRAP_SEED) -> list[dict]:
+    """For each search and int8 engine that two or more models of a run were measured with (rows of `threads` with
+    `bleu_statistics`, one test set): the mean of the models' int8 costs and its 95% interval, every resample drawing
+    the same sentences for every model. One model's cost is decided by a few sentences; the mean over models is the
+    steadier answer to "what does this int8 format cost?"."""
+    groups: dict = {}
+    for row in rows:
+        if row["threads"] == threads and "bleu_statistics" in row:
+            for engine, statistics in row["bleu_statistics"].items():
+                if engine.startswith("fast int8"):
+                    groups.setdefault((row["num_beams"], engine), []).append(row)
+    pooled = []
+    for (num_beams, engine), group in groups.items():
+        if len(group) < 2:
+            continue
+        sentences = {len(row["bleu_statistics"][engine]) for row in group}
+        if len(sentences) != 1:
+            raise ValueError(f"pooled_int8_costs: the models of {engine!r} translated different test sets {sentences}")
+        weights = bootstrap_weights(sentences.pop(), samples, seed)
+        costs = np.mean([resampled_costs(row["bleu_statistics"]["fast float32"], row["bleu_statistics"][engine],
+                                         weights) for row in group], axis=0)
+        pooled.append(dict(num_beams=num_beams, engine=engine, models=[row["model"] for row in group],
+                           mean=round(float(np.mean([row["bleu"]["fast float32"] - row["bleu"][engine]
+                                                     for row in group])), 3),
+                           interval=percentile_interval(costs)))
+    return pooled
 
 
 def workload_reference(seconds: dict) -> str:
@@ -643,6 +686,17 @@ def print_targets(args, ratios: dict, bleu_rows) -> None:
                        TARGETS["int8_bleu_cost"], higher=False, unit=" BLEU", digits=3)  # 0.203 must not print 0.20
 
 
+def print_pooled_int8_costs(pooled: list[dict]) -> None:
+    if not pooled:
+        return
+    print("\nint8 BLEU cost pooled over the models of this run (the mean of their costs; 95% interval: paired bootstrap, "
+          "the same resamples of the sentences for every model):")
+    for entry in pooled:
+        search = "greedy" if entry["num_beams"] == 1 else f"beam {entry['num_beams']}"
+        print(f"- {entry['engine']}, {search}, {len(entry['models'])} models: mean {entry['mean']:.3f} BLEU, 95% "
+              f"interval {entry['interval'][0]:.3f} to {entry['interval'][1]:.3f}")
+
+
 # ------------------------------------------------------------------------------------------------ results file
 # the layout of a `--results-dir` file; benchmarks/inference_workload_report.py reads this version only
 WORKLOAD_RESULTS_VERSION = 1
@@ -657,10 +711,12 @@ def workload_results_path(results_dir: Path) -> Path:
     return Path(results_dir) / f"workload_{cpu}_{commit}.json"
 
 
-def workload_record(args, command: str, revision: str, loadavg_start, rows: list[dict]) -> dict:
-    """What `--results-dir` keeps of a run: its provenance (command, code, libraries, CPU, kernels, load) and every
+def workload_record(args, command: str, revision: str, loadavg_start, rows: list[dict],
+                    pooled: list[dict] | None = None) -> dict:
+    """What `--results-dir` keeps of a run: its provenance (command, code, libraries, CPU, kernels, load), every
     row of `measure_workload` without its translations (megabytes per run; the identical counts stay), enough for
-    inference_workload_report.py to compute every ratio and BLEU cost the printed tables show."""
+    inference_workload_report.py to compute every ratio and BLEU cost the printed tables show, and the run's
+    `pooled_int8_costs` where it has any."""
     return {
         "format_version": WORKLOAD_RESULTS_VERSION,
         "command": command,
@@ -687,6 +743,7 @@ def workload_record(args, command: str, revision: str, loadavg_start, rows: list
             }
             for row in rows
         ],
+        **({"pooled_int8_costs": pooled} if pooled else {}),
     }
 
 
@@ -845,8 +902,10 @@ def main(argv=None):
     for row in bleu_rows:
         print_workload(row)
     print_targets(args, ratios, bleu_rows)
+    pooled = pooled_int8_costs(bleu_rows, args.threads[0])
+    print_pooled_int8_costs(pooled)
     if args.results_path is not None:
-        record = workload_record(args, command, revision, loadavg_numbers, bleu_rows)
+        record = workload_record(args, command, revision, loadavg_numbers, bleu_rows, pooled)
         write_workload_results(args.results_path, record, args.overwrite_results)
         print(f"\n- results written to {args.results_path} "
               "(`python benchmarks/inference_workload_report.py` renders them)")

@@ -8,7 +8,8 @@ speed against CTranslate2 of the same precision (fast float32 against CTranslate
 against CTranslate2 int8) and the BLEU of each search; per other family, one row per engine against its own
 `generate()`. A speed ratio is the reference's time over the engine's, the median of the per-chunk ratios [min-max]
 (`bench_inference.ratio_cell`: the same numbers the run printed). Then the int8 BLEU cost (the fast float32 loop's
-BLEU minus each int8 loop's; goal <= 0.2) of every model, search and int8 engine of every file, and, for runs with
+BLEU minus each int8 loop's; goal <= 0.2) of every model, search and int8 engine of every file (with its 95% interval
+where the file has it), the cost pooled over the models of each run that measured several, and, for runs with
 `--plain-reference`, each fusion model's fast loops against the plain reference's divided by the counted FLOPs ratio
 (goal >= 0.8).
 
@@ -124,6 +125,18 @@ def read_result(path: Path) -> dict:
         raise UnreadableResult(f"{path}: no rows")
     if not isinstance(record["threads"], list) or not record["threads"]:
         raise UnreadableResult(f"{path}: `threads` is not a non-empty list")
+    if "pooled_int8_costs" in record:  # runs of two or more models since the pooled cost was added
+        pooled = record["pooled_int8_costs"]
+        if not isinstance(pooled, list) or not pooled or not all(
+            isinstance(entry, dict) and isinstance(entry.get("num_beams"), int)
+            and isinstance(entry.get("engine"), str) and entry["engine"].startswith("fast int8")
+            and isinstance(entry.get("models"), list) and len(entry["models"]) >= 2
+            and isinstance(entry.get("mean"), Real) and isinstance(entry.get("interval"), list)
+            and len(entry["interval"]) == 2 and all(isinstance(v, Real) for v in entry["interval"])
+            and entry["interval"][0] <= entry["interval"][1] for entry in pooled
+        ):
+            raise UnreadableResult(f"{path}: `pooled_int8_costs` is not a list of entries with num_beams, a fast int8 "
+                                   "engine, two or more models, a mean and an interval [low, high]")
     seen = set()
     for row in record["rows"]:
         problem = row_problem(row)
@@ -263,6 +276,27 @@ def int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
     return lines
 
 
+def pooled_int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
+    """The int8 BLEU cost pooled over the models of each run that measured two or more (`bench_inference.
+    pooled_int8_costs`); nothing where no file has any."""
+    bound = TARGETS["int8_bleu_cost"]
+    lines = []
+    for path, record in results:
+        for entry in record.get("pooled_int8_costs", []):
+            low, high = entry["interval"]
+            lines.append(f"| {record['cpu_model']} | {record['git_revision']} | {search_label(entry['num_beams'])} | "
+                         f"{entry['engine']} | {len(entry['models'])} | {entry['mean']:.3f} | {low:.3f} to {high:.3f} | "
+                         f"{'met' if entry['mean'] <= bound else 'NOT met'} |")
+    if not lines:
+        return []
+    return [f"#### int8 BLEU cost pooled over the models of a run (goal <= {bound})", "",
+            "The mean of the costs of the models one run measured (the table above), with its 95% interval: the same "
+            "bootstrap resamples of the test sentences for every model. One model's cost is decided by a few "
+            "sentences; the mean over models is the steadier answer to what a format costs.", "",
+            "| CPU | git | search | int8 engine | models | mean cost | 95% interval | goal |",
+            "|---|---|---|---|---|---|---|---|", *lines]
+
+
 def fusion_table(results: list[tuple[Path, dict]]) -> list[str]:
     """Each fusion model's fast loops against the plain reference's of the same precision (files of runs with
     `--plain-reference`), with the counted FLOPs ratio and the target's ratio (`bench_inference.fusion_versus_plain`);
@@ -306,6 +340,9 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
             if (record["cpu_model"], record["machine_type"]) == (cpu, machine):
                 lines += [""] + run_tables(path, record)
     lines += [""] + int8_cost_table(results)
+    pooled = pooled_int8_cost_table(results)
+    if pooled:
+        lines += [""] + pooled
     fusion = fusion_table(results)
     if fusion:
         lines += [""] + fusion

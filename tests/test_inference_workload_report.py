@@ -107,6 +107,8 @@ def parse_tables(section: str) -> dict:
     for line in section.splitlines():
         if line.startswith("Run `"):
             run = line.split("`")[1]
+        elif line.startswith("#### int8 BLEU cost pooled"):
+            run, model = None, "pooled"
         elif line.startswith("#### int8 BLEU cost"):
             run, model = None, "int8"
         elif line.startswith("#### Fusion families against the plain fast loop"):
@@ -428,9 +430,66 @@ def test_int8_cost_interval_is_a_paired_bootstrap_of_sacrebleu_corpus_bleu():
         corpus_bleu(float_texts, references)[0], abs=1e-9)
     costs = resampled_costs_by_sacrebleu(float_texts, int8_texts, references, samples=200, seed=3)
     expected = [round(float(value), 3) for value in np.percentile(costs, [2.5, 97.5])]
-    assert bench.int8_cost_interval(float_texts, int8_texts, references, samples=200, seed=3) == expected
+    float_statistics = bench.bleu_statistics(float_texts, references)
+    int8_statistics = bench.bleu_statistics(int8_texts, references)
+    assert bench.int8_cost_interval(float_statistics, int8_statistics, samples=200, seed=3) == expected
     assert expected[0] > 0  # every fourth sentence cut short: a cost the interval must not straddle zero for
-    assert bench.int8_cost_interval(float_texts, float_texts, references, samples=200) == [0.0, 0.0]
+    assert bench.int8_cost_interval(float_statistics, float_statistics, samples=200) == [0.0, 0.0]
+
+
+def workload_row(model, threads, num_beams, float_texts, int8_texts, references):
+    """A row as `measure_workload` leaves it for `pooled_int8_costs`: BLEU and the per-sentence statistics."""
+    from hf_layerfusion.training.evaluation import corpus_bleu
+
+    texts = {"fast float32": float_texts, "fast int8": int8_texts}
+    return dict(model=model, threads=threads, num_beams=num_beams,
+                bleu={engine: corpus_bleu(t, references)[0] for engine, t in texts.items()},
+                bleu_statistics={engine: bench.bleu_statistics(t, references) for engine, t in texts.items()})
+
+
+def test_pooled_int8_cost_is_the_mean_over_models_on_shared_resamples():
+    """The pooled cost of two models: the mean of their costs, and the percentiles of the mean of their sacreBLEU
+    differences on the same resamples (each model drawing its own sentences would give another interval); a search
+    or thread count with one model is not pooled."""
+    references = [f"ein kind {word} im park neben dem see" for word in
+                  ("spielt", "läuft", "sitzt", "liest", "schläft", "isst", "malt", "ruft")] * 4
+    first_int8 = [r if i % 4 else " ".join(r.split()[:3]) for i, r in enumerate(references)]
+    second_float = [r if i % 5 else r.replace("see", "fluss") for i, r in enumerate(references)]
+    second_int8 = [t if i % 3 else t + " heute" for i, t in enumerate(second_float)]
+    rows = [workload_row("a", 1, 1, references, first_int8, references),
+            workload_row("b", 1, 1, second_float, second_int8, references),
+            workload_row("a", 1, 4, references, first_int8, references),  # beam 4: one model only
+            workload_row("b", 2, 1, second_float, second_int8, references)]  # another thread count
+    (pooled,) = bench.pooled_int8_costs(rows, threads=1, samples=200, seed=5)
+    costs = [row["bleu"]["fast float32"] - row["bleu"]["fast int8"] for row in rows[:2]]
+    assert pooled["num_beams"] == 1 and pooled["engine"] == "fast int8" and pooled["models"] == ["a", "b"]
+    assert pooled["mean"] == round(sum(costs) / 2, 3)
+    mean_costs = np.mean([resampled_costs_by_sacrebleu(texts_f, texts_i, references, samples=200, seed=5)
+                          for texts_f, texts_i in ((references, first_int8), (second_float, second_int8))], axis=0)
+    assert pooled["interval"] == [round(float(value), 3) for value in np.percentile(mean_costs, [2.5, 97.5])]
+    assert bench.pooled_int8_costs(rows[:1], threads=1) == []
+
+
+def test_the_pooled_int8_table_and_a_broken_entry(tmp_path):
+    files = write_results(tmp_path)
+    name = "workload_amd-epyc-7b12_abc1234.json"
+    content = files[name]
+    content["pooled_int8_costs"] = [{"num_beams": 1, "engine": "fast int8", "models": ["runs/plain", "runs/gtrans"],
+                                     "mean": 0.123, "interval": [-0.31, 0.4]}]
+    (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    section = report.render(tmp_path)
+    table = parse_tables(section)[None, "pooled"]
+    (cells,) = table["rows"]["AMD EPYC 7B12"]
+    assert dict(zip(table["header"], cells)) == {
+        "CPU": "AMD EPYC 7B12", "git": "abc1234", "search": "greedy", "int8 engine": "fast int8", "models": "2",
+        "mean cost": "0.123", "95% interval": "-0.310 to 0.400", "goal": "met"}
+    content["pooled_int8_costs"][0]["models"] = ["runs/plain"]  # one model is no pool
+    (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(report.UnreadableResult, match=f"{name}.*pooled_int8_costs"):
+        report.render(tmp_path)
+    del content["pooled_int8_costs"]
+    (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    assert "pooled over the models" not in report.render(tmp_path)
 
 
 def test_the_int8_table_shows_each_rows_interval_and_refuses_a_broken_one(tmp_path):
