@@ -419,13 +419,14 @@ def measure_workload(args) -> list[dict]:
                         bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
                         translations=translations,
                     )
-                    row["bleu_statistics"] = {engine: bleu_statistics(texts, references)
-                                              for engine, texts in translations.items()
-                                              if engine == "fast float32" or engine.startswith("fast int8")}
-                    row["int8_cost_interval"] = {
-                        engine: int8_cost_interval(row["bleu_statistics"]["fast float32"], statistics)
-                        for engine, statistics in row["bleu_statistics"].items() if engine.startswith("fast int8")
-                    }
+                    if threads == args.threads[0]:  # the BLEU does not depend on the thread count: once
+                        row["bleu_statistics"] = {engine: bleu_statistics(texts, references)
+                                                  for engine, texts in translations.items()
+                                                  if engine == "fast float32" or engine.startswith("fast int8")}
+                        row["int8_cost_interval"] = {
+                            engine: int8_cost_interval(row["bleu_statistics"]["fast float32"], statistics)
+                            for engine, statistics in row["bleu_statistics"].items() if engine.startswith("fast int8")
+                        }
                     if versus_plain is not None:
                         if num_beams not in plain_flops:
                             plain_flops[num_beams] = counted_flops(*versus_plain, flops_sources, num_beams)
@@ -502,7 +503,7 @@ def pooled_int8_costs(rows: list[dict], threads: int, samples: int = INT8_COST_B
     groups: dict = {}
     for row in rows:
         if row["threads"] == threads and "bleu_statistics" in row:
-            for engine, statistics in row["bleu_statistics"].items():
+            for engine in row["bleu_statistics"]:
                 if engine.startswith("fast int8"):
                     groups.setdefault((row["num_beams"], engine), []).append(row)
     pooled = []
