@@ -18,10 +18,12 @@ makes every saved model write its Hub code, and registers the translation pipeli
 
 from transformers.utils.versions import require_version
 
-from .version import TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
+from .version import TORCH_HINT, TORCH_REQUIREMENT, TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
 
-# first: a transformers release outside the supported range fails here, naming it, not later with an unrelated error
+# first: a transformers or torch release outside the supported range fails here, naming it, not later with an
+# unrelated error
 require_version(TRANSFORMERS_REQUIREMENT, TRANSFORMERS_HINT)
+require_version(TORCH_REQUIREMENT, TORCH_HINT)
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM  # noqa: E402
 from transformers.pipelines import PIPELINE_REGISTRY

@@ -1,10 +1,13 @@
 """The package's version (read by setup.cfg, and written into the Hub code and the model cards it generates) and the
-transformers versions it supports: setup.cfg's `install_requires` states the same range (tests/test_packaging.py),
-and so do the model cards and the Hub code saved with every model, which run on the user's transformers.
+transformers and torch versions it supports: setup.cfg's `install_requires` states the same requirements
+(tests/test_packaging.py), and the model cards and the Hub code saved with every model, which run on the user's
+transformers, state the transformers range.
 
-The package's first statement (`hf_layerfusion/__init__.py`) checks the installed transformers against that range: a
-release outside it raises an ImportError naming both, instead of an unrelated error later (a transformers upgraded
-after installing the package); the Hub code makes the same check. Definitions only: the Hub code inlines them."""
+The package's first statements (`hf_layerfusion/__init__.py`) check the installed transformers and torch against them:
+a release outside raises an ImportError naming both and the `pip install` that fixes it, instead of an unrelated
+error later (a transformers upgraded after installing the package) or transformers' own about one of its classes (a
+torch below its floor); the Hub code makes the transformers check.
+Definitions only: the Hub code inlines them."""
 
 __version__ = "0.1.0"
 
@@ -16,4 +19,14 @@ TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<5.25"
 TRANSFORMERS_HINT = (
     f"hf_layerfusion {__version__} runs on {TRANSFORMERS_REQUIREMENT} (other releases fail later with unrelated "
     f"errors): pip install '{TRANSFORMERS_REQUIREMENT}'"
+)
+
+# every transformers release of the range disables an older torch (`transformers.utils.import_utils.is_torch_available`
+# is False below 2.6, and importing its model classes raises), so the floor is transformers' own, stated here so that
+# pip upgrades such a torch when it installs the package; no ceiling: the releases checked (2.6.0 and the newest) are
+# in docs/testing.md (*torch versions*)
+TORCH_REQUIREMENT = "torch>=2.6"
+TORCH_HINT = (
+    f"hf_layerfusion {__version__} runs on {TORCH_REQUIREMENT}, as transformers does (it disables an older torch): "
+    f"pip install '{TORCH_REQUIREMENT}'"
 )

@@ -17,40 +17,48 @@ from helpers import REPO_ROOT, tiny_model
 from packaging.requirements import Requirement
 
 import hf_layerfusion
-from hf_layerfusion.version import TRANSFORMERS_REQUIREMENT
+from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
 
-def installed_transformers_requirement() -> Requirement:
+def installed_requirement(name: str) -> Requirement:
     setup = configparser.ConfigParser()
     setup.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
     requirements = [Requirement(line) for line in setup["options"]["install_requires"].split("\n") if line.strip()]
-    (transformers,) = [requirement for requirement in requirements if requirement.name == "transformers"]
-    return transformers
+    (requirement,) = [requirement for requirement in requirements if requirement.name == name]
+    return requirement
 
 
 def test_setup_cfg_requires_the_stated_range():
-    assert installed_transformers_requirement() == Requirement(TRANSFORMERS_REQUIREMENT)
+    assert installed_requirement("transformers") == Requirement(TRANSFORMERS_REQUIREMENT)
+    assert installed_requirement("torch") == Requirement(TORCH_REQUIREMENT)
+    import torch
     import transformers
 
-    assert transformers.__version__ in Requirement(TRANSFORMERS_REQUIREMENT).specifier  # the suite runs inside it
+    # the suite runs inside both
+    assert transformers.__version__ in Requirement(TRANSFORMERS_REQUIREMENT).specifier
+    assert Requirement(TORCH_REQUIREMENT).specifier.contains(torch.__version__, prereleases=True)
 
 
-def test_model_card_and_hub_code_state_the_range(tmp_path):
-    model = tiny_model("plain_transformer")
-    model.save_pretrained(tmp_path)
-    card = hf_layerfusion.write_model_card(tmp_path, model, "de", "en", "tiny").read_text(encoding="utf-8")
-    assert f"Requires `{TRANSFORMERS_REQUIREMENT}`" in card
-    hub_code = (tmp_path / "modeling_layerfusion.py").read_text(encoding="utf-8")
-    header = re.match(r'"""(.*?)"""', hub_code, flags=re.DOTALL).group(1)
-    assert f"Requires {TRANSFORMERS_REQUIREMENT} " in header
+def _fake_version(package: str, version: str) -> str:
+    """Code that makes `importlib.metadata` report `version` of `package` to everything imported after it."""
+    return (
+        "import importlib.metadata as metadata\n"
+        "real_version = metadata.version\n"
+        f"metadata.version = lambda name: {version!r} if name == {package!r} else real_version(name)\n"
+    )
+
+
+def test_torch_floor_is_the_one_transformers_enforces(tmp_path):
+    """transformers disables torch below the floor (so the package cannot work there) and accepts the floor itself."""
+    (floor,) = [spec.version for spec in Requirement(TORCH_REQUIREMENT).specifier if spec.operator == ">="]
+    below = f"{floor.split('.')[0]}.{int(floor.split('.')[1]) - 1}.9"
+    check = "from transformers.utils import is_torch_available\nprint(is_torch_available())\n"
+    answers = {version: _run(_fake_version("torch", version) + check, tmp_path) for version in (below, f"{floor}.0")}
+    assert [answers[version].stdout.split() for version in answers] == [["False"], ["True"]], answers
 
 
 # what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.25.0 (outside the range)
-_FAKE_TRANSFORMERS_5_25 = (
-    "import importlib.metadata as metadata\n"
-    "real_version = metadata.version\n"
-    "metadata.version = lambda name: '5.25.0' if name == 'transformers' else real_version(name)\n"
-)
+_FAKE_TRANSFORMERS_5_25 = _fake_version("transformers", "5.25.0")
 
 
 def _run(code: str, cwd) -> subprocess.CompletedProcess:
@@ -62,6 +70,12 @@ def test_import_refuses_a_transformers_release_outside_the_range(tmp_path):
     assert result.returncode != 0
     assert "found transformers==5.25.0" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
     assert _run("import hf_layerfusion\n", tmp_path).returncode == 0  # the installed release passes
+
+
+def test_import_refuses_a_torch_release_below_the_floor(tmp_path):
+    result = _run(_fake_version("torch", "2.5.1") + "import hf_layerfusion\n", tmp_path)
+    assert result.returncode != 0
+    assert "found torch==2.5.1" in result.stderr and f"pip install '{TORCH_REQUIREMENT}'" in result.stderr
 
 
 def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):

@@ -4,6 +4,7 @@
     python tools/check_transformers_range.py                    # both ends of the range (CI runs this)
     python tools/check_transformers_range.py --ends oldest      # one end
     python tools/check_transformers_range.py --keep --workdir /tmp/range   # keep the environments and models
+    python tools/check_transformers_range.py --torch-ends       # torch at the same ends too (GBs of CUDA wheels)
 
 The range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT` (`>=5.20,<5.25` today): the oldest end is its lower bound
 (`transformers==5.20.0`), the newest the newest release pip finds inside it. For each end, a throwaway virtual
@@ -15,6 +16,11 @@ command) gets that transformers release, and runs:
 2. Hub checkpoints across the range: a tiny model of every family saved with the package under one end loads under the
    other end by its remote code alone (hf_layerfusion not importable) and gives the same greedy and beam-search tokens
    and the same logits (atol 1e-5), both ways.
+
+With `--torch-ends` each end's environment also gets torch at the same end of `hf_layerfusion.version.TORCH_REQUIREMENT`
+(`torch==2.6.0` beside the oldest transformers, the newest torch pip finds beside the newest), so the kernels are
+compiled against, and the tests run on, both torch releases. PyPI's torch wheels for Linux bring CUDA's (several GB
+per end), which is why CI leaves it to a release check (docs/testing.md, *torch versions*).
 
 It prints each step with its result, closes with `steps: N passed, N failed`, and exits non-zero when any step fails.
 """
@@ -90,6 +96,8 @@ for model_type in {families!r}:
 torch.save(outputs, result)
 """
 
+VERSIONS = "import json, torch, transformers; print(json.dumps({'transformers': transformers.__version__, 'torch': torch.__version__}))"
+
 COMPARE = """
 import torch
 first, second = torch.load({first!r}), torch.load({second!r})
@@ -102,17 +110,14 @@ print("same tokens (greedy, beam) and logits for", sorted(first))
 """
 
 
-def requirement_ends() -> dict[str, str]:
-    """pip requirement of each end of the supported range."""
-    sys.path.insert(0, str(REPO_ROOT))
+def requirement_ends(requirement_text: str) -> dict[str, str]:
+    """pip requirement of each end of a supported range (`name>=lower...`): `name==lower` and the range itself."""
     from packaging.requirements import Requirement
 
-    from hf_layerfusion.version import TRANSFORMERS_REQUIREMENT
-
-    requirement = Requirement(TRANSFORMERS_REQUIREMENT)
+    requirement = Requirement(requirement_text)
     (lower,) = [spec.version for spec in requirement.specifier if spec.operator == ">="]
     oldest = lower if lower.count(".") == 2 else f"{lower}.0"
-    return {"oldest": f"transformers=={oldest}", "newest": TRANSFORMERS_REQUIREMENT}
+    return {"oldest": f"{requirement.name}=={oldest}", "newest": requirement_text}
 
 
 class Steps:
@@ -159,16 +164,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="Where the environments and models go (default: a temporary folder).")
     parser.add_argument("--keep", action="store_true", help="Keep the work folder.")
     parser.add_argument("--tests", nargs="*", default=list(TEST_SUBSETS), help="Test files to run at each end.")
+    parser.add_argument(
+        "--torch-ends", action="store_true",
+        help="Install torch at the same end of its requirement in each environment (torch==2.6.0 / the newest).",
+    )
     args = parser.parse_args(argv)
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty: give a new or empty folder (nothing there is replaced).")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-range-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
-    requirements = requirement_ends()
+    sys.path.insert(0, str(REPO_ROOT))
+    from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
+
+    transformers_ends = requirement_ends(TRANSFORMERS_REQUIREMENT)
+    torch_ends = requirement_ends(TORCH_REQUIREMENT)
     steps = Steps()
     pythons: dict[str, Path] = {}
-    versions: dict[str, str] = {}
+    versions: dict[str, dict[str, str]] = {}
+    labels: dict[str, str] = {}
     try:
         for end in args.ends:
             env = workdir / f"env-{end}"
@@ -180,19 +194,20 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)],
             )
             # --upgrade: the newest release in the range, not the one this interpreter has
+            packages = [transformers_ends[end], *([torch_ends[end]] if args.torch_ends else [])]
             steps.run(
-                f"{end}: install {requirements[end]}",
-                [str(python), "-m", "pip", "install", "-q", "--upgrade", requirements[end]],
+                f"{end}: install {' '.join(packages)}",
+                [str(python), "-m", "pip", "install", "-q", "--upgrade", *packages],
             )
-            versions[end] = subprocess.run(
-                [str(python), "-c", "import transformers; print(transformers.__version__)"],
-                text=True, capture_output=True, check=True,
-            ).stdout.strip()
-            print(f"    {end} end: transformers {versions[end]}", flush=True)
+            versions[end] = json.loads(subprocess.run(
+                [str(python), "-c", VERSIONS], text=True, capture_output=True, check=True,
+            ).stdout)
+            labels[end] = f"transformers {versions[end]['transformers']} (torch {versions[end]['torch']})"
+            print(f"    {end} end: {labels[end]}", flush=True)
             pythons[end] = python
             if args.tests:
                 steps.run(
-                    f"{end}: tests under transformers {versions[end]}",
+                    f"{end}: tests under {labels[end]}",
                     [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.tests],
                     cwd=REPO_ROOT,
                 )
@@ -209,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                 result = workdir / f"saved-{saved_end}-run-{loading_end}.pt"
                 script = RUN_REMOTE.format(saved=str(workdir / f"saved-{saved_end}"), result=str(result), families=families)
                 steps.run(
-                    f"saved under {versions[saved_end]}, loaded by remote code under {versions[loading_end]}",
+                    f"saved under {labels[saved_end]}, loaded by remote code under {labels[loading_end]}",
                     [str(pythons[loading_end]), *without_package(pythons[loading_end], script)],
                     cwd=workdir,
                 )
@@ -217,13 +232,13 @@ def main(argv: list[str] | None = None) -> int:
             for saved_end in args.ends:
                 runs = [workdir / f"saved-{saved_end}-run-{end}.pt" for end in args.ends]
                 steps.run(
-                    f"saved under {versions[saved_end]}: remote code under {' and '.join(versions.values())} agree",
+                    f"saved under {labels[saved_end]}: remote code under {' and '.join(labels.values())} agree",
                     [sys.executable, "-c", COMPARE.format(first=str(runs[0]), second=str(runs[1]))],
                 )
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(json.dumps({"transformers": versions, "failed": steps.failures}))
+    print(json.dumps({"versions": versions, "failed": steps.failures}))
     print(f"steps: {steps.count - len(steps.failures)} passed, {len(steps.failures)} failed")
     return 1 if steps.failures else 0
 
