@@ -270,7 +270,8 @@ UNUSABLE_SLOWDOWN = 20.0
 
 def unusable_candidates() -> dict[str, str]:
     """`{title: why}` of the candidates of `LIBRARY_CANDIDATES` whose product of 32 rows 256 -> 1024 (the fastest of
-    three calls) takes more than `UNUSABLE_SLOWDOWN` times the package's kernel of the same precision on this CPU."""
+    three calls) takes more than `UNUSABLE_SLOWDOWN` times the package's kernel of the same precision on this CPU, or
+    that the installed torch refuses (a RuntimeError at its first product)."""
     linear = nn.Linear(256, 1024)
     states = torch.randn(32, 256)
     with torch.inference_mode():
@@ -278,8 +279,14 @@ def unusable_candidates() -> dict[str, str]:
                    "int8": microseconds(lambda f=Int8Linear(linear.weight, linear.bias): f(states), calls=20)}
         unusable = {}
         for title, (layer_class, quantization) in LIBRARY_CANDIDATES.items():
-            layer = layer_class(linear.weight, linear.bias)
-            layer(states)
+            try:
+                layer = layer_class(linear.weight, linear.bias)
+                layer(states)
+            except RuntimeError as error:
+                # a private library op whose arguments this torch release takes otherwise (torch 2.6's oneDNN
+                # qlinear_pointwise wants uint8 activations)
+                unusable[title] = f"torch {torch.__version__} refused it ({str(error).splitlines()[0]}): left out"
+                continue
             once = float("inf")
             for _ in range(3):  # the fastest of three calls: one slow call under other load leaves nothing out
                 start = time.perf_counter()
