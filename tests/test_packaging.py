@@ -61,10 +61,10 @@ def test_model_card_and_hub_code_state_the_range(tmp_path):
     model = tiny_model("plain_transformer")
     model.save_pretrained(tmp_path)
     card = hf_layerfusion.write_model_card(tmp_path, model, "de", "en", "tiny").read_text(encoding="utf-8")
-    assert f"Requires `{TRANSFORMERS_REQUIREMENT}`" in card
+    assert f"Requires `{TRANSFORMERS_REQUIREMENT}` and `{TORCH_REQUIREMENT}`" in card
     hub_code = (tmp_path / "modeling_layerfusion.py").read_text(encoding="utf-8")
     header = re.match(r'"""(.*?)"""', hub_code, flags=re.DOTALL).group(1)
-    assert f"Requires {TRANSFORMERS_REQUIREMENT} " in header
+    assert f"Requires {TRANSFORMERS_REQUIREMENT} and {TORCH_REQUIREMENT} " in header
 
 
 # what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.25.0 (outside the range)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..file_checks import check_output_file, write_file_atomically
 from ..modeling.configuration import LayerFusionConfig
-from ..version import TRANSFORMERS_REQUIREMENT
+from ..version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_card_templates"  # package data: works from a wheel too
 BASE_TEMPLATE = TEMPLATE_DIR / "_base.md"
@@ -138,6 +138,7 @@ def write_model_card(
         bleu_signature=bleu_signature,
         training_command=training_command,
         transformers_requirement=TRANSFORMERS_REQUIREMENT,
+        torch_requirement=TORCH_REQUIREMENT,
     )
     ModelCard(str(card), ignore_metadata_errors=False)  # the Hub's own parsing: raises on invalid metadata
     write_file_atomically(path, str(card), what="Model card")
