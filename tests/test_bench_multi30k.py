@@ -11,6 +11,7 @@ import torch
 from transformers import CONFIG_MAPPING
 
 import hf_layerfusion
+from helpers import require_shared
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi30k.py"
 spec = importlib.util.spec_from_file_location("bench_multi30k", BENCH)
@@ -655,8 +656,8 @@ def test_an_interrupted_run_resumes_with_the_code_of_its_own_commit(tmp_path, mo
     assert study.resumable_commit(run) is None  # finished
 
 
-@pytest.mark.skipif(not MULTI30K.is_dir(), reason="needs ../shared/data/multi30k")
 def test_readme_results_section_is_the_report_of_the_committed_ledger():
+    require_shared(MULTI30K, "Multi30k data")
     expected = bench.report_text(ledger.DEFAULT_LEDGER, MULTI30K)
     assert ledger.readme_section(README.read_text(encoding="utf-8")) == expected, (
         "README's Multi30k section differs from the ledger: run "

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model, tiny_tokenizer, without_package_preamble
+from helpers import require_shared, tiny_model, tiny_tokenizer, without_package_preamble
 from huggingface_hub import HfApi
 from hub_server import HubServer
 from transformers import MarianConfig, MarianMTModel
@@ -182,8 +182,7 @@ def test_readme_parsing_sees_every_block():
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The local Hub with tiny stand-ins of the repositories the README converts (see the module docstring)."""
-    if not (MULTI30K / "train.en").is_file():
-        pytest.skip(f"Multi30k not found at {MULTI30K}: the README's commands train on it")
+    require_shared(MULTI30K / "train.en", "Multi30k data (the README's commands train on it)")
     server = HubServer().start()
     root = tmp_path_factory.mktemp("hub_repos")
     api = HfApi(endpoint=server.endpoint, token="hf_readme_test")
