@@ -44,7 +44,11 @@ at or above 0.8x the plain fast loop times the FLOPs ratio (plain / family), flo
 corpus, German -> English) instead of Multi30k's, for the quickstart's models. `--results-dir DIR` (with `--bleu`)
 also keeps the workload's numbers (no translations) in `DIR/workload_<cpu>_<commit>.json`, refused if that file
 exists unless `--overwrite-results`: the README's real-workload tables are rendered from those files
-(`benchmarks/inference_workload_report.py`), so they quote only what a run printed.
+(`benchmarks/inference_workload_report.py`), so they quote only what a run printed. `--max-cpu-isa avx2` (or `avx512`:
+with VNNI, without AMX) runs every engine with at most those instructions, as on a CPU that has only them: the
+package's kernels (`HF_LAYERFUSION_MAX_CPU_ISA`), CTranslate2 (`CT2_FORCE_CPU_ISA`), torch (`ATEN_CPU_CAPABILITY`),
+oneDNN and MKL (`INSTRUCTION_SET_CAPS`; the run re-executes itself with them set); its results file is
+`workload_<cpu>-max-<isa>_<commit>.json`. That is the code such a CPU runs, on this CPU's cores and caches.
 
     python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
     python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
@@ -95,7 +99,11 @@ import transformers  # noqa: E402
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
-from hf_layerfusion.inference.cpu_kernels import compiled_kernels, machine_type  # noqa: E402
+from hf_layerfusion.inference.cpu_kernels import (  # noqa: E402
+    compiled_kernels,
+    instruction_set_summary,
+    machine_type,
+)
 from hf_layerfusion.inference.inference_copies import int8_copy  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
@@ -106,6 +114,18 @@ ENGINES = ("generate", "fast", "fast_int8")
 # commit 717e790 the model's `_reorder_cache` leaves the cross-attention slots, equal across a sentence's beams, alone);
 # the issue's "its own generate() today". Greedy search reorders nothing: there it is `generate`.
 ISSUE_BASELINE = "generate_issue19"
+# `--max-cpu-isa`: what each library reads when it loads to use at most that instruction set (the package's kernels,
+# CTranslate2, torch's own kernels, oneDNN, MKL); the run re-executes itself with all of them set, so that every
+# engine runs the code a CPU with only those instructions runs (on this CPU's cores and caches, which differ)
+INSTRUCTION_SET_CAPS = {
+    "avx2": {"HF_LAYERFUSION_MAX_CPU_ISA": "avx2", "CT2_FORCE_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    # AVX-512 with VNNI, without AMX (an Intel Xeon of the Ice Lake or Cascade Lake generation, an AMD Zen 4)
+    "avx512": {"HF_LAYERFUSION_MAX_CPU_ISA": "avx512", "CT2_FORCE_CPU_ISA": "AVX512",
+               "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512_E1"},
+}
+CAP_VARIABLES = tuple(INSTRUCTION_SET_CAPS["avx2"])
 TARGETS = {
     "plain_fast_vs_marian": 2.0,
     "fusion_fast_vs_generate": 1.8,
@@ -703,13 +723,29 @@ def print_pooled_int8_costs(pooled: list[dict]) -> None:
 WORKLOAD_RESULTS_VERSION = 1
 
 
-def workload_results_path(results_dir: Path) -> Path:
+def workload_results_path(results_dir: Path, max_cpu_isa: str | None = None) -> Path:
     """`results_dir/workload_<cpu>_<commit>.json`: one file per CPU model and commit, so the results of different
     machines committed side by side never collide (a second run of the same code on the same CPU type must say
-    `--overwrite-results`)."""
+    `--overwrite-results`); `<cpu>-max-<isa>` for a run under `--max-cpu-isa`."""
     cpu = re.sub(r"[^a-z0-9]+", "-", backbone.cpu_model().lower()).strip("-") or "unknown-cpu"
+    cap = f"-max-{max_cpu_isa}" if max_cpu_isa else ""
     commit = backbone.git_revision().split("+")[0]  # the short commit; the file itself records uncommitted changes
-    return Path(results_dir) / f"workload_{cpu}_{commit}.json"
+    return Path(results_dir) / f"workload_{cpu}{cap}_{commit}.json"
+
+
+def instruction_set_caps() -> dict[str, str]:
+    """The instruction set caps this process's environment sets (`CAP_VARIABLES`)."""
+    return {name: os.environ[name] for name in CAP_VARIABLES if os.environ.get(name)}
+
+
+def run_under_instruction_set_cap(max_cpu_isa: str, argv: list[str]) -> None:
+    """Re-executes this benchmark with every library capped at `max_cpu_isa` (`INSTRUCTION_SET_CAPS`: they read
+    their caps when they load, and torch is loaded already); returns where the environment sets them already."""
+    caps = INSTRUCTION_SET_CAPS[max_cpu_isa]
+    if instruction_set_caps() == caps:
+        return
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], {**os.environ, **caps})
 
 
 def workload_record(args, command: str, revision: str, loadavg_start, rows: list[dict],
@@ -728,6 +764,8 @@ def workload_record(args, command: str, revision: str, loadavg_start, rows: list
         "machine_type": machine_type(),  # the architecture and its vector instruction sets
         "logical_cpus": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        **({"max_cpu_isa": args.max_cpu_isa, "instruction_set_caps": instruction_set_caps()}
+           if args.max_cpu_isa else {}),
         "kernels": kernel_summary(args.threads),
         "threads": list(args.threads),
         "workload_chunk": WORKLOAD_CHUNK,
@@ -794,8 +832,20 @@ def parse_args(argv=None):
                              "(for benchmarks/inference_workload_report.py, e.g. benchmarks/results/inference)")
     parser.add_argument("--overwrite-results", action="store_true",
                         help="let --results-dir replace an existing file of the same CPU and commit")
+    parser.add_argument("--max-cpu-isa", choices=sorted(INSTRUCTION_SET_CAPS), default=None,
+                        help="run every engine (the package's kernels, torch, oneDNN, MKL, CTranslate2) with at most "
+                             "these instructions, as on a CPU that has only them: avx2, or avx512 (with VNNI, no "
+                             "AMX); the run re-executes itself with the libraries' variables set")
     parser.add_argument("--quick", action="store_true", help="smoke run: one repeat, 8 new tokens, 1 thread")
     args = parser.parse_args(argv)
+    caps = instruction_set_caps()
+    if caps and args.max_cpu_isa is None:
+        parser.error(f"the environment caps instruction sets ({', '.join(f'{k}={v}' for k, v in caps.items())}): "
+                     "unset them, or give --max-cpu-isa so that every engine is capped alike and the results say so")
+    if args.max_cpu_isa is not None and caps and caps != INSTRUCTION_SET_CAPS[args.max_cpu_isa]:
+        other = {k: v for k, v in caps.items() if INSTRUCTION_SET_CAPS[args.max_cpu_isa].get(k) != v}
+        parser.error(f"--max-cpu-isa {args.max_cpu_isa}: the environment sets other caps already "
+                     f"({', '.join(f'{k}={v}' for k, v in other.items())}); unset them")
     # checked before any work: a workload run takes hours, and its results must have somewhere to go
     args.results_path = None
     if args.results_dir is not None:
@@ -803,7 +853,7 @@ def parse_args(argv=None):
             parser.error("--results-dir keeps the results of the real workload: it needs --bleu MODEL_DIR")
         if args.results_dir.exists() and not args.results_dir.is_dir():
             parser.error(f"--results-dir {args.results_dir} is not a directory")
-        target = workload_results_path(args.results_dir)
+        target = workload_results_path(args.results_dir, args.max_cpu_isa)
         if target.exists() and not args.overwrite_results:
             parser.error(f"{target} exists already (this CPU type and commit); --overwrite-results replaces it")
         args.results_path = target
@@ -847,12 +897,15 @@ def kernel_summary(thread_counts: list[int]) -> str:
         used.append(f"{kernels.parallel_for_threads(64)} at {threads}")
     torch.set_num_threads(before)
     bits = kernels.int8_code_bits()
+    cap = instruction_set_summary(kernels)
     return (f"int8 product {kernels.int8_product(bits)} ({bits}-bit codes), threads used by their parallel loops "
-            f"{', '.join(used)}")
+            f"{', '.join(used)}{'; ' + cap if cap else ''}")
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.max_cpu_isa is not None:
+        run_under_instruction_set_cap(args.max_cpu_isa, sys.argv[1:] if argv is None else list(argv))
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
@@ -865,6 +918,9 @@ def main(argv=None):
     print(f"- CPU: {backbone.cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
           f"{os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg_start}")
     print(f"- compiled kernels: {kernel_summary(args.threads)}")
+    if args.max_cpu_isa is not None:
+        print(f"- every engine capped at {args.max_cpu_isa} (--max-cpu-isa): "
+              f"{', '.join(f'{k}={v}' for k, v in instruction_set_caps().items())}")
     lines, ratios, results, cpu_results = [], {}, {}, {}
     if args.speed == "all":
         tokenizer = backbone.train_tokenizer(args.data, args.vocab_size)

@@ -230,11 +230,17 @@ def model_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def machine_label(record: dict) -> str:
+    """The CPU a run was measured on, and its instruction set cap (`bench_inference.py --max-cpu-isa`) if any."""
+    cap = record.get("max_cpu_isa")
+    return f"{record['cpu_model']}, every engine capped at {cap}" if cap else record["cpu_model"]
+
+
 def run_tables(path: Path, record: dict) -> list[str]:
     """The caption of one results file (CPU, commit, command, libraries, kernels, load) and a table per model."""
     versions = record["versions"]
     lines = [
-        f"Run `{path.name}` on the {record['cpu_model']}, git {record['git_revision']}: `{record['command']}`",
+        f"Run `{path.name}` on the {machine_label(record)}, git {record['git_revision']}: `{record['command']}`",
         f"(torch {versions.get('torch')}, transformers {versions.get('transformers')}, hf_layerfusion "
         f"{versions.get('hf_layerfusion')}, Python {versions.get('python')}; compiled kernels: {record['kernels']}; "
         f"OMP_WAIT_POLICY={record.get('omp_wait_policy')}; load average at start {tuple(record['loadavg_start'])}, "
@@ -270,7 +276,7 @@ def int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
                     cost = fast - int8
                     interval = row.get("int8_cost_interval", {}).get(engine)
                     interval = "–" if interval is None else f"{interval[0]:.3f} to {interval[1]:.3f}"
-                    lines.append(f"| {record['cpu_model']} | {record['git_revision']} | `{row['model']}` | "
+                    lines.append(f"| {machine_label(record)} | {record['git_revision']} | `{row['model']}` | "
                                  f"{search_label(row['num_beams'])} | {engine} | {fast:.2f} | {int8:.2f} | "
                                  f"{cost:.3f} | {interval} | {'met' if cost <= bound else 'NOT met'} |")
     return lines
@@ -284,7 +290,7 @@ def pooled_int8_cost_table(results: list[tuple[Path, dict]]) -> list[str]:
     for path, record in results:
         for entry in record.get("pooled_int8_costs", []):
             low, high = entry["interval"]
-            lines.append(f"| {record['cpu_model']} | {record['git_revision']} | {search_label(entry['num_beams'])} | "
+            lines.append(f"| {machine_label(record)} | {record['git_revision']} | {search_label(entry['num_beams'])} | "
                          f"{entry['engine']} | {len(entry['models'])} | {entry['mean']:.3f} | {low:.3f} to {high:.3f} | "
                          f"{'met' if entry['mean'] <= bound else 'NOT met'} |")
     if not lines:
@@ -306,7 +312,7 @@ def fusion_table(results: list[tuple[Path, dict]]) -> list[str]:
     for path, record in results:
         for row in (row for row in record["rows"] if "flops" in row):
             for engine, (speed, flops_ratio, normalised) in fusion_versus_plain(row).items():
-                lines.append(f"| {record['cpu_model']} | {record['git_revision']} | `{row['model']}` "
+                lines.append(f"| {machine_label(record)} | {record['git_revision']} | `{row['model']}` "
                              f"({row['model_type']}) | {search_label(row['num_beams'])} | {row['threads']} | "
                              f"{engine} | {speed[1]} | {flops_ratio:.3f} | {normalised:.2f} | "
                              f"{'met' if normalised >= bound else 'NOT met'} |")
@@ -333,11 +339,16 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
              f"{' / '.join(map(str, chunks))} sentences on which the engines alternate [min-max]; "
              "\"vs CTranslate2 same precision\": fast float32 against CTranslate2 float32, every fast int8 loop "
              "against CTranslate2 int8."]
-    machines = unique((record["cpu_model"], record["machine_type"]) for _, record in results)
-    for cpu, machine in machines:
-        lines += ["", f"#### {cpu}", "", f"Architecture and vector instruction sets: `{machine}`."]
+    machines = unique((machine_label(record), record["machine_type"]) for _, record in results)
+    for label, machine in machines:
+        caps = next((record.get("instruction_set_caps") for _, record in results
+                     if (machine_label(record), record["machine_type"]) == (label, machine)), None)
+        lines += ["", f"#### {label}", "", f"Architecture and vector instruction sets: `{machine}`."]
+        if caps:
+            lines[-1] += (" Every engine capped by " + ", ".join(f"`{k}={v}`" for k, v in caps.items()) +
+                          ": the code a CPU with only those instructions runs, on this CPU's cores and caches.")
         for path, record in results:
-            if (record["cpu_model"], record["machine_type"]) == (cpu, machine):
+            if (machine_label(record), record["machine_type"]) == (label, machine):
                 lines += [""] + run_tables(path, record)
     lines += [""] + int8_cost_table(results)
     pooled = pooled_int8_cost_table(results)

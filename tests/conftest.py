@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from helpers import EOS, FIRST_TOKEN_ID, MULTI30K_DIR, PAD, TINY_BACKBONE, require_shared
+from helpers import EOS, FIRST_TOKEN_ID, MULTI30K_DIR, PAD, TINY_BACKBONE, instruction_sets_of_this_cpu, require_shared
 
-from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+from hf_layerfusion.inference.cpu_kernels import compiled_kernels, limit_instruction_set
 
 # transformers' common-test harness: runs inside a copy of ../shared/hf-common-tests (tests/test_hf_common_tests.py),
 # where the HF `tests` package it imports exists; collected here it would import this project's `tests` instead
@@ -31,6 +31,14 @@ def kernels():
     compiled = compiled_kernels()
     assert compiled is not None, "the CPU kernels did not compile (a C++ compiler and ninja are test requirements)"
     return compiled
+
+
+@pytest.fixture(params=instruction_sets_of_this_cpu())
+def instruction_set(request, kernels) -> str:
+    """Runs a test once per instruction set of the kernels this CPU has (`helpers.instruction_sets_of_this_cpu`),
+    the kernels capped at it for the test's duration: every code path they ship, tested on this machine."""
+    with limit_instruction_set(request.param):
+        yield request.param
 
 
 @pytest.fixture

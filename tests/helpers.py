@@ -80,10 +80,39 @@ def require_shared(path: Path, what: str) -> None:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty elsewhere): which compiled kernels must be in use."""
+    """The CPU's feature flags (/proc/cpuinfo; empty elsewhere)."""
     cpuinfo = Path("/proc/cpuinfo")
     lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
     return {flag for line in lines if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+# the CPU flags each instruction set of the kernels' cap (`cpu_kernels.INSTRUCTION_SETS`) adds to the narrower ones
+INSTRUCTION_SET_FLAGS = {"avx2": ("avx2", "fma"), "avx512": ("avx512",), "amx": ("amx",)}
+
+
+def instruction_sets_of_this_cpu() -> list[str]:
+    """The kernels' instruction sets this CPU has, narrowest first: "generic" always; "avx2" with AVX2 and FMA;
+    "avx512" with AVX-512F; "amx" with AMX-INT8 tiles. Capped at each (`limit_instruction_set`), the kernels run the
+    code paths of a CPU that has only that, so the tests reach every path on the widest machine."""
+    flags = cpu_flags()
+    sets = ["generic"]
+    if {"avx2", "fma"} <= flags:
+        sets.append("avx2")
+        if "avx512f" in flags:
+            sets.append("avx512")
+            if {"amx_tile", "amx_int8"} <= flags:
+                sets.append("amx")
+    return sets
+
+
+def usable_cpu_flags() -> set[str]:
+    """The CPU's flags that the compiled kernels may use under their current instruction set cap: which kernels must
+    be in use."""
+    from hf_layerfusion.inference.cpu_kernels import INSTRUCTION_SETS, compiled_kernels
+
+    level = compiled_kernels().max_instruction_set()
+    excluded = tuple(prefix for name in INSTRUCTION_SETS[level + 1:] for prefix in INSTRUCTION_SET_FLAGS[name])
+    return {flag for flag in cpu_flags() if not flag.startswith(excluded)} if excluded else cpu_flags()
 
 
 class CountingKernels:

@@ -28,7 +28,7 @@ def brute_force_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch
     ("items", "beams", "vocab", "k"),
     [(32, 4, 8000, 8), (3, 2, 5, 10), (5, 4, 37, 8), (1, 1, 1, 1), (2, 3, 17, 51), (4, 5, 16, 3)],
 )
-def test_beam_top_k_is_the_sum_and_topk_of_generate(kernels, items, beams, vocab, k):
+def test_beam_top_k_is_the_sum_and_topk_of_generate(kernels, instruction_set, items, beams, vocab, k):
     generator = torch.Generator().manual_seed(items * 1000 + vocab)
     log_probs = torch.log_softmax(torch.randn(items * beams, vocab, generator=generator) * 3, dim=-1)
     beam_scores = torch.randn(items, beams, generator=generator) * 5
@@ -48,7 +48,7 @@ def test_beam_top_k_is_the_sum_and_topk_of_generate(kernels, items, beams, vocab
 
 
 @pytest.mark.parametrize("vocab", [3, 16, 40, 1000])
-def test_beam_top_k_ranks_equal_scores_by_index(kernels, vocab):
+def test_beam_top_k_ranks_equal_scores_by_index(kernels, instruction_set, vocab):
     """Equal scores (four levels; -inf rows, minimum-length EOS masking) rank lowest candidate index first, what a
     stable sort gives (`torch.topk` leaves the order of ties unspecified)."""
     generator = torch.Generator().manual_seed(vocab)

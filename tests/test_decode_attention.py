@@ -47,7 +47,7 @@ def position_major(rows, heads, keys, head_dim, capacity=40):
 
 @pytest.mark.parametrize("head_dim", [16, 32, 48, 64, 128])
 @pytest.mark.parametrize("queries", [1, 4])
-def test_kernel_is_softmax_attention(kernels, head_dim, queries):
+def test_kernel_is_softmax_attention(kernels, instruction_set, head_dim, queries):
     torch.manual_seed(head_dim + queries)
     rows, heads, keys = 5, 3, 37  # keys: two 16-float blocks and a partial one
     query = torch.randn(rows, heads, queries, head_dim)
@@ -70,7 +70,7 @@ def test_kernel_is_softmax_attention(kernels, head_dim, queries):
                        kernels.decode_attention(query, key, value, per_row, 0.3))
 
 
-def test_kernel_reads_the_decoding_caches_layouts(kernels):
+def test_kernel_reads_the_decoding_caches_layouts(kernels, instruction_set):
     """Self-attention keys as position-major views (strided positions), queries folded from beams (a transposed
     view), and a few keys only (fewer than one 16-float block)."""
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def test_kernel_reads_the_decoding_caches_layouts(kernels):
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "per_row", "shared"])
-def test_buffer_rows_read_the_rows_they_name(kernels, mask_kind):
+def test_buffer_rows_read_the_rows_they_name(kernels, instruction_set, mask_kind):
     """`buffer_rows` (the cross-attention keys once rows left the batch): each row reads the keys, values and mask row
     it names, exactly as the kernel on those rows gathered; rows nobody names are not read (NaN there changes
     nothing); queries folded from beams (several per key row) and repeated names included."""
@@ -124,7 +124,7 @@ def test_buffer_rows_name_bad_inputs(kernels):
                                  buffer_rows=torch.tensor([0, 1]))
 
 
-def test_kernel_weighs_far_lower_scores_exactly_zero(kernels):
+def test_kernel_weighs_far_lower_scores_exactly_zero(kernels, instruction_set):
     """Scores more than 87 below the maximum underflow to weight 0 (no subnormal arithmetic): the output is then the
     top key's value, exactly as in float arithmetic."""
     key = torch.zeros(1, 1, 3, 16)

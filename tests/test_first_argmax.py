@@ -9,7 +9,7 @@ from hf_layerfusion.inference import search
 
 
 @pytest.mark.parametrize("vocab", [1, 5, 16, 17, 100, 8000])
-def test_kernel_is_argmax(kernels, vocab):
+def test_kernel_is_argmax(kernels, instruction_set, vocab):
     generator = torch.Generator().manual_seed(vocab)
     scores = torch.randn(40, vocab, generator=generator)
     # ties: a few values drawn from four levels, so that the maximum recurs in several lanes and in the tail
@@ -62,7 +62,7 @@ def generate_step(scores, finished, sequences, rows, position, pad, eos):
 
 @pytest.mark.parametrize("eos", [None, [2], [2, 5, 7]], ids=["no eos", "one eos", "three eos"])
 @pytest.mark.parametrize("layout", ["all rows", "rows kept", "strided sequences"])
-def test_greedy_choice_is_a_step_of_generate(kernels, monkeypatch, eos, layout):
+def test_greedy_choice_is_a_step_of_generate(kernels, instruction_set, monkeypatch, eos, layout):
     """`search.greedy_choice` (the compiled `greedy_choice`, and the torch operations it falls back to) against a
     greedy step of `generate()`: the tokens, the padding of finished rows, the finished rows, the sequences."""
     generator = torch.Generator().manual_seed(len(eos or []))

@@ -6,9 +6,10 @@ ReLU, batched and strided inputs; its checks name the bad input."""
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_flags
+from helpers import instruction_sets_of_this_cpu, usable_cpu_flags
 
 from hf_layerfusion.inference import inference_copies
+from hf_layerfusion.inference.cpu_kernels import limit_instruction_set
 from hf_layerfusion.inference.inference_copies import Float32Linear, float32_kernel_available
 
 
@@ -33,25 +34,26 @@ def assert_float_rounding_of(actual: torch.Tensor, inputs, weight, bias, relu: b
 
 
 def kernel_instruction_set_in_cpu_flags() -> bool:
-    """AVX-512, or AVX2 with FMA: the instruction sets the kernel is written for."""
-    flags = cpu_flags()
+    """AVX-512, or AVX2 with FMA, within the instruction set cap: the instruction sets the kernel is written for."""
+    flags = usable_cpu_flags()
     return "avx512f" in flags or {"avx2", "fma"} <= flags
 
 
-def test_the_kernel_runs_where_the_cpu_has_avx512_or_avx2_with_fma(kernels):
+def test_the_kernel_runs_where_the_cpu_has_avx512_or_avx2_with_fma(kernels, instruction_set):
     assert kernels.float32_linear_available() == kernel_instruction_set_in_cpu_flags()
 
 
-needs_vector_fma = pytest.mark.skipif(
-    not kernel_instruction_set_in_cpu_flags(),
-    reason="the float32 kernel needs AVX-512 or AVX2 with FMA (elsewhere the package runs F.linear)",
-)
+@pytest.fixture(params=[name for name in instruction_sets_of_this_cpu() if name != "generic"])
+def vector_instruction_set(request, kernels) -> str:
+    """The `instruction_set` fixture's caps at which the kernel runs (AVX2 with FMA and wider; none on a CPU
+    without them: these tests are then skipped, and the package runs F.linear)."""
+    with limit_instruction_set(request.param):
+        yield request.param
 
 
-@needs_vector_fma
 @pytest.mark.parametrize("in_features,out_features", [(16, 32), (100, 50), (256, 256), (1024, 256), (256, 1000)])
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 25, 32, 35, 128])
-def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features):
+def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features, vector_instruction_set):
     generator = torch.Generator().manual_seed(rows * 7 + in_features)
     weight = torch.randn(out_features, in_features, generator=generator) * in_features**-0.5
     bias = torch.randn(out_features, generator=generator)
@@ -62,8 +64,7 @@ def test_kernel_is_the_product_to_float_rounding(rows, in_features, out_features
             assert_float_rounding_of(layer(inputs), inputs, weight, layer_bias, relu)
 
 
-@needs_vector_fma
-def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
+def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix(vector_instruction_set):
     generator = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
     layer = Float32Linear(weight, bias)
@@ -79,8 +80,7 @@ def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix():
     assert layer(torch.empty(0, 24)).shape == (0, 40)
 
 
-@needs_vector_fma
-def test_folded_relu_keeps_nan_as_torch_relu_does():
+def test_folded_relu_keeps_nan_as_torch_relu_does(vector_instruction_set):
     layer = Float32Linear(torch.randn(40, 24), torch.randn(40), relu=True)
     inputs = torch.randn(3, 24)
     inputs[1, 5] = float("nan")
@@ -89,8 +89,7 @@ def test_folded_relu_keeps_nan_as_torch_relu_does():
     assert (output[[0, 2]] >= 0).all()
 
 
-@needs_vector_fma
-def test_kernel_rejects_inputs_it_cannot_compute(kernels):
+def test_kernel_rejects_inputs_it_cannot_compute(kernels, vector_instruction_set):
     layer = Float32Linear(torch.randn(40, 24), torch.randn(40))
     with pytest.raises(RuntimeError, match="the input must be a float32 CPU tensor, got Double"):
         layer(torch.randn(2, 24, dtype=torch.float64))

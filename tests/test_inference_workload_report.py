@@ -513,3 +513,60 @@ def test_the_int8_table_shows_each_rows_interval_and_refuses_a_broken_one(tmp_pa
         (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
         with pytest.raises(report.UnreadableResult, match=f"{name}.*int8_cost_interval"):
             report.render(tmp_path)
+
+
+class Reexecuted(Exception):
+    pass
+
+
+def test_a_run_under_max_cpu_isa_caps_every_engine_and_is_reported_as_its_own_machine(tmp_path, monkeypatch, capsys):
+    for name in bench.CAP_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    argv = ["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--bleu", "runs/plain",
+            "--results-dir", str(tmp_path), "--max-cpu-isa", "avx2"]
+    executed = {}
+
+    def execve(path, arguments, environment):
+        executed.update(path=path, arguments=arguments, environment=environment)
+        raise Reexecuted
+
+    monkeypatch.setattr(bench.os, "execve", execve)
+    monkeypatch.setattr(bench, "measure_workload", fail_if_measured)
+    with pytest.raises(Reexecuted):  # every library reads its cap when it loads: the run starts again with them
+        bench.main(argv)
+    assert executed["arguments"][1:] == [str(Path(bench.__file__).resolve()), *argv]
+    caps = bench.INSTRUCTION_SET_CAPS["avx2"]
+    assert {name: executed["environment"][name] for name in caps} == caps
+    assert caps["HF_LAYERFUSION_MAX_CPU_ISA"] == "avx2" and caps["CT2_FORCE_CPU_ISA"] == "AVX2"
+
+    for name, value in caps.items():  # the re-executed run
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(bench, "measure_workload", fake_rows)
+    monkeypatch.setattr(bench, "kernel_summary", lambda threads: "stub kernels")
+    bench.main(argv)
+    printed = capsys.readouterr().out
+    (path,) = tmp_path.iterdir()
+    assert path == bench.workload_results_path(tmp_path, "avx2") and "-max-avx2_" in path.name
+    assert "- every engine capped at avx2 (--max-cpu-isa): HF_LAYERFUSION_MAX_CPU_ISA=avx2" in printed
+    content = json.loads(path.read_text(encoding="utf-8"))
+    assert content["max_cpu_isa"] == "avx2" and content["instruction_set_caps"] == caps
+    # beside an uncapped run of the same CPU: a heading of its own, its caps named, its int8 rows labelled
+    uncapped = dict(content, command="uncapped")
+    del uncapped["max_cpu_isa"], uncapped["instruction_set_caps"]
+    (tmp_path / "workload_same-cpu_abc1234.json").write_text(json.dumps(uncapped), encoding="utf-8")
+    section = report.render(tmp_path)
+    cpu = content["cpu_model"]
+    assert section.count(f"#### {cpu}\n") == 1 and section.count(f"#### {cpu}, every engine capped at avx2\n") == 1
+    assert "`CT2_FORCE_CPU_ISA=AVX2`" in section and "`MKL_ENABLE_INSTRUCTIONS=AVX2`" in section
+    assert f"on the {cpu}, every engine capped at avx2, git" in section
+    int8_rows = parse_tables(section)[None, "int8"]["rows"]
+    assert f"{cpu}, every engine capped at avx2" in int8_rows and cpu in int8_rows
+
+    monkeypatch.setattr(bench, "measure_workload", fail_if_measured)
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX512")  # caps of another set: refused before any work
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv + ["--overwrite-results"])
+    assert "the environment sets other caps already (CT2_FORCE_CPU_ISA=AVX512)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # caps without the flag: the results would not say so
+        bench.parse_args(argv[:-2])
+    assert "give --max-cpu-isa so that every engine is capped alike" in capsys.readouterr().err

@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import cpu_flags
+from helpers import usable_cpu_flags
 
 from hf_layerfusion.inference import cpu_kernels
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
@@ -57,10 +57,10 @@ AMX_MINIMUM_ROWS = 8  # the kernel's kAmxMinimumRows: fewer rows run VNNI's prod
 
 
 def expected_product(code_bits: int) -> str:
-    """The product the kernel must run `code_bits` layers with on this CPU: AMX takes either format (with VNNI, its
+    """The product the kernel must run `code_bits` layers with on this CPU under the instruction set cap: AMX takes either format (with VNNI, its
     products of fewer than `AMX_MINIMUM_ROWS` rows run VNNI's kernels on the same weights); AVX-512 VNNI (without
     AMX) 8-bit codes; AVX2 (without AMX) 7-bit codes; anything else runs the float32 block products."""
-    flags = cpu_flags()
+    flags = usable_cpu_flags()
     vnni = {"avx512_vnni", "avx512bw"} <= flags
     if {"amx_tile", "amx_int8"} <= flags:
         return f"AMX (AVX-512 VNNI below {AMX_MINIMUM_ROWS} rows)" if vnni else "AMX"
@@ -72,7 +72,7 @@ def expected_product(code_bits: int) -> str:
 def expected_products(code_bits: int) -> list[str]:
     """Every product that runs `code_bits` weights on this CPU, its fastest first, by the kernel's names: the
     AMX layout (either format), VNNI's own panels (8 bits), AVX2's (7 bits), and the float32 blocks anywhere."""
-    flags = cpu_flags()
+    flags = usable_cpu_flags()
     products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
     if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
         products.append("vnni")
@@ -81,10 +81,10 @@ def expected_products(code_bits: int) -> list[str]:
     return [*products, "float32_blocks"]
 
 
-def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels):
+def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels, instruction_set):
     """Layers use by default the format of the CPU's fastest product: 8 bits with AMX or VNNI, 7 bits on AVX2
     without either (its `vpmaddubsw` product), 8 bits elsewhere (the float32 block products)."""
-    has_amx = {"amx_tile", "amx_int8"} <= cpu_flags()
+    has_amx = {"amx_tile", "amx_int8"} <= usable_cpu_flags()
     assert kernels.amx_available() == has_amx
     default_bits = 7 if expected_product(7) == "AVX2" and expected_product(8) == "float32 blocks" else 8
     assert kernels.int8_code_bits() == default_bits
@@ -118,7 +118,7 @@ CASES = [
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
 def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(
-    kernels, shape, out_features, with_bias, relu, code_bits
+    kernels, instruction_set, shape, out_features, with_bias, relu, code_bits
 ):
     generator = torch.Generator().manual_seed(sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * torch.rand(*shape[:-1], 1, generator=generator) * 10
@@ -167,7 +167,7 @@ def test_amx_weights_give_the_same_numbers_on_tiles_and_on_vnni_at_every_size(
 
 
 @pytest.mark.parametrize("code_bits", [7, 8])
-def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels, code_bits):
+def test_rows_are_quantized_with_their_own_range_rounding_half_to_even(kernels, instruction_set, code_bits):
     # identity weights: each output is (code - zero) x span / steps of its input, i.e. the rounded input where the
     # row's range [min(x, 0), max(x, 0)] spans `steps` (255 codes apart with 8 bits, 127 with 7)
     steps = FORMATS[code_bits][1]
@@ -309,7 +309,7 @@ def test_without_the_kernel_source_as_in_hub_code_int8_layers_warn_and_compute_t
 
 
 @pytest.mark.parametrize("code_bits", [7, 8])
-def test_extreme_codes_sum_exactly(kernels, code_bits):
+def test_extreme_codes_sum_exactly(kernels, instruction_set, code_bits):
     """Rows whose codes are all at the ends of their range times weights at +-largest over 2,500 inputs: sums past
     2^24 that one float32 product could not hold exactly, and, with 7 bits, the largest pairs AVX2's `vpmaddubsw`
     adds (codes 127 x offset weights 127, twice: 32,258 < 2^15; 8-bit codes would saturate it); the kernel's

@@ -19,7 +19,7 @@ def layer_norm_float64(x, weight, bias, eps) -> np.ndarray:
 
 
 @pytest.mark.parametrize("shape", [(1, 16), (5, 1, 48), (32, 1, 256), (3, 7, 1024)])
-def test_kernel_is_layer_norm_of_the_sum(kernels, shape):
+def test_kernel_is_layer_norm_of_the_sum(kernels, instruction_set, shape):
     torch.manual_seed(shape[-1])
     x, y = torch.randn(shape) * 3 + 1, torch.randn(shape)
     weight, bias = torch.randn(shape[-1]), torch.randn(shape[-1])

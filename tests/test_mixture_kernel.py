@@ -22,7 +22,7 @@ def eq5_float64(group_logits: torch.Tensor, psi: torch.Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("groups, rows, vocab", [(1, 3, 16), (2, 5, 37), (3, 4, 8000), (6, 2, 5)])
-def test_kernel_is_eq5(kernels, groups, rows, vocab):
+def test_kernel_is_eq5(kernels, instruction_set, groups, rows, vocab):
     torch.manual_seed(groups * 1000 + vocab)
     group_logits = torch.randn(groups, rows, vocab) * 6
     psi = torch.softmax(torch.randn(groups), dim=0)
@@ -31,7 +31,7 @@ def test_kernel_is_eq5(kernels, groups, rows, vocab):
     np.testing.assert_allclose(output.numpy(), eq5_float64(group_logits, psi), rtol=2e-6, atol=2e-6)
 
 
-def test_kernel_clamps_probabilities_that_underflow_in_every_group(kernels):
+def test_kernel_clamps_probabilities_that_underflow_in_every_group(kernels, instruction_set):
     group_logits = torch.zeros(2, 1, 20)
     group_logits[:, 0, 0] = 200.0  # every other token: probability e^-200 in both groups
     group_logits[1, 0, 1] = 150.0  # token 1: e^-50 / 2 in the mixture

@@ -12,7 +12,12 @@ build depends on (`kernel_build_key`: the sources, the flags, torch, the Python 
 torch extensions root (`TORCH_EXTENSIONS_DIR`, else torch's per-user default, `~/.cache/torch_extensions`), so that
 every checkout or installation of the same sources finds the same build, and two versions of the sources never
 share one. `python -m hf_layerfusion.inference.build` builds it ahead; otherwise the first fast translation of a
-process builds it, after one line saying so."""
+process builds it, after one line saying so.
+
+The kernels pick their instructions when they run: the widest the CPU has, up to a cap (kernels/instruction_sets.h):
+`HF_LAYERFUSION_MAX_CPU_ISA` (one of `INSTRUCTION_SETS`), read when the module loads, or `limit_instruction_set`. On
+one machine it runs the code paths of narrower CPUs, to test them all and to time an AVX2 CPU's path on an AVX-512 one
+(as CTranslate2's `CT2_FORCE_CPU_ISA`)."""
 
 from __future__ import annotations
 
@@ -51,6 +56,11 @@ KERNEL_CFLAGS = ("-O3", "-fno-math-errno", "-ffp-contract=off")
 OPENMP_FLAGS = ("-fopenmp",) if sys.platform.startswith("linux") else ()
 KERNEL_EXTENSION = "hf_layerfusion_cpu_kernels"  # the module's name and build directory's, before the key
 BUILD_RECORD = "build.json"  # in the build directory, written once the module is built and loaded
+# the kernels' instruction sets, narrowest first (kernels/instruction_sets.h's `InstructionSet`, whose values are the
+# indices): "generic" runs no x86 vector extension chosen at run time, "avx2" AVX2 (with FMA for float), "avx512"
+# AVX-512 (with VNNI for int8 where the CPU has it), "amx" everything, AMX tiles included (no cap)
+INSTRUCTION_SETS = ("generic", "avx2", "avx512", "amx")
+MAX_CPU_ISA_VARIABLE = "HF_LAYERFUSION_MAX_CPU_ISA"
 # compiler CPU seconds (user + system) on this project's Intel Xeon (AVX-512): the longest source, ~28 s, most of it
 # torch's headers, and the whole build, ~360 s; ninja compiles one source per core at once, so a build on idle cores
 # takes about max(longest, total / cores), and longer on busy ones (992 s on 2 cores beside three other jobs)
@@ -241,16 +251,59 @@ def build_kernels(source_directory: Path, *, force: bool = False, implicit: bool
         return KernelBuild(module, directory, built=True, seconds=seconds)
 
 
+def instruction_set_level(name: str, source: str = "instruction_set") -> int:
+    """The kernels' level of an instruction set's name (`INSTRUCTION_SETS`, any case); ValueError naming `source` and
+    the bad value otherwise."""
+    if not isinstance(name, str) or name.strip().lower() not in INSTRUCTION_SETS:
+        raise ValueError(f"{source} must be one of {', '.join(INSTRUCTION_SETS)} (the widest instructions the CPU "
+                         f"kernels may use), got {name!r}.")
+    return INSTRUCTION_SETS.index(name.strip().lower())
+
+
+def instruction_set_cap_from_environment() -> int | None:
+    """The level `HF_LAYERFUSION_MAX_CPU_ISA` asks for, None where it is unset or empty."""
+    value = os.environ.get(MAX_CPU_ISA_VARIABLE, "")
+    return instruction_set_level(value, MAX_CPU_ISA_VARIABLE) if value.strip() else None
+
+
+@contextlib.contextmanager
+def limit_instruction_set(name: str):
+    """Within the block, the CPU kernels use at most the instruction set `name` (`INSTRUCTION_SETS`; the CPU's own
+    still bounds them), then the cap before it again. Inference copies made inside keep int8 weights packed for the
+    cap's product, which a lower cap later refuses by name. Raises RuntimeError where the kernels are not compiled."""
+    level = instruction_set_level(name)
+    kernels = compiled_kernels()
+    if kernels is None:
+        raise RuntimeError("limit_instruction_set: the CPU kernels are not compiled here (see the warning above).")
+    before = kernels.max_instruction_set()
+    kernels.set_max_instruction_set(level)
+    try:
+        yield
+    finally:
+        kernels.set_max_instruction_set(before)
+
+
+def instruction_set_summary(kernels) -> str:
+    """The kernels' cap in words, for benchmark headers: "" without one."""
+    level = kernels.max_instruction_set()
+    if level == len(INSTRUCTION_SETS) - 1:
+        return ""
+    return f"instructions capped at {INSTRUCTION_SETS[level]} ({MAX_CPU_ISA_VARIABLE})"
+
+
 @functools.cache
 def compiled_kernels():
     """The extension module of the C++ kernels (`build_kernels`: found, or compiled for this machine the first time
     any process asks), or None, after a warning that names the reason, where it cannot be built (no C++ compiler or
     ninja; the Hub code, which does not carry the C++ sources): float32 inference then runs the model itself
-    (`F.linear`, SDPA), int8 layers run `int8_linear_reference` (the same numbers, slower) and attention runs SDPA."""
+    (`F.linear`, SDPA), int8 layers run `int8_linear_reference` (the same numbers, slower) and attention runs SDPA.
+    The cap of `HF_LAYERFUSION_MAX_CPU_ISA` is applied when the module loads (a bad value: ValueError, before any
+    build)."""
     fallback = (
         "float32 inference runs the model's own layers, int8 layers compute the same numbers with torch operations "
         "and attention runs SDPA, slower"
     )
+    cap = instruction_set_cap_from_environment()  # a bad value is refused before any build
     directory = Path(__file__).parent / KERNEL_DIRECTORY
     if not directory.is_dir():
         warnings.warn(
@@ -269,7 +322,7 @@ def compiled_kernels():
         )
         return None
     try:
-        return build_kernels(directory).module
+        module = build_kernels(directory).module
     except Exception as error:  # a failed compile shows as OSError, RuntimeError or CalledProcessError
         warnings.warn(
             f"hf_layerfusion: the CPU kernels could not be compiled ({type(error).__name__}: "
@@ -279,3 +332,6 @@ def compiled_kernels():
             stacklevel=2,
         )
         return None
+    if cap is not None:
+        module.set_max_instruction_set(cap)
+    return module

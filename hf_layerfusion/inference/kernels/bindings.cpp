@@ -1,8 +1,21 @@
 // The Python module of the CPU kernels (`hf_layerfusion.inference.cpu_kernels.compiled_kernels`).
 #include "cpu_kernels.h"
 
+#include <atomic>
 #include <mutex>
 #include <set>
+
+namespace {
+std::atomic<int64_t> instruction_set_cap{kAmxInstructions};
+}  // namespace
+
+int64_t max_instruction_set() { return instruction_set_cap.load(std::memory_order_relaxed); }
+
+void set_max_instruction_set(int64_t set) {
+  TORCH_CHECK(set >= kGenericInstructions && set <= kAmxInstructions, "set_max_instruction_set: the cap is ",
+              kGenericInstructions, " (generic) to ", kAmxInstructions, " (amx, no cap), got ", set);
+  instruction_set_cap.store(set, std::memory_order_relaxed);
+}
 
 // How many threads the kernels' `at::parallel_for` spreads `tasks` one-item tasks over: torch's thread count (at most
 // `tasks`) where the kernels were compiled with OpenMP, 1 where not (`at::parallel_for` is a header template that is
@@ -22,6 +35,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_for_threads", &parallel_for_threads,
         "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
         pybind11::arg("tasks"));
+  m.def("max_instruction_set", &max_instruction_set,
+        "The widest instruction set the kernels may use: 0 generic, 1 AVX2, 2 AVX-512, 3 AMX (no cap).");
+  m.def("set_max_instruction_set", &set_max_instruction_set,
+        "Caps the kernels' instruction set (0 generic, 1 AVX2, 2 AVX-512, 3 AMX: no cap); copies made before keep "
+        "their packed int8 weights, refused by a lower cap.",
+        pybind11::arg("instruction_set"));
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
   m.def("int8_product", &int8_product,
         "What sums int8_linear's products of code_bits codes on this CPU: AMX, AVX-512 VNNI, AVX2 or float32 blocks.",
@@ -66,7 +85,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     pybind11::arg("out_features"), pybind11::arg("bias"), pybind11::arg("relu"))
         .def_static("int8", &KernelLinear::int8, "int8_linear's weights.", pybind11::arg("weight_t"),
                     pybind11::arg("packed_weights"), pybind11::arg("column_sums"), pybind11::arg("weight_scale"),
-                    pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"))
+                    pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"),
+                    pybind11::arg("product") = "")
         .def_static("concatenate", &KernelLinear::concatenate,
                     "One layer computing these layers' outputs side by side, each exactly as its own layer.",
                     pybind11::arg("linears"))
@@ -74,6 +94,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def_property_readonly("out_features", &KernelLinear::out_features)
         .def_property_readonly("relu", &KernelLinear::relu)
         .def_property_readonly("code_bits", &KernelLinear::code_bits, "8 or 7 for int8 weights, 0 for float32 ones.")
+        .def_property_readonly("product", &KernelLinear::product,
+                               "int8: the product its packed weights are laid out for (float32_blocks: none).")
         .def(pybind11::pickle([](const KernelLinear& linear) { return linear.state(); },
                               [](const pybind11::tuple& state) { return KernelLinear::from_state(state); }));
   }

@@ -2,6 +2,8 @@
 #pragma once
 #include <torch/extension.h>
 
+#include "instruction_sets.h"
+
 int64_t parallel_for_threads(int64_t tasks);
 bool amx_available();
 std::vector<std::string> int8_products(int64_t code_bits);
@@ -41,7 +43,8 @@ class KernelLinear {
                               bool relu);
   static KernelLinear int8(const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                            const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits);
+                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
+                           const std::string& product = "");
   // One layer computing `linears`' outputs side by side, each output exactly as its own layer does (every output
   // feature's product and dequantization is its own), from one quantization of the input and one call; all of one
   // kind (float32, or int8 of one format) and with the same ReLU
@@ -50,6 +53,7 @@ class KernelLinear {
   int64_t out_features() const { return out_features_; }
   bool relu() const { return relu_; }
   int64_t code_bits() const { return code_bits_; }  // 0: float32
+  const std::string& product() const { return product_; }  // int8: `product_`
   // the factory's name and arguments and back: pickling's state, which `copy.deepcopy` of an inference copy uses
   pybind11::tuple state() const;
   static KernelLinear from_state(const pybind11::tuple& state);
@@ -62,6 +66,9 @@ class KernelLinear {
   int64_t out_features_ = 0;
   bool relu_ = false;
   int64_t code_bits_ = 0;
+  // int8: the product whose layout `packed_weights_` holds, named at every call, so that a call after the instruction
+  // set cap was lowered below it is refused by name instead of reading the layout as another product's
+  std::string product_;
 };
 
 torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,

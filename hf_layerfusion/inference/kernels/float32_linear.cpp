@@ -152,8 +152,10 @@ void for_row_blocks(int64_t M, int64_t max_rows, const Pass& pass) {
   }
 }
 
-bool has_avx512() { return __builtin_cpu_supports("avx512f"); }
-bool has_avx2_fma() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool has_avx512() { return instruction_set_allowed(kAvx512Instructions) && __builtin_cpu_supports("avx512f"); }
+bool has_avx2_fma() {
+  return instruction_set_allowed(kAvx2Instructions) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 #endif
 
 }  // namespace
@@ -169,7 +171,8 @@ bool float32_linear_available() {
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                              const c10::optional<torch::Tensor>& bias, bool relu) {
   TORCH_CHECK(float32_linear_available(),
-              "float32_linear: this CPU has neither AVX-512 nor AVX2 with FMA (float32_linear_available())");
+              "float32_linear: this CPU has neither AVX-512 nor AVX2 with FMA, or the instruction set cap (",
+              max_instruction_set(), ", HF_LAYERFUSION_MAX_CPU_ISA) excludes them (float32_linear_available())");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
               "float32_linear: the input must be a float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
   TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 && panels.is_contiguous() &&

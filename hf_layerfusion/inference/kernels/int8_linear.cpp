@@ -29,18 +29,16 @@
 #include <limits>
 #include <vector>
 
+#include "vector16.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
 #include <cpuid.h>
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #define HLF_AMX 1
-// The row loops are compiled for several x86 vector widths and the best one the CPU has is picked when the module
-// loads, so that the build (cached per machine by torch) stays portable.
-#define HLF_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HLF_AMX 0
-#define HLF_VECTOR_CLONES
 #endif
 
 namespace {
@@ -73,8 +71,11 @@ constexpr int kVnniPanels = 4;        // panels per pass over the rows
 constexpr int kVnniRows = 4;          // rows per pass over the panels (4 x 4 accumulators, 4 weight registers)
 
 #if HLF_AMX
-bool avx2_usable() { return __builtin_cpu_supports("avx2"); }
-bool vnni_usable() { return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"); }
+bool avx2_usable() { return instruction_set_allowed(kAvx2Instructions) && __builtin_cpu_supports("avx2"); }
+bool vnni_usable() {
+  return instruction_set_allowed(kAvx512Instructions) && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("avx512bw");
+}
 
 // low = min(0, the row's values), high = max(0, ...), with std::min / std::max's rule (a value replaces the running one
 // only if strictly smaller / larger: NaN never does), 8 lanes at a time
@@ -116,91 +117,99 @@ ActivationCodes activation_codes(int64_t code_bits) {
 // code_low + levels) with span = max(x_row, 0) - min(x_row, 0) and zero = round(-min(x_row, 0) * levels / span) +
 // code_low (rounding half to even), so that x ~ (q - zero) * span / levels; row_scale = span / levels, row_zero = zero;
 // code_sums (if not null) = the sum of the row's codes
-HLF_VECTOR_CLONES void quantize_rows(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
-                                     int32_t* __restrict row_zero, int32_t* __restrict code_sums, int64_t begin,
-                                     int64_t end, int64_t K, int64_t q_stride, ActivationCodes codes) {
-  const bool avx2 = avx2_usable();
-  for (int64_t m = begin; m < end; ++m) {
-    const float* __restrict row = x + m * K;
-    float low = 0.f, high = 0.f;
-    int64_t k = 0;
-#if HLF_AMX
-    if (avx2) avx2_row_range(row, K, low, high);
-#endif
-    if (!avx2) {
-      float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima
-      for (; k + 16 <= K; k += 16)
-        for (int j = 0; j < 16; ++j) {
-          low_lanes[j] = std::min(low_lanes[j], row[k + j]);
-          high_lanes[j] = std::max(high_lanes[j], row[k + j]);
+// (a kernel of `run_with_widest_vectors`, vector16.h: compiled for each instruction set, its row loops the
+// compiler's vectorisation of the same scalar code, so the same numbers on each)
+struct QuantizeRows {
+  template <class V>
+  static HLF_INLINE void run(const float* __restrict x, int8_t* __restrict q, float* __restrict row_scale,
+                             int32_t* __restrict row_zero, int32_t* __restrict code_sums, int64_t begin, int64_t end,
+                             int64_t K, int64_t q_stride, ActivationCodes codes) {
+    const bool avx2 = avx2_usable();
+    for (int64_t m = begin; m < end; ++m) {
+      const float* __restrict row = x + m * K;
+      float low = 0.f, high = 0.f;
+      int64_t k = 0;
+  #if HLF_AMX
+      if (avx2) avx2_row_range(row, K, low, high);
+  #endif
+      if (!avx2) {
+        float low_lanes[16] = {0.f}, high_lanes[16] = {0.f};  // running minima / maxima
+        for (; k + 16 <= K; k += 16)
+          for (int j = 0; j < 16; ++j) {
+            low_lanes[j] = std::min(low_lanes[j], row[k + j]);
+            high_lanes[j] = std::max(high_lanes[j], row[k + j]);
+          }
+        for (; k < K; ++k) {
+          low = std::min(low, row[k]);
+          high = std::max(high, row[k]);
         }
-      for (; k < K; ++k) {
-        low = std::min(low, row[k]);
-        high = std::max(high, row[k]);
+        for (int j = 0; j < 16; ++j) {
+          low = std::min(low, low_lanes[j]);
+          high = std::max(high, high_lanes[j]);
+        }
       }
-      for (int j = 0; j < 16; ++j) {
-        low = std::min(low, low_lanes[j]);
-        high = std::max(high, high_lanes[j]);
+      const float span = std::max(high - low, kMinimumSpan);
+      const float inverse = codes.levels / span;
+      const float zero = std::nearbyint(-low * inverse) + codes.code_low;
+      const float code_high = codes.code_low + codes.levels;
+      int8_t* __restrict qrow = q + m * q_stride;
+      for (k = 0; k < K; ++k)
+        qrow[k] = static_cast<int8_t>(static_cast<int32_t>(
+            std::min(std::max(std::nearbyint(row[k] * inverse) + zero, codes.code_low), code_high)));
+      for (; k < q_stride; ++k) qrow[k] = 0;  // AMX / AVX2 depth padding (the padded weights are zero too)
+      if (code_sums != nullptr) {
+        int32_t sum = 0;
+        for (k = 0; k < K; ++k) sum += qrow[k];
+        code_sums[m] = sum;
       }
+      row_scale[m] = span / codes.levels;
+      row_zero[m] = static_cast<int32_t>(zero);
     }
-    const float span = std::max(high - low, kMinimumSpan);
-    const float inverse = codes.levels / span;
-    const float zero = std::nearbyint(-low * inverse) + codes.code_low;
-    const float code_high = codes.code_low + codes.levels;
-    int8_t* __restrict qrow = q + m * q_stride;
-    for (k = 0; k < K; ++k)
-      qrow[k] = static_cast<int8_t>(static_cast<int32_t>(
-          std::min(std::max(std::nearbyint(row[k] * inverse) + zero, codes.code_low), code_high)));
-    for (; k < q_stride; ++k) qrow[k] = 0;  // AMX / AVX2 depth padding (the padded weights are zero too)
-    if (code_sums != nullptr) {
-      int32_t sum = 0;
-      for (k = 0; k < K; ++k) sum += qrow[k];
-      code_sums[m] = sum;
-    }
-    row_scale[m] = span / codes.levels;
-    row_zero[m] = static_cast<int32_t>(zero);
   }
-}
+};
 
 // rows [begin, end): out (M, N) = float(sums - zero * column_sums) * (row_scale * weight_scale) + bias, then
 // max(out, 0) with `relu`, with sums at stride sums_stride; `out` may be `sums` itself (same stride): each element is
 // read before it is overwritten. With `code_sums` (the AMX product's sums, of weights + 128) 128 x the row's code sum
 // is taken from its sums first, in wrapping arithmetic (those sums may pass 2^31, the exact ones do not).
-HLF_VECTOR_CLONES void dequantize_rows(const int32_t* sums, int64_t sums_stride, float* out,
-                                       const float* __restrict row_scale, const int32_t* __restrict row_zero,
-                                       const int32_t* __restrict code_sums, const int32_t* __restrict column_sums,
-                                       const float* __restrict weight_scale, const float* __restrict bias, bool relu,
-                                       int64_t begin, int64_t end, int64_t N) {
-  for (int64_t m = begin; m < end; ++m) {
-    const float r = row_scale[m];
-    const int32_t z = row_zero[m];
-    const uint32_t offset = code_sums != nullptr ? static_cast<uint32_t>(code_sums[m]) << 7 : 0u;
-    const int32_t* srow = sums + m * sums_stride;
-    float* orow = out + m * N;
-    if (bias != nullptr)
-      for (int64_t n = 0; n < N; ++n)
-        orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
-                                     z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
-    else
-      for (int64_t n = 0; n < N; ++n)
-        orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
-                                     z * column_sums[n]) * (r * weight_scale[n]);
-    if (relu)  // max(x, 0) as torch's clamp_min: NaN and -0 pass through
-      for (int64_t n = 0; n < N; ++n) orow[n] = orow[n] < 0.f ? 0.f : orow[n];
+struct DequantizeRows {  // as QuantizeRows
+  template <class V>
+  static HLF_INLINE void run(const int32_t* sums, int64_t sums_stride, float* out, const float* __restrict row_scale,
+                             const int32_t* __restrict row_zero, const int32_t* __restrict code_sums,
+                             const int32_t* __restrict column_sums, const float* __restrict weight_scale,
+                             const float* __restrict bias, bool relu, int64_t begin, int64_t end, int64_t N) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float r = row_scale[m];
+      const int32_t z = row_zero[m];
+      const uint32_t offset = code_sums != nullptr ? static_cast<uint32_t>(code_sums[m]) << 7 : 0u;
+      const int32_t* srow = sums + m * sums_stride;
+      float* orow = out + m * N;
+      if (bias != nullptr)
+        for (int64_t n = 0; n < N; ++n)
+          orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
+                                       z * column_sums[n]) * (r * weight_scale[n]) + bias[n];
+      else
+        for (int64_t n = 0; n < N; ++n)
+          orow[n] = static_cast<float>(static_cast<int32_t>(static_cast<uint32_t>(srow[n]) - offset) -
+                                       z * column_sums[n]) * (r * weight_scale[n]);
+      if (relu)  // max(x, 0) as torch's clamp_min: NaN and -0 pass through
+        for (int64_t n = 0; n < N; ++n) orow[n] = orow[n] < 0.f ? 0.f : orow[n];
+    }
   }
-}
+};
 
 #if HLF_AMX
-// The CPU has AMX int8 tiles and Linux lets this process use them (a one-time permission request).
+// The CPU has AMX int8 tiles, Linux lets this process use them (a one-time permission request) and the instruction set
+// cap allows them.
 bool amx_usable() {
-  static const bool usable = [] {
+  static const bool permitted = [] {
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     if (!((edx >> 24) & 1) || !((edx >> 25) & 1)) return false;  // AMX-TILE, AMX-INT8
     constexpr int kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
     return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
   }();
-  return usable;
+  return permitted && instruction_set_allowed(kAmxInstructions);
 }
 
 struct alignas(64) TileConfig {
@@ -380,11 +389,16 @@ void check_code_bits(int64_t code_bits, const char* function) {
   TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
 }
 
-// `int8_products(code_bits)`, listed once per process: `int8_linear` reads them at every call, where building the list
-// again would cost an allocation per call
+// `int8_products(code_bits)`, listed once per thread and instruction set cap: `int8_linear` reads them at every call,
+// where building the list again would cost an allocation per call
 const std::vector<std::string>& runnable_products(int64_t code_bits) {
-  static const std::vector<std::string> seven_bit = int8_products(7), eight_bit = int8_products(8);
-  return code_bits == 7 ? seven_bit : eight_bit;
+  struct Lists {
+    int64_t cap = -1;
+    std::vector<std::string> seven_bit, eight_bit;
+  };
+  thread_local Lists lists;
+  if (lists.cap != max_instruction_set()) lists = {max_instruction_set(), int8_products(7), int8_products(8)};
+  return code_bits == 7 ? lists.seven_bit : lists.eight_bit;
 }
 
 // The product a call names (`product`), or this CPU's fastest for `code_bits` weights (an empty name), refused by name
@@ -395,8 +409,13 @@ const std::string& chosen_product(int64_t code_bits, const std::string& product,
   if (std::find(products.begin(), products.end(), product) == products.end()) {
     std::string runnable;
     for (const auto& name : products) runnable += (runnable.empty() ? "" : ", ") + name;
+    const std::string cap = max_instruction_set() < kAmxInstructions
+                                ? " within the instruction set cap (level " + std::to_string(max_instruction_set()) +
+                                      ", HF_LAYERFUSION_MAX_CPU_ISA; weights packed before it was lowered are "
+                                      "packed again by making the inference copy again)"
+                                : "";
     TORCH_CHECK(false, function, ": product '", product, "' does not run ", code_bits,
-                "-bit weights on this CPU; it runs: ", runnable);
+                "-bit weights on this CPU", cap, "; it runs: ", runnable);
   }
   return product;
 }
@@ -564,7 +583,9 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   // these
   int32_t* csp = layout == "float32_blocks" ? nullptr : input.code_sums;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
-                   [&](int64_t begin, int64_t end) { quantize_rows(xp, qp, rs, rz, csp, begin, end, K, Kp, codes); });
+                   [&](int64_t begin, int64_t end) {
+                     run_with_widest_vectors<QuantizeRows>(xp, qp, rs, rz, csp, begin, end, K, Kp, codes);
+                   });
   torch::Tensor sums;
 #if HLF_AMX
   if (amx) {
@@ -642,7 +663,8 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
-    dequantize_rows(sp, Np, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu, begin, end, N);
+    run_with_widest_vectors<DequantizeRows>(sp, Np, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu, begin, end,
+                                            N);
   });
   return out.view(output_shape);
 }

@@ -26,7 +26,8 @@ KernelLinear KernelLinear::float32(const torch::Tensor& panels, int64_t out_feat
 
 KernelLinear KernelLinear::int8(const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                                 const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                                const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits) {
+                                const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
+                                const std::string& product) {
   TORCH_CHECK(weight_t.dim() == 2, "KernelLinear.int8: weight_t must be (in_features, out_features), got ",
               weight_t.sizes());
   KernelLinear linear;
@@ -38,6 +39,11 @@ KernelLinear KernelLinear::int8(const torch::Tensor& weight_t, const torch::Tens
   linear.out_features_ = weight_t.size(1);
   linear.relu_ = relu;
   linear.code_bits_ = code_bits;
+  // packed weights are in the layout of `product`, by default this CPU's fastest for the format (as
+  // `pack_int8_weights` packs them by default); without any, the float32 blocks
+  linear.product_ = packed_weights.numel() == 0 ? "float32_blocks"
+                    : product.empty()           ? int8_products(code_bits).front()
+                                                : product;
   return checked(linear, weight_t.size(0));
 }
 
@@ -79,20 +85,21 @@ KernelLinear KernelLinear::concatenate(const std::vector<KernelLinear>& linears)
   }
   const auto weight_t = torch::cat(weights, 1);
   // packed for this CPU's product where the layers are (none where it has none)
-  const auto packed = first.packed_weights_.numel() > 0 ? pack_int8_weights(weight_t, first.code_bits_)
+  const auto packed = first.packed_weights_.numel() > 0 ? pack_int8_weights(weight_t, first.code_bits_, first.product_)
                                                         : first.packed_weights_;
   return int8(weight_t, packed, torch::cat(column_sums), torch::cat(weight_scales), bias, first.relu_,
-              first.code_bits_);
+              first.code_bits_, first.product_);
 }
 
 torch::Tensor KernelLinear::operator()(const torch::Tensor& x) const {
   return code_bits_ == 0 ? float32_linear(x, weights_, out_features_, bias_, relu_)
                          : int8_linear(x, weights_, packed_weights_, column_sums_, weight_scale_, bias_, relu_,
-                                       code_bits_);
+                                       code_bits_, kAmxMinimumRows, product_);
 }
 
 // int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
-// so a state read on another CPU or by another version would multiply with the wrong layout; they are packed again
+// so a state read on another CPU or by another version would multiply with the wrong layout; they are packed again,
+// for the fastest product there
 pybind11::tuple KernelLinear::state() const {
   if (code_bits_ == 0) return pybind11::make_tuple("float32", weights_, out_features_, bias_, relu_);
   return pybind11::make_tuple("int8", weights_, column_sums_, weight_scale_, bias_, relu_, code_bits_);

@@ -1,13 +1,16 @@
 // Float vectors for the CPU kernels that run on several x86 instruction sets (decode_attention.cpp, layer_norm.cpp,
 // mixture_log_probs.cpp, first_argmax.cpp): GCC's generic vectors of 16 floats (one AVX-512 register) or 8 (one AVX2
 // register), the functions they use, and `run_with_widest_vectors`, which compiles a kernel for each instruction set
-// and runs the one this CPU has. (16-float vectors on AVX2 are two registers each, and GCC kept many of them on the
+// and runs the widest one this CPU has within the cap (instruction_sets.h). (16-float vectors on AVX2 are two registers each, and GCC kept many of them on the
 // stack: the kernels ran 2-6x slower there than with 8-float vectors.)
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+
+#include "instruction_sets.h"
 
 #define HLF_INLINE inline __attribute__((always_inline))
 
@@ -134,10 +137,13 @@ __attribute__((target("avx2,fma"))) void run_avx2(Arguments... arguments) {
 template <class Kernel, class... Arguments>
 void run_with_widest_vectors(Arguments... arguments) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const int instruction_set = __builtin_cpu_supports("avx512f") ? 2
-                                     : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
-  if (instruction_set == 2) return run_avx512<Kernel>(arguments...);
-  if (instruction_set == 1) return run_avx2<Kernel>(arguments...);
+  static const int64_t cpu_instruction_set =
+      __builtin_cpu_supports("avx512f") ? kAvx512Instructions
+      : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? kAvx2Instructions
+                                                                        : kGenericInstructions;
+  const int64_t instruction_set = std::min(cpu_instruction_set, max_instruction_set());
+  if (instruction_set == kAvx512Instructions) return run_avx512<Kernel>(arguments...);
+  if (instruction_set == kAvx2Instructions) return run_avx2<Kernel>(arguments...);
 #endif
   Kernel::template run<Vec16>(arguments...);
 }
