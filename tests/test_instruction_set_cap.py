@@ -118,3 +118,17 @@ def test_under_every_cap_the_fast_loop_translates_as_without_one(kernels, instru
             assert torch.equal(translated, expected_int8)
     engine = prepare_for_inference(model)
     assert (engine is not model) == kernels.float32_linear_available()
+
+
+def test_prepare_for_inference_keeps_a_copy_per_cap(kernels):
+    """A copy made under one cap is not handed out under another (its int8 weights are packed for the cap's product):
+    each cap gets its own, kept while the weights are unchanged."""
+    model = tiny_model("plain_transformer", d_model=32)
+    uncapped = prepare_for_inference(model, "int8")
+    assert prepare_for_inference(model, "int8") is uncapped
+    with limit_instruction_set("generic"):
+        capped = prepare_for_inference(model, "int8")
+        assert capped is not uncapped and prepare_for_inference(model, "int8") is capped
+        assert capped.output_projection.kernel_linear.product == "float32_blocks"
+        assert prepare_for_inference(model) is model  # no float32 kernel under the generic cap: the model itself
+    assert prepare_for_inference(model, "int8") is uncapped

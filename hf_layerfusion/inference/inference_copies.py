@@ -594,7 +594,8 @@ def prepare_for_inference(model, quantization: str | None = None):
     - `quantization="int8"`: its int8 copy (`int8_copy`; changes the numbers, hence possibly tokens: its BLEU cost is
       measured in the README).
 
-    A copy given back to this function is returned as it is."""
+    A copy given back to this function is returned as it is. A copy is kept per instruction set cap of the kernels
+    (`cpu_kernels.limit_instruction_set`): one made under another cap is made again for this one."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"Unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}.")
     prepared = getattr(model, "prepared_for_inference", None)
@@ -613,7 +614,9 @@ def prepare_for_inference(model, quantization: str | None = None):
             return model
     elif not all(parameter.is_cpu for parameter in parameters):
         raise ValueError(f"quantization={quantization!r} runs on the CPU; move the model there (`model.to('cpu')`).")
-    key = quantization or "float32"
+    # a copy per instruction set cap (cpu_kernels.limit_instruction_set): int8 weights are packed for the cap's product
+    kernels = compiled_kernels()
+    key = (quantization or "float32", None if kernels is None else kernels.max_instruction_set())
     fingerprint = weights_fingerprint(parameters + buffers)
     cached = _prepared.get(model, {}).get(key)
     if cached is not None and fingerprint is not None and cached[0] == fingerprint:
