@@ -339,7 +339,10 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
              f"{' / '.join(map(str, chunks))} sentences on which the engines alternate [min-max]; "
              "\"vs CTranslate2 same precision\": fast float32 against CTranslate2 float32, every fast int8 loop "
              "against CTranslate2 int8."]
-    machines = unique((machine_label(record), record["machine_type"]) for _, record in results)
+    # each CPU type's own runs first, then its runs under an instruction set cap
+    machines = sorted(unique((machine_label(record), record["machine_type"]) for _, record in results),
+                      key=lambda label_machine: any(machine_label(record) == label_machine[0] and
+                                                    record.get("max_cpu_isa") for _, record in results))
     for label, machine in machines:
         caps = next((record.get("instruction_set_caps") for _, record in results
                      if (machine_label(record), record["machine_type"]) == (label, machine)), None)

@@ -557,6 +557,7 @@ def test_a_run_under_max_cpu_isa_caps_every_engine_and_is_reported_as_its_own_ma
     section = report.render(tmp_path)
     cpu = content["cpu_model"]
     assert section.count(f"#### {cpu}\n") == 1 and section.count(f"#### {cpu}, every engine capped at avx2\n") == 1
+    assert section.index(f"#### {cpu}\n") < section.index(f"#### {cpu}, every engine capped")  # the CPU's own first
     assert "`CT2_FORCE_CPU_ISA=AVX2`" in section and "`MKL_ENABLE_INSTRUCTIONS=AVX2`" in section
     assert f"on the {cpu}, every engine capped at avx2, git" in section
     int8_rows = parse_tables(section)[None, "int8"]["rows"]
