@@ -115,6 +115,19 @@ def usable_cpu_flags() -> set[str]:
     return {flag for flag in cpu_flags() if not flag.startswith(excluded)} if excluded else cpu_flags()
 
 
+def expected_int8_products(code_bits: int) -> list[str]:
+    """Every product that runs `code_bits` weights on this CPU under the kernels' instruction set cap, its fastest
+    first, by the kernel's names: the AMX layout (either format), VNNI's own panels (8 bits), AVX2's (7 bits), and the
+    float32 blocks anywhere."""
+    flags = usable_cpu_flags()
+    products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
+    if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
+        products.append("vnni")
+    if "avx2" in flags and code_bits == 7:
+        products.append("avx2")
+    return [*products, "float32_blocks"]
+
+
 class CountingKernels:
     """The compiled CPU kernels (the `kernels` fixture), counting the calls of each function by name: monkeypatched
     in as a module's `compiled_kernels()`, it shows which kernels ran (the calls made from Python: kernels that the

@@ -10,22 +10,18 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO_ROOT, cpu_flags, instruction_sets_of_this_cpu, tiny_model, tiny_sources
+from helpers import (
+    REPO_ROOT,
+    cpu_flags,
+    expected_int8_products,
+    instruction_sets_of_this_cpu,
+    tiny_model,
+    tiny_sources,
+)
 
 from hf_layerfusion.inference import fast_generate, prepare_for_inference
 from hf_layerfusion.inference.cpu_kernels import INSTRUCTION_SETS, MAX_CPU_ISA_VARIABLE, limit_instruction_set
 from hf_layerfusion.inference.inference_copies import Int8Linear, int8_copy
-
-
-def expected_products(code_bits: int, instruction_set: str) -> list[str]:
-    """The int8 products a CPU with this machine's flags runs under the cap `instruction_set`, fastest first."""
-    flags, level = cpu_flags(), INSTRUCTION_SETS.index(instruction_set)
-    products = ["amx"] if level >= 3 and {"amx_tile", "amx_int8"} <= flags else []
-    if level >= 2 and {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
-        products.append("vnni")
-    if level >= 1 and "avx2" in flags and code_bits == 7:
-        products.append("avx2")
-    return [*products, "float32_blocks"]
 
 
 def test_each_cap_removes_the_instructions_above_it_and_restores_the_one_before(kernels, instruction_set):
@@ -36,7 +32,7 @@ def test_each_cap_removes_the_instructions_above_it_and_restores_the_one_before(
     assert kernels.float32_linear_available() == float32_expected
     assert kernels.amx_available() == (level >= 3 and {"amx_tile", "amx_int8"} <= flags)
     for code_bits in (7, 8):
-        assert kernels.int8_products(code_bits) == expected_products(code_bits, instruction_set)
+        assert kernels.int8_products(code_bits) == expected_int8_products(code_bits)
     with limit_instruction_set("generic"):
         assert kernels.max_instruction_set() == 0 and kernels.int8_products(8) == ["float32_blocks"]
         assert not kernels.float32_linear_available()

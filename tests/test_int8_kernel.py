@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import usable_cpu_flags
+from helpers import expected_int8_products, usable_cpu_flags
 
 from hf_layerfusion.inference import cpu_kernels
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
@@ -69,18 +69,6 @@ def expected_product(code_bits: int) -> str:
     return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
 
 
-def expected_products(code_bits: int) -> list[str]:
-    """Every product that runs `code_bits` weights on this CPU, its fastest first, by the kernel's names: the
-    AMX layout (either format), VNNI's own panels (8 bits), AVX2's (7 bits), and the float32 blocks anywhere."""
-    flags = usable_cpu_flags()
-    products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
-    if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
-        products.append("vnni")
-    if "avx2" in flags and code_bits == 7:
-        products.append("avx2")
-    return [*products, "float32_blocks"]
-
-
 def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels, instruction_set):
     """Layers use by default the format of the CPU's fastest product: 8 bits with AMX or VNNI, 7 bits on AVX2
     without either (its `vpmaddubsw` product), 8 bits elsewhere (the float32 block products)."""
@@ -92,7 +80,7 @@ def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels, inst
     for code_bits in (7, 8):
         expected = expected_product(code_bits)
         assert kernels.int8_product(code_bits) == expected
-        assert kernels.int8_products(code_bits) == expected_products(code_bits)
+        assert kernels.int8_products(code_bits) == expected_int8_products(code_bits)
         layer = Int8Linear(torch.randn(8, 16), None, code_bits=code_bits)
         assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
         assert f"code_bits={code_bits}" in repr(layer)
