@@ -70,6 +70,13 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    the queue. bench_multi30k.py writes a rerun beside its entry (`<arm>/seed_<s>_from_<start>.json`) and the report
    compares the seed through it.
 
+8. Issue 38 item 3's verdicts on val for training from scratch: seeds 4-5 of each family's from-scratch arm
+   (`FROM_SCRATCH_ARMS`: GTrans, layer-wise coordination, Re-Transformer-2 and -4, deep representations, and RTAL
+   with its pre-norm baseline; `plain_transformer`'s seeds 4-5 are item 3's already), seed 4 of every arm before
+   seed 5. Their seeds 1-3 were written before entries kept val translations, and their models are gone, so the
+   report could test them on test only ("untested on val"); these seeds give each family's from-scratch verdict its
+   val side.
+
 A result file that exists but cannot be read as one (cut short, a bad merge, a key missing) is `BAD` in `--list`,
 named with what is wrong; its run counts as not done, and the rerun replaces the file.
 """
@@ -117,6 +124,10 @@ M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de
 # `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
 STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer",
                  **{arm: "plain_transformer" for arm in FINE_TUNING_ARMS}}
+# priority 8 (issue 38 item 3): each family's from-scratch arm, and a baseline its seeds 4-5 need that item 3 does
+# not queue (RTAL's pre-norm one), for verdicts on val beside test
+FROM_SCRATCH_ARMS = ("gtrans", "layerwise_coordination_14", "re_transformer_2", "re_transformer_4",
+                     "deep_representations_no_diversity", "plain_transformer_prenorm", "rtal_paper")
 # what `--hours` expects of a run whose arm has no CPU run in the ledger yet: the issue's bound for one run on one core
 UNTIMED_RUN_MINUTES = 90
 
@@ -388,6 +399,7 @@ def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> l
     queue += [run for seed in (1, 2, 3) for run in depth_pair((12, 12), seed)]
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     queue += depth_pair((18, 12), 1)
+    queue += [StudyRun(arm, seed, **standard) for seed in (4, 5) for arm in FROM_SCRATCH_ARMS]  # priority 8
     return queue
 
 

@@ -480,7 +480,7 @@ def test_the_queue_can_be_limited_to_some_arms(tmp_path):
     ledger_dir = tmp_path / "ledger"
     pending = study.pending_runs(ledger_dir, arms=["re_transformer_4", "re_transformer_2"])
     assert [(run.arm, run.seed) for run in pending] == [
-        (arm, seed) for seed in (1, 2, 3) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
+        (arm, seed) for seed in (1, 2, 3, 4, 5) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
     done = study.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
     ledger.write_entry(done, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
     assert study.StudyRun("re_transformer_2", 1) not in study.pending_runs(ledger_dir, arms=["re_transformer_2"])
@@ -557,15 +557,16 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
         assert times[f"{name}.start"] < times[f"{other}.end"]
     assert "`re_transformer_4` seed 2 FAILED (exit 3)" in capsys.readouterr().out
     assert set(at_once.values()) == {2}  # two at a time, as --parallel 2 allows
-    assert [(r.arm, r.seed) for r in study.pending_runs(ledger_dir, arms=arms)] == [
-        ("re_transformer_4", 2), ("re_transformer_2", 3), ("re_transformer_4", 3)]
-    # --parallel is a ceiling: with 3 runs left and 8 slots, each run records the 3 that really shared the device
+    left = [("re_transformer_4", 2), ("re_transformer_2", 3), ("re_transformer_4", 3)] + [
+        (arm, seed) for seed in (4, 5) for arm in arms]  # priority 8's seeds 4-5 last
+    assert [(r.arm, r.seed) for r in study.pending_runs(ledger_dir, arms=arms)] == left
+    # --parallel is a ceiling: with 7 runs left and 8 slots, each run records the 7 that really shared the device
     at_once.clear()
     args = study.parse_args(["--arms", *arms, "--parallel", "8", "--ledger_dir", str(ledger_dir),
                              "--data_dir", str(tmp_path)])
     failing.clear()
     assert study.run_queue(args) is True
-    assert at_once == {("re_transformer_4", 2): 3, ("re_transformer_2", 3): 3, ("re_transformer_4", 3): 3}
+    assert at_once == {run: len(left) for run in left}
     with pytest.raises(SystemExit):
         study.parse_args(["--parallel", "0"])
     with pytest.raises(SystemExit):
@@ -946,10 +947,28 @@ def test_the_queue_puts_issue_38_in_order_of_value(tmp_path):
     expected += [(f"{family}_12x12{long}", seed) for seed in (1, 2, 3) for family in ("plain_transformer", "gtrans")]
     expected += [(arm, seed) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     expected += [(f"{family}_18x12{long}", 1) for family in ("plain_transformer", "gtrans")]
+    expected += [(arm, seed) for seed in (4, 5) for arm in study.FROM_SCRATCH_ARMS]  # priority 8
     assert [(run.arm, run.seed) for run in queue[first:]] == expected
     listed = subprocess_list()
     assert listed.index("`plain_transformer_24x18_2000steps` seed 1") < listed.index("`gtrans_finetuned` seed 1") < (
         listed.index("`deep_representations_paper` seed 4")) < listed.index("`gtrans_18x12_2000steps` seed 1")
+
+
+def test_every_fusion_family_gets_from_scratch_seeds_with_val_translations(tmp_path):
+    """Priority 8: each fusion family has a from-scratch arm (no `init_from`, at the 6 + 6 budget) with seeds 4-5
+    queued, and so does the baseline of each such arm, so that every family's from-scratch verdict gets a val side."""
+    import hf_layerfusion
+
+    queue = {(run.arm, run.seed) for run in study.study_queue(ledger_dir=tmp_path) if isinstance(run, study.StudyRun)}
+    fusion_families = set(hf_layerfusion.FAMILIES) - {"plain_transformer"}
+    covered = {bench.MODELS[arm].model_type for arm in study.FROM_SCRATCH_ARMS}
+    assert fusion_families <= covered
+    for arm in study.FROM_SCRATCH_ARMS:
+        assert bench.MODELS[arm].init_from is None and not bench.MODELS[arm].show_loss_curve, arm
+        for seed in (4, 5):
+            assert (arm, seed) in queue
+            baseline = bench.MODELS[arm].baseline
+            assert baseline is None or (baseline, seed) in queue, (arm, baseline)
 
 
 def subprocess_list(*extra) -> str:
