@@ -2,9 +2,11 @@
 of autograd, plots are written, the time budget stops (and survives a resume)."""
 
 import copy
+import logging
 import errno
 import math
 import os
+import sys
 from unittest import mock
 
 import pytest
@@ -105,6 +107,25 @@ def test_fusion_weights_logged_and_plotted(tmp_path, tiny_backbone):
     for name in ("fusion_weights.png", "layer_gradient_norms.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+def test_without_matplotlib_training_finishes_and_logs_without_plots(tmp_path, tiny_backbone, monkeypatch, caplog):
+    """matplotlib is the `train` extra's, not a requirement: without it the callbacks say so when they are made, log
+    their values as always, and training ends and saves instead of failing in `on_train_end`."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    config = GTransConfig(**tiny_backbone, encoder_group_size=1, decoder_group_size=1)
+    with caplog.at_level(logging.WARNING, logger="hf_layerfusion.training.callbacks"):
+        callbacks = [FusionWeightsCallback(), LayerGradientNormCallback()]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["matplotlib is not installed"] * 2
+    assert "fusion weights" in caplog.records[0].getMessage() and "pip install matplotlib" in caplog.text
+    trainer = LayerFusionSeq2SeqTrainer(model=GTransForConditionalGeneration(config), args=training_args(tmp_path),
+                                        data_collator=collate, train_dataset=toy_dataset(config.vocab_size),
+                                        callbacks=callbacks)
+    trainer.train()
+    trainer.save_model()
+    last = [entry for entry in trainer.state.log_history if "loss" in entry][-1]
+    assert "fusion/decoder_group_psi_1" in last and "layer_grad_norm/decoder_1" in last
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "config.json").is_file()
 
 
 def test_plot_is_replaced_whole_or_not_at_all(tmp_path):

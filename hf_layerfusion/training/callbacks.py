@@ -8,6 +8,9 @@
 - `LayerGradientNormCallback`: per-layer gradient norms of the encoder and decoder (GTrans Fig. 11), averaged over
   the optimisation steps between two logs, logged and plotted (`layer_gradient_norms.png`).
 
+The plots need matplotlib (the `train` extra). Without it both callbacks still log their values and say once, when
+they are made, that they will not plot them: a training run never fails at its end for want of a plotting library.
+
 The logged values go into the Trainer's `state.log_history` (hence `trainer_state.json` of every checkpoint, so the
 plots of a resumed run cover the whole run) and to the reporting integrations (TensorBoard, W&B, ...). Integrations
 are callbacks that run in list order and `Trainer(callbacks=...)` appends user callbacks after them, so these two
@@ -124,6 +127,28 @@ def add_to_logs(values: dict[str, float], state, logs: dict) -> None:
         state.log_history[-1].update(values)
 
 
+PLOTTING_REQUIREMENT = "pip install matplotlib (or hf_layerfusion[train])"
+
+
+def can_plot(what: str) -> bool:
+    """Whether matplotlib can be imported; without it, a warning that `what` is logged but not plotted."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        logger.warning(f"matplotlib is not installed: {what} will be logged but not plotted ({PLOTTING_REQUIREMENT} "
+                       "to plot them).")
+        return False
+    return True
+
+
+def plot_at_train_end(args, state, plot_dir: str | None, prefix: str, file_name: str, title: str) -> None:
+    """`plot_logged_series` into `<plot_dir or output_dir>/<file_name>`, on the main process only."""
+    if state.is_world_process_zero:
+        plot_dir = plot_dir or args.output_dir
+        os.makedirs(plot_dir, exist_ok=True)
+        plot_logged_series(state.log_history, prefix, os.path.join(plot_dir, file_name), title)
+
+
 def plot_logged_series(log_history: list[dict], prefix: str, path: str, title: str) -> str | None:
     """One subplot per series family (`<prefix><name>_<index>`), one line per index, against the global step.
     Returns the PNG path, or `None` when nothing with that prefix was logged. The image is rendered in memory and
@@ -164,22 +189,19 @@ def plot_logged_series(log_history: list[dict], prefix: str, path: str, title: s
 
 class FusionWeightsCallback(TrainerCallback):
     """Log the model's fusion weights (keys `fusion/<name>_<i>`) at every training log; plot them at train end
-    into `<plot_dir or output_dir>/fusion_weights.png`."""
+    into `<plot_dir or output_dir>/fusion_weights.png` (where matplotlib is installed: `can_plot`)."""
 
     def __init__(self, plot_dir: str | None = None):
         self.plot_dir = plot_dir
+        self.plots = can_plot("the fusion weights")
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
         if logs is not None and is_training_log(logs):
             add_to_logs(flatten_indexed(FUSION_PREFIX, fusion_weights(model)), state, logs)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            plot_dir = self.plot_dir or args.output_dir
-            os.makedirs(plot_dir, exist_ok=True)
-            plot_logged_series(
-                state.log_history, FUSION_PREFIX, os.path.join(plot_dir, "fusion_weights.png"), "Fusion weights"
-            )
+        if self.plots:
+            plot_at_train_end(args, state, self.plot_dir, FUSION_PREFIX, "fusion_weights.png", "Fusion weights")
 
 
 @torch.no_grad()
@@ -203,10 +225,12 @@ def layer_gradient_norms(model: torch.nn.Module) -> dict[str, list[float]]:
 class LayerGradientNormCallback(TrainerCallback):
     """Per-layer gradient norms (GTrans Fig. 11), keys `layer_grad_norm/<encoder|decoder>_<layer>`: the mean over
     the optimisation steps since the previous log, measured before each optimizer step (after clipping, which
-    scales every layer alike). Plotted at train end into `<plot_dir or output_dir>/layer_gradient_norms.png`."""
+    scales every layer alike). Plotted at train end into `<plot_dir or output_dir>/layer_gradient_norms.png` (where
+    matplotlib is installed: `can_plot`)."""
 
     def __init__(self, plot_dir: str | None = None):
         self.plot_dir = plot_dir
+        self.plots = can_plot("the per-layer gradient norms")
         self._sums: dict[str, list[float]] = {}
         self._steps = 0
 
@@ -225,15 +249,9 @@ class LayerGradientNormCallback(TrainerCallback):
             self._sums, self._steps = {}, 0
 
     def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            plot_dir = self.plot_dir or args.output_dir
-            os.makedirs(plot_dir, exist_ok=True)
-            plot_logged_series(
-                state.log_history,
-                GRAD_NORM_PREFIX,
-                os.path.join(plot_dir, "layer_gradient_norms.png"),
-                "Gradient norm per layer",
-            )
+        if self.plots:
+            plot_at_train_end(args, state, self.plot_dir, GRAD_NORM_PREFIX, "layer_gradient_norms.png",
+                              "Gradient norm per layer")
 
 
 # callbacks whose `on_log` adds values to the logs: they must run before the reporting integrations
