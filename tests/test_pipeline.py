@@ -67,6 +67,26 @@ def test_bad_inputs_and_the_removed_task_name(tokenizer):
         pipeline("translation", model=model, tokenizer=tokenizer)
 
 
+def test_a_left_padding_tokenizer_gives_each_input_its_own_translation():
+    """Fault round: `Pipeline` pads a batch on the tokenizer's side, and a left-padded source's positions shift (as
+    in Marian): batched inputs translated otherwise than one by one. The pipeline moves the padding after each row's
+    tokens (`padding_last`): batched, one by one and the right-padding tokenizer's translations agree."""
+    left = tiny_tokenizer()
+    left.padding_side = "left"
+    model = tiny_model("gtrans")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=left)
+    batched = [r["translation_text"] for r in translator(SOURCES, batch_size=len(SOURCES), **GENERATION)]
+    assert batched == [translator(source, **GENERATION)[0]["translation_text"] for source in SOURCES]
+    assert batched == generate_texts(model, tiny_tokenizer(), SOURCES, **GENERATION)
+    assert batched != generate_texts(model, left, SOURCES, **GENERATION)  # what left padding would have given
+
+
+def test_an_empty_list_is_refused_by_name(tokenizer):
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=tiny_model("plain_transformer"), tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="no sentences"):
+        translator([])
+
+
 def test_max_new_tokens_replaces_the_saved_max_length_without_a_warning(tokenizer):
     """run_translation.py saves `max_length` in the generation config; a call's `max_new_tokens` is the limit then,
     and generate() must not warn that both are set (it used to, on every pipeline call)."""

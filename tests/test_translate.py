@@ -37,3 +37,49 @@ def test_translate_leaves_the_training_mode_as_it_was(tokenizer, training):
     hf_layerfusion.translate(model, tokenizer, SOURCES[:2], max_new_tokens=2)
     assert model.training is training
     assert all(module.training is training for module in model.modules())
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "generate"])
+def test_a_left_padding_tokenizer_gives_each_sentence_its_own_translation(fast):
+    """Fault round: with a tokenizer that pads on the left, a sentence's translation depended on the longer sentences
+    sorted into its batch (left padding shifts a source's positions, as in Marian). translate() pads on the right
+    whatever the tokenizer's side: batched and one by one agree, and equal the right-padding tokenizer's."""
+    left = tiny_tokenizer()
+    left.padding_side = "left"
+    model = tiny_model("gtrans")
+    settings = dict(num_beams=2, max_new_tokens=6, fast=fast)
+    batched = hf_layerfusion.translate(model, left, SOURCES, batch_size=len(SOURCES), **settings)
+    assert batched == [hf_layerfusion.translate(model, left, [source], **settings)[0] for source in SOURCES]
+    assert batched == hf_layerfusion.translate(model, tiny_tokenizer(), SOURCES, batch_size=len(SOURCES), **settings)
+    assert left.padding_side == "left"  # the caller's tokenizer is left as it was
+
+
+def test_stop_strings_stop_fast_generate_and_translate_as_they_stop_generate():
+    """Fault round: `stop_strings` failed in `fast_generate` and `translate()` ("could not locate a tokenizer"), since
+    transformers' `custom_generate` hook does not pass the tokenizer on. The fast path now runs `generate()` for
+    them, and `translate()` hands `generate()` its tokenizer."""
+    sources = ["the cat sits on the mat", "a dog runs in the park", "two birds fly over the house"]
+    tokenizer = hf_layerfusion.train_joint_tokenizer(sources * 5, vocab_size=40, model="unigram")
+    config = hf_layerfusion.GTransConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=2,
+                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                         decoder_ffn_dim=32, max_position_embeddings=64, encoder_group_size=1,
+                                         decoder_group_size=1)
+    torch.manual_seed(0)
+    model = hf_layerfusion.GTransForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.5)  # outputs of varied tokens, so that a stop string can match early
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    settings = dict(num_beams=2, max_new_tokens=10)
+    unstopped = hf_layerfusion.translate(model, tokenizer, sources, fast=False, **settings)
+    stop = next(text for text in unstopped if len(text) > 3)[1:3]  # a string inside a translation
+    with torch.no_grad():
+        expected = model.generate(**batch, stop_strings=[stop], tokenizer=tokenizer, **settings)
+    assert torch.equal(hf_layerfusion.fast_generate(model, **batch, stop_strings=[stop], tokenizer=tokenizer,
+                                                    **settings), expected)
+    texts = [text.strip() for text in tokenizer.batch_decode(expected, skip_special_tokens=True)]
+    assert texts != unstopped  # the stop string stopped a translation
+    for fast in (True, False):
+        assert hf_layerfusion.translate(model, tokenizer, sources, batch_size=len(sources), fast=fast,
+                                        stop_strings=[stop], **settings) == texts

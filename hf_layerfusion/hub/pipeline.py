@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from transformers import Pipeline
 
 from ..compat import prepare_pipeline_generate_kwargs
@@ -24,6 +25,17 @@ from ..training.multilingual import check_language_tag, language_tag, tag_source
 # with the Hub code alone.
 PIPELINE_TASK = "layerfusion-translation"
 HUB_PIPELINE_TASK = "translation"
+
+
+def padding_last(model_inputs: dict) -> dict:
+    """The batch with each row's tokens first and its padding after them. `Pipeline` pads a batch on the tokenizer's
+    `padding_side`, and a left-padded source shifts its positions (as in Marian): a sentence's translation would
+    depend on the longer sentences batched with it."""
+    mask = model_inputs.get("attention_mask")
+    if mask is None:
+        return model_inputs
+    order = torch.argsort((mask == 0).to(torch.int8), dim=1, stable=True)  # a row's tokens, then its padding
+    return {**model_inputs, "input_ids": model_inputs["input_ids"].gather(1, order), "attention_mask": mask.gather(1, order)}
 
 
 class LayerFusionTranslationPipeline(Pipeline):
@@ -92,6 +104,8 @@ class LayerFusionTranslationPipeline(Pipeline):
     def __call__(self, inputs: str | list[str], **kwargs):
         if not isinstance(inputs, (str, list)) or (isinstance(inputs, list) and not all(isinstance(x, str) for x in inputs)):
             raise TypeError(f"The translation pipeline takes a string or a list of strings, got {type(inputs).__name__}.")
+        if isinstance(inputs, list) and not inputs:
+            raise ValueError("The translation pipeline got an empty list (no sentences): give at least one sentence.")
         results = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(records) == 1 for records in results):
             return [records[0] for records in results]
@@ -109,6 +123,7 @@ class LayerFusionTranslationPipeline(Pipeline):
 
     def _forward(self, model_inputs, fast: bool = True, quantization: str | None = None, **generate_kwargs):
         generate_kwargs = prepare_pipeline_generate_kwargs(self, generate_kwargs)
+        model_inputs = padding_last(model_inputs)
         engine = self.model if quantization is None else prepare_for_inference(self.model, quantization)
         if fast:
             output_ids = fast_generate(engine, **model_inputs, **generate_kwargs)

@@ -96,7 +96,9 @@ class UnsupportedFastGeneration(ValueError):
 
 
 # keyword arguments of generate() that the fast loop does not receive through transformers' `custom_generate` hook
-CALL_KEYWORDS_NOT_COVERED = ("streamer", "assistant_model", "synced_gpus", "custom_generate", "stopping_criteria")
+# (`stop_strings`: its stopping criterion needs the `tokenizer`, which that hook does not pass on)
+CALL_KEYWORDS_NOT_COVERED = ("streamer", "assistant_model", "synced_gpus", "custom_generate", "stopping_criteria",
+                             "stop_strings")
 
 
 def unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs) -> str | None:
@@ -225,6 +227,8 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
         kwargs["inputs"] = inputs
     covered = [name for name in CALL_KEYWORDS_NOT_COVERED if kwargs.get(name) is not None]
     reason = f"the generate() argument(s) {covered}" if covered else None
+    if getattr(kwargs.get("generation_config") or getattr(model, "generation_config", None), "stop_strings", None):
+        reason = "the generation config's stop_strings"
     if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
         reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
     if reason is not None:

@@ -66,6 +66,8 @@ def translate(
         generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
     if decoder_groups is not None:
         generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
+    if generate_kwargs.get("stop_strings") is not None:
+        generate_kwargs["tokenizer"] = tokenizer  # generate() matches stop strings through the tokenizer's vocabulary
     max_source_length = max_source_length or model.config.max_position_embeddings
     lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
     order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
@@ -79,6 +81,9 @@ def translate(
             inputs = tokenizer(
                 [sentences[i] for i in batch],
                 padding=True,
+                # whatever the tokenizer's own side: a left-padded source shifts its positions (as in Marian), so
+                # that a sentence's translation would depend on the longer sentences sorted into its batch
+                padding_side="right",
                 truncation=True,
                 max_length=max_source_length,
                 return_tensors="pt",
