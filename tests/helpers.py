@@ -810,3 +810,23 @@ def one_call_applies(engine) -> bool:
     return (connection is None or connection.changes_only_embeddings()) and all(
         block.decoding_step is not None for block in blocks
     )
+
+
+def varied_gtrans():
+    """(model, tokenizer, sources): a tiny GTrans in eval mode with a unigram tokenizer of English words (on which
+    transformers' stop-string matching works) and weights drawn wide (N(0, 0.5)), so that its outputs vary from token
+    to token and from row to row, as a trained model's do: where a setting changes a decision, they show it."""
+    sources = ["the cat sits on the mat", "a dog runs in the park", "two birds fly over the house", "a",
+               "the mat", "a dog runs over the mat in the park"]
+    tokenizer = hf_layerfusion.train_joint_tokenizer(sources * 5, vocab_size=40, model="unigram")
+    config = hf_layerfusion.GTransConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=2,
+                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                         decoder_ffn_dim=32, max_position_embeddings=64, encoder_group_size=1,
+                                         decoder_group_size=1)
+    torch.manual_seed(0)
+    model = hf_layerfusion.GTransForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0, 0.5)
+    return model, tokenizer, sources

@@ -3,9 +3,12 @@ every family, greedy and beam search, with and without GTrans `decoder_groups`, 
 operations) and on its float32 inference copy (the compiled kernels); rows leaving the batch; the fallback to
 `generate()`; when the copies are made; the int8 copy."""
 
+import copy
+
 import pytest
 import torch
-from helpers import EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, one_call_applies, tiny_model, tiny_sources
+from helpers import (EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, one_call_applies, tiny_model, tiny_sources,
+                     varied_gtrans)
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -250,6 +253,30 @@ def test_settings_outside_the_loop_fall_back_to_generate(source, caplog):
         fast_generate(model, **source, max_new_tokens=6, streamer=object(), fallback=False)
     with pytest.raises(UnsupportedFastGeneration, match="training mode"):
         fast_generate(model.train(), **source, max_new_tokens=6, fallback=False)
+
+
+@pytest.mark.parametrize("num_beams", [2, 4])
+def test_lower_precision_and_autocast_run_generate(num_beams):
+    """Fault round: in bfloat16 (the model's weights, or autocast as `Seq2SeqTrainer(bf16=True)` evaluates), the loop's
+    rows leaving the batch change the products' shapes and rounding, and beam search chose otherwise than generate();
+    under autocast the float32 copy's kernel refused its bfloat16 input. Both now run generate() itself."""
+    model, tokenizer, sources = varied_gtrans()
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    settings = dict(num_beams=num_beams, max_new_tokens=12)
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    assert torch.equal(fast_generate(half, **batch, **settings), reference(half, batch, **settings))
+    with pytest.raises(UnsupportedFastGeneration, match="torch.bfloat16 model"):
+        fast_generate(half, **batch, fallback=False, **settings)
+    with pytest.raises(UnsupportedFastGeneration, match="torch.bfloat16 model"):  # the loop as a generate() hook
+        half.generate(**batch, custom_generate=fast_decoding_loop(fallback=False), **settings)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(model, batch, **settings)
+        assert torch.equal(fast_generate(model, **batch, **settings), expected)
+        assert torch.equal(model.generate(**batch, custom_generate=fast_decoding_loop(), **settings), expected)
+        with pytest.raises(UnsupportedFastGeneration, match="autocast"):
+            fast_generate(model, **batch, fallback=False, **settings)
+        with pytest.raises(UnsupportedFastGeneration, match="autocast"):
+            model.generate(**batch, custom_generate=fast_decoding_loop(fallback=False), **settings)
 
 
 def test_generate_is_handed_an_empty_cache_a_fallback_fills_as_its_own(source):

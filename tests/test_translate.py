@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_layerfusion
-from helpers import SOURCES, tiny_model, tiny_tokenizer
+from helpers import SOURCES, tiny_model, tiny_tokenizer, varied_gtrans
 
 
 @pytest.fixture(scope="module")
@@ -58,18 +58,7 @@ def test_stop_strings_stop_fast_generate_and_translate_as_they_stop_generate():
     """Fault round: `stop_strings` failed in `fast_generate` and `translate()` ("could not locate a tokenizer"), since
     transformers' `custom_generate` hook does not pass the tokenizer on. The fast path now runs `generate()` for
     them, and `translate()` hands `generate()` its tokenizer."""
-    sources = ["the cat sits on the mat", "a dog runs in the park", "two birds fly over the house"]
-    tokenizer = hf_layerfusion.train_joint_tokenizer(sources * 5, vocab_size=40, model="unigram")
-    config = hf_layerfusion.GTransConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=2,
-                                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                         decoder_ffn_dim=32, max_position_embeddings=64, encoder_group_size=1,
-                                         decoder_group_size=1)
-    torch.manual_seed(0)
-    model = hf_layerfusion.GTransForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0, 0.5)  # outputs of varied tokens, so that a stop string can match early
+    model, tokenizer, sources = varied_gtrans()
     batch = tokenizer(sources, padding=True, return_tensors="pt")
     settings = dict(num_beams=2, max_new_tokens=10)
     unstopped = hf_layerfusion.translate(model, tokenizer, sources, fast=False, **settings)

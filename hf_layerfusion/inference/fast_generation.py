@@ -101,6 +101,18 @@ CALL_KEYWORDS_NOT_COVERED = ("streamer", "assistant_model", "synced_gpus", "cust
                              "stop_strings")
 
 
+def precision_reason(model) -> str | None:
+    """Why the loop cannot run `model` at its precision, or None. Its tokens are generate()'s in float32; in a lower
+    precision its rows leaving the batch change the shapes of the products and so their rounding, and beam search's
+    choices with it (and the float32 copy's kernels take float32 inputs only)."""
+    device_type = model.device.type
+    if torch.is_autocast_enabled(device_type):
+        return f"autocast ({torch.get_autocast_dtype(device_type)})"
+    if model.dtype != torch.float32:
+        return f"a {model.dtype} model"
+    return None
+
+
 def unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs) -> str | None:
     """Why the fast loop cannot run this generation (as `generate()` prepared it), or None."""
     mode = generation_config.get_generation_mode()
@@ -112,6 +124,9 @@ def unsupported_reason(model, input_ids, stopping_criteria, generation_config, m
         return "use_cache=False"
     if model.training:
         return "the model is in training mode (dropout)"
+    precision = precision_reason(model)
+    if precision is not None:
+        return precision
     implementation = model.config._attn_implementation
     if implementation not in FAST_ATTENTION_IMPLEMENTATIONS:
         return f"attn_implementation={implementation!r}"
@@ -231,6 +246,8 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
         reason = "the generation config's stop_strings"
     if not (hasattr(engine, "output_head") and hasattr(engine, "get_decoder")):
         reason = f"{type(engine).__name__}, which is not an hf_layerfusion model"
+    else:
+        reason = precision_reason(model) or reason
     if reason is not None:
         if not fallback:
             raise UnsupportedFastGeneration(reason)
