@@ -867,6 +867,14 @@ ROWS = [
         ValueError, r"--save_steps.*got 0"),
     Row("train-cli-seed-negative", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--seed=-1")),
         ValueError, r"--seed.*got -1"),
+    # floats the Trainer takes as they are (fault round: a NaN label smoothing failed at the first loss, after the
+    # tokenizer was written, and the corrected rerun was refused as the output dir was not empty)
+    Row("train-cli-label-smoothing-nan",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--label_smoothing_factor=nan")),
+        ValueError, r"--label_smoothing_factor must lie in \[0, 1\), got nan"),
+    Row("train-cli-learning-rate-inf",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--learning_rate=inf")),
+        ValueError, r"--learning_rate must be a finite number, got inf"),
     Row("train-cli-builtin-size-negative",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--builtin_num_train=-1")),
         ValueError, r"--builtin_num_train.*got -1"),

@@ -54,6 +54,7 @@ import ast
 import contextlib
 import dataclasses
 import json
+import math
 import logging
 import os
 import sys
@@ -501,6 +502,14 @@ def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
         value = getattr(training_args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name} must be a non-negative integer, got {value}.")
+    # floats the Trainer takes as they are: a NaN learning rate trains NaN weights, and a label smoothing outside
+    # [0, 1) fails at the first loss, after the run has written its tokenizer into --output_dir
+    for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
+        value = getattr(training_args, name)
+        if not math.isfinite(value):
+            raise ValueError(f"--{name} must be a finite number, got {value}.")
+    if not 0 <= training_args.label_smoothing_factor < 1:  # NaN included
+        raise ValueError(f"--label_smoothing_factor must lie in [0, 1), got {training_args.label_smoothing_factor}.")
 
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> list[str]:
