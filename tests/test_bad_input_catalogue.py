@@ -696,6 +696,9 @@ ROWS = [
     # ------------------------------------------------------------------ examples/translate.py
     Row("translate-cli-output-is-input", lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.input}")),
         ValueError, r"input\.en.*destroy"),
+    # fault round: any existing file outside the model dir was replaced (another model's config, say)
+    Row("translate-cli-output-exists", lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.empty_input}")),
+        FileExistsError, r"empty.*exists; pass --overwrite"),
     Row("translate-cli-output-missing-dir",
         lambda ws: translate_script.main(_tr_args(ws, f"--output={ws.root / 'no_dir' / 'out.de'}")),
         FileNotFoundError, r"no_dir"),
@@ -732,7 +735,8 @@ ROWS = [
         PermissionError, r"--output.*out\.de.*not writable"),
     # the old file stays whole (the snapshot), and the error names it and the reason
     Row("translate-cli-output-disk-full",
-        lambda ws: _disk_full(lambda: translate_script.main(_tr_args(ws, "--generate", f"--output={ws.a_file}"))),
+        lambda ws: _disk_full(lambda: translate_script.main(_tr_args(ws, "--generate", "--overwrite",
+                                                                     f"--output={ws.a_file}"))),
         OSError, r"--output.*a_file.*No space left on device.*unchanged"),
     # ------------------------------------------------------------------ examples/run_translation.py
     Row("train-cli-family-typo-into-model-dir",

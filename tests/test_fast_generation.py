@@ -526,6 +526,10 @@ def test_translate_script_fast_generate_and_int8(tokenizer, tmp_path):
                                "--max_new_tokens=6", "--device=cpu", *flags])
     assert outputs["fast"].read_text() == outputs["generate"].read_text()
     assert len(outputs["int8"].read_text().splitlines()) == 3
+    # an existing --output is replaced only when asked
+    translate_script.main([str(model_dir), f"--input={source}", f"--output={outputs['int8']}", "--overwrite",
+                           "--num_beams=2", "--max_new_tokens=6", "--device=cpu"])
+    assert outputs["int8"].read_text() == outputs["fast"].read_text()
 
 
 @pytest.mark.parametrize("model_type, settings", [

@@ -72,3 +72,17 @@ def test_stop_strings_stop_fast_generate_and_translate_as_they_stop_generate():
     for fast in (True, False):
         assert hf_layerfusion.translate(model, tokenizer, sources, batch_size=len(sources), fast=fast,
                                         stop_strings=[stop], **settings) == texts
+
+
+def test_max_new_tokens_beyond_the_position_table_is_refused_before_translating(tokenizer):
+    """Fault round: a max_new_tokens the decoder's position table cannot hold failed only where a translation ran
+    that long (the whole batch lost, the message naming max_length), or gave what stopped earlier. Refused up front
+    by name; the table's own size decodes (the decoder reads the start token and all but the last new token)."""
+    model = tiny_model("plain_transformer")
+    positions = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_new_tokens={positions + 1} exceeds .*max_position_embeddings="
+                                         rf"{positions}.*at most {positions}"):
+        hf_layerfusion.translate(model, tokenizer, SOURCES, max_new_tokens=positions + 1)
+    full = hf_layerfusion.translate(model, tokenizer, SOURCES, max_new_tokens=positions, min_new_tokens=positions,
+                                    num_beams=1)
+    assert len(full) == len(SOURCES)

@@ -16,8 +16,9 @@ The model dir is what `examples/run_translation.py` saves (model, tokenizer, gen
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
 `hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
 pipeline; the package registers its own) and written back in input order. `--output` is checked before the model
-loads (not the input, not a file of the model dir, in a writable directory) and is written whole or not at all (a
-temporary file renamed into place: a full disk leaves the previous file as it was).
+loads (not the input, not a file of the model dir, in a writable directory; an existing file only with
+`--overwrite`) and is written whole or not at all (a temporary file renamed into place: a full disk leaves the
+previous file as it was).
 
 Installed, the command is the console script `hf-layerfusion-translate` (or `python -m hf_layerfusion.cli.translate`); in a checkout,
 `python examples/translate.py` runs the same module (`examples/translate.py` links to it).
@@ -52,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
     parser.add_argument("--input", help="Source sentences, one per line (default: stdin).")
-    parser.add_argument("--output", help="Where to write the translations (default: stdout).")
+    parser.add_argument("--output", help="Where to write the translations (default: stdout); a new file, unless "
+                        "--overwrite.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config.")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Default: the model's generation config.")
@@ -76,6 +79,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.output:
         # neither the input nor a file of the model, and writable: refused now, not after the whole input is translated
         check_output_file(args.output, [input_file, model_dir], what="--output")
+        if Path(args.output).expanduser().exists() and not args.overwrite:
+            raise FileExistsError(f"--output {args.output!r} exists; pass --overwrite to replace it, or write to a "
+                                  "new file.")
     if args.quantization and args.device != "cpu":
         parser.error(f"--quantization {args.quantization} runs on the CPU; pass --device cpu.")
     config = AutoConfig.from_pretrained(model_dir)

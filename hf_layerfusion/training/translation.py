@@ -62,6 +62,12 @@ def translate(
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
     if max_new_tokens is not None:
+        positions = model.config.max_position_embeddings
+        if max_new_tokens > positions:  # the decoder reads the start token and all but the last new token
+            raise ValueError(
+                f"max_new_tokens={max_new_tokens} exceeds the model's position table (max_position_embeddings="
+                f"{positions}): a translation that long could not be decoded; give at most {positions}."
+            )
         # replaces the saved `max_length` limit rather than competing with it
         generate_kwargs.update(max_new_tokens=max_new_tokens, max_length=None)
     if decoder_groups is not None:
