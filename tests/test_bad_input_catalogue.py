@@ -879,6 +879,11 @@ ROWS = [
     Row("train-cli-learning-rate-inf",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--learning_rate=inf")),
         ValueError, r"--learning_rate must be a finite number, got inf"),
+    # fault round: a source or target length beyond the position table failed at the first batch that long
+    Row("train-cli-source-length-beyond-positions",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides",
+                                                 "max_position_embeddings=16", "--max_target_length=24")),
+        ValueError, r"--max_target_length 24 exceeds .*max_position_embeddings=16.*--max_target_length 16 or less"),
     Row("train-cli-builtin-size-negative",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--builtin_num_train=-1")),
         ValueError, r"--builtin_num_train.*got -1"),
@@ -964,6 +969,17 @@ ROWS = [
     Row("card-through-link-to-model-file",
         lambda ws: hf_layerfusion.write_model_card(ws.card_linked, ws.gtrans, "en", "de", "tiny", overwrite=True),
         ValueError, r"card_linked/README\.md' is the input '.*card_linked/config\.json'"),
+    # fault round: a NaN score became `value: .nan` in the Hub's model-index, a language name or "" its language list
+    Row("card-score-nan",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite=True,
+                                                   bleu_scores={"test": float("nan")}),
+        ValueError, r"bleu_scores\['test'\]=nan is not a finite number"),
+    Row("card-language-name",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "english", "de", "tiny", overwrite=True),
+        ValueError, r"src_lang='english' is not a language code"),
+    Row("card-language-empty",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "", "tiny", overwrite=True),
+        ValueError, r"tgt_lang='' is not a language code"),
     Row("card-disk-full",
         lambda ws: _disk_full(lambda: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny",
                                                                       overwrite=True)),
@@ -1219,3 +1235,13 @@ def test_an_evaluation_writes_its_results_beside_the_model_it_reads(ws, tmp_path
     written = {name: digest for name, digest in _snapshot(model_dir).items() if name not in model_files}
     assert sorted(written) == [file_checks.LOCK_FILE, "bleu_results.json", "generated_predictions_validation.txt"]
     assert {name: _snapshot(model_dir)[name] for name in model_files} == model_files
+
+
+def test_the_truncation_lengths_default_to_the_position_table_where_it_is_shorter(ws, tmp_path):
+    """Fault round: with max_position_embeddings 16 the defaults (128) failed at the first batch longer than the
+    table, after the tokenizer was written; they now default to the table (given lengths above it are refused up
+    front: the catalogue's row)."""
+    output_dir = tmp_path / "short_table"
+    run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides", "max_position_embeddings=16",
+                                  "--builtin_num_train=40", "--tokenizer_vocab_size=30", output_dir=output_dir))
+    assert (output_dir / "model.safetensors").is_file()

@@ -124,6 +124,10 @@ RESULTS_FILE = "bleu_results.json"
 PREDICTIONS_FILE = "generated_predictions_{}.txt"  # per split
 
 
+# the truncation lengths' default (tokens), where the model's position table is no shorter
+DEFAULT_MAX_LENGTH = 128
+
+
 @dataclass
 class ModelArguments:
     model_name_or_path: str | None = field(
@@ -177,8 +181,12 @@ class DataArguments:
     builtin_num_train: int = field(default=10000, metadata={"help": "Training pairs of the built-in corpus."})
     builtin_num_valid: int = field(default=500, metadata={"help": "Validation pairs of the built-in corpus."})
     builtin_num_test: int = field(default=500, metadata={"help": "Test pairs of the built-in corpus."})
-    max_source_length: int = field(default=128, metadata={"help": "Source truncation length (tokens, </s> included)."})
-    max_target_length: int = field(default=128, metadata={"help": "Target truncation length (tokens, </s> included)."})
+    max_source_length: int | None = field(default=None, metadata={
+        "help": f"Source truncation length (tokens, </s> included); default {DEFAULT_MAX_LENGTH}, or the model's "
+                "position table where that is shorter."})
+    max_target_length: int | None = field(default=None, metadata={
+        "help": f"Target truncation length (tokens, </s> included); default {DEFAULT_MAX_LENGTH}, or the model's "
+                "position table where that is shorter."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep the first N training pairs."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Keep the first N validation pairs."})
     max_predict_samples: int | None = field(default=None, metadata={"help": "Keep the first N test pairs."})
@@ -552,9 +560,9 @@ def check_arguments(
             if getattr(data_args, name) < 0:
                 raise ValueError(f"--{name} must be a non-negative number of pairs, got {getattr(data_args, name)}.")
     check_training_arguments(training_args)
-    for name in ("max_source_length", "max_target_length", "num_beams"):
-        check_positive_int(getattr(data_args, name), f"--{name}")
-    for name in ("max_new_tokens", "max_train_samples", "max_eval_samples", "max_predict_samples"):
+    check_positive_int(data_args.num_beams, "--num_beams")
+    for name in ("max_source_length", "max_target_length", "max_new_tokens", "max_train_samples", "max_eval_samples",
+                 "max_predict_samples"):
         check_positive_int(getattr(data_args, name), f"--{name}", allow_none=True)
     if run_args.max_train_minutes is not None and not run_args.max_train_minutes > 0:
         raise ValueError(f"--max_train_minutes must be positive, got {run_args.max_train_minutes}.")
@@ -573,10 +581,24 @@ def check_arguments(
         bos_token_id=SPECIAL_TOKENS.index(BOS_TOKEN),
         eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
-    build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
-    return resolve_checkpoint(
+    config = build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
+    checkpoint = resolve_checkpoint(
         training_args, run_args.overwrite_output_dir, run_inputs(model_args, data_args), result_files(training_args)
     )
+    # lengths the position table cannot hold fail at the first batch that long, after the run wrote its tokenizer:
+    # refused when given, and the truncation lengths' default is at most the table
+    positions = config.max_position_embeddings
+    for name in ("max_source_length", "max_target_length"):
+        if getattr(data_args, name) is None:
+            setattr(data_args, name, min(DEFAULT_MAX_LENGTH, positions))
+    for name in ("max_source_length", "max_target_length", "max_new_tokens"):
+        value = getattr(data_args, name)
+        if value is not None and value > positions:
+            raise ValueError(
+                f"--{name} {value} exceeds the model's position table (max_position_embeddings={positions}): pass "
+                f"--{name} {positions} or less, or a larger max_position_embeddings (--config_overrides, new models)."
+            )
+    return checkpoint
 
 
 def main(argv: list[str] | None = None) -> dict:
