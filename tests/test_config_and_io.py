@@ -159,6 +159,7 @@ def test_fusion_weights_initialised_when_loading_plain_checkpoint(tiny_backbone,
         (dict(probability_temperature=0.0), "probability_temperature.*0.0"),
         (dict(dropout=1.0), "dropout.*1.0"),
         (dict(pad_token_id=24), "pad_token_id.*24"),
+        (dict(is_encoder_decoder=False), "is_encoder_decoder.*encoder-decoder.*got False"),
     ],
 )
 def test_bad_config_raises(overrides, message, tiny_backbone):

@@ -329,6 +329,9 @@ class LayerFusionConfig(PreTrainedConfig):
     def check_consistency(self) -> None:
         """Raise a `ValueError` naming the first inconsistent value. Families extend this."""
         self.check_types()
+        if self.is_encoder_decoder is not True:  # generate() would run the model as a decoder-only one
+            raise ValueError(f"`is_encoder_decoder` must be True (every hf_layerfusion family is an encoder-decoder), "
+                             f"got {self.is_encoder_decoder!r}.")
         for name in (
             "vocab_size",
             "max_position_embeddings",
