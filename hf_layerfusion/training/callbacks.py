@@ -127,7 +127,7 @@ def add_to_logs(values: dict[str, float], state, logs: dict) -> None:
         state.log_history[-1].update(values)
 
 
-PLOTTING_REQUIREMENT = "pip install matplotlib (or hf_layerfusion[train])"
+PLOTTING_REQUIREMENT = "pip install matplotlib, or hf_layerfusion[train],"
 
 
 def can_plot(what: str) -> bool:
