@@ -94,6 +94,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
 
 import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer, Marian, family settings)
+from multi30k_ledger import cpu_family_model  # noqa: E402
 import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
@@ -761,6 +762,7 @@ def workload_record(args, command: str, revision: str, loadavg_start, rows: list
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "hf_layerfusion": hf_layerfusion.__version__, "python": platform.python_version()},
         "cpu_model": backbone.cpu_model(),
+        "cpu_family_model": cpu_family_model(),  # the generation, where the model name is generic
         "machine_type": machine_type(),  # the architecture and its vector instruction sets
         "logical_cpus": os.cpu_count(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -915,7 +917,9 @@ def main(argv=None):
     print(f"- command (from the repository root): `{command}`")
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, hf_layerfusion "
           f"{hf_layerfusion.__version__} (git {revision}), Python {platform.python_version()}")
-    print(f"- CPU: {backbone.cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
+    family_model = cpu_family_model()
+    print(f"- CPU: {backbone.cpu_model()}{f' ({family_model})' if family_model else ''} ({os.cpu_count()} logical "
+          f"CPUs visible), OMP_WAIT_POLICY="
           f"{os.environ['OMP_WAIT_POLICY']}, load average at start {loadavg_start}")
     print(f"- compiled kernels: {kernel_summary(args.threads)}")
     if args.max_cpu_isa is not None:

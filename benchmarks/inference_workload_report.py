@@ -231,9 +231,13 @@ def model_table(rows: list[dict]) -> list[str]:
 
 
 def machine_label(record: dict) -> str:
-    """The CPU a run was measured on, and its instruction set cap (`bench_inference.py --max-cpu-isa`) if any."""
+    """The CPU a run was measured on (its x86 family and model where the file records them: files before those were
+    recorded have the model name only), and its instruction set cap (`bench_inference.py --max-cpu-isa`) if any."""
+    cpu = record["cpu_model"]
+    if record.get("cpu_family_model"):
+        cpu += f" ({record['cpu_family_model']})"
     cap = record.get("max_cpu_isa")
-    return f"{record['cpu_model']}, every engine capped at {cap}" if cap else record["cpu_model"]
+    return f"{cpu}, every engine capped at {cap}" if cap else cpu
 
 
 def run_tables(path: Path, record: dict) -> list[str]:

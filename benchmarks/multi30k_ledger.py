@@ -102,6 +102,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_family_model() -> str | None:
+    """x86's "family F, model M" from /proc/cpuinfo (None elsewhere): what tells CPU generations apart where a virtual
+    machine's model name is generic ("AMD EPYC" is a Zen 2, a Zen 4 and a Zen 5 alike)."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            label, _, value = line.partition(":")
+            if label.strip() in ("cpu family", "model") and label.strip() not in fields:
+                fields[label.strip()] = value.strip()
+            if not line.strip():
+                break  # the first processor's block is enough
+    except OSError:
+        return None
+    if "cpu family" not in fields or "model" not in fields:
+        return None
+    return f"family {fields['cpu family']}, model {fields['model']}"
+
+
 class CpuKind(NamedTuple):
     """A CPU as the study's time estimates tell CPUs apart: its model name and the widest vector instruction set torch
     dispatches to on it (`torch.backends.cpu.get_cpu_capability()`: "AVX512", "AVX2", ...; None for a ledger entry

@@ -367,6 +367,7 @@ def test_a_run_writes_one_file_the_report_reads(tmp_path, monkeypatch, capsys):
     assert content["command"].endswith(" ".join(argv)) and content["kernels"] == "stub kernels"
     assert content["git_revision"].startswith(path.stem.rsplit("_", 1)[1])
     assert content["cpu_model"] == bench.backbone.cpu_model() and content["machine_type"] == bench.machine_type()
+    assert content["cpu_family_model"] == bench.cpu_family_model()  # "family 26, model 2" on x86 Linux
     assert set(content["versions"]) == {"torch", "transformers", "hf_layerfusion", "python"}
     assert len(content["loadavg_start"]) == len(content["loadavg_end"]) == 3
     assert stored["seconds"] == fake_rows(None)[0]["seconds"]
@@ -379,7 +380,7 @@ def test_a_run_writes_one_file_the_report_reads(tmp_path, monkeypatch, capsys):
     assert stored["int8_cost_interval"] == {"fast int8": [-0.05, 0.25]}
     assert "float32 30.00, int8 29.90; 95% interval -0.050 to 0.250) <= 0.2 BLEU: 0.100 BLEU, met" in printed
     section = report.render(tmp_path)
-    int8_row = dict(zip(*(lambda table: (table["header"], table["rows"][content["cpu_model"]][0]))(
+    int8_row = dict(zip(*(lambda table: (table["header"], table["rows"][report.machine_label(content)][0]))(
         parse_tables(section)[None, "int8"])))
     assert int8_row["95% interval"] == "-0.050 to 0.250" and int8_row["cost"] == "0.100"
     cells = parse_tables(section)[path.name, "runs/plain"]
@@ -555,7 +556,7 @@ def test_a_run_under_max_cpu_isa_caps_every_engine_and_is_reported_as_its_own_ma
     del uncapped["max_cpu_isa"], uncapped["instruction_set_caps"]
     (tmp_path / "workload_same-cpu_abc1234.json").write_text(json.dumps(uncapped), encoding="utf-8")
     section = report.render(tmp_path)
-    cpu = content["cpu_model"]
+    cpu = report.machine_label(uncapped)  # the model name, with the x86 family and model where /proc/cpuinfo has them
     assert section.count(f"#### {cpu}\n") == 1 and section.count(f"#### {cpu}, every engine capped at avx2\n") == 1
     assert section.index(f"#### {cpu}\n") < section.index(f"#### {cpu}, every engine capped")  # the CPU's own first
     assert "`CT2_FORCE_CPU_ISA=AVX2`" in section and "`MKL_ENABLE_INSTRUCTIONS=AVX2`" in section
@@ -571,3 +572,18 @@ def test_a_run_under_max_cpu_isa_caps_every_engine_and_is_reported_as_its_own_ma
     with pytest.raises(SystemExit):  # caps without the flag: the results would not say so
         bench.parse_args(argv[:-2])
     assert "give --max-cpu-isa so that every engine is capped alike" in capsys.readouterr().err
+
+
+def test_cpu_generations_with_one_model_name_get_headings_of_their_own(tmp_path):
+    """A virtual machine's model name can be generic ("AMD EPYC" is a Zen 2, a Zen 4 and a Zen 5): the x86 family and
+    model a file records name the generation in its heading; files written before they were recorded keep the name."""
+    rows = [row("runs/plain", "plain_transformer", 1, 1, PLAIN_SECONDS[1, 1], PLAIN_BLEU[1])]
+    zen4 = record("AMD EPYC", "x86_64 avx avx512f", "aaa1111", [1], rows)
+    zen5 = dict(record("AMD EPYC", "x86_64 avx avx512f avx512_vp2intersect", "bbb2222", [1], rows),
+                cpu_family_model="family 26, model 2")
+    for name, content in (("workload_amd-epyc_aaa1111.json", zen4), ("workload_amd-epyc_bbb2222.json", zen5)):
+        (tmp_path / name).write_text(json.dumps(content), encoding="utf-8")
+    section = report.render(tmp_path)
+    assert section.count("#### AMD EPYC\n") == 1 and section.count("#### AMD EPYC (family 26, model 2)\n") == 1
+    int8_rows = parse_tables(section)[None, "int8"]["rows"]
+    assert "AMD EPYC" in int8_rows and "AMD EPYC (family 26, model 2)" in int8_rows
