@@ -200,11 +200,12 @@ def seeded_decoder_inputs(model, batch_size: int = 3, length: int = 5) -> torch.
     return ids
 
 
-def tiny_tokenizer():
-    """A BPE tokenizer of `SOURCES`' letters with the package's special tokens and two language tags."""
+def tiny_tokenizer(language_tags: bool = False):
+    """A BPE tokenizer of `SOURCES`' letters with the package's special tokens; `language_tags=True` adds the
+    target-language tags `<2de>` and `<2en>`, the tokenizer of a multilingual model (which refuses untagged sources)."""
     return hf_layerfusion.train_joint_tokenizer(
         ["ab ba abba", "baab ab b a", "abab baba aa bb"] * 5, vocab_size=24, model="bpe",
-        extra_special_tokens=["<2de>", "<2en>"],
+        extra_special_tokens=["<2de>", "<2en>"] if language_tags else (),
     )
 
 

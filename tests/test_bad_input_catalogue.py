@@ -7,6 +7,7 @@ file written, replaced or deleted.
 from __future__ import annotations
 
 import ast
+import copy
 import errno
 import hashlib
 import json
@@ -70,6 +71,7 @@ from hf_layerfusion.modeling.registry import check_model_type
 from hf_layerfusion.inference import ctranslate2_export
 from hf_layerfusion.training import checkpoint_averaging, tokenization
 from hf_layerfusion.training.callbacks import plot_logged_series
+from hf_layerfusion.training.language_tags import add_language_tags
 from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 from hf_layerfusion.training.data import (
@@ -168,6 +170,11 @@ def ws(tmp_path_factory):
     card_linked = root / "card_linked"  # README.md a link to the model's own config.json
     gtrans.save_pretrained(card_linked)
     (card_linked / "README.md").symlink_to("config.json")
+    multilingual_dir = root / "multilingual"  # a model whose tokenizer holds target-language tags
+    tagged_tokenizer = copy.deepcopy(tokenizer)
+    add_language_tags(tagged_tokenizer, ["de", "fr"])
+    gtrans.save_pretrained(multilingual_dir)
+    tagged_tokenizer.save_pretrained(multilingual_dir)
     busy = root / "busy"  # an output dir that a run is writing into, held for the whole module
     busy_lock = lock_output_dir(busy)
     busy_lock.__enter__()
@@ -176,7 +183,7 @@ def ws(tmp_path_factory):
         plain_dir=plain_dir, marian_dir=marian_dir, xlmr_dir=xlmr_dir, checkpoints=checkpoints, corpus=corpus,
         texts=texts, input=root / "input.en", empty_input=root / "empty.en", full=root / "full", a_file=root / "a_file",
         broken_config_dir=broken_config_dir, finished=finished, busy=busy, busy_lock=busy_lock, carded=carded,
-        card_linked=card_linked, **damaged,
+        card_linked=card_linked, multilingual_dir=multilingual_dir, tagged_tokenizer=tagged_tokenizer, **damaged,
         **inconsistent,
     )
 
@@ -597,6 +604,10 @@ ROWS = [
     Row("translate-str", lambda ws: translate(ws.gtrans, ws.tokenizer, "zwei"), TypeError, r"'zwei'.*list"),
     Row("translate-non-str-item", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a", 3]), TypeError,
         r"sentences\[1\].*3"),
+    Row("translate-multilingual-untagged", lambda ws: translate(ws.gtrans, ws.tagged_tokenizer, ["<2de> a", "a man"]),
+        ValueError, r"Sentence 1 \('a man'\) has no target-language tag.*tgt_lang= \(one of de, fr\)"),
+    Row("translate-unknown-tgt-lang", lambda ws: translate(ws.gtrans, ws.tagged_tokenizer, ["a"], tgt_lang="cs"),
+        ValueError, r"no <2cs> token \(its target languages: de, fr\)"),
     Row("translate-batch-size", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], batch_size=0), ValueError,
         r"batch_size.*0"),
     Row("translate-groups-str", lambda ws: translate(ws.gtrans, ws.tokenizer, ["a"], decoder_groups="12"),
@@ -713,6 +724,12 @@ ROWS = [
     Row("translate-cli-input-empty",
         lambda ws: translate_script.main([str(ws.gtrans_dir), f"--input={ws.empty_input}"]),
         ValueError, r"--input '.*empty\.en' holds no sentence"),
+    Row("translate-cli-multilingual-untagged",
+        lambda ws: translate_script.main([str(ws.multilingual_dir), f"--input={ws.input}"]),
+        ValueError, r"Sentence 0 \('a man'\) has no target-language tag.*--tgt_lang \(one of de, fr\)"),
+    Row("translate-cli-unknown-tgt-lang",
+        lambda ws: translate_script.main([str(ws.multilingual_dir), f"--input={ws.input}", "--tgt_lang=cs"]),
+        ValueError, r"no <2cs> token"),
     Row("translate-cli-model-missing", lambda ws: translate_script.main([str(ws.root / "no_model")]),
         FileNotFoundError, r"no_model"),
     Row("translate-cli-groups", lambda ws: translate_script.main(_tr_args(ws, "--decoder_groups", "5")),
@@ -936,6 +953,12 @@ ROWS = [
         r"'big'"),
     Row("multilingual-cli-no-languages",
         lambda ws: run_multilingual.main(_ml_args(ws, "--dataset=opus100")), ValueError, r"--languages"),
+    Row("multilingual-cli-multi30k-dir-missing",
+        lambda ws: run_multilingual.main(_ml_args(ws, f"--multi30k_dir={ws.root / 'no_multi30k'}")), FileNotFoundError,
+        r"--multi30k_dir '.*no_multi30k' is not a directory: pass the folder that holds Multi30k's train.<lang>"),
+    Row("multilingual-cli-length-beyond-positions",
+        lambda ws: run_multilingual.main(_ml_args(ws, "--max_target_length=30")), ValueError,
+        r"--max_target_length 30 exceeds the position table the model gets from XLM-R \(max_position_embeddings=22\)"),
     Row("multilingual-cli-output-not-empty",
         lambda ws: run_multilingual.main(_ml_args(ws, output_dir=ws.full)), FileExistsError, r"full"),
     Row("multilingual-cli-override-misspelt",
@@ -1046,6 +1069,15 @@ ROWS = [
         ValueError, r"empty batch"),
     Row("model-out-of-vocab", lambda ws: ws.gtrans(**_batch(ws, input_ids=torch.tensor([[4, 999, 2], [4, 5, 2]]))),
         ValueError, r"token id 999"),
+    # the out-of-vocabulary label is the last one: shifted out of the decoder's input, only the loss would meet it
+    Row("model-label-out-of-vocab", lambda ws: ws.gtrans(**_batch(ws, labels=torch.tensor([[4, 5, 999], [4, 5, 2]]))),
+        ValueError, r"`labels` holds token id 999, outside the vocabulary \[0, \d+\) and not -100"),
+    Row("model-label-float", lambda ws: ws.gtrans(**_batch(ws, labels=torch.tensor([[4.0, 2.0], [4.0, 2.0]]))),
+        TypeError, r"`labels` must hold integer token ids, got dtype torch.float32"),
+    Row("model-label-1d", lambda ws: ws.gtrans(**_batch(ws, labels=torch.tensor([4, 2]))), ValueError,
+        r"`labels` must be 2-D.*\(2,\)"),
+    Row("model-label-list", lambda ws: ws.gtrans(**_batch(ws, labels=[[4, 2], [4, 2]])), TypeError,
+        r"`labels` must be a torch.Tensor, got list"),
     Row("model-mask-batch", lambda ws: ws.gtrans(**_batch(ws, attention_mask=torch.ones(3, 4, dtype=torch.long))),
         ValueError, r"attention_mask.*\(3, 4\)"),
     Row("generate-mask-batch",
@@ -1245,3 +1277,24 @@ def test_the_truncation_lengths_default_to_the_position_table_where_it_is_shorte
     run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides", "max_position_embeddings=16",
                                   "--builtin_num_train=40", "--tokenizer_vocab_size=30", output_dir=output_dir))
     assert (output_dir / "model.safetensors").is_file()
+
+
+def test_the_multilingual_lengths_default_to_the_position_table_where_it_is_shorter(ws, tmp_path):
+    """The same fault in run_multilingual.py: a tiny XLM-R of 24 positions leaves the model 22, and the defaults
+    (128) failed at the first batch longer than that; the run now trains and translates within the table."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    long_en, long_de = " ".join(["a man rides a bike"] * 8), " ".join(["ein mann fährt rad"] * 8)  # > 22 tokens
+    for split in ("train", "val", "test_2016_flickr"):
+        (corpus / f"{split}.en").write_text(f"{long_en}\ntwo dogs play\n", encoding="utf-8")
+        (corpus / f"{split}.de").write_text(f"{long_de}\nzwei hunde spielen\n", encoding="utf-8")
+    output_dir = tmp_path / "short_ml_table"
+    scores = run_multilingual.main([
+        "--dataset=multi30k", f"--multi30k_dir={corpus}", "--languages=en,de", "--preset=none",
+        f"--tiny_random_xlmr={tmp_path / 'xlmr'}", "--tiny_vocab_size=40",
+        "--tiny_xlmr_config=hidden_size=16,num_hidden_layers=2,num_attention_heads=2,intermediate_size=32,"
+        "max_position_embeddings=24", "--config_overrides=encoder_group_size=1,decoder_group_size=1",
+        f"--output_dir={output_dir}", "--do_train", "--max_steps=1", "--num_beams=1", "--use_cpu=True",
+        "--report_to=none",
+    ])
+    assert (output_dir / "model.safetensors").is_file() and scores

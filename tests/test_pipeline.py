@@ -42,17 +42,31 @@ def test_pipeline_is_batched_generate_with_kwargs_passed_through(model_type, tok
         )
 
 
-def test_target_language_tag_is_prepended(tokenizer):
+def test_target_language_tag_is_prepended():
+    tokenizer = tiny_tokenizer(language_tags=True)
     model = tiny_model("gtrans")
     translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
     tagged = translator(SOURCES, batch_size=len(SOURCES), src_lang="en", tgt_lang="de", **GENERATION)
     expected = generate_texts(model, tokenizer, [f"<2de> {s}" for s in SOURCES], **GENERATION)
     assert [r["translation_text"] for r in tagged] == expected
     assert expected != generate_texts(model, tokenizer, [f"<2en> {s}" for s in SOURCES], **GENERATION)
+    # sources that carry their own tags need no tgt_lang
+    own_tags = translator([f"<2de> {s}" for s in SOURCES], batch_size=len(SOURCES), **GENERATION)
+    assert [r["translation_text"] for r in own_tags] == expected
     with pytest.raises(ValueError, match="<2fr>"):
         translator(SOURCES, tgt_lang="fr")
     with pytest.raises(ValueError, match="Invalid language code"):
         translator(SOURCES, src_lang="e n", tgt_lang="de")
+
+
+def test_a_multilingual_model_without_a_target_language_is_refused():
+    """Fault round: a multilingual model's pipeline called without `tgt_lang` translated untagged sources, an answer
+    in whichever language the model drifted to; one untagged input among tagged ones is named."""
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=tiny_model("gtrans"), tokenizer=tiny_tokenizer(True))
+    with pytest.raises(ValueError, match=r"Sentence 0 \('ab ba'\) has no target-language tag.*tgt_lang= \(one of de"):
+        translator(SOURCES[0], **GENERATION)
+    with pytest.raises(ValueError, match="'b'"):
+        translator(["<2de> ab ba", "<2en> abba", "b"], **GENERATION)
 
 
 def test_bad_inputs_and_the_removed_task_name(tokenizer):
@@ -104,3 +118,31 @@ def test_max_new_tokens_replaces_the_saved_max_length_without_a_warning(tokenize
     # the saved limit still applies to calls without max_new_tokens
     records = translator(SOURCES, batch_size=len(SOURCES), num_beams=2)
     assert [r["translation_text"] for r in records] == generate_texts(model, tokenizer, SOURCES, num_beams=2)
+
+
+def test_the_pipeline_steps_keywords_of_transformers_4_are_its_own_not_generates():
+    """Fault round: `truncation=`, `return_tensors=`, `return_text=` and `clean_up_tokenization_spaces=` (keywords of
+    transformers 4's translation pipeline) went to `generate()`, which refused them as unused model arguments. They
+    now act as they did there: token ids instead of text, decoding's space clean-up, and truncation that can be
+    turned off so that a source longer than the position table is an error, not a translation of its beginning."""
+    tokenizer, model = tiny_tokenizer(), tiny_model("gtrans")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    batch = tokenizer(SOURCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**batch, **GENERATION)
+    records = translator(SOURCES, batch_size=len(SOURCES), return_tensors=True, **GENERATION)
+    assert all(set(record) == {"translation_token_ids"} for record in records)
+    assert [tokenizer.decode(r["translation_token_ids"], skip_special_tokens=True).strip() for r in records] == [
+        tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in expected
+    ]
+    assert translator(SOURCES[:1], return_text=False, **GENERATION)[0].keys() == {"translation_token_ids"}
+    texts = translator(SOURCES, batch_size=len(SOURCES), clean_up_tokenization_spaces=True, **GENERATION)
+    assert [r["translation_text"] for r in texts] == generate_texts(model, tokenizer, SOURCES, **GENERATION)
+    too_long = " ".join(["abba"] * 200)  # more tokens than the position table holds
+    assert translator(too_long, **GENERATION)[0]["translation_text"] is not None  # truncated by default
+    with pytest.raises(ValueError, match="position table"):
+        translator(too_long, truncation=False, **GENERATION)
+    with pytest.raises(TypeError, match=r"`return_tensors` must be True or False, got 'yes'"):
+        translator(SOURCES, return_tensors="yes")
+    with pytest.raises(ValueError, match="contradict"):
+        translator(SOURCES, return_tensors=True, return_text=True)

@@ -86,3 +86,21 @@ def test_max_new_tokens_beyond_the_position_table_is_refused_before_translating(
     full = hf_layerfusion.translate(model, tokenizer, SOURCES, max_new_tokens=positions, min_new_tokens=positions,
                                     num_beams=1)
     assert len(full) == len(SOURCES)
+
+
+def test_a_multilingual_model_translates_into_the_target_language_it_is_given():
+    """Fault round: `translate()` with a multilingual model (its tokenizer holds `<2xx>` tags) and untagged sentences
+    answered in whichever language the model drifted to. `tgt_lang` prepends the tag (as `translate_to` and the
+    pipeline do); without it every sentence must carry its own tag, and the first that does not is named."""
+    tokenizer, model = tiny_tokenizer(language_tags=True), tiny_model("gtrans")
+    settings = dict(num_beams=2, max_new_tokens=6)
+    into_german = hf_layerfusion.translate(model, tokenizer, SOURCES, tgt_lang="de", **settings)
+    assert into_german == hf_layerfusion.translate(model, tokenizer, [f"<2de> {s}" for s in SOURCES], **settings)
+    assert into_german != hf_layerfusion.translate(model, tokenizer, SOURCES, tgt_lang="en", **settings)
+    with pytest.raises(ValueError, match=r"Sentence 1 \('abba baab ab'\) has no target-language tag.*tgt_lang="):
+        hf_layerfusion.translate(model, tokenizer, ["<2en> ab", SOURCES[1]], **settings)
+    with pytest.raises(ValueError, match=r"no <2fr> token \(its target languages: de, en\)"):
+        hf_layerfusion.translate(model, tokenizer, SOURCES, tgt_lang="fr", **settings)
+    # a one-direction model's tokenizer has no tags: nothing to choose, and tgt_lang names a tag it lacks
+    with pytest.raises(ValueError, match=r"no <2de> token \(its target languages: none\)"):
+        hf_layerfusion.translate(model, tiny_tokenizer(), SOURCES, tgt_lang="de", **settings)

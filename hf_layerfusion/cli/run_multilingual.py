@@ -53,6 +53,7 @@ import datasets
 import torch
 import transformers
 from transformers import (
+    AutoConfig,
     DataCollatorForSeq2Seq,
     HfArgumentParser,
     Seq2SeqTrainingArguments,
@@ -67,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # same folder: the same syntax, help and resume rules
 from hf_layerfusion.cli.run_translation import (  # noqa: E402
+    DEFAULT_MAX_LENGTH,
     HelpFormatter,
     check_training_arguments,
     parse_config_overrides,
@@ -85,7 +87,7 @@ from hf_layerfusion.file_checks import (  # noqa: E402
 from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
 from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
-from hf_layerfusion.modeling.xlmr import from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.modeling.xlmr import backbone_config_from_xlmr, from_xlmr, load_xlmr_tokenizer  # noqa: E402
 from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
@@ -167,11 +169,17 @@ class DataArguments:
         },
     )
     temperature: float = field(default=5.0, metadata={"help": "Sampling temperature T: p_l ~ n_l^(1/T)."})
-    max_source_length: int = field(default=128, metadata={"help": "Source truncation (tokens, tag included)."})
-    max_target_length: int = field(default=128, metadata={"help": "Target truncation (tokens, </s> included)."})
+    max_source_length: int | None = field(default=None, metadata={
+        "help": f"Source truncation (tokens, tag included); default {DEFAULT_MAX_LENGTH}, or the model's position "
+                "table where that is shorter."})
+    max_target_length: int | None = field(default=None, metadata={
+        "help": f"Target truncation (tokens, </s> included); default {DEFAULT_MAX_LENGTH}, or the model's position "
+                "table where that is shorter."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Test sentences per direction."})
     num_beams: int = field(default=8, metadata={"help": "Beam size of the evaluation (8 in the paper)."})
-    max_new_tokens: int = field(default=128, metadata={"help": "Longest generated translation."})
+    max_new_tokens: int | None = field(default=None, metadata={
+        "help": f"Longest generated translation; default {DEFAULT_MAX_LENGTH}, or the model's position table where "
+                "that is shorter."})
     eval_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
     baseline_scores: str | None = field(
         default=None, metadata={"help": "direction_scores.json of a baseline run: report the win ratio against it."}
@@ -229,13 +237,21 @@ def train_xlmr_tokenizer(train_texts: list[str], vocab_size: int) -> XLMRobertaT
 def save_random_xlmr(directory: str, tokenizer: XLMRobertaTokenizer, model_args: ModelArguments) -> None:
     """A random `XLMRobertaModel` of `--tiny_xlmr_config`'s sizes for `tokenizer`'s vocabulary (its weights drawn
     from torch's random state: seed it for a reproducible model), saved with the tokenizer in `directory`."""
-    sizes = parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
-    config = XLMRobertaConfig(
-        vocab_size=len(tokenizer), type_vocab_size=1, layer_norm_eps=1e-5, max_position_embeddings=514, **sizes
-    )
+    config = tiny_xlmr_config(model_args, len(tokenizer))
     XLMRobertaModel(config, add_pooling_layer=False).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    logger.info("Saved a tiny random XLM-R (%s) and its %d-token tokenizer in %s", sizes, len(tokenizer), directory)
+    logger.info(
+        "Saved a tiny random XLM-R (%s) and its %d-token tokenizer in %s", model_args.tiny_xlmr_config, len(tokenizer),
+        directory,
+    )
+
+
+def tiny_xlmr_config(model_args: ModelArguments, vocab_size: int) -> XLMRobertaConfig:
+    """The config of the tiny random XLM-R: `--tiny_xlmr_config`'s keys over XLM-R base's position table (514
+    rows)."""
+    sizes = parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
+    return XLMRobertaConfig(**{"vocab_size": vocab_size, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+                               "max_position_embeddings": 514, **sizes})
 
 
 def build_tiny_random_xlmr(directory: str, train_texts: list[str], model_args: ModelArguments) -> None:
@@ -261,7 +277,11 @@ def check_arguments(
             raise FileNotFoundError(f"--opus100_dir {data_args.opus100_dir!r} is not a directory.")
     elif data_args.dataset == "multi30k":
         if not Path(data_args.multi30k_dir).is_dir():
-            raise FileNotFoundError(f"--multi30k_dir {data_args.multi30k_dir!r} is not a directory.")
+            raise FileNotFoundError(
+                f"--multi30k_dir {data_args.multi30k_dir!r} is not a directory: pass the folder that holds Multi30k's "
+                "train.<lang> / val.<lang> / test_2016_flickr.<lang> files (the default is a checkout's sibling "
+                "shared/data/multi30k, which an installed package has not)."
+            )
         languages = (data_args.languages or "en,de,fr,cs").split(",")
         if data_args.english_centric and (PIVOT_LANGUAGE not in languages or len(languages) < 2):
             raise ValueError(
@@ -275,8 +295,10 @@ def check_arguments(
             f"--english_centric selects pairs of the Multi30k stand-in; --dataset {data_args.dataset!r} is "
             "English-centric already."
         )
-    for name in ("standin_train_size", "max_source_length", "max_target_length", "num_beams", "max_new_tokens"):
+    for name in ("standin_train_size", "num_beams"):
         check_positive_int(getattr(data_args, name), f"--{name}")
+    for name in ("max_source_length", "max_target_length", "max_new_tokens"):
+        check_positive_int(getattr(data_args, name), f"--{name}", allow_none=True)
     check_positive_int(data_args.eval_batch_size, "--eval_batch_size")
     check_positive_int(data_args.max_eval_samples, "--max_eval_samples", allow_none=True)
     check_positive_int(model_args.tiny_vocab_size, "--tiny_vocab_size")
@@ -287,10 +309,10 @@ def check_arguments(
     if model_args.preset not in (None, "none") and model_args.preset not in BACKBONE_PRESETS:
         raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)} or 'none'.")
     if model_args.tiny_random_xlmr:
-        parse_config_overrides(model_args.tiny_xlmr_config, XLMRobertaConfig)
+        xlmr_config = tiny_xlmr_config(model_args, model_args.tiny_vocab_size)
         check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
     else:
-        check_local_or_hub(model_args.xlmr, "--xlmr")
+        xlmr_config = AutoConfig.from_pretrained(check_local_or_hub(model_args.xlmr, "--xlmr"))
     # what the run reads (the tiny XLM-R dir too, which it writes first): its output must not overwrite them
     reads = [model_args.tiny_random_xlmr, data_args.baseline_scores, data_args.opus100_dir]
     reads.append(data_args.multi30k_dir if data_args.dataset == "multi30k" else None)
@@ -298,6 +320,18 @@ def check_arguments(
         reads.append(model_args.xlmr)
     inputs = [path for path in reads if path]
     checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir, inputs, [SCORES_FILE])
+    # lengths the position table cannot hold fail at the first batch that long, after the run wrote its files:
+    # refused when given, and the defaults are at most the table
+    positions = backbone_config_from_xlmr(xlmr_config)["max_position_embeddings"]
+    for name in ("max_source_length", "max_target_length", "max_new_tokens"):
+        value = getattr(data_args, name)
+        if value is None:
+            setattr(data_args, name, min(DEFAULT_MAX_LENGTH, positions))
+        elif value > positions:
+            raise ValueError(
+                f"--{name} {value} exceeds the position table the model gets from XLM-R (max_position_embeddings="
+                f"{positions}): pass --{name} {positions} or less."
+            )
     config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
     return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
 

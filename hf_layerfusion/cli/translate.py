@@ -11,6 +11,8 @@
     # int8 on CPU (faster, not token-exact), or generate() itself instead of the fast decoding loop
     python examples/translate.py runs/quickstart/gtrans --input numbers.de --quantization int8
     python examples/translate.py runs/quickstart/gtrans --input numbers.de --generate
+    # a multilingual model (examples/run_multilingual.py) needs the target language
+    python examples/translate.py runs/multilingual --input sentences.en --tgt_lang de
 
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
@@ -45,6 +47,7 @@ from hf_layerfusion.file_checks import (  # noqa: E402
     write_file_atomically,
 )
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
+from hf_layerfusion.training.language_tags import check_language_tag, check_sources_tagged  # noqa: E402
 from hf_layerfusion.training.tokenization import load_tokenizer  # noqa: E402
 from hf_layerfusion.training.translation import translate  # noqa: E402
 
@@ -61,6 +64,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Default: the model's generation config.")
     parser.add_argument(
         "--decoder_groups", type=int, nargs="+", default=None, help="GTrans: 1-based decoder groups to mix."
+    )
+    parser.add_argument(
+        "--tgt_lang",
+        default=None,
+        help="Multilingual models: the target language, whose <2xx> tag is prepended to every sentence (required "
+        "unless every line begins with a tag).",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
@@ -96,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         raise ValueError(f"{where} holds no sentence (one sentence per line): nothing to translate.")
 
     tokenizer = load_tokenizer(model_dir, "model_dir")  # before the model: a model saved without one fails at once
+    if args.tgt_lang is not None:
+        check_language_tag(tokenizer, args.tgt_lang)
+    else:
+        check_sources_tagged(tokenizer, sentences, "--tgt_lang")
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
     translations = translate(
         model,
@@ -108,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         progress=True,
         fast=not args.generate,
         quantization=args.quantization,
+        tgt_lang=args.tgt_lang,
     )
     text = "".join(f"{line}\n" for line in translations)
     if args.output:

@@ -19,7 +19,7 @@ from transformers import Pipeline
 from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
-from ..training.multilingual import check_language_tag, language_tag, tag_source
+from ..training.language_tags import check_language_tag, check_sources_tagged, language_tag, tag_source
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
 # with the Hub code alone.
@@ -49,7 +49,9 @@ class LayerFusionTranslationPipeline(Pipeline):
 
     Args (at construction or per call):
         tgt_lang: multilingual models (`hf_layerfusion.training.multilingual`): the target language, whose `<2xx>` tag
-            is prepended to every source; a `ValueError` if the tokenizer has no such tag.
+            is prepended to every source; a `ValueError` if the tokenizer has no such tag. Required by a model whose
+            tokenizer holds tags, unless every input begins with one (an untagged source would come back in any of
+            its languages).
         src_lang: accepted for compatibility with transformers 4's translation pipeline; the tag scheme of Johnson
             et al. (2017) marks only the target, so the source language is validated as a language code and not fed
             to the model.
@@ -58,6 +60,11 @@ class LayerFusionTranslationPipeline(Pipeline):
         fast: decode with `fast_generate` (default True); False calls `generate()` itself.
         quantization: `"int8"` translates with the model's int8 copy (`prepare_for_inference`: faster on CPU, not
             token-exact); default None (float).
+        truncation: True (default) truncates the sources to `max_source_length`; False keeps them whole, so that a
+            source longer than the model's position table is an error rather than a translation of its beginning.
+        return_tensors: True gives each translation's token ids (`{"translation_token_ids": tensor}`) instead of its
+            text, as transformers 4's translation pipeline did (`return_text=False` means the same).
+        clean_up_tokenization_spaces: passed to the tokenizer's `decode` (default: the tokenizer's setting).
         any other keyword (`num_beams`, `max_new_tokens`, ...): passed to `generate()`.
     """
 
@@ -75,9 +82,30 @@ class LayerFusionTranslationPipeline(Pipeline):
         decoder_groups: Sequence[int] | None = None,
         fast: bool | None = None,
         quantization: str | None = None,
+        truncation: bool | None = None,
+        return_tensors: bool | None = None,
+        return_text: bool | None = None,
+        clean_up_tokenization_spaces: bool | None = None,
         **generate_kwargs,
     ):
-        preprocess_params = {}
+        # keywords of the pipeline's own steps: they must not reach generate(), which refuses what it does not know
+        switches = dict(truncation=truncation, return_tensors=return_tensors, return_text=return_text,
+                        clean_up_tokenization_spaces=clean_up_tokenization_spaces)
+        for name, value in switches.items():
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
+        if return_tensors is not None and return_text is not None and return_tensors == return_text:
+            raise ValueError(
+                f"return_tensors={return_tensors} and return_text={return_text} contradict each other: a record holds "
+                "the translation's text or its token ids; give one of them."
+            )
+        preprocess_params, postprocess_params = {}, {}
+        if truncation is not None:
+            preprocess_params["truncation"] = truncation
+        if return_tensors is not None or return_text is not None:
+            postprocess_params["return_tensors"] = return_tensors if return_tensors is not None else not return_text
+        if clean_up_tokenization_spaces is not None:
+            postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
         if fast is not None:
             generate_kwargs["fast"] = bool(fast)
         if quantization is not None:
@@ -99,7 +127,7 @@ class LayerFusionTranslationPipeline(Pipeline):
             # the call's limit replaces the `max_length` saved in the model's generation config (run_translation.py
             # saves one) instead of competing with it: generate() warns about every call that has both
             generate_kwargs["max_length"] = None
-        return preprocess_params, generate_kwargs, {}
+        return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, inputs: str | list[str], **kwargs):
         if not isinstance(inputs, (str, list)) or (isinstance(inputs, list) and not all(isinstance(x, str) for x in inputs)):
@@ -111,13 +139,17 @@ class LayerFusionTranslationPipeline(Pipeline):
             return [records[0] for records in results]
         return results
 
-    def preprocess(self, text: str, tgt_lang: str | None = None, max_source_length: int | None = None):
+    def preprocess(
+        self, text: str, tgt_lang: str | None = None, max_source_length: int | None = None, truncation: bool = True
+    ):
         if tgt_lang is not None:
             text = tag_source(text, tgt_lang)
+        else:
+            check_sources_tagged(self.tokenizer, [text], "tgt_lang=")
         return self.tokenizer(
             text,
-            truncation=True,
-            max_length=max_source_length or self.model.config.max_position_embeddings,
+            truncation=truncation,
+            max_length=(max_source_length or self.model.config.max_position_embeddings) if truncation else None,
             return_tensors="pt",
         )
 
@@ -132,8 +164,16 @@ class LayerFusionTranslationPipeline(Pipeline):
         # one row per returned sequence: keep the input as the leading axis so that batches split per input
         return {"output_ids": output_ids.reshape(model_inputs["input_ids"].shape[0], -1, output_ids.shape[-1])}
 
-    def postprocess(self, model_outputs):
+    def postprocess(
+        self, model_outputs, return_tensors: bool = False, clean_up_tokenization_spaces: bool | None = None
+    ):
+        output_ids = model_outputs["output_ids"][0]
+        if return_tensors:
+            return [{"translation_token_ids": ids} for ids in output_ids]
+        decode_options = {}
+        if clean_up_tokenization_spaces is not None:
+            decode_options["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
         return [
             {"translation_text": text.strip()}
-            for text in self.tokenizer.batch_decode(model_outputs["output_ids"][0], skip_special_tokens=True)
+            for text in self.tokenizer.batch_decode(output_ids, skip_special_tokens=True, **decode_options)
         ]

@@ -1,5 +1,5 @@
 """Checks of what the models and their generation helpers are called with: token ids, embeddings and attention masks
-of each stack, decoder groups, positive integer arguments.
+of each stack, training labels, decoder groups, positive integer arguments.
 
 Every check raises an error that names the bad value, before any computation: a wrong argument must never give a
 silent wrong answer. They are plain functions so that every family's backbone calls the same code.
@@ -52,6 +52,26 @@ def check_decoder_groups(groups, num_groups: int, name: str = "decoder_groups") 
     if outside:
         raise ValueError(f"`{name}` must be 1-based group numbers in [1, {num_groups}], got {outside} in {values}.")
     return sorted(values)
+
+
+def check_labels(config, labels) -> None:
+    """Training targets: a 2-D integer batch of token ids in [0, vocab_size), or -100 (positions the loss ignores).
+    An id outside the vocabulary would fail deep in the loss with a bare index error (or, at the last position,
+    never reach the decoder's input check), so it is named here. Value checks are skipped while compiling."""
+    if not isinstance(labels, torch.Tensor):
+        raise TypeError(f"`labels` must be a torch.Tensor, got {type(labels).__name__}.")
+    if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
+        raise TypeError(f"`labels` must hold integer token ids, got dtype {labels.dtype}.")
+    if labels.dim() != 2:
+        raise ValueError(f"`labels` must be 2-D (batch, length), got shape {tuple(labels.shape)}.")
+    if torch.compiler.is_compiling() or not labels.numel():
+        return
+    outside = labels[(labels != -100) & ((labels < 0) | (labels >= config.vocab_size))]
+    if outside.numel():
+        raise ValueError(
+            f"`labels` holds token id {int(outside[0])}, outside the vocabulary [0, {config.vocab_size}) and not "
+            "-100 (the ignored position): a tokenizer that does not match the model, or padding not replaced by -100?"
+        )
 
 
 def check_model_inputs(

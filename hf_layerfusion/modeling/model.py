@@ -18,6 +18,7 @@ from transformers.utils import can_return_tuple
 from ..compat import accepts_either_cache_name, cache_field, output_cache
 from .attention import CrossAttention, MultiHeadAttention
 from .configuration import LayerFusionConfig
+from .input_checks import check_labels
 from .extension_points import (
     AttentionSublayer,
     Connection,
@@ -391,6 +392,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
         collect_hidden_states = labels is not None and self.extra_loss_needs_hidden_states()
         if labels is not None:
+            check_labels(self.config, labels)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)

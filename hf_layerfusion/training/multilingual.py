@@ -37,6 +37,8 @@ from statistics import mean
 from datasets import Dataset, DatasetDict, interleave_datasets
 
 from .data import load_translation_dataset
+# the tags live in their own module, which `translation` imports too; imported here as part of this module's API
+from .language_tags import add_language_tags, check_language_tag, language_tag, tag_languages, tag_source  # noqa: F401
 from .translation import translate
 
 PIVOT_LANGUAGE = "en"
@@ -45,43 +47,6 @@ OPUS100_SAMPLING_TEMPERATURE = 5.0
 # (high, low): a pair with >= high training examples is high-resource, < low is low-resource, medium otherwise
 OPUS100_RESOURCE_THRESHOLDS = (900_000, 100_000)
 RESOURCE_GROUPS = ("high", "medium", "low")
-
-
-# ------------------------------------------------------------------------------------------------- language tags
-def language_tag(language: str) -> str:
-    """The target-language tag token, e.g. `"<2de>"`."""
-    if not language or any(c.isspace() or c in "<>" for c in language):
-        raise ValueError(f"Invalid language code {language!r} for a tag token.")
-    return f"<2{language}>"
-
-
-def add_language_tags(tokenizer, languages: Sequence[str], model=None) -> dict[str, int]:
-    """Add the `<2xx>` tags of `languages` to `tokenizer` as special tokens; return `{language: tag id}`.
-
-    When `model` is given and its vocabulary is smaller than the tokenizer's, its shared embedding (and the tied
-    output projection) is resized; new rows start at the mean of the old ones (transformers' `mean_resizing`).
-    """
-    tags = [language_tag(language) for language in languages]
-    tokenizer.add_special_tokens({"extra_special_tokens": tags}, replace_extra_special_tokens=False)
-    if model is not None and model.get_input_embeddings().num_embeddings < len(tokenizer):
-        model.resize_token_embeddings(len(tokenizer))
-    return {language: tokenizer.convert_tokens_to_ids(tag) for language, tag in zip(languages, tags)}
-
-
-def check_language_tag(tokenizer, language: str) -> int:
-    """Id of `language`'s tag; a `ValueError` if the tokenizer does not know it (it would silently become `<unk>`)."""
-    tag = language_tag(language)
-    tag_id = tokenizer.convert_tokens_to_ids(tag)
-    if tag_id is None or tag_id == tokenizer.unk_token_id:
-        raise ValueError(
-            f"The tokenizer has no {tag} token; call `add_language_tags(tokenizer, [{language!r}], model)`."
-        )
-    return tag_id
-
-
-def tag_source(text: str, target_lang: str) -> str:
-    """The source sentence as the model reads it: the target-language tag, then the text."""
-    return f"{language_tag(target_lang)} {text}"
 
 
 # ------------------------------------------------------------------------------------------------- data
@@ -204,8 +169,7 @@ def translate_to(
 ) -> list[str]:
     """Translate `sources` into `target_lang` (its tag prepended to each source) with `translate`
     (`hf_layerfusion.training.translation`); keyword arguments go to it (batch size, beams, generate options)."""
-    check_language_tag(tokenizer, target_lang)
-    return translate(model, tokenizer, [tag_source(text, target_lang) for text in sources], **translate_kwargs)
+    return translate(model, tokenizer, sources, tgt_lang=target_lang, **translate_kwargs)
 
 
 def evaluate_directions(

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import prepare_for_inference
 from ..modeling.input_checks import check_decoder_groups, check_positive_int
+from .language_tags import check_language_tag, check_sources_tagged, tag_source
 
 
 @torch.no_grad()
@@ -26,6 +27,7 @@ def translate(
     progress: bool = False,
     fast: bool = True,
     quantization: str | None = None,
+    tgt_lang: str | None = None,
     **generate_kwargs,
 ) -> list[str] | list[list[str]]:
     """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
@@ -37,6 +39,11 @@ def translate(
     for greedy and beam search, faster (settings it does not cover run `generate()`); `fast=False` calls
     `generate()` itself. `quantization="int8"` translates with the model's int8 copy (faster on CPU, not
     token-exact; see `hf_layerfusion.inference.prepare_for_inference`).
+
+    A multilingual model (its tokenizer holds `<2xx>` target-language tags, `hf_layerfusion.training.multilingual`)
+    needs the target language: `tgt_lang="de"` prepends its tag to every sentence; without it every sentence must
+    begin with a tag, else a `ValueError` (an untagged source would come back in whichever language the model drifts
+    to).
 
     With `num_return_sequences=n > 1` (a `generate()` keyword, or the model's generation config) the result holds
     one list per sentence: its n hypotheses, best first, as `generate()` returns them for that sentence. An empty
@@ -59,6 +66,11 @@ def translate(
     check_positive_int(generate_kwargs.get("num_return_sequences"), "num_return_sequences", allow_none=True)
     if not sentences:
         raise ValueError("`sentences` is empty (0 sentences): give at least one sentence to translate.")
+    if tgt_lang is not None:
+        check_language_tag(tokenizer, tgt_lang)
+        sentences = [tag_source(sentence, tgt_lang) for sentence in sentences]
+    else:
+        check_sources_tagged(tokenizer, sentences, "tgt_lang=")
     if num_beams is not None:
         generate_kwargs["num_beams"] = num_beams
     if max_new_tokens is not None:
