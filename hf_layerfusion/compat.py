@@ -13,9 +13,10 @@ number, so a development build between two releases takes the branch its code ne
 2. Private names that stay, checked when this module is imported, so that a release which renamed or removed one
    fails at `import hf_layerfusion` with an ImportError naming it, the installed release and the supported range,
    never with an AttributeError in the middle of a translation:
-   - `generate()`'s beam-search bookkeeping (seven methods of `GenerationMixin`): the fast beam search runs them so
-     that scoring, length penalty and early stopping are `generate()`'s by construction; transformers has no public
-     API for one step of beam search;
+   - `generate()`'s beam-search bookkeeping (seven methods of `GenerationMixin`): the fast beam search runs them
+     where its compiled kernels do not (off CPU), and the kernels are tested against them (scoring, length penalty and
+     early stopping bit for bit, tests/test_beam_search_kernels.py); transformers has no public API for one step of
+     beam search;
    - `GenerationMixin._sample` / `_beam_search`: transformers' own loops, which the fast loop hands a generation it
      does not cover from inside `generate(custom_generate=...)` (the hook passes no public way back);
    - `generation_config._pad_token_tensor` / `_eos_token_tensor`: the special tokens as `generate()` resolved them

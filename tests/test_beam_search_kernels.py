@@ -6,6 +6,7 @@ transformers' `_get_top_k_continuations`; `move_rows` (kernels/move_rows.cpp), t
 import pytest
 import torch
 from helpers import tiny_model, tiny_sources
+from transformers import GenerationConfig
 from transformers.generation import GenerationMixin
 
 import hf_layerfusion
@@ -241,3 +242,93 @@ def test_beam_search_without_the_kernels_gives_the_tokens_of_generate(model_type
             monkeypatch.setattr(module, "compiled_kernels", lambda: None)
         actual = model.generate(**source, custom_generate=fast_decoding_loop(fallback=False), **settings)
     assert torch.equal(actual, expected)
+
+
+def clone_state(state: search.BeamState) -> search.BeamState:
+    copy = object.__new__(search.BeamState)
+    for name in search.BeamState.__slots__:
+        setattr(copy, name, getattr(state, name).clone())
+    return copy
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [dict(num_beams=3), dict(num_beams=4, early_stopping=True), dict(num_beams=3, early_stopping="never",
+     length_penalty=0.3), dict(num_beams=2, length_penalty=-0.5), dict(num_beams=3, length_penalty=2),
+     dict(num_beams=1, length_penalty=0.0), dict(num_beams=3, eos=(2, 5))],
+)
+def test_finish_step_is_that_of_transformers_helpers(kernels, monkeypatch, settings):
+    """`search.finish_step` through the compiled `beam_finish_step` against transformers' helpers
+    (`_get_running_beams_for_next_iteration`, `_update_finished_beams`, `_check_early_stop_heuristic`,
+    `_beam_search_has_unfinished_sequences`), step by step along searches over random log-probabilities (the states
+    a search reaches; both continue from the kernel's state): the running beams, the reorder, the finished scores and
+    flags, the heuristic, which items are frozen and whether the search goes on, bit for bit. The finished slots still
+    at -1e9 hold whichever unfinished candidate tied there (torch.topk leaves the order of equal scores unspecified):
+    their sequences are compared where the slot holds a finished beam."""
+    eos = settings.pop("eos", (2,))
+    config = GenerationConfig(**{"early_stopping": False, "length_penalty": 1.0, **settings})
+    eos_tokens = torch.tensor(eos)
+    batch_size, vocab, max_length, num_beams = 6, 12, 11, config.num_beams
+    beams_to_keep = max(2, 1 + len(eos)) * num_beams
+    generator = torch.Generator().manual_seed(num_beams * 7 + len(eos))
+    for trial in range(12):
+        prompt = torch.zeros(batch_size * num_beams, 1, dtype=torch.int64)
+        state = search.BeamState(prompt, batch_size, num_beams, max_length, fill_value=0)
+        cur_len, goes_on = 1, True
+        while goes_on:
+            logits = torch.randn(batch_size * num_beams, vocab, generator=generator) * 2
+            logits[:, list(eos)] += float(torch.rand((), generator=generator)) * 3  # end tokens often chosen
+            log_probs = torch.log_softmax(logits, dim=-1)
+            candidates = search.top_k_continuations(
+                GenerationMixin(), log_probs, state.running_beam_scores, state.running_sequences,
+                state.running_beam_indices, cur_len, 1, beams_to_keep, num_beams, batch_size,
+            )
+            by_helpers = clone_state(state)
+            source_rows, frozen, goes_on = search.finish_step(
+                GenerationMixin(), state, *candidates, eos_tokens, cur_len, 1, max_length, config
+            )
+            with monkeypatch.context() as patched:
+                patched.setattr(search, "compiled_kernels", lambda: None)
+                want_rows, want_frozen, want_goes_on = search.finish_step(
+                    GenerationMixin(), by_helpers, *candidates, eos_tokens, cur_len, 1, max_length, config
+                )
+            where = (trial, cur_len)
+            assert goes_on == want_goes_on and torch.equal(frozen, want_frozen), where
+            for name in ("beam_scores", "is_sent_finished", "is_early_stop_heuristic_unsatisfied"):
+                got, want = getattr(state, name), getattr(by_helpers, name)
+                assert got.dtype == want.dtype and torch.equal(got, want), (where, name)
+            finished = state.is_sent_finished
+            assert torch.equal(state.sequences[finished], by_helpers.sequences[finished]), where
+            assert torch.equal(state.beam_indices[finished], by_helpers.beam_indices[finished]), where
+            if goes_on:  # after the last step the running beams are never read
+                assert source_rows.dtype == want_rows.dtype and torch.equal(source_rows, want_rows), where
+                for name in ("running_sequences", "running_beam_scores", "running_beam_indices"):
+                    got, want = getattr(state, name), getattr(by_helpers, name)
+                    assert got.dtype == want.dtype and torch.equal(got, want), (where, name)
+            cur_len += 1
+
+
+def test_beam_finish_step_names_bad_inputs(kernels):
+    items, beams, k, width = 2, 3, 6, 5
+    state = search.BeamState(torch.zeros(items * beams, 1, dtype=torch.int64), items, beams, width, fill_value=0)
+    candidates = (torch.randn(items, k), torch.zeros(items, k, width, dtype=torch.int64),
+                  torch.zeros(items, k, width - 1, dtype=torch.int32))
+    tensors = [state.running_sequences, state.running_beam_scores, state.running_beam_indices, state.sequences,
+               state.beam_scores, state.beam_indices, state.is_sent_finished, state.is_early_stop_heuristic_unsatisfied]
+
+    def call(*replaced, early_stopping=0, cur_len=1):
+        arguments = list(candidates) + tensors
+        for position, tensor in replaced:
+            arguments[position] = tensor
+        return kernels.beam_finish_step(*arguments, torch.tensor([2]), cur_len, 1, 10, 1.0, early_stopping)
+
+    with pytest.raises(RuntimeError, match=r"the finished scores must be contiguous Float CPU \(2, 3\), got Double"):
+        call((7, state.beam_scores.double()))
+    with pytest.raises(RuntimeError, match=r"the candidates' sequences must be .* \(not contiguous\)"):
+        call((1, torch.zeros(items, k, 2 * width, dtype=torch.int64)[:, :, ::2]))
+    with pytest.raises(RuntimeError, match=r"early_stopping must be 0 \(False\), 1 \(True\) or 2 .* got 3"):
+        call(early_stopping=3)
+    with pytest.raises(RuntimeError, match="cur_len 5 .* outside the sequences' 5 positions"):
+        call(cur_len=5)
+    with pytest.raises(RuntimeError, match=r"candidates \(items, k >= beams\), got \[2, 3\] and \[2, 2\]"):
+        call((0, torch.randn(items, 2)))

@@ -561,3 +561,55 @@ def test_trainer_predicts_with_the_fast_loop_the_tokens_of_generate(model_type, 
     assert (predictions[True][:, 1] != PAD).all()  # translations, not padding, were compared
     with pytest.raises(TypeError, match="fast_generation must be True or False, got 'yes'"):
         hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation="yes")
+
+
+def test_slot_memory_serves_the_next_generation_and_each_thread_its_own(source):
+    """The self-attention buffers of one generation serve the thread's next (`decoding.SlotMemory`: no fresh pages to
+    fault in), whatever they hold: generations in a row, under `torch.inference_mode()` and outside it, each give
+    `generate()`'s tokens with the same buffers; another thread takes its own; `release_decoding_buffers` frees them."""
+    import threading
+
+    model = tiny_model("gtrans")
+    decoding.release_decoding_buffers()
+    loop = fast_decoding_loop(fallback=False)
+    memory = decoding.thread_slot_memory()
+    buffers = None
+    for turn, (settings, inference_mode) in enumerate([
+        (dict(num_beams=3, max_new_tokens=8), True), (dict(num_beams=3, max_new_tokens=8), False),
+        (dict(num_beams=2, max_new_tokens=8), False), (dict(num_beams=3, max_new_tokens=4), True),
+    ]):
+        sources = {name: tensor.flip(0) if turn % 2 else tensor for name, tensor in source.items()}
+        with torch.no_grad():
+            expected = model.generate(**sources, **settings)
+        with torch.inference_mode(inference_mode), torch.no_grad():
+            actual = model.generate(**sources, custom_generate=loop, **settings)
+        assert torch.equal(actual, expected), settings
+        pointers = sorted(buffer.data_ptr() for buffer in memory.free)
+        if buffers is None:
+            assert pointers, "the generation gave its buffers back"
+            buffers = pointers
+        assert pointers == buffers, settings  # reused, none made; fewer beams take the same (larger) buffers
+        assert not any(buffer.is_inference() for buffer in memory.free)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(decoding.thread_slot_memory()))
+    thread.start()
+    thread.join()
+    assert other[0] is not memory and not other[0].free
+    decoding.release_decoding_buffers()
+    assert decoding.thread_slot_memory() is not memory
+
+
+def test_slot_memory_takes_the_smallest_free_buffer_of_the_dtype():
+    memory, taken = decoding.SlotMemory(), []
+    like = torch.empty(0)
+    large, small = memory.empty((4, 10), like, taken), memory.empty((2, 5), like, taken)
+    whole = memory.empty((3,), like.double(), taken)
+    assert whole.dtype == torch.float64 and len(taken) == 3
+    memory.give_back(taken)
+    assert not taken and len(memory.free) == 3
+    again = memory.empty((3, 3), like, taken)  # 9 floats: the 10-float buffer, not the 40-float one
+    assert again.data_ptr() == small.data_ptr() and again.shape == (3, 3)
+    assert memory.empty((20,), like, taken).data_ptr() == large.data_ptr()
+    assert memory.empty((2,), like.double(), taken).data_ptr() == whole.data_ptr()
+    assert memory.empty((1,), like, taken).data_ptr() not in (small.data_ptr(), large.data_ptr())  # none free: new
+    assert memory.free == [] and len(taken) == 4

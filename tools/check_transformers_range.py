@@ -41,6 +41,7 @@ TEST_SUBSETS = (
     "tests/test_compat.py",
     "tests/test_family_contract.py",
     "tests/test_fast_generation.py",
+    "tests/test_beam_search_kernels.py",
     "tests/test_training_pipeline.py",
     "tests/test_pipeline.py",
     "tests/test_checkpoint_compatibility.py",

@@ -4,6 +4,7 @@ model that it runs on CPU (`prepare_for_inference`: float32 or int8 compiled ker
 `hub/`, which translate with it."""
 
 from .ctranslate2_export import export_ctranslate2
+from .decoding import release_decoding_buffers
 from .fast_generation import UnsupportedFastGeneration, fast_decoding_loop, fast_generate
 from .inference_copies import QUANTIZATIONS, prepare_for_inference
 
@@ -14,4 +15,5 @@ __all__ = [
     "fast_decoding_loop",
     "fast_generate",
     "prepare_for_inference",
+    "release_decoding_buffers",
 ]

@@ -44,7 +44,8 @@ kernel_build_logger = logging.get_logger(__name__)
 KERNEL_DIRECTORY = "kernels"  # beside this file
 KERNEL_SOURCES = (
     "float32_linear.cpp", "int8_linear.cpp", "decode_attention.cpp", "mixture_log_probs.cpp", "layer_norm.cpp",
-    "kernel_linear.cpp", "decoding_step.cpp", "first_argmax.cpp", "beam_top_k.cpp", "move_rows.cpp", "bindings.cpp",
+    "kernel_linear.cpp", "decoding_step.cpp", "first_argmax.cpp", "beam_top_k.cpp", "beam_finish_step.cpp",
+    "move_rows.cpp", "bindings.cpp",
 )
 # no fused multiply-add where the compiler would choose: the int8 kernel's float arithmetic is `int8_linear_reference`'s,
 # bit for bit (the float32 kernel's multiply-adds are explicit)

@@ -4,6 +4,8 @@ at a time through the model's own modules."""
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -16,6 +18,56 @@ from .cpu_kernels import compiled_kernels
 
 
 # --------------------------------------------------------------------------------------------------- cache
+class SlotMemory:
+    """The memory of one thread's self-attention slots on CPU, kept from one generation to the next. A slot's buffers
+    are large (a beam search of 32 sentences: 128 rows x 128 positions x d_model floats, two per layer), so the C
+    library maps them fresh at every allocation and unmaps them when freed: each generation paid a page fault for
+    every 4 KiB it wrote (docs/fast_cpu_translation.md measures what that cost). A generation takes its buffers here
+    (`empty`) and gives them back when it ends (`DecodingCache.release`); the next one reuses them. What is kept is at
+    most what one generation of the thread used at once; `release_decoding_buffers()` frees it. Other devices
+    allocate as usual (their allocators cache memory themselves)."""
+
+    def __init__(self):
+        self.free: list[torch.Tensor] = []  # flat buffers no generation holds
+
+    def empty(self, shape: tuple[int, ...], like: torch.Tensor, taken: list[torch.Tensor]) -> torch.Tensor:
+        """An uninitialised tensor of `shape`, `like`'s dtype and device: on CPU a view of the smallest free buffer
+        large enough (else a new one), whose base is appended to `taken` (the generation's, given back by
+        `give_back`)."""
+        if like.device.type != "cpu":
+            return like.new_empty(shape)
+        numel = math.prod(shape)
+        fits = [i for i, buffer in enumerate(self.free) if buffer.dtype == like.dtype and buffer.numel() >= numel]
+        if fits:
+            buffer = self.free.pop(min(fits, key=lambda i: self.free[i].numel()))
+        else:
+            # a normal tensor even when made under `torch.inference_mode()`: a later generation may run outside it
+            with torch.inference_mode(False):
+                buffer = torch.empty(numel, dtype=like.dtype, device=like.device)
+        taken.append(buffer)
+        return buffer[:numel].view(shape)
+
+    def give_back(self, taken: list[torch.Tensor]) -> None:
+        self.free.extend(taken)
+        taken.clear()
+
+
+_thread_memory = threading.local()
+
+
+def thread_slot_memory() -> SlotMemory:
+    """The calling thread's `SlotMemory` (generations in other threads take their own)."""
+    memory = getattr(_thread_memory, "slots", None)
+    if memory is None:
+        memory = _thread_memory.slots = SlotMemory()
+    return memory
+
+
+def release_decoding_buffers() -> None:
+    """Free the self-attention buffers the calling thread's generations kept for the next one (`SlotMemory`)."""
+    _thread_memory.slots = None
+
+
 class _KeyValueSlot:
     """Keys/values of one decoder attention slot in buffers preallocated for `capacity` positions,
     `(rows, prefix + capacity, heads, head_dim)`, filled up to `length`: attention reads the
@@ -25,11 +77,11 @@ class _KeyValueSlot:
 
     __slots__ = ("keys", "values", "length", "prefix")
 
-    def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int, prefix=None):
+    def __init__(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int, empty, prefix=None):
         rows, heads, _, head_dim = key_states.shape
         self.prefix = 0 if prefix is None else prefix[0].shape[2]
-        self.keys = key_states.new_empty((rows, self.prefix + capacity, heads, head_dim))
-        self.values = value_states.new_empty((rows, self.prefix + capacity, heads, value_states.shape[-1]))
+        self.keys = empty((rows, self.prefix + capacity, heads, head_dim), key_states)
+        self.values = empty((rows, self.prefix + capacity, heads, value_states.shape[-1]), value_states)
         if prefix is not None:
             self.keys[:, : self.prefix] = prefix[0].transpose(1, 2)
             self.values[:, : self.prefix] = prefix[1].transpose(1, 2)
@@ -55,11 +107,11 @@ class _KeyValueSlot:
         for buffer in self.filled():
             buffer.index_copy_(0, targets, buffer.index_select(0, sources))
 
-    def keep_rows(self, index: torch.Tensor) -> None:
+    def keep_rows(self, index: torch.Tensor, empty) -> None:
         """Keep rows `index`, in that order, in new buffers of `len(index)` rows (rows leaving the batch)."""
         filled = slice(0, self.length)
-        keys = self.keys.new_empty((index.shape[0], *self.keys.shape[1:]))
-        values = self.values.new_empty((index.shape[0], *self.values.shape[1:]))
+        keys = empty((index.shape[0], *self.keys.shape[1:]), self.keys)
+        values = empty((index.shape[0], *self.values.shape[1:]), self.values)
         torch.index_select(self.keys[:, filled], 0, index, out=keys[:, filled])
         torch.index_select(self.values[:, filled], 0, index, out=values[:, filled])
         self.keys, self.values = keys, values
@@ -69,9 +121,12 @@ class _SelfAttentionCache:
     """The `Cache.update(key_states, value_states, layer_idx)` interface over preallocated slots, and
     `update_with_prefix` (see `MultiHeadAttention.project_keys_values`)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, memory: SlotMemory | None = None):
         self.capacity = capacity
         self.slots: dict[int, _KeyValueSlot] = {}
+        # the slots' buffers come from `memory` (default: the calling thread's) and go back to it at `release`
+        self.memory = thread_slot_memory() if memory is None else memory
+        self.taken: list[torch.Tensor] = []
         # where every step reads the slots through the compiled kernels (`DecoderSteps` with compiled layers), beam
         # reorders and rows leaving the batch change `key_rows` instead of moving keys/values: `key_rows[r, p]` is the
         # buffer row that holds row r's keys/values at position p (None: row r itself), a view of the first rows of
@@ -85,11 +140,21 @@ class _SelfAttentionCache:
         self.key_rows: torch.Tensor | None = None
         self.key_row_buffer: torch.Tensor | None = None
 
+    def empty(self, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        """A buffer for a slot (`SlotMemory.empty`), held until `release`."""
+        return self.memory.empty(shape, like, self.taken)
+
+    def release(self) -> None:
+        """Give the slots' buffers back to `memory` for the next generation; the cache is empty afterwards."""
+        self.slots.clear()
+        self.key_rows = self.key_row_buffer = None
+        self.memory.give_back(self.taken)
+
     def update(self, key_states, value_states, layer_idx, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         self.gather_key_rows()
         slot = self.slots.get(layer_idx)
         if slot is None:
-            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity)
+            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity, self.empty)
         return slot.update(key_states, value_states)
 
     def update_with_prefix(
@@ -101,7 +166,7 @@ class _SelfAttentionCache:
         slot = self.slots.get(layer_idx)
         if slot is None:
             prefix = (prefix_keys, prefix_values)
-            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity, prefix)
+            slot = self.slots[layer_idx] = _KeyValueSlot(key_states, value_states, self.capacity, self.empty, prefix)
         elif slot.prefix != prefix_keys.shape[2]:
             raise RuntimeError(
                 f"DecodingCache: slot {layer_idx} holds a prefix of {slot.prefix} positions, not "
@@ -113,7 +178,7 @@ class _SelfAttentionCache:
         """Make slot `layer_idx`, empty, before its first update: keys and values shaped like `keys_like`
         `(rows, heads, 0, head_dim)` (the first step of `CompiledDecoderLayers`, whose kernel writes into the slots)."""
         self.gather_key_rows()
-        self.slots[layer_idx] = _KeyValueSlot(keys_like, keys_like, self.capacity)
+        self.slots[layer_idx] = _KeyValueSlot(keys_like, keys_like, self.capacity, self.empty)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         slot = self.slots.get(layer_idx)
@@ -126,15 +191,15 @@ class _SelfAttentionCache:
         if self.key_rows is None:
             if index is not None:
                 for slot in self.slots.values():
-                    slot.keep_rows(index)
+                    slot.keep_rows(index, self.empty)
             return
         key_rows = self.key_rows if index is None else self.key_rows.index_select(0, index)
         for slot in self.slots.values():
             # buffer row key_rows[r, p] position p, as rows of the flattened (buffer rows x positions) buffers
             width = slot.keys.shape[1]
             sources = (key_rows[:, : slot.length] * width + torch.arange(slot.length, device=key_rows.device)).view(-1)
-            keys = slot.keys.new_empty((key_rows.shape[0], *slot.keys.shape[1:]))
-            values = slot.values.new_empty((key_rows.shape[0], *slot.values.shape[1:]))
+            keys = self.empty((key_rows.shape[0], *slot.keys.shape[1:]), slot.keys)
+            values = self.empty((key_rows.shape[0], *slot.values.shape[1:]), slot.values)
             keys[:, : slot.length] = slot.keys.flatten(0, 1).index_select(0, sources).unflatten(0, (-1, slot.length))
             values[:, : slot.length] = slot.values.flatten(0, 1).index_select(0, sources).unflatten(
                 0, (-1, slot.length)
@@ -217,13 +282,20 @@ class DecodingCache(EncoderDecoderCache):
     keeps rows `index` (reordering beams, dropping rows), as does the cross-attention part's when rows leave the batch
     (a sentence's beams share their cross-attention keys/values: reordering beams leaves them in place)."""
 
-    def __init__(self, capacity: int):  # no super().__init__(): the two caches are not transformers `Cache`s
-        self.self_attention_cache = _SelfAttentionCache(capacity)
+    def __init__(self, capacity: int, memory: SlotMemory | None = None):
+        # no super().__init__(): the two caches are not transformers `Cache`s
+        self.self_attention_cache = _SelfAttentionCache(capacity, memory)
         self.cross_attention_cache = _CrossAttentionCache()
         self.is_updated: dict[int, bool] = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.self_attention_cache.get_seq_length(layer_idx)
+
+    def release(self) -> None:
+        """Empty the cache, its self-attention buffers kept for the thread's next generation (`SlotMemory`)."""
+        self.self_attention_cache.release()
+        self.cross_attention_cache.layers.clear()
+        self.is_updated.clear()
 
 
 # --------------------------------------------------------------------------------------------------- decoder steps

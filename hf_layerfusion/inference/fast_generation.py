@@ -23,10 +23,14 @@ hook):
   rows are no longer computed (`generate()` keeps computing them until the last one finishes): at once where that
   copies nothing (`key_rows`, `memory_rows`), else once they are a quarter of the rows; with logits processors that
   are not known to act row by row, every row is kept, as `generate()` does;
-- beam search keeps transformers' own bookkeeping (`_get_top_k_continuations`, `_update_finished_beams`, ...), so
-  scoring, length penalty and early stopping are those of `generate()` by construction; only the choice of each
-  item's best candidates is a compiled kernel (`beam_top_k`: one pass over the log-probabilities instead of their sum
-  with the beam scores as a new tensor and `torch.topk`; the same scores, equal ones ranked by index).
+- beam search's bookkeeping is transformers' own helpers (`_get_top_k_continuations`, `_update_finished_beams`, ...)
+  or, on CPU, two compiled kernels that compute their numbers bit for bit (tests/test_beam_search_kernels.py holds
+  them to the helpers on every supported transformers release): `beam_top_k_continuations` chooses each item's best
+  candidates in one pass over the log-probabilities (instead of their sum with the beam scores as a new tensor and
+  `torch.topk`; equal scores ranked by index), `beam_finish_step` does the rest of the step (running and finished
+  beams, length penalty, early stopping) in one call instead of about forty torch operations;
+- the self-attention buffers of a generation serve the next one in the same thread (`decoding.SlotMemory`), so that
+  a batch does not fault in tens of megabytes of fresh pages.
 
 `prepare_for_inference(model, quantization=...)` gives the model `fast_generate` runs: on CPU in float32 an inference
 copy whose linear layers and decoding attention are compiled kernels (`Float32Linear`, `decoding_attention.py`), with
@@ -187,9 +191,12 @@ def fast_decoding_loop(fallback: bool = True):
             # the inference copies' kernels compute each row by itself (`prepare_for_inference`)
             rows_computed_alone=getattr(model, "prepared_for_inference", None) is not None,
         )
-        if generation_config.num_beams > 1:
-            return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)
-        return greedy_search(steps, input_ids, logits_processor, generation_config, max_length, compact)
+        try:
+            if generation_config.num_beams > 1:
+                return beam_search(model, steps, input_ids, logits_processor, generation_config, max_length, compact)
+            return greedy_search(steps, input_ids, logits_processor, generation_config, max_length, compact)
+        finally:
+            steps.cache.release()  # its buffers serve the thread's next generation
 
     return decode
 

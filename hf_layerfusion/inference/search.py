@@ -171,143 +171,206 @@ def widened(tensor: torch.Tensor, columns: int, fill_value: int) -> torch.Tensor
     return torch.cat((tensor, tensor.new_full((*tensor.shape[:-1], columns), fill_value)), dim=-1)
 
 
-def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
-    """`GenerationMixin._beam_search` (deterministic) around the fast decoder steps, with transformers' own helpers for
-    the bookkeeping: the same candidates, scores, length penalty, early stopping and output. Batch items that can no
-    longer change the output (no improvement possible, or all beams finished with `early_stopping=True`) leave the
-    batch, with `compact`, once they are `COMPACTION_SHARE` of it."""
-    pad_token_id, eos_token_id = special_token_tensors(generation_config)
+def early_stopping_code(early_stopping) -> int:
+    """`generate()`'s three behaviours of `early_stopping` as `beam_finish_step` takes them: 1 where it `is True`, 2
+    where it is `"never"`, else 0 (the helpers test `is True` and `== "never"`)."""
+    if early_stopping is True:
+        return 1
+    return 2 if early_stopping == "never" else 0
+
+
+class BeamState:
+    """A beam search's tensors between steps (the names of transformers' `_beam_search`), `(items, beams, ...)`: the
+    running beams, the finished ones, and whether each item's finished beams can still improve. The sequences and beam
+    indices are `width` positions wide (`SEQUENCE_WIDTH_STEP`)."""
+
+    __slots__ = ("running_sequences", "running_beam_scores", "running_beam_indices", "sequences", "beam_scores",
+                 "beam_indices", "is_sent_finished", "is_early_stop_heuristic_unsatisfied")
+
+    def __init__(self, input_ids: torch.Tensor, batch_size: int, num_beams: int, width: int, fill_value: int):
+        device, cur_len = input_ids.device, input_ids.shape[1]
+        self.running_sequences = torch.full((batch_size, num_beams, width), fill_value, dtype=torch.int64,
+                                            device=device)
+        self.running_sequences[:, :, :cur_len] = unflatten_beam_dim(input_ids, batch_size, num_beams)
+        self.sequences = self.running_sequences.detach().clone()
+        self.running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
+        self.running_beam_scores[:, 1:] = -1e9
+        self.beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
+        self.is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
+        self.is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
+        self.running_beam_indices = torch.full(
+            (batch_size, num_beams, width - cur_len), fill_value=-1, dtype=torch.int32, device=device
+        )
+        self.beam_indices = self.running_beam_indices.detach().clone()
+
+    def widen(self, columns: int, fill_value: int) -> None:
+        """`columns` more positions for the sequences (`fill_value`) and the beam indices (-1)."""
+        self.running_sequences, self.sequences = (
+            widened(tensor, columns, fill_value) for tensor in (self.running_sequences, self.sequences)
+        )
+        self.running_beam_indices, self.beam_indices = (
+            widened(tensor, columns, -1) for tensor in (self.running_beam_indices, self.beam_indices)
+        )
+
+    def keep(self, items: torch.Tensor) -> None:
+        """Keep batch items `items`, in that order."""
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name)[items])
+
+
+def finish_step(
+    model,
+    state: BeamState,
+    topk_log_probs: torch.Tensor,
+    topk_running_sequences: torch.Tensor,
+    topk_running_beam_indices: torch.Tensor,
+    eos_token_id: torch.Tensor | None,
+    cur_len: int,
+    decoder_prompt_len: int,
+    max_length: int,
+    generation_config,
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The rest of a beam-search step after the candidates (`top_k_continuations`): `state`'s running beams, finished
+    beams and early-stop heuristic updated as `GenerationMixin._beam_search` updates them (the heuristic at
+    `cur_len + 1`); returns each running row's source row (the cache's reorder, `(items * beams,)`), which items can no
+    longer change their output (every candidate they could add scores -1e9 or less), and whether the search goes on.
+    On CPU the compiled `beam_finish_step` does it in one call, in place (the helpers' numbers; see
+    kernels/beam_finish_step.cpp); else transformers' helpers run."""
+    num_beams, length_penalty = generation_config.num_beams, generation_config.length_penalty
     early_stopping = generation_config.early_stopping
-    length_penalty = generation_config.length_penalty
+    kernels = compiled_kernels() if topk_log_probs.device.type == "cpu" else None
+    if kernels is not None:
+        return kernels.beam_finish_step(
+            topk_log_probs, topk_running_sequences, topk_running_beam_indices, state.running_sequences,
+            state.running_beam_scores, state.running_beam_indices, state.sequences, state.beam_scores,
+            state.beam_indices, state.is_sent_finished, state.is_early_stop_heuristic_unsatisfied, eos_token_id,
+            cur_len, decoder_prompt_len, max_length, float(length_penalty), early_stopping_code(early_stopping),
+        )
+    # the stopping criteria of the fast loop (checked by `unsupported_reason`): the maximum length and EOS
+    if cur_len + 1 >= max_length:
+        next_token_hits_stopping_criteria = torch.ones_like(topk_log_probs, dtype=torch.bool)
+    elif eos_token_id is not None:
+        next_token_hits_stopping_criteria = torch.isin(topk_running_sequences[:, :, cur_len], eos_token_id)
+    else:
+        next_token_hits_stopping_criteria = torch.zeros_like(topk_log_probs, dtype=torch.bool)
+    state.running_sequences, state.running_beam_scores, state.running_beam_indices = (
+        get_running_beams_for_next_iteration(
+            model, topk_log_probs, topk_running_sequences, topk_running_beam_indices,
+            next_token_hits_stopping_criteria, num_beams,
+        )
+    )
+    state.sequences, state.beam_scores, state.beam_indices, state.is_sent_finished = update_finished_beams(
+        model,
+        sequences=state.sequences,
+        topk_running_sequences=topk_running_sequences,
+        beam_scores=state.beam_scores,
+        topk_log_probs=topk_log_probs,
+        beam_indices=state.beam_indices,
+        topk_running_beam_indices=topk_running_beam_indices,
+        is_early_stop_heuristic_unsatisfied=state.is_early_stop_heuristic_unsatisfied,
+        is_sent_finished=state.is_sent_finished,
+        next_token_hits_stopping_criteria=next_token_hits_stopping_criteria,
+        top_num_beam_mask=torch.arange(topk_log_probs.shape[1], device=topk_log_probs.device) < num_beams,
+        num_beams=num_beams,
+        cur_len=cur_len,
+        decoder_prompt_len=decoder_prompt_len,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    )
+    source_rows = flatten_beam_dim(state.running_beam_indices[..., cur_len - decoder_prompt_len])
+    state.is_early_stop_heuristic_unsatisfied = check_early_stop_heuristic(
+        is_early_stop_heuristic_unsatisfied=state.is_early_stop_heuristic_unsatisfied,
+        running_beam_scores=state.running_beam_scores,
+        beam_scores=state.beam_scores,
+        is_sent_finished=state.is_sent_finished,
+        cur_len=cur_len + 1,
+        max_length=max_length,
+        decoder_prompt_len=decoder_prompt_len,
+        early_stopping=early_stopping,
+        length_penalty=length_penalty,
+    )
+    goes_on = bool(beam_search_has_unfinished_sequences(
+        state.is_early_stop_heuristic_unsatisfied, state.is_sent_finished, next_token_hits_stopping_criteria,
+        early_stopping,
+    ))
+    frozen = ~state.is_early_stop_heuristic_unsatisfied[:, 0]
+    if early_stopping is True:
+        frozen |= state.is_sent_finished.all(dim=-1)
+    return source_rows, frozen, goes_on
+
+
+def beam_search(model, steps: DecoderSteps, input_ids, logits_processor, generation_config, max_length: int, compact: bool):
+    """`GenerationMixin._beam_search` (deterministic) around the fast decoder steps: the same candidates, scores,
+    length penalty, early stopping and output, its bookkeeping either transformers' own helpers or compiled kernels
+    that compute their numbers (`top_k_continuations`, `finish_step`). Batch items that can no longer change the output
+    (no improvement possible, or all beams finished with `early_stopping=True`) leave the batch, with `compact`, once
+    they are `COMPACTION_SHARE` of it."""
+    pad_token_id, eos_token_id = special_token_tensors(generation_config)
     num_beams = generation_config.num_beams
     num_return_sequences = generation_config.num_return_sequences
-    device = input_ids.device
     batch_size, cur_len = input_ids.shape[0] // num_beams, input_ids.shape[1]
     decoder_prompt_len = cur_len
     n_eos_tokens = eos_token_id.shape[0] if eos_token_id is not None else 0
     beams_to_keep = max(2, 1 + n_eos_tokens) * num_beams
-    top_num_beam_mask = torch.arange(beams_to_keep, device=device) < num_beams
     # transformers' own expression (a pad id of 0 counts as unset)
     output_fill_value = pad_token_id or eos_token_id[0] if eos_token_id is not None else -1
 
     # the sequences and beam indices are `width` positions wide (`SEQUENCE_WIDTH_STEP`), widened with their fill
     # values when a step would write past them: the positions after `cur_len` hold only fill values in either case
     width = min(max_length, cur_len + SEQUENCE_WIDTH_STEP)
-    running_sequences = torch.full((batch_size, num_beams, width), output_fill_value, dtype=torch.int64, device=device)
-    running_sequences[:, :, :cur_len] = unflatten_beam_dim(input_ids, batch_size, num_beams)
-    sequences = running_sequences.detach().clone()
-    running_beam_scores = torch.zeros((batch_size, num_beams), dtype=torch.float, device=device)
-    running_beam_scores[:, 1:] = -1e9
-    beam_scores = torch.full((batch_size, num_beams), fill_value=-1e9, dtype=torch.float, device=device)
-    is_sent_finished = torch.zeros((batch_size, num_beams), dtype=torch.bool, device=device)
-    is_early_stop_heuristic_unsatisfied = torch.ones((batch_size, 1), dtype=torch.bool, device=device)
-    running_beam_indices = torch.full(
-        (batch_size, num_beams, width - cur_len), fill_value=-1, dtype=torch.int32, device=device
-    )
-    beam_indices = running_beam_indices.detach().clone()
+    state = BeamState(input_ids, batch_size, num_beams, width, output_fill_value)
     # the final sequences of every batch item, written when an item leaves the batch and at the end
-    final_sequences, final_beam_indices = sequences.clone(), beam_indices.clone()
-    items = torch.arange(batch_size, device=device)  # original batch item of each item still searched
+    final_sequences, final_beam_indices = state.sequences.clone(), state.beam_indices.clone()
+    items = torch.arange(batch_size, device=input_ids.device)  # original batch item of each item still searched
 
     while True:
         if cur_len == width:  # this step writes position `cur_len` (< max_length, else the search has ended)
             columns = min(max_length, width + SEQUENCE_WIDTH_STEP) - width
-            running_sequences, sequences, final_sequences = (
-                widened(tensor, columns, output_fill_value) for tensor in (running_sequences, sequences, final_sequences)
-            )
-            running_beam_indices, beam_indices, final_beam_indices = (
-                widened(tensor, columns, -1) for tensor in (running_beam_indices, beam_indices, final_beam_indices)
-            )
+            state.widen(columns, output_fill_value)
+            final_sequences = widened(final_sequences, columns, output_fill_value)
+            final_beam_indices = widened(final_beam_indices, columns, -1)
             width += columns
-        flat_running_sequences = flatten_beam_dim(running_sequences[:, :, :cur_len])
-        # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
-        # two new (rows, vocab) tensors per step
+        flat_running_sequences = flatten_beam_dim(state.running_sequences[:, :, :cur_len])
         tokens = flat_running_sequences[:, -1]
         # the first step's beams are equal: computed once per sentence where the steps can (`logits_of_equal_groups`)
         logits = steps.logits_of_equal_groups(tokens) if cur_len == decoder_prompt_len else None
         if logits is None:
             logits = steps.logits(tokens)
+        # in place (the logits are a fresh tensor): the same values as `generate()`'s out-of-place operations, without
+        # two new (rows, vocab) tensors per step
         log_probs = torch.log_softmax(logits, dim=-1, out=logits)
         log_probs = apply_logits_processors(logits_processor, flat_running_sequences, log_probs)
         topk_log_probs, topk_running_sequences, topk_running_beam_indices = top_k_continuations(
             model,
             log_probs,
-            running_beam_scores,
-            running_sequences=running_sequences,
-            running_beam_indices=running_beam_indices,
+            state.running_beam_scores,
+            running_sequences=state.running_sequences,
+            running_beam_indices=state.running_beam_indices,
             cur_len=cur_len,
             decoder_prompt_len=decoder_prompt_len,
             beams_to_keep=beams_to_keep,
             num_beams=num_beams,
             batch_size=batch_size,
         )
-        # the stopping criteria of the fast loop (checked by `unsupported_reason`): the maximum length and EOS
-        if cur_len + 1 >= max_length:
-            next_token_hits_stopping_criteria = torch.ones_like(topk_log_probs, dtype=torch.bool)
-        elif eos_token_id is not None:
-            next_token_hits_stopping_criteria = torch.isin(topk_running_sequences[:, :, cur_len], eos_token_id)
-        else:
-            next_token_hits_stopping_criteria = torch.zeros_like(topk_log_probs, dtype=torch.bool)
-        running_sequences, running_beam_scores, running_beam_indices = get_running_beams_for_next_iteration(
-            model,
-            topk_log_probs, topk_running_sequences, topk_running_beam_indices, next_token_hits_stopping_criteria, num_beams
+        source_rows, frozen, goes_on = finish_step(
+            model, state, topk_log_probs, topk_running_sequences, topk_running_beam_indices, eos_token_id, cur_len,
+            decoder_prompt_len, max_length, generation_config,
         )
-        sequences, beam_scores, beam_indices, is_sent_finished = update_finished_beams(
-            model,
-            sequences=sequences,
-            topk_running_sequences=topk_running_sequences,
-            beam_scores=beam_scores,
-            topk_log_probs=topk_log_probs,
-            beam_indices=beam_indices,
-            topk_running_beam_indices=topk_running_beam_indices,
-            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
-            is_sent_finished=is_sent_finished,
-            next_token_hits_stopping_criteria=next_token_hits_stopping_criteria,
-            top_num_beam_mask=top_num_beam_mask,
-            num_beams=num_beams,
-            cur_len=cur_len,
-            decoder_prompt_len=decoder_prompt_len,
-            length_penalty=length_penalty,
-            early_stopping=early_stopping,
-        )
-        beam_idx = flatten_beam_dim(running_beam_indices[..., cur_len - decoder_prompt_len])
         cur_len += 1
-        is_early_stop_heuristic_unsatisfied = check_early_stop_heuristic(
-            is_early_stop_heuristic_unsatisfied=is_early_stop_heuristic_unsatisfied,
-            running_beam_scores=running_beam_scores,
-            beam_scores=beam_scores,
-            is_sent_finished=is_sent_finished,
-            cur_len=cur_len,
-            max_length=max_length,
-            decoder_prompt_len=decoder_prompt_len,
-            early_stopping=early_stopping,
-            length_penalty=length_penalty,
-        )
-        if not beam_search_has_unfinished_sequences(
-            is_early_stop_heuristic_unsatisfied, is_sent_finished, next_token_hits_stopping_criteria, early_stopping
-        ):
+        if not goes_on:
             break
-        # an item whose finished beams can no longer change: every candidate it could add scores -1e9 or less
-        frozen = ~is_early_stop_heuristic_unsatisfied[:, 0]
-        if early_stopping is True:
-            frozen |= is_sent_finished.all(dim=-1)
         if not compact or int(frozen.sum()) < max(1, compaction_share(steps) * batch_size):
-            steps.select(beam_idx, rows_dropped=False)
+            steps.select(source_rows, rows_dropped=False)
             continue
-        final_sequences[items[frozen]] = sequences[frozen]
-        final_beam_indices[items[frozen]] = beam_indices[frozen]
+        final_sequences[items[frozen]] = state.sequences[frozen]
+        final_beam_indices[items[frozen]] = state.beam_indices[frozen]
         keep = (~frozen).nonzero().squeeze(1)
-        steps.select(beam_idx.view(batch_size, num_beams)[keep].reshape(-1), rows_dropped=True)
+        steps.select(source_rows.view(batch_size, num_beams)[keep].reshape(-1), rows_dropped=True)
         items, batch_size = items[keep], keep.shape[0]
-        running_sequences, running_beam_scores, running_beam_indices = (
-            running_sequences[keep], running_beam_scores[keep], running_beam_indices[keep]
-        )
-        sequences, beam_scores, beam_indices = sequences[keep], beam_scores[keep], beam_indices[keep]
-        is_sent_finished = is_sent_finished[keep]
-        is_early_stop_heuristic_unsatisfied = is_early_stop_heuristic_unsatisfied[keep]
+        state.keep(keep)
 
-    final_sequences[items] = sequences
-    final_beam_indices[items] = beam_indices
+    final_sequences[items] = state.sequences
+    final_beam_indices[items] = state.beam_indices
     sequences = flatten_beam_dim(final_sequences[:, :num_return_sequences, :])
     beam_indices = flatten_beam_dim(final_beam_indices[:, :num_return_sequences, :])
     max_generated_length = ((beam_indices + 1).bool()).sum(dim=1).max()

@@ -148,6 +148,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"),
         pybind11::arg("running_sequences"), pybind11::arg("running_beam_indices"), pybind11::arg("cur_len"),
         pybind11::arg("beam_index_column"));
+  m.def("beam_finish_step", &beam_finish_step,
+        "The rest of a beam-search step after beam_top_k_continuations, in place: the running beams "
+        "(_get_running_beams_for_next_iteration), the finished ones (_update_finished_beams), the early-stop "
+        "heuristic; returns (each running row's source row, the items that can no longer change, whether the search "
+        "goes on).",
+        pybind11::arg("topk_log_probs"), pybind11::arg("topk_sequences"), pybind11::arg("topk_beam_indices"),
+        pybind11::arg("running_sequences"), pybind11::arg("running_beam_scores"),
+        pybind11::arg("running_beam_indices"), pybind11::arg("sequences"), pybind11::arg("beam_scores"),
+        pybind11::arg("beam_indices"), pybind11::arg("is_sent_finished"), pybind11::arg("improvable"),
+        pybind11::arg("eos_tokens"), pybind11::arg("cur_len"), pybind11::arg("decoder_prompt_len"),
+        pybind11::arg("max_length"), pybind11::arg("length_penalty"), pybind11::arg("early_stopping"));
   m.def("move_rows", &move_rows,
         "Row targets[i] of every buffer takes row sources[i]'s contents (all read before any is written), in place.",
         pybind11::arg("buffers"), pybind11::arg("targets"), pybind11::arg("sources"));

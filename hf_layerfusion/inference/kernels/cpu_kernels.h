@@ -135,4 +135,11 @@ std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_pro
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations(
     const torch::Tensor& log_probs, const torch::Tensor& beam_scores, int64_t k, const torch::Tensor& running_sequences,
     const torch::Tensor& running_beam_indices, int64_t cur_len, int64_t beam_index_column);
+std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
+    const torch::Tensor& topk_log_probs, const torch::Tensor& topk_sequences, const torch::Tensor& topk_beam_indices,
+    const torch::Tensor& running_sequences, const torch::Tensor& running_beam_scores,
+    const torch::Tensor& running_beam_indices, const torch::Tensor& sequences, const torch::Tensor& beam_scores,
+    const torch::Tensor& beam_indices, const torch::Tensor& is_sent_finished, const torch::Tensor& improvable,
+    const c10::optional<torch::Tensor>& eos_tokens, int64_t cur_len, int64_t decoder_prompt_len, int64_t max_length,
+    double length_penalty, int64_t early_stopping);
 void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& targets, const torch::Tensor& sources);
