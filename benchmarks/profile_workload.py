@@ -5,7 +5,8 @@ split into what the fixed 32 x 32 setting of `profile_decoder_step.py` cannot sh
 For each `--quantization` (float32: the fast loop's float32 copy; int8: its int8 copy) and search, one timed pass over
 the sentences (after an untimed warm-up batch) with every call of these timed:
 
-- `translate` as a whole (tokenizing, batching, detokenizing included);
+- `translate` as a whole (tokenizing, batching, detokenizing included), and the page faults and system time of the
+  untimed pass (fresh memory the loop touches);
 - the encoder (`encode_by_length`: the batch in groups of sentences of similar length);
 - each decoder step (`DecoderSteps.logits`: embeddings, layers, output projection, for the rows still in the batch),
   bucketed by how many rows it computes (beam search: sentences x beams), with the mean milliseconds per step and
@@ -29,6 +30,7 @@ import argparse
 import collections
 import os
 import platform
+import resource
 import shlex
 import sys
 import time
@@ -152,9 +154,11 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
         return hf_layerfusion.translate(model, tokenizer, sources, num_beams=num_beams, quantization=quantization)
 
     hf_layerfusion.translate(model, tokenizer, sources[:32], num_beams=num_beams, quantization=quantization)  # warm-up
+    usage_before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     run()
     untimed = time.perf_counter() - start
+    usage_after = resource.getrusage(resource.RUSAGE_SELF)
 
     totals = {"generate": 0.0}
     original_generate = translation_module.fast_generate
@@ -179,6 +183,10 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
     step_count = sum(entry[0] for entry in timer.steps.values())
     bookkeeping = totals["generate"] - timer.encoder - step_seconds
     print(f"\n### {label}: {len(sources)} sentences, {whole:.2f} s timed ({untimed:.2f} s untimed)\n")
+    # fresh memory the untimed pass touched: a page fault per 4 KiB page (the kernel zeroes it), counted as system time
+    print(f"The untimed pass: {usage_after.ru_minflt - usage_before.ru_minflt} page faults, "
+          f"{usage_after.ru_stime - usage_before.ru_stime:.2f} s system time, "
+          f"{usage_after.ru_utime - usage_before.ru_utime:.2f} s user time (the process's).\n")
     print("| phase | seconds | share |")
     print("|---|---|---|")
     for phase, seconds in (

@@ -71,6 +71,7 @@ def test_profile_workload_splits_the_whole_and_restores_what_it_timed(saved_mode
         assert min(phases) >= 0 and sum(phases) == pytest.approx(seconds["whole"], rel=1e-9)
         if compiled_kernels() is not None:
             assert 0 < seconds["kernels"] < seconds["whole"]  # the compiled calls were timed, and are not everything
+    assert len(re.findall(r"The untimed pass: \d+ page faults, \d+\.\d\d s system time", output)) == 4
     assert originals == (
         fast_generation.encode_by_length, decoding.DecoderSteps.logits, inference_copies.Int8Linear.forward,
         inference_copies.Float32Linear.forward,
