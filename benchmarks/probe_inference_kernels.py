@@ -21,6 +21,8 @@ copy (`kernel_copy`: the same copy with another linear layer; attention is the d
 - int8: the compiled kernel in the **7-bit format** (`int8_copy(model, 7)`: AVX2's `vpmaddubsw` product), what CPUs
   with AVX2 and neither AMX nor VNNI run by default (other numbers: a coarser format), where the CPU's default is 8
   bits.
+- int8: the package's own **AVX-512 VNNI kernel** at every size, where the default product is oneDNN's s8 x s8
+  product through `at::_int_mm` (from `ONEDNN_MINIMUM_ROWS` rows): the same numbers;
 - int8: **`quantized::linear_dynamic`** (what `Int8Linear` ran before the compiled kernel): each row divided by its
   largest magnitude in Python, then the kernel quantizes the whole input with one scale itself.
 
@@ -37,8 +39,8 @@ runs in the int8 copy, whose attention is that kernel.
 (issue 39, item 5: keep a hand kernel only where no library primitive comes within ~10% of it there): the Multi30k
 test sentences (`--sentences`, default all 1000) translated as `hf_layerfusion.translate` does, by the package's
 float32 and int8 copies and by the same copies with each library product instead (F.linear, MKL packed; float32
-blocks, oneDNN `qlinear_pointwise`, `linear_dynamic`, and the 7-bit format where the CPU's
-default is 8 bits), alternated on chunks of sentences (`bench_inference.alternate_on_chunks`), greedy and beam-4:
+blocks, oneDNN `qlinear_pointwise`, `linear_dynamic`, the 7-bit format where the CPU's default is 8 bits, and the
+package's VNNI kernel where the default product is oneDNN's), alternated on chunks of sentences (`bench_inference.alternate_on_chunks`), greedy and beam-4:
 seconds, the ratio to the package's kernel of the same precision, BLEU and translations identical to the package's.
 
     python benchmarks/probe_inference_kernels.py --workload runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
@@ -75,6 +77,7 @@ from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear,
 FLOAT32 = "plain: fast float32 (Float32Linear, compiled)"
 INT8 = "plain: fast int8 (Int8Linear, compiled)"
 SEVEN_BIT = "plain: fast int8, 7-bit codes"
+VNNI_KERNEL = "plain: fast int8, the package's VNNI kernel"
 MODEL_ITSELF = "plain: fast loop on the model itself (F.linear, SDPA)"
 
 
@@ -139,6 +142,20 @@ class FloatBlocksInt8Linear(Int8Linear):
             self.kernel_linear = compiled_kernels().KernelLinear.int8(
                 self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, relu, self.code_bits
             )
+
+
+class VnniKernelInt8Linear(Int8Linear):
+    """`Int8Linear` on the package's own AVX-512 VNNI kernel at every size, where the default product is oneDNN's
+    (`at::_int_mm`, from `ONEDNN_MINIMUM_ROWS` rows): the same numbers, the hand kernel's speed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False):
+        super().__init__(weight, bias, relu)
+        kernel = compiled_kernels()
+        self.packed_weights = kernel.pack_int8_weights(self.weight_t, self.code_bits, "vnni")
+        self.kernel_linear = kernel.KernelLinear.int8(
+            self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, relu, self.code_bits,
+            "vnni",
+        )
 
 
 class DynamicInt8Linear(nn.Module):
@@ -308,6 +325,8 @@ def candidate_copies(model, unusable: dict[str, str]) -> dict:
             copies[title] = (kernel_copy(model, layer_class, quantization or "float32"), quantization)
     if kernel is not None and kernel.int8_code_bits() == 8:
         copies[SEVEN_BIT] = (int8_copy(model, 7), "int8")
+    if kernel is not None and kernel.int8_products(8)[0] == "onednn":  # the hand kernel the library replaced
+        copies[VNNI_KERNEL] = (kernel_copy(model, VnniKernelInt8Linear, "int8"), "int8")
     return copies
 
 

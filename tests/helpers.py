@@ -117,12 +117,12 @@ def usable_cpu_flags() -> set[str]:
 
 def expected_int8_products(code_bits: int) -> list[str]:
     """Every product that runs `code_bits` weights on this CPU under the kernels' instruction set cap, its fastest
-    first, by the kernel's names: the AMX layout (either format), VNNI's own panels (8 bits), AVX2's (7 bits), and the
-    float32 blocks anywhere."""
+    first, by the kernel's names: the AMX layout (either format), oneDNN's product and VNNI's own panels (8 bits, on a
+    CPU with VNNI), AVX2's (7 bits), and the float32 blocks anywhere."""
     flags = usable_cpu_flags()
     products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
     if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
-        products.append("vnni")
+        products += ["onednn", "vnni"]
     if "avx2" in flags and code_bits == 7:
         products.append("avx2")
     return [*products, "float32_blocks"]

@@ -54,18 +54,20 @@ NO_TILES = torch.empty(0, dtype=torch.int8)  # the kernel's float32-block produc
 
 
 AMX_MINIMUM_ROWS = 8  # the kernel's kAmxMinimumRows: fewer rows run VNNI's product on the AMX layout
+ONEDNN_MINIMUM_ROWS = 24  # the kernel's kOneDnnMinimumRows: fewer rows run VNNI's product on the oneDNN layout
 
 
 def expected_product(code_bits: int) -> str:
     """The product the kernel must run `code_bits` layers with on this CPU under the instruction set cap: AMX takes either format (with VNNI, its
     products of fewer than `AMX_MINIMUM_ROWS` rows run VNNI's kernels on the same weights); AVX-512 VNNI (without
-    AMX) 8-bit codes; AVX2 (without AMX) 7-bit codes; anything else runs the float32 block products."""
+    AMX) 8-bit codes through oneDNN's product (VNNI's kernels below `ONEDNN_MINIMUM_ROWS` rows); AVX2 (without AMX)
+    7-bit codes; anything else runs the float32 block products."""
     flags = usable_cpu_flags()
     vnni = {"avx512_vnni", "avx512bw"} <= flags
     if {"amx_tile", "amx_int8"} <= flags:
         return f"AMX (AVX-512 VNNI below {AMX_MINIMUM_ROWS} rows)" if vnni else "AMX"
     if vnni and code_bits == 8:
-        return "AVX-512 VNNI"
+        return f"oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below {ONEDNN_MINIMUM_ROWS} rows)"
     return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
 
 
@@ -99,6 +101,7 @@ CASES = [
     ((5, 40), 56, True),  # 7 panels of 8 (AVX2): a pass of 4 and one of 3; 3.5 panels of 16 (VNNI)
     ((7, 36), 100, False),  # VNNI: rows in passes of 4 and 3, 6.25 panels of 16 (passes of 4 and 3)
     ((2, 3, 300), 200, True),  # VNNI: 6 rows (4 + 2), 12.5 panels; depth 300 (75 groups of 4)
+    ((5, 9, 33), 47, True),  # 45 rows: oneDNN's product by default, on both sides of its minimum when forced
 ]
 
 
@@ -152,6 +155,32 @@ def test_amx_weights_give_the_same_numbers_on_tiles_and_on_vnni_at_every_size(
         assert torch.equal(kernels.int8_linear(inputs, *codes, amx_minimum_rows=minimum), reference), minimum
     with pytest.raises(RuntimeError, match="amx_minimum_rows must be >= 0, got -1"):
         kernels.int8_linear(inputs, *codes, amx_minimum_rows=-1)
+
+
+@pytest.mark.parametrize("shape, out_features, with_bias", CASES)
+def test_onednn_weights_give_the_same_numbers_through_onednn_and_vnni_at_every_size(
+    kernels, instruction_set, shape, out_features, with_bias
+):
+    """On a CPU with VNNI the "onednn" product reads weight_t through oneDNN (`at::_int_mm`) from
+    `onednn_minimum_rows` rows and VNNI's kernels on the layout's panels below. Forced each way at every size (0:
+    oneDNN always; a huge minimum: VNNI always), both give the reference's numbers."""
+    if "onednn" not in kernels.int8_products(8):
+        pytest.skip("oneDNN's product runs where the CPU has AVX-512 VNNI (within the instruction set cap)")
+    assert kernels.ONEDNN_MINIMUM_ROWS == ONEDNN_MINIMUM_ROWS
+    generator = torch.Generator().manual_seed(5 * sum(shape) + out_features)
+    inputs = torch.randn(*shape, generator=generator) * 4
+    inputs[1::2] = inputs[1::2].relu()
+    layer = Int8Linear(torch.randn(out_features, shape[-1], generator=generator),
+                       torch.randn(out_features, generator=generator) if with_bias else None, code_bits=8)
+    packed = kernels.pack_int8_weights(layer.weight_t, 8, "onednn")
+    assert torch.equal(packed, kernels.pack_int8_weights(layer.weight_t, 8, "vnni"))  # VNNI's panels
+    codes = (layer.weight_t, packed, layer.column_sums, layer.weight_scale, layer.bias, True, 8)
+    reference = int8_linear_reference(inputs, layer.weight_t, *codes[2:])
+    for minimum in (0, 10**9, ONEDNN_MINIMUM_ROWS):
+        got = kernels.int8_linear(inputs, *codes, product="onednn", onednn_minimum_rows=minimum)
+        assert torch.equal(got, reference), minimum
+    with pytest.raises(RuntimeError, match="onednn_minimum_rows must be >= 0, got -1"):
+        kernels.int8_linear(inputs, *codes, product="onednn", onednn_minimum_rows=-1)
 
 
 @pytest.mark.parametrize("code_bits", [7, 8])

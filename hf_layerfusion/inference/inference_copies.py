@@ -143,7 +143,8 @@ class Int8Linear(nn.Module):
 
     `code_bits` picks the format (`ACTIVATION_CODES`, `WEIGHT_CODE_MAX`); by default the one this CPU's fastest
     product takes (the kernel's `int8_code_bits()`): 8 bits (activation codes [-128, 127], weights [-127, 127]) on
-    AMX tiles, with AVX-512 VNNI's `vpdpbusd`, where there is no AVX2 (exact float32 block products,
+    AMX tiles, on a CPU with AVX-512 VNNI through oneDNN's s8 x s8 product (`at::_int_mm`; VNNI's `vpdpbusd` kernels
+    for products of few rows), where there is no AVX2 (exact float32 block products,
     `exact_int8_product`), or without the compiled kernel; 7 bits (activation codes [0, 127], weights [-63, 63]) on
     AVX2 without either, where the 8-bit multiply-add `vpmaddubsw` sums 7-bit codes without saturating, with twice
     the multiply-adds per instruction of the 16-bit products an exact 8-bit product needs there

@@ -43,24 +43,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("instruction_set"));
   m.def("amx_available", &amx_available, "Whether this CPU and process can use AMX int8 tiles.");
   m.def("int8_product", &int8_product,
-        "What sums int8_linear's products of code_bits codes on this CPU: AMX, AVX-512 VNNI, AVX2 or float32 blocks.",
+        "What sums int8_linear's products of code_bits codes on this CPU: AMX, oneDNN, AVX-512 VNNI, AVX2 or float32 "
+        "blocks.",
         pybind11::arg("code_bits"));
   m.def("int8_products", &int8_products,
-        "The products that run code_bits weights on this CPU, its fastest first: amx, vnni, avx2, float32_blocks.",
+        "The products that run code_bits weights on this CPU, its fastest first: amx, onednn, vnni, avx2, "
+        "float32_blocks.",
         pybind11::arg("code_bits"));
   m.def("int8_code_bits", &int8_code_bits,
         "The int8 format this CPU's fastest product takes: 8 bits (AMX, AVX-512 VNNI, or no AVX2), 7 bits (AVX2's "
         "vpmaddubsw).");
   m.def("pack_int8_weights", &pack_int8_weights,
-        "int8 weights (in, out) in the layout of a product (AMX tiles, VNNI or AVX2 panels; by default this CPU's "
-        "fastest); empty for the float32 blocks.",
+        "int8 weights (in, out) in the layout of a product (AMX tiles, VNNI panels for VNNI and oneDNN, AVX2 "
+        "panels; by default this CPU's fastest); empty for the float32 blocks.",
         pybind11::arg("weight_t"), pybind11::arg("code_bits"), pybind11::arg("product") = "");
   m.def("int8_linear", &int8_linear,
         "Per-row asymmetric quantization to code_bits codes, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
         pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"),
-        pybind11::arg("amx_minimum_rows") = kAmxMinimumRows, pybind11::arg("product") = "");
+        pybind11::arg("amx_minimum_rows") = kAmxMinimumRows, pybind11::arg("product") = "",
+        pybind11::arg("onednn_minimum_rows") = kOneDnnMinimumRows);
   m.attr("AMX_MINIMUM_ROWS") = kAmxMinimumRows;
+  m.attr("ONEDNN_MINIMUM_ROWS") = kOneDnnMinimumRows;
   m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
   m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),

@@ -14,10 +14,15 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
 // 16 rows whatever the call's, and the tiles' sums pass through memory before they are dequantized
 // (docs/fast_cpu_translation.md measures the crossover, benchmarks/probe_amx_rows.py)
 constexpr int64_t kAmxMinimumRows = 8;
+// Products of fewer rows than this run VNNI's kernels where the product is oneDNN's (on the VNNI panels the layout
+// keeps beside the weights oneDNN reads): below it a call's fixed cost in oneDNN outweighs its faster product
+// (docs/fast_cpu_translation.md measures the crossover)
+constexpr int64_t kOneDnnMinimumRows = 24;
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
-                          int64_t amx_minimum_rows = kAmxMinimumRows, const std::string& product = "");
+                          int64_t amx_minimum_rows = kAmxMinimumRows, const std::string& product = "",
+                          int64_t onednn_minimum_rows = kOneDnnMinimumRows);
 bool float32_linear_available();
 // float32_linear's weight layout: panels of 16 output features (one AVX-512 register, two AVX2 ones), two per pass,
 // zero past out_features (inference_copies.py's PANEL_COLUMNS)

@@ -6,7 +6,9 @@
 // `amx_minimum_rows` rows, where a tile of 16 rows would compute mostly padding, with VNNI on the same weights),
 // else with AVX-512 VNNI's `vpdpbusd` (unsigned x signed bytes, four products summed into each int32 lane, exactly) in
 // the 8-bit format only (the weights stored as unsigned ones, weight + 128, whose 128 x each row's code sum is taken
-// back: `vnni_rows_times_panels`; the AMX tiles read the same layout with `tdpbsud`, signed x unsigned), else, on
+// back: `vnni_rows_times_panels`; the AMX tiles read the same layout with `tdpbsud`, signed x unsigned) or, on the
+// same CPUs, with oneDNN's s8 x s8 product through `at::_int_mm` (from `kOneDnnMinimumRows` rows; VNNI's kernels on
+// their panels below), the faster of the two where it was measured (docs/fast_cpu_translation.md), else, on
 // AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
 // format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
@@ -451,13 +453,18 @@ bool amx_available() { return amx_usable(); }
 
 // The products that run `code_bits` weights on this CPU, its fastest first (the one `int8_linear` runs unless told):
 // "amx" (either format: the VNNI panels padded to whole tiles, read by the AMX product and, below `amx_minimum_rows`
-// rows, by VNNI's), "vnni" (the 8-bit format), "avx2" (the 7-bit format), "float32_blocks" (any CPU: weight_t itself,
-// nothing packed). Every one gives the same numbers; naming one lets the tests run each product the CPU has.
+// rows, by VNNI's), "onednn" (the 8-bit format on a CPU with VNNI: oneDNN's product of weight_t, and below
+// `onednn_minimum_rows` rows VNNI's kernels on their panels), "vnni" (the 8-bit format), "avx2" (the 7-bit format),
+// "float32_blocks" (any CPU: weight_t itself, nothing packed). Every one gives the same numbers; naming one lets the
+// tests run each product the CPU has.
 std::vector<std::string> int8_products(int64_t code_bits) {
   check_code_bits(code_bits, "int8_products");
   std::vector<std::string> products;
   if (amx_usable()) products.push_back("amx");
-  if (vnni_usable() && code_bits == 8) products.push_back("vnni");
+  if (vnni_usable() && code_bits == 8) {
+    products.push_back("onednn");
+    products.push_back("vnni");
+  }
   if (avx2_usable() && code_bits == 7) products.push_back("avx2");
   products.push_back("float32_blocks");
   return products;
@@ -468,6 +475,8 @@ std::string int8_product(int64_t code_bits) {
   const std::string product = int8_products(code_bits).front();
   if (product == "amx")
     return vnni_usable() ? "AMX (AVX-512 VNNI below " + std::to_string(kAmxMinimumRows) + " rows)" : "AMX";
+  if (product == "onednn")
+    return "oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below " + std::to_string(kOneDnnMinimumRows) + " rows)";
   return product == "vnni" ? "AVX-512 VNNI" : product == "avx2" ? "AVX2" : "float32 blocks";
 }
 
@@ -507,7 +516,7 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
             static_cast<int8_t>(src[k * N + n] + kAvx2WeightOffset);
     return panels;
   }
-  const bool amx = layout == "amx";
+  const bool amx = layout == "amx";  // else VNNI's panels, which "onednn" keeps for its products of few rows
   const int64_t Kp = round_up(K, amx ? kTileDepth : kVnniDepth), Np = round_up(N, amx ? kBlockColumns : kVnniColumns);
   auto panels = torch::zeros({Np * Kp}, weight_t.options());
   int8_t* dst = panels.data_ptr<int8_t>();
@@ -527,11 +536,12 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
-                          int64_t amx_minimum_rows, const std::string& product) {
+                          int64_t amx_minimum_rows, const std::string& product, int64_t onednn_minimum_rows) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   check_code_bits(code_bits, "int8_linear");
   TORCH_CHECK(amx_minimum_rows >= 0, "int8_linear: amx_minimum_rows must be >= 0, got ", amx_minimum_rows);
+  TORCH_CHECK(onednn_minimum_rows >= 0, "int8_linear: onednn_minimum_rows must be >= 0, got ", onednn_minimum_rows);
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   TORCH_CHECK(x.size(-1) == K, "int8_linear: the input has ", x.size(-1), " features, the weight expects ", K);
   TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N &&
@@ -554,20 +564,23 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const auto rows = x.is_contiguous() ? x : x.contiguous();
   const int64_t M = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
   // the AMX layout's few-row products run VNNI's kernels on the same weights
-  const bool amx_layout = layout == "amx", avx2 = layout == "avx2";
+  const bool amx_layout = layout == "amx", avx2 = layout == "avx2", onednn_layout = layout == "onednn";
   const bool amx = amx_layout && !(M < amx_minimum_rows && vnni_usable());
-  const bool vnni = layout == "vnni" || (amx_layout && !amx);
+  // oneDNN's product reads weight_t itself; its layout's VNNI panels serve the products of few rows
+  const bool onednn = onednn_layout && M >= onednn_minimum_rows;
+  const bool vnni = layout == "vnni" || (amx_layout && !amx) || (onednn_layout && !onednn);
+  const bool vnni_layout = layout == "vnni" || onednn_layout;
   // AMX reads whole tiles: rows padded to 16, depth to 64, columns to 64 (zeros); VNNI reads groups of 4 inputs and
   // panels of 16 columns, AVX2 groups of 8 inputs and panels of 8 columns; results cut back
   const int64_t Mp = amx ? round_up(M, kTileRows) : M;
-  const int64_t Kp = amx_layout ? round_up(K, kTileDepth)
-                     : vnni     ? round_up(K, kVnniDepth)
-                     : avx2     ? round_up(K, kAvx2Depth)
-                                : K;
-  const int64_t Np = amx_layout ? round_up(N, kBlockColumns)
-                     : vnni     ? round_up(N, kVnniColumns)
-                     : avx2     ? round_up(N, kAvx2Columns)
-                                : N;
+  const int64_t Kp = amx_layout    ? round_up(K, kTileDepth)
+                     : vnni_layout ? round_up(K, kVnniDepth)
+                     : avx2        ? round_up(K, kAvx2Depth)
+                                   : K;
+  const int64_t Np = amx_layout    ? round_up(N, kBlockColumns)
+                     : vnni_layout ? round_up(N, kVnniColumns)
+                     : avx2        ? round_up(N, kAvx2Columns)
+                                   : N;
   TORCH_CHECK(packed_weights.numel() == (layout == "float32_blocks" ? 0 : Np * Kp),
               "int8_linear: packed_weights do not match weight_t (", packed_weights.numel(), " bytes for ", K, " x ",
               N, " weights)");
@@ -587,6 +600,14 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
                      run_with_widest_vectors<QuantizeRows>(xp, qp, rs, rz, csp, begin, end, K, Kp, codes);
                    });
   torch::Tensor sums;
+  int64_t sums_stride = Np;  // the sums' row stride: the padded columns of a packed product
+  if (onednn) {
+    // (M, N) int32, exact: oneDNN's s8 x s8 product sums in int32 (on VNNI with its own compensation for the signed
+    // operand), the same sums as VNNI's kernels
+    const auto codes_rows = torch::from_blob(qp, {M, K}, {Kp, 1}, rows.options().dtype(torch::kInt8));
+    sums = at::_int_mm(codes_rows, weight_t);
+    sums_stride = N;
+  }
 #if HLF_AMX
   if (amx) {
     std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});  // padding rows: their sums are not read
@@ -642,7 +663,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
 #endif
-  if (!amx && !vnni && !avx2) {
+  if (!amx && !vnni && !avx2 && !onednn) {
     // (M, N) int32, exact: float32 products over blocks of kExactFloatDepth inputs, each below 2^24 in magnitude
     // (so exact), summed in int32, as `exact_int8_product` (inference_copies.py); `at::_int_mm` is far slower than a
     // float product on CPUs without VNNI
@@ -655,7 +676,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     }
   }
   // dequantize in place where the sums have the output's shape, else into a new tensor
-  const bool in_place = Np == N;
+  const bool in_place = sums_stride == N;
   auto out = in_place ? sums.view(torch::kFloat32).narrow(0, 0, M) : torch::empty({M, N}, rows.options());
   const int32_t* sp = sums.data_ptr<int32_t>();
   float* op = out.data_ptr<float>();
@@ -663,8 +684,8 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
-    run_with_widest_vectors<DequantizeRows>(sp, Np, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu, begin, end,
-                                            N);
+    run_with_widest_vectors<DequantizeRows>(sp, sums_stride, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu,
+                                            begin, end, N);
   });
   return out.view(output_shape);
 }

@@ -94,7 +94,7 @@ KernelLinear KernelLinear::concatenate(const std::vector<KernelLinear>& linears)
 torch::Tensor KernelLinear::operator()(const torch::Tensor& x) const {
   return code_bits_ == 0 ? float32_linear(x, weights_, out_features_, bias_, relu_)
                          : int8_linear(x, weights_, packed_weights_, column_sums_, weight_scale_, bias_, relu_,
-                                       code_bits_, kAmxMinimumRows, product_);
+                                       code_bits_, kAmxMinimumRows, product_, kOneDnnMinimumRows);
 }
 
 // int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
