@@ -409,3 +409,23 @@ def test_kernel_linear_names_bad_weights(kernels):
                                   torch.ones(8), None, False, 8)
     with pytest.raises(RuntimeError, match="not a KernelLinear's state"):
         kernels.KernelLinear.__new__(kernels.KernelLinear).__setstate__(("int4", weight_t))
+
+
+def test_compiled_steps_call_a_linear_layer_only_where_its_forward_is_the_kernels(kernels):
+    """`compiled_linear`: the compiled decoding steps call `kernel_linear` directly, which is what `Float32Linear` and
+    `Int8Linear` (and subclasses that only bind other kernels, as the benchmarks' candidates do) compute in `forward`;
+    a subclass with a `forward` of its own runs through it instead."""
+    from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, compiled_linear
+
+    class Rebound(Int8Linear):
+        pass
+
+    class Scaled(Float32Linear):
+        def forward(self, hidden_states):
+            return 2 * super().forward(hidden_states)
+
+    weight, bias = torch.randn(16, 32), torch.randn(16)
+    assert compiled_linear(Int8Linear(weight, bias)) and compiled_linear(Float32Linear(weight, bias))
+    assert compiled_linear(Rebound(weight, bias))
+    assert not compiled_linear(Scaled(weight, bias))
+    assert not compiled_linear(torch.nn.Linear(32, 16))

@@ -211,8 +211,14 @@ class DecodingStep(NamedTuple):
 
 
 def compiled_linear(linear: nn.Module) -> bool:
-    """Whether `linear` is an inference copy's linear layer that the compiled decoding steps can call."""
-    return type(linear) in (Float32Linear, Int8Linear) and linear.kernel_linear is not None
+    """Whether `linear` is an inference copy's linear layer that the compiled decoding steps can call: a
+    `Float32Linear` or `Int8Linear` (or a subclass that keeps its `forward`, which calls `kernel_linear` as the steps
+    do) with a bound kernel."""
+    return (
+        isinstance(linear, (Float32Linear, Int8Linear))
+        and type(linear).forward in (Float32Linear.forward, Int8Linear.forward)
+        and linear.kernel_linear is not None
+    )
 
 
 class KernelResidualSublayer(ResidualSublayer):
