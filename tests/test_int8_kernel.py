@@ -159,13 +159,13 @@ def test_amx_weights_give_the_same_numbers_on_tiles_and_on_vnni_at_every_size(
 
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
 def test_onednn_weights_give_the_same_numbers_through_onednn_and_vnni_at_every_size(
-    kernels, instruction_set, shape, out_features, with_bias
+    kernels, shape, out_features, with_bias
 ):
     """On a CPU with VNNI the "onednn" product reads weight_t through oneDNN (`at::_int_mm`) from
     `onednn_minimum_rows` rows and VNNI's kernels on the layout's panels below. Forced each way at every size (0:
     oneDNN always; a huge minimum: VNNI always), both give the reference's numbers."""
     if "onednn" not in kernels.int8_products(8):
-        pytest.skip("oneDNN's product runs where the CPU has AVX-512 VNNI (within the instruction set cap)")
+        pytest.skip("oneDNN's product runs where the CPU has AVX-512 VNNI")
     assert kernels.ONEDNN_MINIMUM_ROWS == ONEDNN_MINIMUM_ROWS
     generator = torch.Generator().manual_seed(5 * sum(shape) + out_features)
     inputs = torch.randn(*shape, generator=generator) * 4
