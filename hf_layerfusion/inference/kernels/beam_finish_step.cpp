@@ -1,8 +1,8 @@
 // The rest of a beam-search step after the choice of candidates (`beam_top_k_continuations`), in one call: what
 // transformers' `_beam_search` computes per step with `_get_running_beams_for_next_iteration`,
 // `_update_finished_beams`, `_check_early_stop_heuristic` and `_beam_search_has_unfinished_sequences` (about forty
-// torch operations on tensors of a few hundred numbers: about 0.3 ms a step on one core, a tenth of an int8 step's
-// decoder time at 32 sentences x 4 beams), plus the end-token test and which items can no longer change.
+// torch operations per step on tensors of a few hundred numbers; docs/fast_cpu_translation.md measures them), plus
+// the end-token test and which items can no longer change.
 //
 // Numbers: every score is the helpers' float32 arithmetic in their order (the penalties of -1e9 added one by one, the
 // length penalty a float32 division by `(float) pow(length, length_penalty)`, as torch divides by a Python float), so
@@ -10,6 +10,7 @@
 // rank by position, lowest first (the finished beams before the new candidates, as concatenated).
 #include "cpu_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -18,9 +19,10 @@ namespace {
 
 constexpr float kPenalty = -1.0e9f;  // the helpers' -1.0e9
 
-// the positions of the `count` largest of `scores[0, n)`, best first, ties lowest position first (n is a few beams)
-void top_positions(const float* scores, int64_t n, int64_t count, int64_t* out) {
-  std::vector<bool> taken(n, false);
+// the positions of the `count` largest of `scores[0, n)`, best first, ties lowest position first (n is a few beams);
+// `taken`: n flags of scratch
+void top_positions(const float* scores, int64_t n, int64_t count, int64_t* out, uint8_t* taken) {
+  std::fill(taken, taken + n, uint8_t{0});
   for (int64_t j = 0; j < count; ++j) {
     int64_t best = -1;
     for (int64_t i = 0; i < n; ++i) {
@@ -28,7 +30,7 @@ void top_positions(const float* scores, int64_t n, int64_t count, int64_t* out) 
       // NaN ranks above everything, as in torch.topk
       if (best < 0 || (std::isnan(scores[i]) && !std::isnan(scores[best])) || scores[i] > scores[best]) best = i;
     }
-    taken[best] = true;
+    taken[best] = 1;
     out[j] = best;
   }
 }
@@ -108,7 +110,7 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
   const float best_length = static_cast<float>(std::pow(static_cast<double>(hypothetical_length), length_penalty));
   const bool all_hit_max_length = cur_len + 1 >= max_length;
 
-  std::vector<uint8_t> hits(k);
+  std::vector<uint8_t> hits(k), taken(beams + k);
   std::vector<float> candidate_scores(k), merged_scores(beams + k);
   std::vector<int64_t> chosen(beams), merged_chosen(beams);
   std::vector<int64_t> old_rows(beams * width);
@@ -131,7 +133,7 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
 
     // _get_running_beams_for_next_iteration: the best `beams` candidates that did not hit a stopping criterion
     for (int64_t j = 0; j < k; ++j) candidate_scores[j] = scores[j] + (hits[j] ? kPenalty : -0.0f);
-    top_positions(candidate_scores.data(), k, beams, chosen.data());
+    top_positions(candidate_scores.data(), k, beams, chosen.data(), taken.data());
     for (int64_t b = 0; b < beams; ++b) {
       const int64_t from = item * k + chosen[b], to = item * beams + b;
       std::memcpy(running_rows + to * width, topk_rows + from * width, width * sizeof(int64_t));
@@ -156,7 +158,7 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
       score = score + (just_finished ? -0.0f : kPenalty);
       merged_scores[beams + j] = score;
     }
-    top_positions(merged_scores.data(), beams + k, beams, merged_chosen.data());
+    top_positions(merged_scores.data(), beams + k, beams, merged_chosen.data(), taken.data());
     std::memcpy(old_rows.data(), finished_rows + item * beams * width, beams * width * sizeof(int64_t));
     std::memcpy(old_index_rows.data(), finished_index_rows + item * beams * index_width,
                 beams * index_width * sizeof(int32_t));

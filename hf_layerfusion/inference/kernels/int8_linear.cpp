@@ -593,8 +593,8 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   int32_t* rz = input.zero;
   const ActivationCodes codes = activation_codes(code_bits);
   // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI and AMX products' 128 x, taken back with
-  // these
-  int32_t* csp = layout == "float32_blocks" ? nullptr : input.code_sums;
+  // these (oneDNN's and the float32 blocks' sums need none)
+  int32_t* csp = layout == "float32_blocks" || onednn ? nullptr : input.code_sums;
   at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) {
                      run_with_widest_vectors<QuantizeRows>(xp, qp, rs, rz, csp, begin, end, K, Kp, codes);
