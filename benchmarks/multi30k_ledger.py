@@ -330,12 +330,13 @@ class Comparison:
         return [s for s, p in zip(self.seeds, self.val_p_values) if p is not None]
 
     def val_verdict(self) -> str:
-        """The verdict on val, by the test's rule over the seeds whose val translations the ledger holds (a seed
-        without them cannot be tested: its BLEU alone says nothing of significance); `UNTESTED` without any."""
-        tested = [(d, p) for d, p in zip(self.val_deltas, self.val_p_values) if p is not None]
-        if not tested:
+        """The verdict on val, by the test's rule over all the comparison's seeds, where a seed whose val
+        translations the ledger lacks counts as no significant difference (its BLEU alone says nothing of
+        significance); `UNTESTED` without any tested seed. (Over the tested seeds alone, one tested seed of four
+        made a "win" beside a negative mean Δ of all four.)"""
+        if not self.val_tested_seeds:
             return UNTESTED
-        return majority_verdict([d for d, _ in tested], [p for _, p in tested])
+        return majority_verdict(self.val_deltas, [1.0 if p is None else p for p in self.val_p_values])
 
     def summary(self) -> str:
         """Both verdicts with their numbers ("select on val, report test": a reader needs both), joined so that a
@@ -530,8 +531,9 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         "per seed, then mean ± std. p: sacreBLEU's paired bootstrap (1,000 resamples, two-sided) of the arm's "
         "translations against its baseline's of the same seed, on test and on val. Verdict: *wins* / *loses* when "
         f"significantly better / worse (p < {SIGNIFICANCE_LEVEL}) on a majority of seeds with a mean Δ of that sign, "
-        "else *ties*; on val over the seeds whose val translations the ledger holds (recorded since issue 38; p –: "
-        f"a run of the pair has none), *{UNTESTED}* without any. Select on val, report test: the conclusions below "
+        "else *ties*; on val the same rule over all seeds, where a seed without val translations (recorded since "
+        f"issue 38; p –: a run of the pair has none) counts as not significant, *{UNTESTED}* without any tested "
+        "seed. Select on val, report test: the conclusions below "
         "call an arm a win only where both verdicts say so.",
     ]
     if any(c.cross_hardware_seeds for c in comparisons.values()):

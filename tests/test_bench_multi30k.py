@@ -849,8 +849,14 @@ def test_val_and_test_verdicts_together_say_which_way_they_differ():
         f"wins {test} and wins on val (Δ +1.00 ± 0.00, p 0.010, 0.010, 0.010)")
     assert comparison([0.5] * 3, [0.01] * 3).summary().startswith("ties on test (Δ +1.00 ± 0.00 BLEU over 3 seeds, "
                                                                   "p 0.500, 0.500, 0.500) but wins on val")
+    # a seed without val translations counts as no significant difference: one tested seed is no majority
     assert comparison([0.01] * 3, [0.01, None, None]).summary() == (
-        f"wins {test} and wins on val (Δ +1.00 ± 0.00, p 0.010, tested on seed 1 of 3)")
+        f"wins {test} but ties on val (Δ +1.00 ± 0.00, p 0.010, tested on seed 1 of 3)")
+    assert comparison([0.01] * 3, [0.01, 0.01, None]).summary() == (
+        f"wins {test} and wins on val (Δ +1.00 ± 0.00, p 0.010, 0.010, tested on seeds 1, 2 of 3)")
+    one_tested_win = ledger.Comparison(seeds=[1, 2, 3, 4], test_deltas=[-1.0] * 4, val_deltas=[-1.5, -1.0, -1.2, 2.0],
+                                       p_values=[0.5] * 4, val_p_values=[None, None, None, 0.001])
+    assert one_tested_win.val_verdict() == "ties"
     assert comparison([0.01] * 3, [None] * 3).summary() == (
         f"wins {test}, untested on val (Δ +1.00 ± 0.00; the ledger holds no val translations of seeds 1, 2, 3): "
         "not a win yet")

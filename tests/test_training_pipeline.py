@@ -14,6 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_model
+from safetensors.torch import load_file
 from sacrebleu.metrics import BLEU
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
@@ -25,7 +27,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer, load_checkpoint_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
@@ -263,6 +265,49 @@ def test_run_translation_end_to_end(tmp_path, multi30k_dir):
         model.final_logits_bias[0, tokenizer.eos_token_id] = -1e4  # never stop early
     generated = model.generate(**tokenizer(["A man."], return_tensors="pt"), num_beams=1)
     assert generated.shape[-1] == 33
+
+
+def test_run_resumed_at_its_last_checkpoint_trains_no_further_step(tmp_path, multi30k_dir):
+    """A run stopped after saving the checkpoint of its last step (while evaluating, say), resumed: transformers'
+    loop trains one step before it checks `max_steps` (the study's ledger got a run of 2,001 steps so); the trainer
+    takes the checkpoint's weights and state instead."""
+    output_dir = tmp_path / "run"
+    args = script_args(multi30k_dir, output_dir, 4, "--save_steps=4")
+    run_translation.main(args)
+    saved = load_file(output_dir / "checkpoint-4" / "model.safetensors")
+    for name in ("model.safetensors", "trainer_state.json", "bleu_results.json"):  # as if killed after the checkpoint
+        (output_dir / name).unlink()
+
+    results = run_translation.main(args + ["--resume_from_checkpoint=last"])
+    assert results["train"]["global_step"] == 4 and results["train"]["train_steps"] == 0
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 4 and not (output_dir / "checkpoint-5").exists()
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2, 3, 4]
+    assert state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] > 0
+    final = load_file(output_dir / "model.safetensors")
+    assert final.keys() == saved.keys() and all(torch.equal(final[key], saved[key]) for key in saved)
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_load_checkpoint_weights_fills_tied_tensors_and_refuses_other_models(tmp_path, model_type):
+    """Every family's saved weights (tied tensors saved once: layer-wise coordination shares its layers) load into a
+    fresh model to the same state dict; a checkpoint of another shape or family is refused before any weight changes."""
+    saved = tiny_model(model_type, seed=1)
+    saved.save_pretrained(tmp_path / "saved")
+    model = tiny_model(model_type, seed=2)
+    load_checkpoint_weights(model, tmp_path / "saved")
+    assert all(torch.equal(model.state_dict()[key], value) for key, value in saved.state_dict().items())
+
+    other = tiny_model(model_type, seed=2, d_model=32)
+    before = {key: value.clone() for key, value in other.state_dict().items()}
+    with pytest.raises(ValueError, match="of another shape"):
+        load_checkpoint_weights(other, tmp_path / "saved")
+    assert all(torch.equal(other.state_dict()[key], value) for key, value in before.items())
+    foreign = "gtrans" if model_type != "gtrans" else "plain_transformer"
+    with pytest.raises(ValueError, match=r"do not fit the model: \d+ of its tensors missing"):
+        load_checkpoint_weights(tiny_model(foreign), tmp_path / "saved")
+    with pytest.raises(FileNotFoundError, match="holds no model weights"):
+        load_checkpoint_weights(model, tmp_path)
 
 
 def test_killed_run_resumes(tmp_path, multi30k_dir):

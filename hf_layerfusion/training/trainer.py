@@ -33,6 +33,11 @@ Learning-rate schedule: fairseq's `inverse_sqrt` (Vaswani et al.; used by the pa
 step), so no custom scheduler is needed. Note it needs `warmup_steps >= 1`: with no warm-up transformers falls back
 to `timescale=10000`, which is not fairseq's schedule.
 
+Resuming a finished run: transformers' training loop, resumed from a checkpoint that already holds `max_steps`
+(a run stopped after saving its last checkpoint, while evaluating say), trains one step before it checks the limit,
+so the run would end at `max_steps + 1` and no longer be steps-matched. This trainer takes such a checkpoint's weights
+and state and trains no further step (`train`).
+
 Evaluation with `predict_with_generate`: hf_layerfusion models translate with the fast decoding loop
 (`hf_layerfusion.inference.fast_decoding_loop`: the tokens of `generate()`, faster) unless
 `fast_generation=False`; models from outside the package, and DeepSpeed ZeRO-3 / FSDP runs (whose `generate()`
@@ -41,16 +46,19 @@ must keep the processes in step, which the loop does not do), use `generate()`'s
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch.utils.data import SequentialSampler
-from transformers import Seq2SeqTrainer
+from transformers import Seq2SeqTrainer, TrainerState
 from transformers.integrations import is_deepspeed_zero3_enabled
 from transformers.integrations.fsdp import is_fsdp_managed_module
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
-from transformers.utils import logging
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint, has_length
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME, logging
 
 from ..file_checks import check_write_error
 from ..inference.fast_generation import fast_decoding_loop
@@ -91,6 +99,27 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         self._diagnostics: dict[str, list] = {}
         self._collapse_warned = False
         self._run_log_enriching_callbacks_first()
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """`Seq2SeqTrainer.train`, except from a checkpoint that already holds the run's last step (`max_steps`):
+        there the model takes the checkpoint's weights and the trainer its state (log history, time budget), no step
+        is trained, and the returned metrics say so (`train_steps` 0; see the module docstring). DeepSpeed and FSDP
+        runs, whose models are sharded, always run transformers' loop."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:  # transformers' shorthand for the output dir's newest checkpoint
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        state = None
+        if isinstance(checkpoint, (str, os.PathLike)) and not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            state = finished_checkpoint_state(checkpoint, self.args.max_steps)
+        if state is None:
+            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+        logger.info(f"{checkpoint} holds step {state.global_step} of max_steps={self.args.max_steps}: its weights and "
+                    "state are the run's, no step is trained.")
+        load_checkpoint_weights(self.model, checkpoint)
+        self.state = state
+        # no loss was computed in this call (a number here would be read as one)
+        return TrainOutput(state.global_step, float("nan"), {"epoch": state.epoch, "train_steps": 0})
 
     def add_callback(self, callback):
         super().add_callback(callback)
@@ -186,6 +215,45 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(model, LayerFusionPreTrainedModel):
             move_label_smoothing_to_model(model, self.args.label_smoothing_factor)
         return model
+
+
+def finished_checkpoint_state(checkpoint: str | os.PathLike, max_steps: int) -> TrainerState | None:
+    """`checkpoint`'s trainer state where it holds the run's last step (`global_step >= max_steps > 0`), else None."""
+    state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    return state if 0 < max_steps <= state.global_step else None
+
+
+def load_checkpoint_weights(model: torch.nn.Module, checkpoint: str | os.PathLike) -> None:
+    """The weights `Trainer` saved in `checkpoint` (`model.safetensors`, its shards, or `pytorch_model.bin`) loaded
+    into `model` in place. Every tensor of the model's state dict must come from the checkpoint, itself or through
+    a tensor it shares storage with (tied embeddings and output projection, layer-wise coordination's shared
+    layers, which `save_pretrained` saves once), and the checkpoint must hold nothing else: else a `ValueError`
+    naming the keys, before the model is changed."""
+    folder = Path(checkpoint)
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        weights = load_file(folder / SAFE_WEIGHTS_NAME)
+    elif (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        shards = sorted(set(json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text())["weight_map"].values()))
+        weights = {key: value for shard in shards for key, value in load_file(folder / shard).items()}
+    elif (folder / WEIGHTS_NAME).is_file():
+        weights = torch.load(folder / WEIGHTS_NAME, map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(
+            f"{folder} holds no model weights ({SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME} or {WEIGHTS_NAME}); "
+            "resume from a complete checkpoint."
+        )
+    own = model.state_dict(keep_vars=True)
+    unexpected = sorted(set(weights) - set(own))
+    reshaped = sorted(key for key in weights if key in own and weights[key].shape != own[key].shape)
+    loaded_storages = {own[key].untyped_storage().data_ptr() for key in weights if key in own}
+    missing = sorted(key for key in set(own) - set(weights) if own[key].untyped_storage().data_ptr() not in loaded_storages)
+    if unexpected or missing or reshaped:
+        raise ValueError(
+            f"The weights of {folder} do not fit the model: {len(missing)} of its tensors missing {missing[:5]}, "
+            f"{len(unexpected)} unknown {unexpected[:5]}, {len(reshaped)} of another shape {reshaped[:5]}; resume "
+            "with the model the checkpoint was saved from."
+        )
+    model.load_state_dict(weights, strict=False)
 
 
 def move_label_smoothing_to_model(model: LayerFusionPreTrainedModel, label_smoothing_factor: float) -> None:
