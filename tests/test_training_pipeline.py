@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from sacrebleu.metrics import BLEU
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
+from transformers.utils import logging as transformers_logging
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -308,6 +309,29 @@ def test_load_checkpoint_weights_fills_tied_tensors_and_refuses_other_models(tmp
         load_checkpoint_weights(tiny_model(foreign), tmp_path / "saved")
     with pytest.raises(FileNotFoundError, match="holds no model weights"):
         load_checkpoint_weights(model, tmp_path)
+
+
+def test_resume_warns_only_about_keys_no_twin_loaded(tmp_path, caplog):
+    """transformers' Trainer warned at every resume about each tied key `save_pretrained` saves once (layer-wise
+    coordination's shared layers: two hundred names); the trainer warns only about keys nothing loaded."""
+    model = tiny_model("layerwise_coordination")
+    model.save_pretrained(tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert len(model.state_dict()) - len(saved) >= 10  # the shared layers' decoder names are not saved
+    trainer = LayerFusionSeq2SeqTrainer(model=model, args=Seq2SeqTrainingArguments(output_dir=str(tmp_path / "out"),
+                                                                                     use_cpu=True, report_to=[]))
+    transformers_logging.enable_propagation()  # so that caplog would see transformers' own warning too
+    try:
+        with caplog.at_level("WARNING"):
+            trainer._issue_warnings_after_load(model.load_state_dict(saved, strict=False))
+    finally:
+        transformers_logging.disable_propagation()
+    assert "missing keys" not in caplog.text
+    lost = sorted(saved)[0]
+    with caplog.at_level("WARNING"):
+        trainer._issue_warnings_after_load(model.load_state_dict({k: v for k, v in saved.items() if k != lost},
+                                                                 strict=False))
+    assert f"There were missing keys in the checkpoint model loaded: ['{lost}']" in caplog.text
 
 
 def test_killed_run_resumes(tmp_path, multi30k_dir):

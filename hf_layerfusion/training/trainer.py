@@ -121,6 +121,16 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         # no loss was computed in this call (a number here would be read as one)
         return TrainOutput(state.global_step, float("nan"), {"epoch": state.epoch, "train_steps": 0})
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # transformers warns about every key the checkpoint lacks, the tied ones that `save_pretrained` saves once
+        # included (layer-wise coordination's shared layers: two hundred names at every resume); only keys loaded
+        # through no twin are missing
+        missing = untied_missing_keys(self.model, load_result.missing_keys)
+        if missing:
+            logger.warning(f"There were missing keys in the checkpoint model loaded: {missing}.")
+        if load_result.unexpected_keys:
+            logger.warning(f"There were unexpected keys in the checkpoint model loaded: {load_result.unexpected_keys}.")
+
     def add_callback(self, callback):
         super().add_callback(callback)
         self._run_log_enriching_callbacks_first()
@@ -223,6 +233,15 @@ def finished_checkpoint_state(checkpoint: str | os.PathLike, max_steps: int) -> 
     return state if 0 < max_steps <= state.global_step else None
 
 
+def untied_missing_keys(model: torch.nn.Module, missing_keys) -> list[str]:
+    """Of the keys of `model`'s state dict that a load did not give (`missing_keys`), those whose tensor shares no
+    storage with a tensor it gave: a tied tensor (saved once by `save_pretrained`) is loaded through its twin."""
+    own = model.state_dict(keep_vars=True)
+    missing = set(missing_keys)
+    loaded = {tensor.untyped_storage().data_ptr() for key, tensor in own.items() if key not in missing}
+    return sorted(key for key in missing if key not in own or own[key].untyped_storage().data_ptr() not in loaded)
+
+
 def load_checkpoint_weights(model: torch.nn.Module, checkpoint: str | os.PathLike) -> None:
     """The weights `Trainer` saved in `checkpoint` (`model.safetensors`, its shards, or `pytorch_model.bin`) loaded
     into `model` in place. Every tensor of the model's state dict must come from the checkpoint, itself or through
@@ -245,8 +264,7 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint: str | os.PathLik
     own = model.state_dict(keep_vars=True)
     unexpected = sorted(set(weights) - set(own))
     reshaped = sorted(key for key in weights if key in own and weights[key].shape != own[key].shape)
-    loaded_storages = {own[key].untyped_storage().data_ptr() for key in weights if key in own}
-    missing = sorted(key for key in set(own) - set(weights) if own[key].untyped_storage().data_ptr() not in loaded_storages)
+    missing = untied_missing_keys(model, set(own) - set(weights))
     if unexpected or missing or reshaped:
         raise ValueError(
             f"The weights of {folder} do not fit the model: {len(missing)} of its tensors missing {missing[:5]}, "
