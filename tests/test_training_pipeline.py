@@ -28,7 +28,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
-from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer, load_checkpoint_weights
+from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer, finished_checkpoint_state, load_checkpoint_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
@@ -287,6 +287,10 @@ def test_run_resumed_at_its_last_checkpoint_trains_no_further_step(tmp_path, mul
     assert state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] > 0
     final = load_file(output_dir / "model.safetensors")
     assert final.keys() == saved.keys() and all(torch.equal(final[key], saved[key]) for key in saved)
+    # a directory of weights without a trainer state is transformers' to resume from, not a finished run
+    assert finished_checkpoint_state(tmp_path, 4) is None
+    assert finished_checkpoint_state(output_dir / "checkpoint-4", 5) is None
+    assert finished_checkpoint_state(output_dir / "checkpoint-4", 4).global_step == 4
 
 
 @pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))

@@ -228,8 +228,12 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
 
 
 def finished_checkpoint_state(checkpoint: str | os.PathLike, max_steps: int) -> TrainerState | None:
-    """`checkpoint`'s trainer state where it holds the run's last step (`global_step >= max_steps > 0`), else None."""
-    state = TrainerState.load_from_json(os.path.join(checkpoint, "trainer_state.json"))
+    """`checkpoint`'s trainer state where it holds the run's last step (`global_step >= max_steps > 0`), else None
+    (also for a directory without `trainer_state.json`, which transformers resumes from as it does)."""
+    path = os.path.join(checkpoint, "trainer_state.json")
+    if not os.path.isfile(path):
+        return None
+    state = TrainerState.load_from_json(path)
     return state if 0 < max_steps <= state.global_step else None
 
 
