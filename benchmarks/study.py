@@ -24,8 +24,8 @@ from its last checkpoint (every 500 steps) with the code of the commit that star
 Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps took 52-68 minutes on an Intel Xeon
 core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
 leave them: that resume carries them across sessions only where `runs/` outlives the session. A new machine starts
-without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time and
-leaves the others for a longer stay or a GPU. On a machine with a GPU the same command runs the queue
+without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time (a
+resumed run: its steps after the checkpoint) and leaves the others for a longer stay or a GPU. On a machine with a GPU the same command runs the queue
 there (`--threads` then only sets the CPU threads), best with `--parallel` (one of these runs keeps a big GPU mostly
 idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
 lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
@@ -463,15 +463,19 @@ def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tup
     if isinstance(run, DepthProbe):
         return UNTIMED_RUN_MINUTES, "no estimate for a depth probe"
     arm_dir = run.result_file(args.ledger_dir, args.probe_dir).parent
-    minutes = ledger_cpu_minutes(arm_dir, cpu, run.max_steps)
+    done = resumed_step(run)
+    steps_left = run.max_steps - done
+    minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left)
     source = f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
     if not minutes and run.arm.endswith(LONG_DEPTH_SUFFIX):  # the same model's 1,000-step runs, scaled
         shorter = run.arm[: -len(LONG_DEPTH_SUFFIX)]
-        minutes = ledger_cpu_minutes(arm_dir.parent / shorter, cpu, run.max_steps)
+        minutes = ledger_cpu_minutes(arm_dir.parent / shorter, cpu, steps_left)
         source = f"the median of `{shorter}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {run.max_steps} steps"
-    expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES
+    expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES * steps_left / run.max_steps
     if not minutes:
         source = f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run"
+    if done:
+        source += f", for the {steps_left} steps left after its checkpoint at step {done}"
     start_from = starting_run(run)
     if start_from is not None and not finished_here(start_from):
         starting_minutes, _ = expected_minutes(start_from, args, cpu)
@@ -511,6 +515,16 @@ def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
             shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     marker.write_text(commit + "\n")
+
+
+def resumed_step(run: ArmRun | DepthProbe) -> int:
+    """The step of the latest checkpoint a resumed `run` continues from (`resumable_commit`), else 0: only the steps
+    after it are still to train, so a run a stop interrupted fits a session its full length would not."""
+    if isinstance(run, DepthProbe) or resumable_commit(run) is None:
+        return 0
+    steps = [int(path.name.split("-", 1)[1]) for path in run.checkpoint_dir().glob("checkpoint-*")
+             if path.name.split("-", 1)[1].isdigit() and (path / "trainer_state.json").is_file()]
+    return min(max(steps, default=0), run.max_steps)
 
 
 def resumable_commit(run: ArmRun | DepthProbe) -> str | None:

@@ -623,6 +623,32 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
             study.parse_args(["--hours", hours])
 
 
+def test_hours_counts_only_the_steps_a_resumed_run_has_left(tmp_path, monkeypatch, capsys):
+    """A run a stop interrupted resumes from its latest checkpoint: `--hours` expects only the training of the steps
+    after it (the evaluation in full), so a run longer than a session is carried across sessions instead of being
+    refused each time for its full length."""
+    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    ledger_dir = tmp_path / "ledger"
+    ledger.write_entry(ledger.ledger_path(ledger_dir, "re_transformer_2", 1), fake_entry(
+        "re_transformer_2", 1, 30.0, REFERENCES, train_minutes=200.0, evaluation_minutes=10.0,
+        device={"cpu": "CPU A", "gpu": None, "torch_threads": 1}))
+    args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    run, cpu = study.StudyRun("re_transformer_2", 2), ledger.CpuKind("CPU A", None)
+    assert study.expected_minutes(run, args, cpu)[0] == 210.0
+    run.run_dir().mkdir(parents=True)
+    (run.run_dir() / "STUDY_COMMIT").write_text(study.git("rev-parse", "HEAD") + "\n")
+    for step in (500, 1500):
+        (run.run_dir() / f"checkpoint-{step}").mkdir()
+        (run.run_dir() / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (run.run_dir() / "checkpoint-2000").mkdir()  # interrupted while saving: no trainer state, not resumed from
+    minutes, source = study.expected_minutes(run, args, cpu)
+    assert minutes == 200.0 * 500 / 2000 + 10.0
+    assert "the 500 steps left after its checkpoint at step 1500" in source
+    assert study.fitting_runs([run], 70.0, args, cpu, set()) == [run]
+    (run.run_dir() / "STUDY_COMMIT").write_text("f" * 40 + "\n")  # an unknown commit: starts over, in full
+    assert study.expected_minutes(run, args, cpu)[0] == 210.0
+
+
 def test_an_exported_tree_without_git_runs_its_own_code(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "REPO_ROOT", tmp_path)
     (tmp_path / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
