@@ -107,7 +107,7 @@ def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quanti
     are those of the blocks' steps, whose memory is copied into the rows kept, bit for bit, at every step after two
     compactions (sentences of different padding, reordered; beams of one sentence); a step that leaves the one call
     (here, made to) first gives each sentence its own rows again (`gather_memory_rows`). Layer-wise coordination's
-    source prefix, whose mask is read row by row, copies the memory instead."""
+    source prefix reads its mask (the memory mask, row by row) through `memory_rows` too."""
     model_type, overrides = CASES[case]
     engine = prepare_for_inference(tiny_model(model_type, d_model=32, **overrides), quantization)
     states = inference_copies.CompiledDecoderLayers.states
@@ -144,9 +144,14 @@ def test_rows_leaving_the_batch_read_the_memory_through_memory_rows(case, quanti
         for step, (actual, expected) in enumerate(zip(in_one_call, through_blocks)):
             assert torch.equal(actual, expected), (case, quantization, group, step, (actual - expected).abs().max())
         assert copied == [None] * tokens.shape[0]
-        if one_call_applies(engine) and not getattr(engine.config, "mixed_attention", False):
-            # sentences 4, 0, 2, 3 of the five, then 3 and 0; the step outside the call gathered them
-            assert memory_rows == [None, None, [4, 0, 2, 3], [4, 0, 2, 3], [3, 0], None, None], (case, memory_rows)
+        if one_call_applies(engine):
+            # sentences 4, 0, 2, 3 of the five, then 3 and 0; the step outside the call gathered them. Attention that
+            # cannot share a sentence's memory among its beams (mixed attention) keeps one memory row per beam.
+            def memory_row(groups):
+                return groups if steps.group == group else [g * group + beam for g in groups for beam in range(group)]
+
+            expected = [None, None, *[memory_row(GROUPS_KEPT[2])] * 2, memory_row([3, 0]), None, None]
+            assert memory_rows == expected, (case, memory_rows)
         else:
             assert memory_rows == [None] * tokens.shape[0], (case, memory_rows)
 
@@ -238,13 +243,16 @@ def test_the_layers_in_one_call_give_the_blocks_logits_bit_for_bit(case, quantiz
     assert applies == (case in expected_to_apply), (case, applies)
 
 
+@pytest.mark.parametrize("in_one_call", [True, False])
 @pytest.mark.parametrize("engine_kind", ["model itself", "float32", "int8"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_the_first_step_once_per_group_gives_every_rows_logits_bit_for_bit(case, engine_kind):
+def test_the_first_step_once_per_group_gives_every_rows_logits_bit_for_bit(case, engine_kind, in_one_call):
     """Beam search's first step computed for one row per sentence and repeated (`logits_of_equal_groups`) against
     every row computed: the same logits bit for bit at that step and at the next ones (the cache holds the copies),
-    on both copies; nothing computed where the rows of a group differ, after the first step, or on the model itself
-    (torch's products choose their kernels by the row count: one row differs from three in the last bits)."""
+    on both copies, the next steps in one compiled call or through the blocks; nothing computed where the rows of a
+    group differ, after the first step, or on the model itself (torch's products choose their kernels by the row
+    count: one row differs from three in the last bits). Mixed attention, whose memory is kept per beam, reads the
+    sentence's row through `memory_rows` in one call and copies of it through the blocks."""
     model_type, overrides = CASES[case]
     model = tiny_model(model_type, d_model=32, **overrides)
     engine = model if engine_kind == "model itself" else prepare_for_inference(
@@ -259,17 +267,23 @@ def test_the_first_step_once_per_group_gives_every_rows_logits_bit_for_bit(case,
 
         def new_steps():
             return DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None,
-                                group=group, compile_layers=inference_copies.compiled_decoder_layers,
+                                group=group,
+                                compile_layers=inference_copies.compiled_decoder_layers if in_one_call else None,
                                 rows_computed_alone=engine is not model)
 
         assert new_steps().logits_of_equal_groups(tokens[1]) is None  # the beams' tokens differ
         once, every = new_steps(), new_steps()
         first = once.logits_of_equal_groups(tokens[0])
-        # memory kept once per sentence, and rows computed alone
-        assert (first is not None) == (once.group == group and engine is not model), case
+        assert (first is not None) == (engine is not model), case  # rows computed alone
         if first is None:
             return
         assert once.logits_of_equal_groups(tokens[1]) is None  # not the first step any more
+        if once.group == 1:  # the memory per beam: each beam reads its sentence's row
+            sentences = torch.arange(source["input_ids"].shape[0]).repeat_interleave(group).tolist()
+            if in_one_call and one_call_applies(engine):
+                assert once.memory_rows.tolist() == sentences and once.memory.shape[0] == len(sentences) // group
+            else:
+                assert once.memory_rows is None and once.memory.shape[0] == len(sentences), case
         in_groups = [first] + [once.logits(step_tokens) for step_tokens in tokens[1:]]
         every_row = [every.logits(step_tokens) for step_tokens in tokens]
     for step, (actual, expected) in enumerate(zip(in_groups, every_row)):

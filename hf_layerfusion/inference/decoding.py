@@ -334,6 +334,9 @@ class DecoderSteps:
             accepts_key_groups = all(
                 module.accepts_key_groups for module in self.layers.modules() if isinstance(module, MultiHeadAttention)
             )
+        # `beams`: the consecutive rows of one sentence, as `generate()` expanded them; `group`: those that share one
+        # row of the memory (1 where an attention cannot take a sentence's beams over one key row)
+        self.beams = group
         self.group = group if accepts_key_groups else 1
         # `generate()` expands the encoder outputs to one row per beam (consecutive copies): keep one per group
         # contiguous once here: each cross-attention layer's key and value projections read it at the first step, and
@@ -396,23 +399,33 @@ class DecoderSteps:
         return logits[:, -1].float()  # a fresh tensor: the loop may change it in place
 
     def logits_of_equal_groups(self, tokens: torch.Tensor) -> torch.Tensor | None:
-        """`logits(tokens)` at a step where the rows of each group are equal (beam search's first step: each
-        sentence's beams start from the same token with empty caches), computed for one row per group and repeated,
-        the cache then holding `group` copies of each row: the numbers of computing every row (each row's are its
-        own), a `group`-th of the work. None (nothing computed) unless the rows are computed alone
-        (`rows_computed_alone`: the inference copies, whose kernels compute each row by itself; torch's products on the
-        model itself choose their kernels by the row count, so one row of a group differs from three in the last
-        bits), this is the first step, the memory is kept once per group (`group > 1`) and the tokens are equal
-        within each group."""
-        if not self.rows_computed_alone or self.position != 0 or self.group == 1:
+        """`logits(tokens)` at a step where the rows of each sentence are equal (beam search's first step: each
+        sentence's beams start from the same token with empty caches), computed for one row per sentence and repeated,
+        the cache then holding `beams` copies of each row: the numbers of computing every row (each row's are its
+        own), a `beams`-th of the work (layer-wise coordination's first step projects every layer's source keys).
+        Where the memory is kept per beam (`group == 1`: mixed attention), that step reads one row of it per sentence,
+        and the next steps read that row through `memory_rows` (the compiled layers) or copies of it. None (nothing
+        computed) unless the rows are computed alone (`rows_computed_alone`: the inference copies, whose kernels
+        compute each row by itself; torch's products on the model itself choose their kernels by the row count, so one
+        row of a group differs from three in the last bits), this is the first step, there are beams and the tokens
+        are equal within each sentence."""
+        if not self.rows_computed_alone or self.position != 0 or self.beams == 1:
             return None
-        firsts = tokens[:: self.group]
-        if not bool((tokens.view(-1, self.group) == firsts[:, None]).all()):
+        firsts = tokens[:: self.beams]
+        if not bool((tokens.view(-1, self.beams) == firsts[:, None]).all()):
             return None
+        memory_per_beam = self.group == 1
+        if memory_per_beam:
+            self.keep_memory_rows(torch.arange(0, tokens.shape[0], self.beams, device=tokens.device))
         logits = self.logits(firsts)
-        copies = torch.arange(firsts.shape[0], device=tokens.device).repeat_interleave(self.group)
+        copies = torch.arange(firsts.shape[0], device=tokens.device).repeat_interleave(self.beams)
         self.cache.self_attention_cache.select(copies, rows_dropped=True)
-        return logits.repeat_interleave(self.group, dim=0)
+        if memory_per_beam:
+            if self.reads_memory_rows():
+                self.memory_rows = copies
+            else:
+                self.keep_memory_rows(copies)
+        return logits.repeat_interleave(self.beams, dim=0)
 
     def select(self, index: torch.Tensor, rows_dropped: bool) -> None:
         """Keep rows `index`: a beam reorder (`rows_dropped=False`) or rows leaving the batch (whole groups)."""
@@ -432,14 +445,9 @@ class DecoderSteps:
 
     def reads_memory_rows(self) -> bool:
         """Whether the steps read the memory through `memory_rows`: the compiled layers, once the first step computed
-        the cross-attention keys/values, and no self-attention slot with a prefix (layer-wise coordination's source
-        part, whose mask is the memory mask row by row)."""
-        slots = self.cache.self_attention_cache.slots
-        return (
-            self.compiled_layers is not None
-            and bool(self.cache.is_updated)
-            and not any(slot.prefix for slot in slots.values())
-        )
+        the cross-attention keys/values (and any self-attention slot's prefix, layer-wise coordination's source part,
+        whose mask they then read through `memory_rows` too)."""
+        return self.compiled_layers is not None and bool(self.cache.is_updated)
 
     def gather_memory_rows(self) -> None:
         """Give each group its own row of the memory, its mask and the cross-attention keys/values again (those of

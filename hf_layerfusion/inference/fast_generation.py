@@ -16,7 +16,9 @@ hook):
   sentence's beams into query positions: `MultiHeadAttention.accepts_key_groups`); where the compiled layers run every
   step, a beam reorder (and rows leaving the batch) changes only which buffer row holds each row's keys/values at each
   position (`key_rows`, read by the attention kernel), and rows leaving the batch change only which row of the
-  cross-attention keys/values each sentence reads (`memory_rows`); elsewhere it moves, in place, the rows whose beam
+  cross-attention keys/values and of the memory mask each sentence reads (`memory_rows`); beam search's first step,
+  whose beams are equal, is computed once per sentence (`DecoderSteps.logits_of_equal_groups`: layer-wise
+  coordination's per-layer source keys too); elsewhere it moves, in place, the rows whose beam
   changed, every slot's in one compiled call (`move_rows`) that copies each row once (`generate()` reorders every
   slot, cross-attention ones included, whose rows are equal);
 - sentences (greedy) and batch items (beam search) that can no longer change the output leave the batch, so their

@@ -193,7 +193,7 @@ void DecoderLayerSteps::end_layer() {
 // cross-attention mask, also the prefix mask of slots with a prefix (as `KernelResidualSublayer.run_decoding_step`
 // passes them); `key_rows`: every self-attention slot's buffer row of each row's position (`self_attention_step`);
 // `memory_rows`: every cross-attention slot's (and the memory mask's) buffer row of each key row
-// (`cross_attention_step`), not with slots that have a prefix (whose prefix mask is the memory mask, row by row).
+// (`cross_attention_step`); slots with a prefix read their prefix mask, the memory mask row by row, through it too.
 // Returns each layer's output.
 std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
                                                          const std::vector<torch::Tensor>& values,
@@ -215,8 +215,16 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
   TORCH_CHECK(cross_keys.size() == cross_slots && cross_values.size() == cross_slots,
               "DecoderLayerSteps: expected keys and values of ", cross_slots, " cross-attention slots, got ",
               cross_keys.size(), " and ", cross_values.size());
-  TORCH_CHECK(!memory_rows.has_value() || std::all_of(prefixes.begin(), prefixes.end(), [](int64_t p) { return p == 0; }),
-              "DecoderLayerSteps: memory_rows with a self-attention prefix: its mask would be read by buffer row");
+  // the prefix mask of each row: the memory mask's buffer row that its key row reads (a few bytes per row, once per
+  // call), instead of the memory, its mask and the keys/values copied into the rows kept when rows leave the batch
+  c10::optional<torch::Tensor> prefix_mask = memory_mask;
+  const bool any_prefix = std::any_of(prefixes.begin(), prefixes.end(), [](int64_t p) { return p > 0; });
+  if (any_prefix && memory_rows.has_value() && memory_mask.has_value() && memory_mask->size(0) > 1) {
+    const int64_t rows = h.size(0), key_rows = memory_rows->size(0);
+    TORCH_CHECK(key_rows > 0 && rows % key_rows == 0, "DecoderLayerSteps: ", rows, " rows need memory_rows of a ",
+                "number of key rows dividing them, got ", key_rows);
+    prefix_mask = memory_mask->index_select(0, *memory_rows).repeat_interleave(rows / key_rows, 0);
+  }
   std::vector<torch::Tensor> outputs;
   outputs.reserve(layer_ends_.size());
   torch::Tensor state = h;
@@ -226,10 +234,9 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
     switch (step.form) {
       case Form::self_attention: {
         const auto slot = static_cast<size_t>(step.slot);
-        const c10::optional<torch::Tensor> prefix_mask = prefixes[slot] > 0 ? memory_mask : c10::nullopt;
         state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
                                     step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
-                                    prefix_mask, step.scaling, key_rows);
+                                    prefixes[slot] > 0 ? prefix_mask : c10::nullopt, step.scaling, key_rows);
         break;
       }
       case Form::cross_attention: {
