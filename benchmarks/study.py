@@ -25,9 +25,9 @@ Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps
 core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
 leave them: that resume carries them across sessions only where `runs/` outlives the session. A new machine starts
 without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time (a
-resumed run: its steps after the checkpoint) and leaves the others for a longer stay or a GPU. On a machine with a GPU the same command runs the queue
-there (`--threads` then only sets the CPU threads), best with `--parallel` (one of these runs keeps a big GPU mostly
-idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
+resumed run: its steps after the checkpoint) and leaves the others for a longer stay or a GPU. On a machine with a
+GPU the same command runs the queue there (`--threads` then only sets the CPU threads), best with `--parallel` (one
+of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
 lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
 (`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean checkout).
 
@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import json
 import math
 import os
 import shutil
@@ -518,13 +519,21 @@ def discard_stale_run(run: ArmRun | DepthProbe, commit: str) -> None:
 
 
 def resumed_step(run: ArmRun | DepthProbe) -> int:
-    """The step of the latest checkpoint a resumed `run` continues from (`resumable_commit`), else 0: only the steps
-    after it are still to train, so a run a stop interrupted fits a session its full length would not."""
+    """The step of the checkpoint a resumed `run` continues from (`resumable_commit`), else 0: only the steps after it
+    are still to train, so a run a stop interrupted fits a session its full length would not. That checkpoint is
+    the one `run_translation.last_complete_checkpoint` picks, the newest with a readable `trainer_state.json` (its
+    rule, restated here so that the queue imports no torch)."""
     if isinstance(run, DepthProbe) or resumable_commit(run) is None:
         return 0
-    steps = [int(path.name.split("-", 1)[1]) for path in run.checkpoint_dir().glob("checkpoint-*")
-             if path.name.split("-", 1)[1].isdigit() and (path / "trainer_state.json").is_file()]
-    return min(max(steps, default=0), run.max_steps)
+    numbers = ((path.name.removeprefix("checkpoint-"), path) for path in run.checkpoint_dir().glob("checkpoint-*"))
+    steps = sorted((int(number), path) for number, path in numbers if number.isdigit())
+    for step, path in reversed(steps):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            continue  # written while the process was killed
+        return min(step, run.max_steps)
+    return 0
 
 
 def resumable_commit(run: ArmRun | DepthProbe) -> str | None:
