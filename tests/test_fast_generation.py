@@ -338,9 +338,9 @@ def test_the_float32_copy_runs_the_kernels_at_every_step_and_generates_the_token
     monkeypatch.setattr(decoding, "compiled_kernels", lambda: counting)
     float32_forward = Float32Linear.forward
 
-    def counted_forward(layer, hidden_states):  # a `KernelLinear` call (float32_linear) from Python
+    def counted_forward(layer, hidden_states, out=None):  # a `KernelLinear` call (float32_linear) from Python
         counting.calls["Float32Linear"] += 1
-        return float32_forward(layer, hidden_states)
+        return float32_forward(layer, hidden_states, out)
 
     monkeypatch.setattr(Float32Linear, "forward", counted_forward)
     layer_states = inference_copies.CompiledDecoderLayers.states

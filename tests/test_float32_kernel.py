@@ -80,6 +80,18 @@ def test_kernel_reads_batched_and_strided_inputs_and_rows_do_not_mix(vector_inst
     assert layer(torch.empty(0, 24)).shape == (0, 40)
 
 
+def test_kernel_writes_into_a_given_output_the_numbers_it_returns(vector_instruction_set):
+    generator = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(40, 24, generator=generator), torch.randn(40, generator=generator)
+    layer = Float32Linear(weight, bias, relu=True)
+    batched = torch.randn(2, 13, 24, generator=generator)  # 26 rows: passes of several sizes
+    expected = layer(batched)
+    out = torch.full((26 * 40,), float("nan"))
+    result = layer(batched, out=out)
+    assert result.shape == (2, 13, 40) and result.data_ptr() == out.data_ptr()
+    assert torch.equal(result, expected) and torch.equal(out, expected.reshape(-1))
+
+
 def test_folded_relu_keeps_nan_as_torch_relu_does(vector_instruction_set):
     layer = Float32Linear(torch.randn(40, 24), torch.randn(40), relu=True)
     inputs = torch.randn(3, 24)
@@ -101,6 +113,16 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels, vector_instruction_set
         kernels.float32_linear(torch.randn(2, 24), layer.panels, 40, torch.randn(39), False)
     with pytest.raises(RuntimeError, match="panels must be contiguous float32"):
         kernels.float32_linear(torch.randn(2, 24), layer.panels[:3], 40, None, False)
+    inputs = torch.randn(2, 24)
+    for bad_out, message in ((torch.empty(80, dtype=torch.float64), "Double \\[80\\]"),
+                             (torch.empty(79), "Float \\[79\\]"),
+                             (torch.empty(40, 2).t(), "Float \\[2, 40\\] \\(not contiguous\\)")):
+        with pytest.raises(RuntimeError, match="float32_linear: out must be a contiguous float32 CPU tensor of 2 x 40 "
+                                               f"elements, got {message}"):
+            layer(inputs, out=bad_out)
+    shared = torch.randn(2 * 24 + 80)
+    with pytest.raises(RuntimeError, match="float32_linear: out overlaps the input"):
+        layer(shared[:48].view(2, 24), out=shared[40:120])
     with pytest.raises(TypeError, match="relu must be a bool, got 1"):
         Float32Linear(torch.randn(4, 4), None, relu=1)
 

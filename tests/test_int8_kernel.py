@@ -137,6 +137,41 @@ def test_kernel_equals_brute_force_and_its_torch_fallback_bit_for_bit(
 
 @pytest.mark.parametrize("code_bits", [7, 8])
 @pytest.mark.parametrize("shape, out_features, with_bias", CASES)
+def test_every_product_writes_into_a_given_output_the_numbers_it_returns(
+    kernels, instruction_set, shape, out_features, with_bias, code_bits
+):
+    """`out=`: each product this CPU has, on both sides of its minimum row counts (AMX's tiles or VNNI's kernels,
+    oneDNN's product or VNNI's), writes the reference's numbers into the given memory, whatever it held (NaN), and
+    returns it viewed as the output; so does the layer, through its kernel and through the torch operations."""
+    generator = torch.Generator().manual_seed(7 * sum(shape) + out_features)
+    inputs = torch.randn(*shape, generator=generator) * 3
+    inputs[1::2] = inputs[1::2].relu()
+    layer = Int8Linear(torch.randn(out_features, shape[-1], generator=generator),
+                       torch.randn(out_features, generator=generator) if with_bias else None, code_bits=code_bits)
+    codes = (layer.column_sums, layer.weight_scale, layer.bias, False, code_bits)
+    reference = int8_linear_reference(inputs, layer.weight_t, *codes)
+    elements = reference.numel()
+
+    def assert_written_into(out, result):
+        assert result.shape == reference.shape and torch.equal(result, reference)
+        assert torch.equal(out, reference.reshape(-1)) and (elements == 0 or result.data_ptr() == out.data_ptr())
+
+    for product in kernels.int8_products(code_bits):
+        packed = kernels.pack_int8_weights(layer.weight_t, code_bits, product)
+        for minimum_rows in (0, 10**9):
+            out = torch.full((elements,), float("nan"))
+            result = kernels.int8_linear(inputs, layer.weight_t, packed, *codes, amx_minimum_rows=minimum_rows,
+                                         product=product, onednn_minimum_rows=minimum_rows, out=out)
+            assert_written_into(out, result)
+    out = torch.full((elements,), float("nan"))
+    assert_written_into(out, layer(inputs, out=out))
+    layer.kernel_linear = None  # the torch operations, as where the kernels cannot be built
+    out = torch.full((elements,), float("nan"))
+    assert_written_into(out, layer(inputs, out=out))
+
+
+@pytest.mark.parametrize("code_bits", [7, 8])
+@pytest.mark.parametrize("shape, out_features, with_bias", CASES)
 def test_amx_weights_give_the_same_numbers_on_tiles_and_on_vnni_at_every_size(
     kernels, shape, out_features, with_bias, code_bits
 ):
@@ -280,6 +315,27 @@ def test_kernel_rejects_inputs_it_cannot_compute(kernels):
     for bad in (6, 16, True, 7.0, "7"):
         with pytest.raises(ValueError, match=f"code_bits must be one of \\[7, 8\\], got {bad!r}"):
             Int8Linear(torch.randn(4, 8), None, code_bits=bad)
+    inputs = torch.randn(2, 8)
+    for bad_out, message in (
+        (torch.empty(8, dtype=torch.float64), "Double \\[8\\]"),
+        (torch.empty(9), "Float \\[9\\]"),
+        (torch.empty(4, 2).t(), "Float \\[2, 4\\] \\(not contiguous\\)"),
+    ):
+        with pytest.raises(RuntimeError, match="int8_linear: out must be a contiguous float32 CPU tensor of 2 x 4 "
+                                               f"elements, got {message}"):
+            layer(inputs, out=bad_out)
+    with pytest.raises(RuntimeError, match="int8_linear: out overlaps the input"):
+        shared = torch.randn(16)
+        layer(shared.view(2, 8), out=shared[8:])
+    torch_operations = Int8Linear(torch.randn(4, 8), None)
+    torch_operations.kernel_linear = None  # as where the kernels cannot be built
+    for bad_out, message in ((torch.empty(9), "torch.float32 \\(9,\\)"),
+                             (torch.empty(4, 2).t(), "torch.float32 \\(2, 4\\)")):
+        with pytest.raises(ValueError, match="Int8Linear: out must be a contiguous float32 tensor of 8 elements, "
+                                             f"got {message}"):
+            torch_operations(inputs, out=bad_out)
+    with pytest.raises(TypeError, match="Int8Linear: out is given for float32 inputs only, got torch.bfloat16 inputs"):
+        layer(inputs.bfloat16(), out=torch.empty(8))
     # the module itself takes any float dtype (a bfloat16 model) and answers in it
     assert layer(torch.randn(2, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
     with pytest.raises(TypeError, match="relu must be a bool, got 1"):

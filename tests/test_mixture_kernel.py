@@ -1,14 +1,17 @@
 """The compiled output mixture (`mixture_log_probs`, kernels/mixture_log_probs.cpp: GTrans' Eq. 5) against Eq. 5
-computed in float64, and the inference copies' use of it through the output head's declared hook
-(`mix_output_groups`, `set_output_kernels`)."""
+computed in float64, and the inference copies' use of it through the output head's declared hooks
+(`mix_output_groups`, `project_output_groups`, `set_output_kernels`)."""
+
+import threading
 
 import numpy as np
 import pytest
 import torch
 from helpers import tiny_model
 
-from hf_layerfusion.inference import prepare_for_inference
-from hf_layerfusion.inference.inference_copies import mixture_kernel
+from hf_layerfusion.inference import prepare_for_inference, release_decoding_buffers
+from hf_layerfusion.inference.decoding import thread_scratch
+from hf_layerfusion.inference.inference_copies import OutputGroupsProjection, mixture_kernel
 from hf_layerfusion.modeling.extension_points import probability_mixture
 
 
@@ -68,3 +71,38 @@ def test_the_copies_mix_gtrans_groups_with_the_kernel_and_the_model_with_torch(k
         logits = group_logits.clone().requires_grad_()
         prepare_for_inference(model, "int8").mix_output_groups(logits, psi).sum().backward()
     assert logits.grad is not None
+
+
+def test_the_copies_project_gtrans_groups_into_the_threads_scratch(kernels):
+    """`project_output_groups`: the model projects the stacked group features with torch; the copies through their
+    own output projection (the numbers of their `project`) into the calling thread's scratch (`thread_scratch`), the
+    same memory at every call whatever the rows; another thread writes its own; `release_decoding_buffers` frees
+    it."""
+    model = tiny_model("gtrans")
+    generator = torch.Generator().manual_seed(0)
+    features = [torch.randn(4, 1, model.config.d_model, generator=generator) for _ in range(3)]
+    with torch.no_grad():
+        expected = model.project_output_groups(features)
+        assert model.output_groups_projection is None and torch.equal(expected, model.project(torch.stack(features)))
+        for quantization in (None, "int8"):
+            engine = prepare_for_inference(model, quantization)
+            if engine is model:  # no float32 copy on this CPU
+                continue
+            projection = engine.output_groups_projection
+            assert isinstance(projection, OutputGroupsProjection) and projection.projection is engine.output_projection
+            first = engine.project_output_groups(features)
+            scratch = thread_scratch(0)
+            assert first.shape == (3, 4, 1, model.config.vocab_size) and first.data_ptr() == scratch.data_ptr()
+            assert torch.equal(first, engine.project(torch.stack(features)))
+            if quantization is None:
+                torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
+            first = first.clone()
+            fewer = engine.project_output_groups([f[:2] for f in features])
+            assert fewer.data_ptr() == scratch.data_ptr() and torch.equal(fewer, first[:, :2])
+            in_other_thread = []
+            thread = threading.Thread(target=lambda: in_other_thread.append(engine.project_output_groups(features)))
+            thread.start()
+            thread.join()
+            assert torch.equal(in_other_thread[0], first) and in_other_thread[0].data_ptr() != scratch.data_ptr()
+            release_decoding_buffers()
+            assert engine.project_output_groups(features).data_ptr() != scratch.data_ptr()

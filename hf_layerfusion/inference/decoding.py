@@ -63,9 +63,24 @@ def thread_slot_memory() -> SlotMemory:
     return memory
 
 
+def thread_scratch(numel: int) -> torch.Tensor:
+    """A flat float32 CPU buffer of at least `numel` elements kept for the calling thread (grown as needed), for a
+    result its caller reads before the thread's next call (`OutputGroupsProjection`): a tensor of megabytes made at
+    every step is mapped fresh by the C library (as `SlotMemory`'s buffers were). `release_decoding_buffers()` frees
+    it."""
+    scratch = getattr(_thread_memory, "scratch", None)
+    if scratch is None or scratch.numel() < numel:
+        # a normal tensor even when made under `torch.inference_mode()`: a later call may run outside it
+        with torch.inference_mode(False):
+            scratch = _thread_memory.scratch = torch.empty(numel, dtype=torch.float32)
+    return scratch
+
+
 def release_decoding_buffers() -> None:
-    """Free the self-attention buffers the calling thread's generations kept for the next one (`SlotMemory`)."""
+    """Free the self-attention buffers the calling thread's generations kept for the next one (`SlotMemory`) and its
+    scratch (`thread_scratch`)."""
     _thread_memory.slots = None
+    _thread_memory.scratch = None
 
 
 class _KeyValueSlot:

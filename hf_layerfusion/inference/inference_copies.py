@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -20,7 +21,7 @@ from torch import nn
 from ..modeling.attention import CrossAttention, MultiHeadAttention
 from ..modeling.layers import FeedForward, ResidualSublayer, TransformerLayer
 from .cpu_kernels import compiled_kernels
-from .decoding import DecodingCache
+from .decoding import DecodingCache, thread_scratch
 from .decoding_attention import HEAD_DIMS, register_decoding_attention
 
 QUANTIZATIONS = (None, "int8")
@@ -54,8 +55,9 @@ class Float32Linear(nn.Module):
         # compiled decoding steps take the layer as it is
         self.kernel_linear = compiled_kernels().KernelLinear.float32(self.panels, self.out_features, self.bias, relu)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.kernel_linear(hidden_states)
+    def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output; written into `out` (a contiguous float32 tensor of its shape) where given."""
+        return self.kernel_linear(hidden_states, out)
 
     def extra_repr(self) -> str:
         relu = ", relu=True" if self.relu else ""
@@ -183,15 +185,26 @@ class Int8Linear(nn.Module):
             self.weight_t, self.packed_weights, self.column_sums, self.weight_scale, self.bias, relu, self.code_bits
         )
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output; written into `out` (a contiguous float32 tensor of its shape, for float32 inputs) where
+        given."""
         # (no-op conversions skipped: each costs microseconds, at decoding steps a visible share of a product's call)
         inputs = hidden_states if hidden_states.dtype == torch.float32 else hidden_states.float()
-        if self.kernel_linear is None:
+        if out is not None and inputs is not hidden_states:
+            raise TypeError(f"Int8Linear: out is given for float32 inputs only, got {hidden_states.dtype} inputs.")
+        if self.kernel_linear is not None:
+            output = self.kernel_linear(inputs, out)
+        else:
             output = int8_linear_reference(
                 inputs, self.weight_t, self.column_sums, self.weight_scale, self.bias, self.relu, self.code_bits
             )
-        else:
-            output = self.kernel_linear(inputs)
+            if out is not None:  # the kernel's rule: the output's number of floats, contiguous
+                if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() != output.numel():
+                    raise ValueError(
+                        f"Int8Linear: out must be a contiguous float32 tensor of {output.numel()} elements, got "
+                        f"{out.dtype} {tuple(out.shape)}."
+                    )
+                output = out.view(output.shape).copy_(output)
         return output if output.dtype == hidden_states.dtype else output.to(hidden_states.dtype)
 
     def extra_repr(self) -> str:
@@ -492,7 +505,7 @@ def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s (each running
     the decoding step its sub-layer declares as one call), and whose output head's mixture of several groups
     (`mix_output_groups`) is the compiled `mixture_kernel`: the output head's two through the model's
-    `set_output_kernels`. Every other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config
+    `set_output_kernels` (several groups' logits at once through `OutputGroupsProjection`). Every other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config
     are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
@@ -512,13 +525,34 @@ def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
                 block = layer.get_submodule(f"{sublayer_name}_block")
                 block.bind_decoding_step(layer.get_submodule(sublayer_name))
     engine.set_attn_implementation(register_decoding_attention())
-    # the output head's declared hooks: `project` through the copy's own projection, `mix_output_groups` (GTrans' Eq.
-    # 5: five torch passes) through one kernel call
+    # the output head's declared hooks: `project` through the copy's own projection (`project_output_groups` through
+    # the same layer into kept memory), `mix_output_groups` (GTrans' Eq. 5: five torch passes) through one kernel call
+    projection = linear_class(engine.lm_head.weight, engine.final_logits_bias[0])
     engine.set_output_kernels(
-        projection=linear_class(engine.lm_head.weight, engine.final_logits_bias[0]), mixture=mixture_kernel
+        projection=projection, mixture=mixture_kernel, groups_projection=OutputGroupsProjection(projection)
     )
     engine.prepared_for_inference = name
     return engine
+
+
+class OutputGroupsProjection(nn.Module):
+    """An inference copy's output projection (`projection`: its `Float32Linear` or `Int8Linear`) for the stacked
+    features of several output groups, written into the calling thread's scratch (`thread_scratch`) instead of a new
+    tensor: the head reads these group logits only before it returns (`project_output_groups`), and GTrans' (three
+    8,000-word groups, 12 MB at a beam search of 32 sentences) made new at every step were mapped fresh by the C
+    library, a page fault for every 4 KiB written (docs/fast_cpu_translation.md measures them). The result lasts until
+    the thread's next call."""
+
+    def __init__(self, projection: nn.Module):
+        super().__init__()
+        self.projection = projection
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if features.dtype != torch.float32 or features.device.type != "cpu":
+            return self.projection(features)
+        shape = (*features.shape[:-1], self.projection.out_features)
+        numel = math.prod(shape)
+        return self.projection(features, out=thread_scratch(numel)[:numel].view(shape))
 
 
 def mixture_kernel(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor | None:

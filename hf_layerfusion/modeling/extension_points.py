@@ -27,11 +27,12 @@ kernels instead is declared here, each with a default that runs the family's Pyt
 - a connection that changes the embeddings alone: the class keyword `changes_only_embeddings=True` of a
   `Connection`, read through `Connection.changes_only_embeddings()` (never inherited either); a stack with another
   connection runs a step's layers one by one, the connection between them;
-- the output head's projection and group mixture: `LayerFusionForConditionalGeneration.project` (h W_o + b) and
-  `mix_output_groups` (`probability_mixture` of several output groups' distributions, GTrans' Eq. 5), which read
-  what an inference copy hands them through `LayerFusionForConditionalGeneration.set_output_kernels` (None by
-  default: the torch operations). A family whose head calls them gets the copies' kernels; one that overrides them
-  runs its override.
+- the output head's projection and group mixture: `LayerFusionForConditionalGeneration.project` (h W_o + b),
+  `project_output_groups` (several output groups' logits at once, read before the head returns: the copies write
+  them into memory kept across steps) and `mix_output_groups` (`probability_mixture` of several output groups'
+  distributions, GTrans' Eq. 5), which read what an inference copy hands them through
+  `LayerFusionForConditionalGeneration.set_output_kernels` (None by default: the torch operations). A family whose
+  head calls them gets the copies' kernels; one that overrides them runs its override.
 
 Nothing else is looked up by name: the copies replace `nn.Linear` layers and the backbone's `ResidualSublayer` blocks
 by their types (folding a ReLU into the first layer of a module whose forward is `FeedForward`'s), set the attention

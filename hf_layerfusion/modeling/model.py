@@ -222,9 +222,10 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
     - `extra_loss`, a term added to the head's loss when `labels` are given, with the diagnostics it reports
       (fields of the family's `output_class`; `training_diagnostics` names the scalar ones the trainer logs).
 
-    The output head computes its logits with `project` and mixes several output groups with `mix_output_groups`:
-    the torch operations, or what an inference copy handed them (`set_output_kernels`: the fast path's compiled
-    projection and mixture, `hf_layerfusion.modeling.extension_points`).
+    The output head computes its logits with `project` (several output groups' at once with `project_output_groups`)
+    and mixes several output groups with `mix_output_groups`: the torch operations, or what an inference copy handed
+    them (`set_output_kernels`: the fast path's compiled projection and mixture,
+    `hf_layerfusion.modeling.extension_points`).
     """
 
     model_class = LayerFusionModel
@@ -242,8 +243,10 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self.model = self.model_class(config)
         self.final_logits_bias = nn.Buffer(torch.zeros((1, config.vocab_size)))
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        # what `project` and `mix_output_groups` run instead of their torch operations (`set_output_kernels`)
+        # what `project`, `project_output_groups` and `mix_output_groups` run instead of their torch operations
+        # (`set_output_kernels`)
         self.output_projection: nn.Module | None = None
+        self.output_groups_projection: nn.Module | None = None
         self.output_mixture_kernel: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None
         self.post_init()
 
@@ -296,6 +299,16 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
             return self.output_projection(features)
         return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
 
+    def project_output_groups(self, group_features: Sequence[torch.Tensor]) -> torch.Tensor:
+        """`project` of several output groups' features at once, the group logits `(groups, ..., vocab)`, for an
+        output head that reads them only before it returns (to mix them, or for the groups' losses): through
+        `output_groups_projection` where an inference copy set one (`set_output_kernels`), which may write them into
+        memory that its next call in the same thread writes again."""
+        stacked = torch.stack(tuple(group_features))
+        if self.output_groups_projection is not None:
+            return self.output_groups_projection(stacked)
+        return self.project(stacked)
+
     def mix_output_groups(self, group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tensor:
         """The mixture of several output groups' distributions, `probability_mixture(group_logits, psi)` (log sum_g
         psi_g softmax(z_g); GTrans' Eq. 5), for an output head with several groups: through `output_mixture_kernel`
@@ -310,18 +323,23 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self,
         projection: nn.Module | None = None,
         mixture: Callable[[torch.Tensor, torch.Tensor], torch.Tensor | None] | None = None,
+        groups_projection: nn.Module | None = None,
     ) -> None:
         """What the output head runs instead of its torch operations, set by the inference copies
         (`hf_layerfusion.inference`; None: the torch operations): `projection`, a module computing `project`'s
-        `h W_o + b` (its own layer of `lm_head`'s weight and `final_logits_bias`), and `mixture`, a function computing
-        `probability_mixture` (or returning None where it does not apply), which `mix_output_groups` calls."""
-        if projection is not None and not isinstance(projection, nn.Module):
-            raise TypeError(
-                f"set_output_kernels: projection must be an nn.Module or None, got {type(projection).__name__}."
-            )
+        `h W_o + b` (its own layer of `lm_head`'s weight and `final_logits_bias`); `mixture`, a function computing
+        `probability_mixture` (or returning None where it does not apply), which `mix_output_groups` calls; and
+        `groups_projection`, a module computing `project_output_groups`' group logits from the stacked features
+        (None: `project`'s)."""
+        for name, module in (("projection", projection), ("groups_projection", groups_projection)):
+            if module is not None and not isinstance(module, nn.Module):
+                raise TypeError(
+                    f"set_output_kernels: {name} must be an nn.Module or None, got {type(module).__name__}."
+                )
         if mixture is not None and not callable(mixture):
             raise TypeError(f"set_output_kernels: mixture must be callable or None, got {type(mixture).__name__}.")
         self.output_projection = projection
+        self.output_groups_projection = groups_projection
         self.output_mixture_kernel = mixture
 
     # ---- family extension points

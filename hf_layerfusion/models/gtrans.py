@@ -193,8 +193,9 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
     as in any HF model; generation normalises both the same way.
 
     Eq. 5 in probability space, log sum_i psi_i softmax(h_i^{df} W_o), is the backbone's declared output mixture
-    (`mix_output_groups`, `extension_points.probability_mixture`), and the group logits come from `project`: the
-    inference copies run both as compiled kernels (`set_output_kernels`), so GTrans declares nothing else to be fast."""
+    (`mix_output_groups`, `extension_points.probability_mixture`), and the group logits come from
+    `project_output_groups`: the inference copies run both as compiled kernels (`set_output_kernels`), so GTrans
+    declares nothing else to be fast."""
 
     config_class = GTransConfig
     model_class = GTransModel
@@ -227,7 +228,7 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
                 num_items_in_batch,
             )  # Eq. 7
         else:
-            group_logits = self.project(torch.stack(group_features)).float()  # h_i^{df} W_o for every group
+            group_logits = self.project_output_groups(group_features).float()  # h_i^{df} W_o for every group
             logits = self.mix_output_groups(group_logits, psi)  # Eq. 5
             if return_group_log_probs:
                 group_log_probs = F.log_softmax(group_logits, dim=-1)

@@ -62,13 +62,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
         pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"),
         pybind11::arg("amx_minimum_rows") = kAmxMinimumRows, pybind11::arg("product") = "",
-        pybind11::arg("onednn_minimum_rows") = kOneDnnMinimumRows);
+        pybind11::arg("onednn_minimum_rows") = kOneDnnMinimumRows, pybind11::arg("out") = pybind11::none());
   m.attr("AMX_MINIMUM_ROWS") = kAmxMinimumRows;
   m.attr("ONEDNN_MINIMUM_ROWS") = kOneDnnMinimumRows;
   m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
   m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),
-        pybind11::arg("relu") = false);
+        pybind11::arg("relu") = false, pybind11::arg("out") = pybind11::none());
   m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
         pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
         pybind11::arg("scaling"), pybind11::arg("key_rows") = pybind11::none(),
@@ -94,7 +94,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def_static("concatenate", &KernelLinear::concatenate,
                     "One layer computing these layers' outputs side by side, each exactly as its own layer.",
                     pybind11::arg("linears"))
-        .def("__call__", &KernelLinear::operator(), pybind11::arg("x"))
+        .def("__call__", &KernelLinear::operator(), "The layer's output for x, written into `out` where given.",
+             pybind11::arg("x"), pybind11::arg("out") = pybind11::none())
         .def_property_readonly("out_features", &KernelLinear::out_features)
         .def_property_readonly("relu", &KernelLinear::relu)
         .def_property_readonly("code_bits", &KernelLinear::code_bits, "8 or 7 for int8 weights, 0 for float32 ones.")

@@ -5,6 +5,11 @@
 #include "instruction_sets.h"
 
 int64_t parallel_for_threads(int64_t tasks);
+// A linear layer's output of `rows` x `columns` floats: `out` viewed as (rows, columns) where given (`caller` names
+// the function in the error for an `out` that is not a contiguous float32 CPU tensor of that many elements, or that
+// overlaps `input`), else a new tensor like `input`'s
+torch::Tensor linear_output(const c10::optional<torch::Tensor>& out, int64_t rows, int64_t columns,
+                            const torch::Tensor& input, const char* caller);
 bool amx_available();
 std::vector<std::string> int8_products(int64_t code_bits);
 std::string int8_product(int64_t code_bits);
@@ -22,14 +27,16 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
                           int64_t amx_minimum_rows = kAmxMinimumRows, const std::string& product = "",
-                          int64_t onednn_minimum_rows = kOneDnnMinimumRows);
+                          int64_t onednn_minimum_rows = kOneDnnMinimumRows,
+                          const c10::optional<torch::Tensor>& out = c10::nullopt);
 bool float32_linear_available();
 // float32_linear's weight layout: panels of 16 output features (one AVX-512 register, two AVX2 ones), two per pass,
 // zero past out_features (inference_copies.py's PANEL_COLUMNS)
 constexpr int64_t kFloat32PanelColumns = 16;
 constexpr int64_t kFloat32PassColumns = 2 * kFloat32PanelColumns;
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
-                             const c10::optional<torch::Tensor>& bias, bool relu);
+                             const c10::optional<torch::Tensor>& bias, bool relu,
+                             const c10::optional<torch::Tensor>& out = c10::nullopt);
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const c10::optional<torch::Tensor>& mask, double scaling,
                                const c10::optional<torch::Tensor>& key_rows,
@@ -54,7 +61,8 @@ class KernelLinear {
   // feature's product and dequantization is its own), from one quantization of the input and one call; all of one
   // kind (float32, or int8 of one format) and with the same ReLU
   static KernelLinear concatenate(const std::vector<KernelLinear>& linears);
-  torch::Tensor operator()(const torch::Tensor& x) const;
+  // `out`: where to write the output (a contiguous float32 tensor of its shape); None: a new tensor
+  torch::Tensor operator()(const torch::Tensor& x, const c10::optional<torch::Tensor>& out = c10::nullopt) const;
   int64_t out_features() const { return out_features_; }
   bool relu() const { return relu_; }
   int64_t code_bits() const { return code_bits_; }  // 0: float32

@@ -169,7 +169,8 @@ bool float32_linear_available() {
 }
 
 torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
-                             const c10::optional<torch::Tensor>& bias, bool relu) {
+                             const c10::optional<torch::Tensor>& bias, bool relu,
+                             const c10::optional<torch::Tensor>& out) {
   TORCH_CHECK(float32_linear_available(),
               "float32_linear: this CPU has neither AVX-512 nor AVX2 with FMA, or the instruction set cap (",
               max_instruction_set(), ", HF_LAYERFUSION_MAX_CPU_ISA) excludes them (float32_linear_available())");
@@ -193,7 +194,7 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
   const int64_t M = rows.size(0);
   auto output_sizes = x.sizes().vec();
   output_sizes.back() = N;
-  auto y = torch::empty({M, N}, x.options());
+  auto y = linear_output(out, M, N, rows, "float32_linear");
 #if HLF_FLOAT32_LINEAR
   const float* x_data = rows.data_ptr<float>();
   const float* panel_data = panels.data_ptr<float>();

@@ -536,7 +536,8 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
                           const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
                           const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
-                          int64_t amx_minimum_rows, const std::string& product, int64_t onednn_minimum_rows) {
+                          int64_t amx_minimum_rows, const std::string& product, int64_t onednn_minimum_rows,
+                          const c10::optional<torch::Tensor>& out) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
   TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
   check_code_bits(code_bits, "int8_linear");
@@ -586,6 +587,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
               N, " weights)");
   auto output_shape = x.sizes().vec();
   output_shape.back() = N;
+  // `out` checked before any work; without it, the products that leave sums of the output's shape are dequantized in
+  // place (below), the others write a new tensor
+  torch::Tensor output;
+  if (out.has_value() || onednn || vnni) output = linear_output(out, M, N, rows, "int8_linear");
   const QuantizedInput input = quantized_input_buffer(Mp, Kp, M);
   const float* xp = rows.data_ptr<float>();
   int8_t* qp = input.codes;
@@ -603,9 +608,10 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   int64_t sums_stride = Np;  // the sums' row stride: the padded columns of a packed product
   if (onednn) {
     // (M, N) int32, exact: oneDNN's s8 x s8 product sums in int32 (on VNNI with its own compensation for the signed
-    // operand), the same sums as VNNI's kernels
+    // operand), the same sums as VNNI's kernels; written into the output's memory and dequantized there
     const auto codes_rows = torch::from_blob(qp, {M, K}, {Kp, 1}, rows.options().dtype(torch::kInt8));
-    sums = at::_int_mm(codes_rows, weight_t);
+    sums = output.view(torch::kInt32);
+    at::_int_mm_out(sums, codes_rows, weight_t);
     sums_stride = N;
   }
 #if HLF_AMX
@@ -621,9 +627,8 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     });
   }
   if (vnni) {  // dequantized inside the product (`VnniDequantize`)
-    auto out = torch::empty(output_shape, rows.options());
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
-    float* op = out.data_ptr<float>();
+    float* op = output.data_ptr<float>();
     const float* ws = weight_scale.data_ptr<float>();
     const int32_t* cs = column_sums.data_ptr<int32_t>();
     const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -646,7 +651,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
         }
       }
     });
-    return out;
+    return output.view(output_shape);
   }
   if (avx2) {
     sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
@@ -675,11 +680,12 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
       sums = start == 0 ? block : sums + block;
     }
   }
-  // dequantize in place where the sums have the output's shape, else into a new tensor
-  const bool in_place = sums_stride == N;
-  auto out = in_place ? sums.view(torch::kFloat32).narrow(0, 0, M) : torch::empty({M, N}, rows.options());
+  // dequantized into the output: in place where oneDNN wrote the sums there, or where the sums have its shape
+  if (!output.defined()) {
+    output = sums_stride == N ? sums.view(torch::kFloat32).narrow(0, 0, M) : linear_output(out, M, N, rows, "int8_linear");
+  }
   const int32_t* sp = sums.data_ptr<int32_t>();
-  float* op = out.data_ptr<float>();
+  float* op = output.data_ptr<float>();
   const float* ws = weight_scale.data_ptr<float>();
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
@@ -687,5 +693,5 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     run_with_widest_vectors<DequantizeRows>(sp, sums_stride, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu,
                                             begin, end, N);
   });
-  return out.view(output_shape);
+  return output.view(output_shape);
 }

@@ -91,10 +91,24 @@ KernelLinear KernelLinear::concatenate(const std::vector<KernelLinear>& linears)
               first.code_bits_, first.product_);
 }
 
-torch::Tensor KernelLinear::operator()(const torch::Tensor& x) const {
-  return code_bits_ == 0 ? float32_linear(x, weights_, out_features_, bias_, relu_)
+torch::Tensor linear_output(const c10::optional<torch::Tensor>& out, int64_t rows, int64_t columns,
+                            const torch::Tensor& input, const char* caller) {
+  if (!out.has_value()) return torch::empty({rows, columns}, input.options());
+  TORCH_CHECK(out->scalar_type() == torch::kFloat32 && out->device().is_cpu() && out->is_contiguous() &&
+                  out->numel() == rows * columns,
+              caller, ": out must be a contiguous float32 CPU tensor of ", rows, " x ", columns, " elements, got ",
+              out->scalar_type(), " ", out->sizes(), out->is_contiguous() ? "" : " (not contiguous)");
+  const auto* first = static_cast<const char*>(out->data_ptr());
+  const auto* input_first = static_cast<const char*>(input.data_ptr());
+  TORCH_CHECK(first + out->nbytes() <= input_first || input_first + input.nbytes() <= first,
+              caller, ": out overlaps the input (the output is written while the input is read)");
+  return out->view({rows, columns});
+}
+
+torch::Tensor KernelLinear::operator()(const torch::Tensor& x, const c10::optional<torch::Tensor>& out) const {
+  return code_bits_ == 0 ? float32_linear(x, weights_, out_features_, bias_, relu_, out)
                          : int8_linear(x, weights_, packed_weights_, column_sums_, weight_scale_, bias_, relu_,
-                                       code_bits_, kAmxMinimumRows, product_, kOneDnnMinimumRows);
+                                       code_bits_, kAmxMinimumRows, product_, kOneDnnMinimumRows, out);
 }
 
 // int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
