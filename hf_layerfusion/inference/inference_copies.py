@@ -505,8 +505,9 @@ def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     steps, SDPA elsewhere), whose sub-layers' residual sums and LayerNorms are `KernelResidualSublayer`s (each running
     the decoding step its sub-layer declares as one call), and whose output head's mixture of several groups
     (`mix_output_groups`) is the compiled `mixture_kernel`: the output head's two through the model's
-    `set_output_kernels` (several groups' logits at once through `OutputGroupsProjection`). Every other tensor (embeddings, LayerNorm weights, fusion weights) and the generation config
-    are shared with `model`, not copied. `prepared_for_inference` names the copy (`name`)."""
+    `set_output_kernels` (several groups' logits at once through `OutputGroupsProjection`). Every other tensor
+    (embeddings, LayerNorm weights, fusion weights) and the generation config are shared with `model`, not copied.
+    `prepared_for_inference` names the copy (`name`)."""
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
