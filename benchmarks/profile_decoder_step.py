@@ -89,9 +89,9 @@ def linear_times_by_shape(run, source_rows: int) -> list[str]:
             in_decoder[0] = False
 
     def timed(forward):
-        def call(self, hidden_states):
+        def call(self, hidden_states, out=None):
             start = time.perf_counter()
-            output = forward(self, hidden_states)
+            output = forward(self, hidden_states, out)
             rows = hidden_states.numel() // hidden_states.shape[-1]
             where = ("encoder" if not in_decoder[0] else
                      "cross-attention keys/values" if rows == source_rows else "decoding steps")

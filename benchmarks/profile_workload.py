@@ -123,10 +123,10 @@ class PhaseTimer:
             module.compiled_kernels = lambda: kernels
         self.original_forwards = {cls: cls.forward for cls in (inference_copies.Int8Linear, inference_copies.Float32Linear)}
         for cls, forward in self.original_forwards.items():
-            def timed_forward(layer, hidden_states, forward=forward):
+            def timed_forward(layer, hidden_states, out=None, forward=forward):
                 start = time.perf_counter()
                 try:
-                    return forward(layer, hidden_states)
+                    return forward(layer, hidden_states, out)
                 finally:
                     timer.kernel_totals["kernels"] += time.perf_counter() - start
 
