@@ -27,8 +27,8 @@ leave them: that resume carries them across sessions only where `runs/` outlives
 without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time (a
 resumed run: its steps after the checkpoint) and leaves the others for a longer stay or a GPU. On a machine with a
 GPU the same command runs the queue there (`--threads` then only sets the CPU threads), best with `--parallel` (one
-of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs shared it. A copy of the repository without its .git (sent to a
-lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
+of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs shared it. A copy of the
+repository without its .git (sent to a lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
 (`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean checkout).
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):

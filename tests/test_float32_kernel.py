@@ -90,6 +90,7 @@ def test_kernel_writes_into_a_given_output_the_numbers_it_returns(vector_instruc
     result = layer(batched, out=out)
     assert result.shape == (2, 13, 40) and result.data_ptr() == out.data_ptr()
     assert torch.equal(result, expected) and torch.equal(out, expected.reshape(-1))
+    assert_float_rounding_of(result.view(26, 40), batched.view(26, 24), weight, bias, relu=True)
 
 
 def test_folded_relu_keeps_nan_as_torch_relu_does(vector_instruction_set):

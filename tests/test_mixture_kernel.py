@@ -106,3 +106,18 @@ def test_the_copies_project_gtrans_groups_into_the_threads_scratch(kernels):
             assert torch.equal(in_other_thread[0], first) and in_other_thread[0].data_ptr() != scratch.data_ptr()
             release_decoding_buffers()
             assert engine.project_output_groups(features).data_ptr() != scratch.data_ptr()
+
+
+def test_set_output_kernels_names_what_it_cannot_take():
+    """`set_output_kernels` takes modules for the projections and a callable for the mixture; anything else is a
+    TypeError naming the argument, before any of them is set."""
+    model = tiny_model("gtrans")
+    for keyword, bad, message in (
+        ("projection", torch.nn.functional.linear, "projection must be an nn.Module or None, got builtin_function"),
+        ("groups_projection", "linear", "groups_projection must be an nn.Module or None, got str"),
+        ("mixture", 3, "mixture must be callable or None, got int"),
+    ):
+        with pytest.raises(TypeError, match=f"set_output_kernels: {message}"):
+            model.set_output_kernels(**{keyword: bad})
+        assert model.output_projection is None and model.output_groups_projection is None
+        assert model.output_mixture_kernel is None
