@@ -43,6 +43,7 @@ TEST_SUBSETS = (
     "tests/test_fast_generation.py",
     "tests/test_beam_search_kernels.py",
     "tests/test_training_pipeline.py",
+    "tests/test_adapters.py",
     "tests/test_pipeline.py",
     "tests/test_checkpoint_compatibility.py",
     "tests/test_hub.py",

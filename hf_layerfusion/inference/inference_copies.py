@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from transformers.utils import logging
 
 from ..modeling.attention import CrossAttention, MultiHeadAttention
 from ..modeling.layers import FeedForward, ResidualSublayer, TransformerLayer
@@ -25,6 +26,8 @@ from .decoding import DecodingCache, thread_scratch
 from .decoding_attention import HEAD_DIMS, register_decoding_attention
 
 QUANTIZATIONS = (None, "int8")
+inference_copy_logger = logging.get_logger(__name__)
+MERGE_ADVICE = "merge adapters into the weights first (PEFT: `model = model.merge_and_unload()`)"
 PANEL_COLUMNS = 16  # output features per panel of `Float32Linear` (kernels/float32_linear.cpp: one AVX-512 register)
 
 
@@ -498,6 +501,35 @@ def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | 
                                  decoder.connection, opens_first_step)
 
 
+@functools.cache
+def copy_knows(module_class: type) -> bool:
+    """Whether `kernel_copy` can copy a module of `module_class`: torch.nn's own modules and transformers'
+    activations, and the package's modules or any subclass of them (the backbone, the families and a new family's
+    extension points, which call their linear layers and never read their weights). Not the modules of other libraries
+    that wrap a model's layers: PEFT's adapter layers (`lora.Linear` computes `base_layer(x)` plus its own low-rank
+    path and reads `base_layer.weight`), the PEFT model around a model, other libraries' quantized linear layers:
+    replacing the linear layers inside them would drop or break what they add."""
+    if module_class.__module__.startswith(("torch.nn.modules.", "transformers.activations")):
+        return True
+    return any(base.__module__.partition(".")[0] == "hf_layerfusion" for base in module_class.__mro__)
+
+
+def modules_the_copy_does_not_know(model: nn.Module) -> str | None:
+    """The modules of `model` that `copy_knows` does not know, described for a message (each class with its first
+    module's name and how many more), or None where there are none."""
+    unknown: dict[type, list[str]] = {}
+    for name, module in model.named_modules():
+        if not copy_knows(type(module)):
+            unknown.setdefault(type(module), []).append(name)
+    if not unknown:
+        return None
+    return ", ".join(
+        f"{cls.__module__}.{cls.__qualname__} (`{names[0] or 'the model itself'}`"
+        + (f" and {len(names) - 1} more)" if len(names) > 1 else ")")
+        for cls, names in unknown.items()
+    )
+
+
 def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     """An inference copy of `model` whose every `nn.Linear` of the encoder-decoder, and the output projection
     (`project`, with Marian's `final_logits_bias`), is a `linear_class(weight, bias, relu)` (a feed-forward ReLU
@@ -507,7 +539,15 @@ def kernel_copy(model, linear_class: Callable[..., nn.Module], name: str):
     (`mix_output_groups`) is the compiled `mixture_kernel`: the output head's two through the model's
     `set_output_kernels` (several groups' logits at once through `OutputGroupsProjection`). Every other tensor
     (embeddings, LayerNorm weights, fusion weights) and the generation config are shared with `model`, not copied.
-    `prepared_for_inference` names the copy (`name`)."""
+    `prepared_for_inference` names the copy (`name`). Raises `ValueError` for a model with modules the copy cannot
+    copy (`copy_knows`: PEFT's adapters, ...), naming them."""
+    unknown = modules_the_copy_does_not_know(model)
+    if unknown is not None:
+        raise ValueError(
+            f"The {name} inference copy replaces the model's linear layers by compiled kernels and cannot copy "
+            f"modules of other libraries around the model or its layers: {unknown}. To translate with it, "
+            f"{MERGE_ADVICE}."
+        )
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     shared[id(model.generation_config)] = model.generation_config  # later changes to it reach the copy
     engine = copy.deepcopy(model, memo=shared).eval()
@@ -632,9 +672,10 @@ def prepare_for_inference(model, quantization: str | None = None):
     - `quantization=None`: its float32 copy (`float32_copy`: the compiled `Float32Linear` and decoding-attention
       kernels, the same function as the model's with the sums in another order, so the tokens of `generate()` unless
       two candidates tie to the last bits), where `float32_copy_applies`; elsewhere (neither AVX-512 nor AVX2 with FMA, no compiler, GPU,
-      half precision, training mode, the Hub code) the model itself;
+      half precision, training mode, the Hub code, and a model holding modules of other libraries that wrap its
+      layers, such as PEFT's adapters: `copy_knows`, said in a warning) the model itself;
     - `quantization="int8"`: its int8 copy (`int8_copy`; changes the numbers, hence possibly tokens: its BLEU cost is
-      measured in the README).
+      measured in the README); `ValueError` for a model with such modules (merge adapters first).
 
     A copy given back to this function is returned as it is. A copy is kept per instruction set cap of the kernels
     (`cpu_kernels.limit_instruction_set`): one made under another cap is made again for this one."""
@@ -663,6 +704,15 @@ def prepare_for_inference(model, quantization: str | None = None):
     cached = _prepared.get(model, {}).get(key)
     if cached is not None and fingerprint is not None and cached[0] == fingerprint:
         return cached[1]
+    if quantization is None:
+        unknown = modules_the_copy_does_not_know(model)
+        if unknown is not None:  # checked where a copy would be made: changing modules changes the parameters
+            inference_copy_logger.warning_once(
+                f"hf_layerfusion's float32 inference copy cannot copy modules of other libraries around the model or "
+                f"its layers: {unknown}. The fast loop runs the model's own layers, without the compiled kernels; to "
+                f"run them, {MERGE_ADVICE}."
+            )
+            return model
     engine = int8_copy(model) if quantization == "int8" else float32_copy(model)
     _prepared.setdefault(model, {})[key] = (fingerprint, engine)
     return engine

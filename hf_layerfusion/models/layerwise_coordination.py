@@ -86,7 +86,10 @@ class LayerwiseCoordinationConfig(LayerFusionConfig):
     Args:
         share_layer_parameters: encoder layer i and decoder layer i share their attention and feed-forward
             parameters and the LayerNorms of those blocks, and in pre-norm models the stacks' final LayerNorm (paper
-            Sec. 3; False: Table 3 "w/o weight sharing", which the paper runs with half the layers).
+            Sec. 3; False: Table 3 "w/o weight sharing", which the paper runs with half the layers). The two
+            layers are two modules holding one set of tensors (tied, saved once), so PEFT gives each its own
+            adapter, and `merge_and_unload()` adds both to the one weight: the merged model is not the adapted one
+            (tests/test_adapters.py); keep adapters of a shared-layer model unmerged.
         mixed_attention: the decoder's one attention over [source states ; target prefix] (Eq. 3). False: Table 3
             "w/o mixed attention", the mixed attention separated "into self-attention and source-target attention as
             usual" inside the same layer: a causal self-attention over the target, then a source-target attention

@@ -42,6 +42,11 @@ Evaluation with `predict_with_generate`: hf_layerfusion models translate with th
 (`hf_layerfusion.inference.fast_decoding_loop`: the tokens of `generate()`, faster) unless
 `fast_generation=False`; models from outside the package, and DeepSpeed ZeRO-3 / FSDP runs (whose `generate()`
 must keep the processes in step, which the loop does not do), use `generate()`'s own loop.
+
+PEFT: a PEFT model around an hf_layerfusion model (`peft.get_peft_model(model, LoraConfig(...))`) is trained as the
+model itself is (`layerfusion_model_of`): its smoothing moved into the wrapped model's loss, its training diagnostics
+logged, its fusion weights out of weight decay, its evaluation through the fast decoding loop (on the model's own
+layers and adapters); resumed from a finished checkpoint, it takes the checkpoint's adapters (PEFT's `load_adapter`).
 """
 
 from __future__ import annotations
@@ -92,8 +97,9 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
             raise TypeError(f"fast_generation must be True or False, got {fast_generation!r}.")
         super().__init__(*args, **kwargs)
         self.fast_generation = fast_generation
-        if isinstance(self.model, LayerFusionPreTrainedModel):
-            move_label_smoothing_to_model(self.model, self.args.label_smoothing_factor)
+        trained = layerfusion_model_of(self.model)
+        if trained is not None:
+            move_label_smoothing_to_model(trained, self.args.label_smoothing_factor)
             self.label_smoother = None
         # per training diagnostic of the model: sum and count over the training steps since the last log
         self._diagnostics: dict[str, list] = {}
@@ -116,7 +122,10 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
                                  ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
         logger.info(f"{checkpoint} holds step {state.global_step} of max_steps={self.args.max_steps}: its weights and "
                     "state are the run's, no step is trained.")
-        load_checkpoint_weights(self.model, checkpoint)
+        if isinstance(self.model, LayerFusionPreTrainedModel):
+            load_checkpoint_weights(self.model, checkpoint)
+        else:  # a PEFT model: the checkpoint holds its adapters, loaded by PEFT (as transformers' loop resumes them)
+            self.model.load_adapter(checkpoint, self.model.active_adapter, is_trainable=True)
         self.state = state
         # no loss was computed in this call (a number here would be read as one)
         return TrainOutput(state.global_step, float("nan"), {"epoch": state.epoch, "train_steps": 0})
@@ -137,8 +146,9 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss, outputs = super().compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch)
-        if isinstance(outputs, dict) and model.training and isinstance(self.model, LayerFusionForConditionalGeneration):
-            for key in self.model.training_diagnostics:
+        trained = layerfusion_model_of(self.model)
+        if isinstance(outputs, dict) and model.training and isinstance(trained, LayerFusionForConditionalGeneration):
+            for key in trained.training_diagnostics:
                 if outputs.get(key) is not None:
                     total = self._diagnostics.setdefault(key, [0.0, 0])
                     total[0] += outputs[key].detach()
@@ -167,7 +177,7 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
             self.fast_generation
             and self.args.predict_with_generate
             and not prediction_loss_only
-            and isinstance(self.model, LayerFusionPreTrainedModel)
+            and layerfusion_model_of(self.model) is not None
             and not (is_deepspeed_zero3_enabled() or is_fsdp_managed_module(self.model))
         ):
             # `Seq2SeqTrainer` falls back to the `evaluate()` / `predict()` kwargs only when none are passed
@@ -199,9 +209,12 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     def get_decay_parameter_names(self, model) -> list[str]:
         # fusion weights are scales like LayerNorm gains: out of weight decay unless the config asks for it
         decay = super().get_decay_parameter_names(model)
-        if isinstance(model, LayerFusionPreTrainedModel) and not model.config.decay_fusion_weights:
-            fusion = set(model.fusion_parameter_names())
-            decay = [name for name in decay if name not in fusion]
+        trained = layerfusion_model_of(model)
+        if trained is not None and not trained.config.decay_fusion_weights:
+            # by tensor, not by name: a PEFT model names the same parameters with its own prefix
+            fusion = {id(trained.get_parameter(name)) for name in trained.fusion_parameter_names()}
+            parameters = dict(model.named_parameters(remove_duplicate=False))
+            decay = [name for name in decay if id(parameters[name]) not in fusion]
         return decay
 
     def _get_train_sampler(self, train_dataset=None):
@@ -222,9 +235,20 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     def call_model_init(self, trial=None):
         # hyper-parameter search builds a fresh model per trial: it must get the smoothing too
         model = super().call_model_init(trial)
-        if isinstance(model, LayerFusionPreTrainedModel):
-            move_label_smoothing_to_model(model, self.args.label_smoothing_factor)
+        trained = layerfusion_model_of(model)
+        if trained is not None:
+            move_label_smoothing_to_model(trained, self.args.label_smoothing_factor)
         return model
+
+
+def layerfusion_model_of(model: torch.nn.Module) -> LayerFusionPreTrainedModel | None:
+    """The hf_layerfusion model that `model` is, or that it wraps as a PEFT model (PEFT's public `get_base_model()`:
+    the PEFT model's forward and `generate()` are the wrapped model's, its adapters inside it); else None."""
+    if isinstance(model, LayerFusionPreTrainedModel):
+        return model
+    get_base_model = getattr(model, "get_base_model", None)
+    wrapped = get_base_model() if callable(get_base_model) else None
+    return wrapped if isinstance(wrapped, LayerFusionPreTrainedModel) else None
 
 
 def finished_checkpoint_state(checkpoint: str | os.PathLike, max_steps: int) -> TrainerState | None:
