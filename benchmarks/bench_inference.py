@@ -29,8 +29,8 @@ every fusion family's fast loop >= 1.8x its own `generate()`; the plain backbone
 
 `--bleu MODEL_DIR` (a trained model, e.g. a study run directory) also measures the real workload: all Multi30k test
 sentences translated in batches of 32 sorted by length, each stopping at its end token, by `generate()`, the fast
-loop (float32, int8) and, for a plain Transformer, its `MarianMTModel` (`to_marian`) and CTranslate2 float32 / int8
-(`export_ctranslate2`): seconds, ratios and BLEU of each, at each `--threads` count. Targets there (issue 39): the
+loop (float32, int8) and, for a plain Transformer in Marian's setting, its `MarianMTModel` (`to_marian`) and
+CTranslate2 float32 / int8 (`export_ctranslate2`; a pre-norm one has neither, said in a line): seconds, ratios and BLEU of each, at each `--threads` count. Targets there (issue 39): the
 plain fast float32 loop at or above CTranslate2 float32, the int8 loop at or above CTranslate2 int8, and the int8
 BLEU cost <= 0.2, printed with its 95% interval (paired bootstrap over the sentences, `int8_cost_interval`),
 and, where two or more models were given, each int8 loop's cost pooled over them (`pooled_int8_costs`).
@@ -322,6 +322,17 @@ def workload_engines(
     return engines
 
 
+def marian_of(model, model_dir) -> object | None:
+    """`to_marian(model)` of a plain Transformer, the reference engine of its rows (and the source of its
+    CTranslate2 models); None, said in a line, for one that Marian cannot express (pre-norm, ...: `to_marian`'s
+    error names the setting), which is then timed against its own `generate()` as a fusion model is."""
+    try:
+        return hf_layerfusion.to_marian(model)
+    except ValueError as error:
+        print(f"- {model_dir}: no MarianMTModel or CTranslate2 engine ({error})")
+        return None
+
+
 def workload_corpus(args) -> tuple[str, list[str], list[str]]:
     """(name, sources, references) of the test set `--bleu-corpus` names, its first `--bleu-sentences`: Multi30k
     test (en -> de), or the quickstart's test split (examples/quickstart.py's built-in number corpus, de -> en,
@@ -420,11 +431,11 @@ def measure_workload(args) -> list[dict]:
         tokenizer = tokenizers[model_dir]
         plain = model.config.model_type == "plain_transformer"
         versus_plain = plain_reference if not plain else None
-        marian = hf_layerfusion.to_marian(model) if plain else None
+        marian = marian_of(model, model_dir) if plain else None
         int8_copies = other_int8_formats(model, args.int8_formats)
         flops_by_search = {}
         with tempfile.TemporaryDirectory() as work:
-            translators = ctranslate2_engines(model, tokenizer, Path(work), args.threads) if plain else {}
+            translators = ctranslate2_engines(model, tokenizer, Path(work), args.threads) if marian else {}
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 for num_beams in args.bleu_beams:

@@ -94,6 +94,23 @@ def test_bench_inference_adds_the_other_int8_format_with_its_product_and_bleu_co
     assert re.search(rf"- {re.escape(engine)} BLEU cost on Multi30k test .* <= 0.2 BLEU: ", output)
 
 
+def test_bench_inference_times_a_plain_model_marian_cannot_express_against_its_generate(saved_models, tmp_path, capsys):
+    _, data = saved_models
+    pre_norm = tmp_path / "pre_norm"
+    model = tiny_model("plain_transformer", max_length=12, normalize_before=True)
+    model.generation_config.max_length = 12
+    model.save_pretrained(pre_norm)
+    tiny_tokenizer().save_pretrained(pre_norm)
+    bench_inference.main(["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--bleu", str(pre_norm),
+                          "--data", str(data), "--results-dir", str(tmp_path / "results")])
+    output = capsys.readouterr().out
+    assert f"- {pre_norm}: no MarianMTModel or CTranslate2 engine (Marian cannot express" in output
+    assert "| generate() |" in output and "| fast int8 |" in output
+    assert "MarianMTModel generate() |" not in output and "| CTranslate2" not in output
+    (record,) = [json.loads(path.read_text()) for path in (tmp_path / "results").iterdir()]
+    assert set(record["rows"][0]["seconds"]) == {"generate()", "fast float32", "fast int8"}
+
+
 def test_bench_inference_times_a_fusion_model_beside_the_plain_reference_with_both_flops(saved_models, tmp_path,
                                                                                           capsys, monkeypatch):
     """`--plain-reference`: the plain model's fast loops timed on the fusion model's chunks, both models' FLOPs counted
