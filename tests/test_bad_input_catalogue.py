@@ -304,6 +304,11 @@ def _damaged_files(root: Path, plain, tokenizer) -> dict[str, Path]:
         dirs[name] = root / name
     (root / "damaged_weights_run" / "checkpoint-1" / "model.safetensors").write_bytes(weights[:-100])
     (root / "damaged_tokenizer_run" / "checkpoint-2" / "tokenizer.json").write_text(text[:100], encoding="utf-8")
+    dirs["adapter_run"] = root / "adapter_run"  # a PEFT run's checkpoints: adapter files, no model config
+    for step in (1, 2):
+        checkpoint = dirs["adapter_run"] / f"checkpoint-{step}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "adapter_config.json").write_text('{"peft_type": "LORA"}', encoding="utf-8")
     dirs["step_typo_run"] = root / "step_typo_run"  # `checkpoint-5x`: transformers reads it as step 5
     plain.save_pretrained(dirs["step_typo_run"] / "checkpoint-1")
     plain.save_pretrained(dirs["step_typo_run"] / "checkpoint-5x")
@@ -695,6 +700,9 @@ ROWS = [
     Row("average-different-sizes",
         lambda ws: average_last_checkpoints(ws.mixed_sizes_run, 2, ws.root / "new_average"), ValueError,
         r"checkpoint-1'.*checkpoint-2'.*encoder_ffn_dim: 32 vs 48"),
+    Row("average-peft-adapters",
+        lambda ws: average_last_checkpoints(ws.adapter_run, 2, ws.root / "new_average"), ValueError,
+        r"adapter_run/checkpoint-2'.*PEFT adapter.*merge_and_unload"),
     Row("average-step-not-a-number", lambda ws: last_checkpoints(ws.step_typo_run, 1), ValueError,
         r"checkpoint-5x'.*'5x' is not a number"),
     Row("average-damaged-weights",

@@ -67,6 +67,14 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) ->
 
 def _compared_config(checkpoint: Path) -> dict:
     config_file = checkpoint / "config.json"
+    if not config_file.exists() and (checkpoint / "adapter_config.json").exists():
+        # a PEFT run's checkpoint: LoRA's factors averaged one by one are not the average of their products
+        raise ValueError(
+            f"{str(checkpoint)!r} holds a PEFT adapter (adapter_config.json), not a model: averaging adapter factors "
+            "is not averaging the weights they add. Merge each checkpoint's adapter into its model and save it as "
+            "`checkpoint-<step>` of another directory (`model.merge_and_unload().save_pretrained(...)`), then "
+            "average that directory."
+        )
     try:
         config = json.loads(read_utf8(config_file, "Checkpoint config"))
     except (FileNotFoundError, json.JSONDecodeError) as error:
