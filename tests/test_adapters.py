@@ -161,6 +161,20 @@ def test_translate_and_the_pipeline_translate_a_peft_model_as_generate_does():
     assert any(expected)  # translations, not empty strings, were compared
 
 
+def test_marian_and_ctranslate2_exports_ask_for_a_peft_models_adapters_merged(tmp_path):
+    adapted = lora_model("plain_transformer")
+    for export in (lambda: hf_layerfusion.to_marian(adapted),
+                   lambda: hf_layerfusion.export_ctranslate2(adapted, tiny_tokenizer(), tmp_path / "ct2")):
+        with pytest.raises(ValueError, match=r"a PEFT model around one \(PeftModelForSeq2SeqLM\): merge its adapters "
+                                             r"first \(`model = model.merge_and_unload\(\)`\)"):
+            export()
+    assert not (tmp_path / "ct2").exists()
+    merged = adapted.merge_and_unload()
+    source = tiny_sources()
+    assert torch.equal(generated(hf_layerfusion.to_marian(merged), source, max_new_tokens=6),
+                       generated(merged, source, max_new_tokens=6))
+
+
 def test_peft_merges_shared_layers_adapters_twice_into_their_one_weight():
     """What the README and the layer-wise coordination docstring say about PEFT: with `share_layer_parameters=True`
     encoder layer i and decoder layer i are two modules holding one weight tensor, PEFT gives each module its own

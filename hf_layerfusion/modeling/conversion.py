@@ -291,6 +291,11 @@ def to_marian(model) -> MarianMTModel:
     tooling."""
     if not isinstance(getattr(model, "config", None), PretrainedConfig):
         raise TypeError(f"to_marian expects a plain Transformer model, got {type(model).__name__}.")
+    if callable(getattr(model, "get_base_model", None)):  # PEFT's model around a model (its public accessor)
+        raise ValueError(
+            f"to_marian converts a plain Transformer; got a PEFT model around one ({type(model).__name__}): merge "
+            "its adapters first (`model = model.merge_and_unload()`)."
+        )
     model_type = model.config.model_type
     if model_type != "plain_transformer" or not hasattr(model, "final_logits_bias"):
         raise ValueError(
