@@ -10,6 +10,9 @@ torch below its floor); the Hub code makes the transformers check.
 Definitions only: the Hub code inlines them."""
 
 __version__ = "0.1.0"
+# the module of the Hub code every saved model carries (hf_layerfusion.hub.remote_code), which transformers loads as
+# `transformers_modules.<repository>.<hash>.modeling_layerfusion`: the package's classes under another name
+REMOTE_MODULE = "modeling_layerfusion"
 
 # the releases checked on either side of the range: docs/testing.md (*transformers versions*)
 TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<5.25"

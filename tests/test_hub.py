@@ -66,6 +66,8 @@ def model_outputs(model, tokenizer, transformers_pipeline, task: str) -> dict:
     if transformers_pipeline is not None:
         translator = transformers_pipeline(task, model=model, tokenizer=tokenizer)
         outputs["pipeline"] = [r["translation_text"] for r in translator(SOURCES, batch_size=3, **GENERATION)]
+        outputs["pipeline_int8"] = [r["translation_text"] for r in translator(SOURCES, batch_size=3, quantization="int8",
+                                                                              **GENERATION)]
     return outputs
 
 
@@ -293,7 +295,7 @@ def test_remote_code_from_the_hub_matches_the_package(published, model_type, lab
     repo_id = f"{USER}/tiny-{model_type.replace('_', '-')}"
     reference = published["references"][(repo_id, label)]
     remote = published["remote"]["outputs"][f"{repo_id}@{label}"]
-    assert set(remote) | {"pipeline"} == set(reference)
+    assert set(remote) | {"pipeline", "pipeline_int8"} == set(reference)
     for key in ("logits", "logits_top_group"):
         if key in reference:
             difference = (remote[key] - reference[key]).abs().max().item()
@@ -304,8 +306,38 @@ def test_remote_code_from_the_hub_matches_the_package(published, model_type, lab
             assert torch.equal(remote[key], reference[key]), key
     if label == "v1":  # the consumer ran the Hub pipeline on the first revision
         assert remote["pipeline"] == reference["pipeline"]
+        # int8 through the Hub code's own int8 copy (its classes are the package's; torch operations, no kernels):
+        # the package's int8 translations (the int8 products are exact, the rest agrees to float rounding)
+        assert remote["pipeline_int8"] == reference["pipeline_int8"]
     if tiny_model(model_type).config.num_decoder_groups > 1:  # the decoder_groups path was really exercised
         assert not torch.equal(reference["logits"], reference["logits_top_group"])
+
+
+def test_hub_code_models_run_the_packages_inference_copies_where_the_package_is_installed(tmp_path):
+    """A model loaded by its Hub code (classes of `transformers_modules....modeling_layerfusion`) before the package
+    was imported: the package's copies take its classes as its own (`inference_copies.is_package_module`)."""
+    model = tiny_model("gtrans")
+    model.save_pretrained(tmp_path / "model")
+    tiny_tokenizer().save_pretrained(tmp_path / "model")
+    script = textwrap.dedent(f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules."), type(model).__module__
+        import hf_layerfusion
+        from hf_layerfusion.inference import prepare_for_inference
+        from hf_layerfusion.inference.inference_copies import float32_kernel_available
+        assert prepare_for_inference(model, "int8").prepared_for_inference == "int8"
+        if float32_kernel_available():
+            assert prepare_for_inference(model).prepared_for_inference == "float32"
+        tokenizer = AutoTokenizer.from_pretrained({str(tmp_path / "model")!r})
+        sources = ["ab ba", "abba baab ab"]
+        assert hf_layerfusion.translate(model, tokenizer, sources, max_new_tokens=5) == hf_layerfusion.translate(
+            model, tokenizer, sources, max_new_tokens=5, fast=False)
+        print(hf_layerfusion.translate(model, tokenizer, sources, max_new_tokens=5, quantization="int8"))
+    """)
+    output = run_python(["-c", script], {"PYTHONPATH": str(REPO_ROOT)}, tmp_path).stdout
+    assert output.strip().startswith("[")
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

@@ -29,12 +29,11 @@ from pathlib import Path
 from ..file_checks import LOCK_FILE
 from ..modeling.configuration import LayerFusionConfig
 from ..modeling.registry import FAMILIES, Family, family_of
-from ..version import TORCH_REQUIREMENT, TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
+from ..version import REMOTE_MODULE, TORCH_REQUIREMENT, TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
 from .pipeline import HUB_PIPELINE_TASK, LayerFusionTranslationPipeline
 
 PACKAGE = "hf_layerfusion"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-REMOTE_MODULE = "modeling_layerfusion"
 REMOTE_CODE_FILE = f"{REMOTE_MODULE}.py"
 # what the Hub code may import besides the standard library: transformers' own requirements
 RUNTIME_PACKAGES = frozenset({"torch", "transformers", "huggingface_hub", "safetensors"})

@@ -21,6 +21,7 @@ from transformers.utils import logging
 
 from ..modeling.attention import CrossAttention, MultiHeadAttention
 from ..modeling.layers import FeedForward, ResidualSublayer, TransformerLayer
+from ..version import REMOTE_MODULE
 from .cpu_kernels import compiled_kernels
 from .decoding import DecodingCache, thread_scratch
 from .decoding_attention import HEAD_DIMS, register_decoding_attention
@@ -505,13 +506,23 @@ def compile_decoder_layers(kernels, decoder, layers) -> CompiledDecoderLayers | 
 def copy_knows(module_class: type) -> bool:
     """Whether `kernel_copy` can copy a module of `module_class`: torch.nn's own modules and transformers'
     activations, and the package's modules or any subclass of them (the backbone, the families and a new family's
-    extension points, which call their linear layers and never read their weights). Not the modules of other libraries
+    extension points, which call their linear layers and never read their weights; in the package or in a model's
+    Hub code, `is_package_module`). Not the modules of other libraries
     that wrap a model's layers: PEFT's adapter layers (`lora.Linear` computes `base_layer(x)` plus its own low-rank
     path and reads `base_layer.weight`), the PEFT model around a model, other libraries' quantized linear layers:
     replacing the linear layers inside them would drop or break what they add."""
     if module_class.__module__.startswith(("torch.nn.modules.", "transformers.activations")):
         return True
-    return any(base.__module__.partition(".")[0] == "hf_layerfusion" for base in module_class.__mro__)
+    return any(is_package_module(base.__module__) for base in module_class.__mro__)
+
+
+def is_package_module(name: str) -> bool:
+    """Whether the module `name` holds the package's own classes: one of the package's modules, or the Hub code a
+    saved model carries (`REMOTE_MODULE`, loaded by transformers under `transformers_modules`, where this function
+    itself is inlined)."""
+    return name.partition(".")[0] == "hf_layerfusion" or (
+        name.startswith("transformers_modules.") and name.rpartition(".")[2] == REMOTE_MODULE
+    )
 
 
 def modules_the_copy_does_not_know(model: nn.Module) -> str | None:
