@@ -1283,7 +1283,7 @@ def test_the_truncation_lengths_default_to_the_position_table_where_it_is_shorte
     front: the catalogue's row)."""
     output_dir = tmp_path / "short_table"
     run_translation.main(_rt_args(ws, "--model_type=gtrans", "--config_overrides", "max_position_embeddings=16",
-                                  "--builtin_num_train=40", "--tokenizer_vocab_size=30", output_dir=output_dir))
+                                  "--builtin_num_train=40", "--tokenizer_vocab_size=34", output_dir=output_dir))
     assert (output_dir / "model.safetensors").is_file()
 
 

@@ -1,10 +1,16 @@
-"""Joint tokenizers on real Multi30k text: exact round trip, Marian's `</s>` convention, ids, save/load."""
+"""Joint tokenizers on real Multi30k text: exact round trip, Marian's `</s>` convention, ids, save/load, the same
+tokenizer in every process, SentencePiece's own segmentation."""
+
+import hashlib
+import subprocess
+import sys
+import textwrap
 
 import pytest
 from helpers import MULTI30K_DIR, require_shared
 from transformers import AutoTokenizer
 
-from hf_layerfusion.training.tokenization import train_joint_tokenizer
+from hf_layerfusion.training.tokenization import train_joint_tokenizer, train_unigram_model
 
 TRAIN_LINES_PER_LANGUAGE = 3000
 CHECK_LINES_PER_LANGUAGE = 200
@@ -115,11 +121,72 @@ def test_saved_tokenizer_loads_with_auto_tokenizer(trained, multi30k_text):
     )
 
 
+def tokenizer_digest(tokenizer) -> str:
+    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+
+
+@pytest.mark.parametrize("model", ["unigram", "bpe"])
+def test_the_same_texts_give_the_same_tokenizer_in_every_process(model, multi30k_text, tmp_path):
+    """A run that trains its own tokenizer (`hf-layerfusion-train` without `--tokenizer_name`) must be the same run
+    when repeated. The `tokenizers` UnigramTrainer walks hash maps seeded per process: the same texts gave pieces
+    of equal score other ids, and other scores in the 11th digit, in every new process (three processes, three
+    tokenizers), so the same seed initialised other embeddings. Each process here trains on the same text."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(multi30k_text["train"]), encoding="utf-8")
+    script = textwrap.dedent(
+        f"""
+        import hashlib
+        from hf_layerfusion.training.tokenization import train_joint_tokenizer
+        texts = open({str(texts)!r}, encoding="utf-8").read().split("\\n")
+        tokenizer = train_joint_tokenizer(texts, vocab_size=1000, model={model!r},
+                                          extra_special_tokens={LANGUAGE_TAGS!r})
+        print(hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest())
+        """
+    )
+    digests = {
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+        for _ in range(2)
+    }
+    here = train_joint_tokenizer(multi30k_text["train"], vocab_size=1000, model=model,
+                                 extra_special_tokens=LANGUAGE_TAGS)
+    assert digests == {tokenizer_digest(here)}
+
+
+@pytest.mark.parametrize("trained", ["unigram"], indirect=True)
+def test_unigram_tokenizer_segments_text_as_sentencepiece_does(trained, multi30k_text):
+    """The unigram vocabulary is SentencePiece's; the fast tokenizer serving it must split text as SentencePiece's
+    own processor does (Metaspace for its whitespace handling, the package's specials before its pieces)."""
+    tokenizer, _ = trained
+    reference = train_unigram_model(multi30k_text["train"], 1000 - 4 - len(LANGUAGE_TAGS))
+    first_piece = 4 + len(LANGUAGE_TAGS)  # SentencePiece's piece 1 (0 is its <unk>)
+    sentences = multi30k_text["check"] + ["Ünïcödé ☃ .", "tab\there", "two  spaces"]
+    for sentence in sentences:
+        pieces = reference.encode(sentence)
+        expected = [tokenizer.unk_token_id if piece == 0 else piece - 1 + first_piece for piece in pieces]
+        assert tokenizer(sentence, add_special_tokens=False)["input_ids"] == expected, sentence
+    assert tokenizer.convert_ids_to_tokens(first_piece) == reference.id_to_piece(1)
+
+
+def test_a_failing_text_source_raises_its_own_error():
+    """SentencePiece turns an exception inside the iterator it reads into a RuntimeError "INTERNAL: ..."; the
+    reader's error reaches the caller unchanged, as it did from the `tokenizers` trainer."""
+
+    def lines():
+        yield "a dog runs"
+        raise OSError("texts.txt: input/output error")
+
+    for model in ("unigram", "bpe"):
+        with pytest.raises(OSError, match="input/output error"):
+            train_joint_tokenizer(lines(), vocab_size=50, model=model)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
         (dict(model="wordpiece"), "'wordpiece'"),
         (dict(vocab_size=4), "vocab_size"),
+        # "a b c": three letters and "▁" beside four special tokens
+        (dict(vocab_size=7), r"`vocab_size` 7 cannot hold the 4 distinct characters .* pass at least 8"),
         (dict(extra_special_tokens=["<2de>", "<2de>"]), "<2de>"),
         (dict(extra_special_tokens=["</s>"]), "</s>"),
         (dict(model_max_length=0), "model_max_length"),

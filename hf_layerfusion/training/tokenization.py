@@ -1,12 +1,15 @@
-"""Joint source/target subword tokenizers trained with the `tokenizers` library.
+"""Joint source/target subword tokenizers: unigram vocabularies trained by SentencePiece, BPE ones by `tokenizers`,
+both served as `tokenizers` fast tokenizers.
 
 The models of this package share one vocabulary between encoder and decoder (Marian/fairseq style), with the
 special-token ids of their default configs: `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>`=3.
 """
 
+import io
 import os
 from collections.abc import Iterable
 
+import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
@@ -37,7 +40,9 @@ def train_joint_tokenizer(
     Args:
         texts: training sentences of both languages (any iterable, read once).
         vocab_size: size of the vocabulary, special tokens included.
-        model: "unigram" (SentencePiece's default) or "bpe".
+        model: "unigram" (SentencePiece's default, trained by SentencePiece itself) or "bpe" (trained by
+            `tokenizers`). Either way the same texts and arguments give the same tokenizer, ids included, in every
+            process.
         save_dir: if given, `save_pretrained` there; `AutoTokenizer.from_pretrained(save_dir)` loads it back.
         model_max_length: longest sequence the model accepts (truncation limit when `max_length` is not given).
         extra_special_tokens: further never-split tokens placed right after `<unk>` (ids 4, 5, ...), e.g.
@@ -63,34 +68,65 @@ def train_joint_tokenizer(
     if not isinstance(model_max_length, int) or model_max_length < 1:
         raise ValueError(f"`model_max_length` must be a positive integer, got {model_max_length!r}.")
 
-    if model == "unigram":
-        backend = Tokenizer(models.Unigram())
-        trainer = trainers.UnigramTrainer(
-            vocab_size=vocab_size, special_tokens=special_tokens, unk_token=UNK_TOKEN, show_progress=False
-        )
-    else:
-        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False)
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Metaspace()
-    seen = {"sentences": 0, "characters": 0}
+    seen = {"sentences": 0, "characters": set()}
+    unreadable = []
 
     def checked_texts():
-        # `texts` is read once (it may be a generator), so it is checked while the trainer reads it
-        for index, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"`texts[{index}]` is {type(text).__name__} {text!r}, not a string.")
-            seen["sentences"] += 1
-            seen["characters"] += len(text.strip())
-            yield text
+        # `texts` is read once (it may be a generator), so it is checked while the trainer reads it. SentencePiece
+        # turns an exception raised inside its reader into a RuntimeError, so the reader keeps it to raise as it was.
+        try:
+            for index, text in enumerate(texts):
+                if not isinstance(text, str):
+                    raise TypeError(f"`texts[{index}]` is {type(text).__name__} {text!r}, not a string.")
+                seen["sentences"] += 1
+                seen["characters"].update(text)
+                yield text
+        except Exception as error:  # noqa: BLE001 - re-raised unchanged after the trainer returns
+            unreadable.append(error)
 
-    backend.train_from_iterator(checked_texts(), trainer=trainer)
-    if seen["characters"] == 0:
-        raise ValueError(
-            f"`texts` holds no text ({seen['sentences']} sentences, all empty): a tokenizer trained on it would "
-            f"know only the {len(special_tokens)} special tokens."
-        )
-    # The trainers give special tokens the first ids in list order; the configs rely on it.
+    def check_what_was_read():
+        if unreadable:
+            raise unreadable[0]
+        if all(character.isspace() for character in seen["characters"]):
+            raise ValueError(
+                f"`texts` holds no text ({seen['sentences']} sentences, all empty): a tokenizer trained on it would "
+                f"know only the {len(special_tokens)} special tokens."
+            )
+
+    if model == "unigram":
+        try:
+            unigram = train_unigram_model(checked_texts(), vocab_size - len(special_tokens))
+        except RuntimeError:
+            check_what_was_read()
+            # every character is a piece, and spaces are written "▁"
+            characters = len((seen["characters"] - {" "}) | {"▁"})
+            if characters > vocab_size - len(special_tokens):
+                raise ValueError(
+                    f"`vocab_size` {vocab_size} cannot hold the {characters} distinct characters of `texts` (spaces "
+                    f"as '▁') besides the {len(special_tokens)} special tokens: pass at least "
+                    f"{characters + len(special_tokens)}."
+                ) from None
+            raise
+        check_what_was_read()
+        special = set(special_tokens)
+        vocab = [(token, 0.0) for token in special_tokens]
+        # piece 0 is SentencePiece's own <unk>, which the package's takes over
+        vocab += [
+            (unigram.id_to_piece(index), unigram.get_score(index))
+            for index in range(1, unigram.get_piece_size())
+            if unigram.id_to_piece(index) not in special
+        ]
+        backend = Tokenizer(models.Unigram(vocab, unk_id=special_tokens.index(UNK_TOKEN), byte_fallback=False))
+        backend.add_special_tokens(special_tokens)
+    else:
+        backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    if model == "bpe":
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens, show_progress=False)
+        backend.train_from_iterator(checked_texts(), trainer=trainer)
+        check_what_was_read()
+    # Special tokens take the first ids in list order (the BPE trainer's order too); the configs rely on it.
     token_ids = {token: backend.token_to_id(token) for token in special_tokens}
     if token_ids != {token: index for index, token in enumerate(special_tokens)}:
         raise RuntimeError(f"Unexpected special-token ids after training: {token_ids}.")
@@ -115,6 +151,36 @@ def train_joint_tokenizer(
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)
     return tokenizer
+
+
+def train_unigram_model(sentences: Iterable[str], size: int) -> sentencepiece.SentencePieceProcessor:
+    """SentencePiece's unigram trainer (Kudo, 2018) on `sentences`: a model of up to `size` pieces besides its
+    `<unk>` (id 0), with their log probabilities as scores.
+
+    SentencePiece rather than the `tokenizers` UnigramTrainer, because the latter walks hash maps whose order changes
+    from process to process: the same texts gave different ids to pieces of equal score and scores differing in
+    the 11th digit, so one command run twice trained differently initialised models. SentencePiece runs on one
+    thread here, since its EM step sums per thread and its scores depend on the thread count.
+    """
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        model_type="unigram",
+        vocab_size=size + 1,  # with its <unk>
+        hard_vocab_limit=False,  # a small corpus gives fewer pieces, not an error
+        character_coverage=1.0,  # every character seen is a piece: none becomes <unk>
+        normalization_rule_name="identity",  # text as it is, as the Metaspace pre-tokenizer encodes it
+        remove_extra_whitespaces=False,
+        max_sentence_length=1 << 30,  # SentencePiece's largest; its default skips sentences over 4192 bytes
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        pad_id=-1,
+        num_threads=1,
+        minloglevel=2,  # errors only
+    )
+    return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer", **kwargs):
