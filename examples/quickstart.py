@@ -2,20 +2,22 @@
 """Quickstart: train a small GTrans and a plain Transformer on the built-in number corpus, compare their BLEU, and
 translate with the saved GTrans. A few minutes on 2 CPU cores, no download.
 
-    python examples/quickstart.py              # 800 training steps per model
+    python examples/quickstart.py              # 1600 training steps per model, seed 0
     python examples/quickstart.py --steps 300  # faster, lower BLEU
+    python examples/quickstart.py --seed 1     # another initialisation and data order
 
 The corpus (`hf_layerfusion.training.data.builtin_number_corpus`) verbalises numbers in German and English
 ("dreihunderteinundzwanzig" -> "three hundred and twenty-one"); German writes most numbers as one compound word,
 so we translate German -> English, where BLEU's n-grams have words to match. Both models get the same size,
 vocabulary, hyper-parameters, data order and number of training steps, through `examples/run_translation.py`
 (seeded: a rerun on the same machine prints the same numbers; GTrans' steps take a little longer, for its extra
-output groups). BLEU is sacreBLEU of beam-4 search on the held-out test split. The saved GTrans is then loaded
-like any checkpoint and translates new numbers with `generate()`, mixing all its decoder groups or using only the
-top one; finally a fresh Python process in which hf_layerfusion cannot be imported loads the same directory with
-`trust_remote_code=True` (the self-contained code the package saved with the weights) and translates through the
-`"translation"` pipeline, and the script prints whether its translations match the package's. Everything is written
-under `--output_dir`.
+output groups). 1600 steps, because a model learns to read its source late on this task: at 800, whether it had
+yet depended on the seed (README, "Set-up: the two commands"). BLEU is sacreBLEU of beam-4 search on the held-out
+test split. The saved GTrans is then loaded like any checkpoint and translates new numbers with `generate()`, mixing
+all its decoder groups or using only the top one; finally a fresh Python process in which hf_layerfusion cannot be
+imported loads the same directory with `trust_remote_code=True` (the self-contained code the package saved with the
+weights) and translates through the `"translation"` pipeline, and the script prints whether its translations match
+the package's. Everything is written under `--output_dir`.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ MODELS = {
 }
 
 
-def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Path | None) -> list[str]:
+def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Path | None, seed: int = 0) -> list[str]:
     args = [
         "--builtin_corpus",
         *(f"--{key}={value}" for key, value in CORPUS.items()),
@@ -83,7 +85,7 @@ def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Pat
         "--log_level=warning",
         "--disable_tqdm=True",
         f"--dataloader_pin_memory={torch.cuda.is_available()}",
-        "--seed=0",
+        f"--seed={seed}",
     ]
     if tokenizer_dir is not None:
         args.append(f"--tokenizer_name={tokenizer_dir}")
@@ -93,7 +95,8 @@ def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Pat
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/quickstart", type=Path)
-    parser.add_argument("--steps", default=800, type=int, help="Training steps of each model (batches of 64).")
+    parser.add_argument("--steps", default=1600, type=int, help="Training steps of each model (batches of 64).")
+    parser.add_argument("--seed", default=0, type=int, help="Seed of both models' initialisation and data order.")
     args = parser.parse_args()
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()
@@ -103,7 +106,7 @@ def main() -> None:
     for model_type in MODELS:
         print(f"\n=== Training {model_type} for {args.steps} steps ===", flush=True)
         output_dir = args.output_dir / model_type
-        results[model_type] = run_translation(train_args(model_type, output_dir, args.steps, tokenizer_dir))
+        results[model_type] = run_translation(train_args(model_type, output_dir, args.steps, tokenizer_dir, args.seed))
         tokenizer_dir = tokenizer_dir or output_dir  # the second model uses the first one's (trained) tokenizer
 
     print(
