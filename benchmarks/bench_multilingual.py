@@ -12,7 +12,7 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   `XLMRobertaModel` with random weights and an 8k unigram XLM-R-style tokenizer trained on the stand-in's training
   text), i.e. it is trained from scratch with XLM-R's conventions (special ids, learned positions offset by the
   padding id, embedding LayerNorm, GELU). Its tokenizer is committed with the ledger
-  (`benchmarks/results/multi30k_m2m/tokenizer`: the unigram trainer is not deterministic) and its weights are drawn
+  (`benchmarks/results/multi30k_m2m/tokenizer`: it came from a unigram trainer that was not deterministic) and its weights are drawn
   under the run's seed, so both arms of a seed, on any machine, start from the same model (built once per output
   dir in `<output_dir>/xlmr/seed_<s>`, passed as `--xlmr`; the ledger records its hashes). `plain_transformer_m2m`
   has fusion off, `gtrans_m2m` is GTrans with T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
@@ -253,8 +253,8 @@ def report_lines(ledger_dir: Path, references: dict[str, list[str]]) -> list[str
                                      "references.")
     common = sorted(set(runs.get(BASE_ARM, {})) & set(runs.get("gtrans_m2m", {})))
     for seed in common:
-        # the random XLM-R is built per seed on the machine that runs the seed's first arm; its tokenizer trainer is
-        # not deterministic, so a rebuild elsewhere would make the two arms of the seed incomparable
+        # the random XLM-R is built per seed on the machine that runs the seed's first arm; a rebuild elsewhere (another
+        # tokenizer, another torch's random draws) would make the two arms of the seed incomparable
         plain, gtrans = (runs[arm][seed]["starting_model"] for arm in (BASE_ARM, "gtrans_m2m"))
         if any(plain[key] != gtrans[key] for key in ("tokenizer_sha256", "weights_sha256")):
             raise ValueError(

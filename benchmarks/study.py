@@ -16,8 +16,8 @@ priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs
 run starts, exported into `runs/study/code/<commit>` (so that editing the working tree cannot change a run midway, and
 the ledger's commit is the code that ran; uncommitted changes are not part of a run). Finished runs stay in
 `runs/study/runs/` whatever commit made them (fine-tuning arms start from them). Every en->de run uses the committed
-tokenizer `benchmarks/results/multi30k/tokenizer` (the unigram trainer is not deterministic, so a retrained one would
-make new runs incomparable). When it finishes, `bench_multi30k.py` writes
+tokenizer `benchmarks/results/multi30k/tokenizer`, the one every ledger run used (it came from `tokenizers`' unigram
+trainer, which was not deterministic; a retrained one would differ and make new runs incomparable). When it finishes, `bench_multi30k.py` writes
 `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run interrupted (killed, machine gone, a session's stop) resumes
 from its last checkpoint (every 500 steps) with the code of the commit that started it, whatever was committed since
 (delete its run dir to start it over with HEAD); an unfinished run dir without a checkpoint starts over with HEAD.

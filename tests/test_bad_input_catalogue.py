@@ -819,6 +819,13 @@ ROWS = [
     Row("train-cli-tokenizer-vocab",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_vocab_size=3")),
         ValueError, r"--tokenizer_vocab_size.*3"),
+    Row("train-cli-tokenizer-vocab-below-characters",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_vocab_size=8")),
+        ValueError, r"--tokenizer_vocab_size 8 cannot hold the \d+ distinct characters .* pass at least \d+"),
+    Row("train-cli-no-tokenizer-to-train",
+        lambda ws: run_translation.main(
+            [arg for arg in _rt_args(ws, "--model_type=gtrans", "--do_eval") if arg != "--do_train"]),
+        ValueError, r"No tokenizer to load and no training data to train one: pass --tokenizer_name"),
     Row("train-cli-tokenizer-missing",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", f"--tokenizer_name={ws.root / 'no_tok'}")),
         FileNotFoundError, r"no_tok"),
@@ -1306,3 +1313,21 @@ def test_the_multilingual_lengths_default_to_the_position_table_where_it_is_shor
         "--report_to=none",
     ])
     assert (output_dir / "model.safetensors").is_file() and scores
+
+
+def test_a_multilingual_run_refuses_a_tiny_vocabulary_below_its_characters_before_writing(tmp_path):
+    """run_multilingual.py trains the tiny XLM-R's tokenizer under its output dir's lock; a `--tiny_vocab_size`
+    below the corpus' characters is refused before anything is written (the catalogue's row for run_translation.py's
+    `--tokenizer_vocab_size`; the catalogue's corpus has files this run would read as other languages)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        (corpus / f"{split}.en").write_text("a man rides a bike\ntwo dogs play\n", encoding="utf-8")
+        (corpus / f"{split}.de").write_text("ein mann fährt rad\nzwei hunde spielen\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"--tiny_vocab_size 8 cannot hold the 23 distinct characters .* pass at least 27"):
+        run_multilingual.main([
+            "--dataset=multi30k", f"--multi30k_dir={corpus}", "--languages=en,de", "--preset=none",
+            f"--tiny_random_xlmr={tmp_path / 'xlmr'}", "--tiny_vocab_size=8", f"--output_dir={tmp_path / 'run'}",
+            "--do_train", "--max_steps=1", "--use_cpu=True", "--report_to=none",
+        ])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus"]

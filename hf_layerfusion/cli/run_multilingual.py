@@ -107,7 +107,7 @@ from hf_layerfusion.training.multilingual import (  # noqa: E402
     tokenize_direction,
     translation_side,
 )
-from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_layerfusion.training.tokenization import check_vocab_size_holds_characters, train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
 
 def train_xlmr_tokenizer(train_texts: list[str], vocab_size: int) -> XLMRobertaTokenizer:
     """An XLM-R tokenizer (`<s>` 0, `<pad>` 1, `</s>` 2, `<unk>` 3, ..., `<mask>`) whose unigram vocabulary is
-    trained on `train_texts` (the trainer is not deterministic: save the tokenizer to reuse it)."""
+    trained on `train_texts` (`train_joint_tokenizer`: the same texts give the same tokenizer on one machine)."""
     trained = train_joint_tokenizer(train_texts, vocab_size)
     pieces = [tuple(piece) for piece in json.loads(trained.backend_tokenizer.to_str())["model"]["vocab"]]
     return XLMRobertaTokenizer(vocab=pieces + [("<mask>", 0.0)])
@@ -361,6 +361,8 @@ def main(argv: list[str] | None = None) -> dict:
         thresholds = OPUS100_RESOURCE_THRESHOLDS
     else:
         pairs, thresholds = multi30k_standin(data_args)
+    if model_args.tiny_random_xlmr:  # its tokenizer is trained under the run's lock: refused before the first write
+        check_vocab_size_holds_characters(training_texts(pairs), model_args.tiny_vocab_size, what="--tiny_vocab_size")
     # the first write: the main process holds the output dir for the whole run (the run's other processes write
     # under its lock), so that a second run into it is refused, naming this one
     with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():

@@ -112,6 +112,7 @@ from hf_layerfusion.training.tokenization import (  # noqa: E402
     PAD_TOKEN,
     SPECIAL_TOKENS,
     SUBWORD_MODELS,
+    check_vocab_size_holds_characters,
     load_tokenizer,
     train_joint_tokenizer,
 )
@@ -372,10 +373,7 @@ def load_or_train_tokenizer(
         name = output_dir
     if name is not None:
         return load_tokenizer(name, "--tokenizer_name" if model_args.tokenizer_name else "the tokenizer of the checkpoint")
-    if train_dataset is None:
-        raise ValueError("No tokenizer to load and no training data to train one: pass --tokenizer_name.")
-    pairs = train_dataset["translation"]
-    texts = [pair[lang] for pair in pairs for lang in (data_args.source_lang, data_args.target_lang)]
+    texts = tokenizer_training_texts(train_dataset, data_args)
     logger.info(
         "Training a %s tokenizer of %d tokens on %d sentences",
         model_args.tokenizer_model,
@@ -385,6 +383,34 @@ def load_or_train_tokenizer(
     return train_joint_tokenizer(
         texts, model_args.tokenizer_vocab_size, model=model_args.tokenizer_model, save_dir=output_dir
     )
+
+
+def trains_tokenizer(model_args: ModelArguments, checkpoint: str | None) -> bool:
+    """Whether the run trains its tokenizer (`load_or_train_tokenizer`): none is given, fine-tuned or resumed."""
+    return (model_args.tokenizer_name or model_args.model_name_or_path or checkpoint) is None
+
+
+def tokenizer_training_texts(train_dataset, data_args: DataArguments) -> list[str]:
+    """Both sides of every training pair: the text a trained tokenizer learns from."""
+    pairs = train_dataset["translation"]
+    return [pair[lang] for pair in pairs for lang in (data_args.source_lang, data_args.target_lang)]
+
+
+def check_tokenizer_training(model_args: ModelArguments, data_args: DataArguments, checkpoint: str | None,
+                             splits: dict) -> None:
+    """Refuse, before the run's first write, a tokenizer it could not train: no training data, or a unigram
+    vocabulary smaller than the training texts' characters (found by SentencePiece only once the run holds its
+    output dir)."""
+    if not trains_tokenizer(model_args, checkpoint):
+        return
+    if "train" not in splits:
+        raise ValueError("No tokenizer to load and no training data to train one: pass --tokenizer_name.")
+    if model_args.tokenizer_model == "unigram":
+        check_vocab_size_holds_characters(
+            tokenizer_training_texts(splits["train"], data_args),
+            model_args.tokenizer_vocab_size,
+            what="--tokenizer_vocab_size",
+        )
 
 
 def build_config(model_args: ModelArguments, vocab_size: int, special_ids: dict):
@@ -623,6 +649,7 @@ def main(argv: list[str] | None = None) -> dict:
         training_args.distributed_state.wait_for_everyone()
     # read before the first write: a corpus that cannot be read (a language code mistyped, say) leaves nothing
     splits = select_splits(load_raw_datasets(data_args), data_args, training_args)
+    check_tokenizer_training(model_args, data_args, checkpoint, splits)
     # the first write: the main process holds the output dir for the whole run (the run's other processes write
     # under its lock), so that a second run into it is refused, naming this one
     with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():

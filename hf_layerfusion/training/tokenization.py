@@ -98,14 +98,7 @@ def train_joint_tokenizer(
             unigram = train_unigram_model(checked_texts(), vocab_size - len(special_tokens))
         except RuntimeError:
             check_what_was_read()
-            # every character is a piece, and spaces are written "▁"
-            characters = len((seen["characters"] - {" "}) | {"▁"})
-            if characters > vocab_size - len(special_tokens):
-                raise ValueError(
-                    f"`vocab_size` {vocab_size} cannot hold the {characters} distinct characters of `texts` (spaces "
-                    f"as '▁') besides the {len(special_tokens)} special tokens: pass at least "
-                    f"{characters + len(special_tokens)}."
-                ) from None
+            check_vocab_size_holds_characters(seen["characters"], vocab_size, len(special_tokens))
             raise
         check_what_was_read()
         special = set(special_tokens)
@@ -151,6 +144,23 @@ def train_joint_tokenizer(
     if save_dir is not None:
         tokenizer.save_pretrained(save_dir)
     return tokenizer
+
+
+def check_vocab_size_holds_characters(
+    texts: Iterable[str], vocab_size: int, special_tokens: int = len(SPECIAL_TOKENS), what: str = "`vocab_size`"
+) -> None:
+    """Refuse a unigram `vocab_size` (named `what` in the error) too small for every distinct character of `texts`
+    besides `special_tokens` special tokens: SentencePiece makes each character a piece (character coverage 1.0),
+    spaces written "▁". A caller that trains later (under a run's lock, say) checks its texts with it first."""
+    characters = set()
+    for text in texts:
+        characters.update(text)
+    pieces = len((characters - {" "}) | {"▁"})
+    if pieces > vocab_size - special_tokens:
+        raise ValueError(
+            f"{what} {vocab_size} cannot hold the {pieces} distinct characters of the training texts (spaces as '▁') "
+            f"besides the {special_tokens} special tokens: pass at least {pieces + special_tokens}."
+        ) from None
 
 
 def train_unigram_model(sentences: Iterable[str], size: int) -> sentencepiece.SentencePieceProcessor:
