@@ -735,14 +735,19 @@ def print_pooled_int8_costs(pooled: list[dict]) -> None:
 WORKLOAD_RESULTS_VERSION = 1
 
 
-def workload_results_path(results_dir: Path, max_cpu_isa: str | None = None) -> Path:
-    """`results_dir/workload_<cpu>_<commit>.json`: one file per CPU model and commit, so the results of different
+def search_label(num_beams: int) -> str:
+    return "greedy" if num_beams == 1 else f"beam-{num_beams}"
+
+
+def workload_results_path(results_dir: Path, max_cpu_isa: str | None = None, kind: str = "workload") -> Path:
+    """`results_dir/<kind>_<cpu>_<commit>.json`: one file per CPU model and commit, so the results of different
     machines committed side by side never collide (a second run of the same code on the same CPU type must say
-    `--overwrite-results`); `<cpu>-max-<isa>` for a run under `--max-cpu-isa`."""
+    `--overwrite-results`); `<cpu>-max-<isa>` for a run under `--max-cpu-isa`. `kind`: "workload" for this
+    benchmark's files, "processes" for `bench_workload_processes.py`'s."""
     cpu = re.sub(r"[^a-z0-9]+", "-", backbone.cpu_model().lower()).strip("-") or "unknown-cpu"
     cap = f"-max-{max_cpu_isa}" if max_cpu_isa else ""
     commit = backbone.git_revision().split("+")[0]  # the short commit; the file itself records uncommitted changes
-    return Path(results_dir) / f"workload_{cpu}{cap}_{commit}.json"
+    return Path(results_dir) / f"{kind}_{cpu}{cap}_{commit}.json"
 
 
 def instruction_set_caps() -> dict[str, str]:
@@ -805,7 +810,7 @@ def write_workload_results(path: Path, record: dict, overwrite: bool) -> None:
     (`parse_args`); one that appeared since is kept, and this run's results stay in the temporary file, named in
     the error."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # not workload_*.json: the report skips it
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # a dot file: the report reads none
     temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} appeared during the run; this run's results are in {temporary} "

@@ -18,8 +18,13 @@ stopping at its end token) and CTranslate2 float32 and int8 (`export_ctranslate2
 thread pools), then the whole set once. Target (issue 39): the fast loop at or above CTranslate2 of the same
 precision, at every thread count and search.
 
+`--results-dir DIR` also writes the run to `DIR/processes_<cpu>_<commit>.json` (a temporary file renamed into place;
+an existing one is refused before any work unless `--overwrite-results`), from which
+`inference_workload_report.py` renders the README's table of these runs.
+
     python benchmarks/bench_workload_processes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
     python benchmarks/bench_workload_processes.py MODEL_DIR --threads 1 2 --beams 1 4 --rounds 3 --sentences 500
+    python benchmarks/bench_workload_processes.py MODEL_DIR --rounds 2 --results-dir benchmarks/results/inference
 """
 
 import argparse
@@ -43,14 +48,19 @@ import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from bench_backbone import cpu_model, git_revision, loadavg, read_lines  # noqa: E402
+from bench_inference import search_label, workload_results_path, write_workload_results  # noqa: E402
 from bench_multi30k import positive_int  # noqa: E402
-from inference_workload_report import search_label  # noqa: E402
+from multi30k_ledger import cpu_family_model  # noqa: E402
+
+from hf_layerfusion.inference.cpu_kernels import machine_type  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 ENGINES = ("fast float32", "CTranslate2 float32", "fast int8", "CTranslate2 int8")
 SAME_PRECISION = {"fast float32": "CTranslate2 float32", "fast int8": "CTranslate2 int8"}
 TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
+# the layout of a `--results-dir` file; inference_workload_report.py reads this version only
+PROCESSES_RESULTS_VERSION = 1
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,6 +71,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beams", type=positive_int, nargs="+", default=[1, 4], help="searches (default: 1 4)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="timed runs per engine (default: %(default)s)")
     parser.add_argument("--sentences", type=positive_int, default=None, help="the first N test sentences (default: all)")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="also write the run to DIR/processes_<cpu>_<commit>.json (for "
+                             "inference_workload_report.py, e.g. benchmarks/results/inference)")
+    parser.add_argument("--overwrite-results", action="store_true",
+                        help="let --results-dir replace an existing file of the same CPU and commit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file of `run_child`
     args = parser.parse_args(argv)
     if args.child is not None:
@@ -77,6 +92,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     for split in ("en", "de"):
         if not (args.data / f"test_2016_flickr.{split}").is_file():
             parser.error(f"no Multi30k test sentences at {args.data / f'test_2016_flickr.{split}'}; pass --data DIR")
+    # checked before any work: the run takes most of an hour, and its results must have somewhere to go
+    args.results_path = None
+    if args.results_dir is not None:
+        if args.results_dir.exists() and not args.results_dir.is_dir():
+            parser.error(f"--results-dir {args.results_dir} is not a directory")
+        args.results_path = workload_results_path(args.results_dir, kind="processes")
+        if args.results_path.exists() and not args.overwrite_results:
+            parser.error(f"{args.results_path} exists already (this CPU type and commit); --overwrite-results "
+                         "replaces it")
+    elif args.overwrite_results:
+        parser.error("--overwrite-results needs --results-dir")
     return args
 
 
@@ -184,6 +210,17 @@ def seconds_cell(runs: list[dict]) -> str:
     return f"{statistics.median(seconds):.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
 
 
+def same_precision_ratios(rows: list[dict]) -> list[tuple[str, str, int, int, float]]:
+    """`(fast loop, CTranslate2 engine, threads, num_beams, ratio)` for each fast loop, thread count and search of
+    `rows` (`report`'s): CTranslate2's median seconds over the fast loop's, the number the target is decided on
+    (here and in inference_workload_report.py's table of these runs)."""
+    seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"] for row in rows}
+    threads = list(dict.fromkeys(row["threads"] for row in rows))
+    searches = list(dict.fromkeys(row["num_beams"] for row in rows))
+    return [(fast, reference, t, b, seconds[reference, t, b] / seconds[fast, t, b])
+            for fast, reference in SAME_PRECISION.items() for t in threads for b in searches]
+
+
 def report(args, results: dict, references: list[str]) -> list[dict]:
     """Print the tables and targets; return one row per (engine, threads, search)."""
     from hf_layerfusion.training.evaluation import corpus_bleu
@@ -229,13 +266,36 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
         print("\nOS threads of the engine's process after its timed translation (first round); context switches of its "
               "threads per second of translation (median over rounds).")
     print(f"\nTargets (issue 39): the fast loop at or above CTranslate2 of the same precision (>= {TARGET:.1f}x):")
-    for fast, reference in SAME_PRECISION.items():
-        for t in args.threads:
-            for b in args.beams:
-                ratio = row_of[reference, t, b]["median_seconds"] / row_of[fast, t, b]["median_seconds"]
-                verdict = "met" if ratio >= TARGET else "NOT met"
-                print(f"- {fast} vs {reference}, {search_label(b)}, {t} thread(s): {ratio:.2f}x, {verdict}")
+    for fast, reference, t, b, ratio in same_precision_ratios(rows):
+        verdict = "met" if ratio >= TARGET else "NOT met"
+        print(f"- {fast} vs {reference}, {search_label(b)}, {t} thread(s): {ratio:.2f}x, {verdict}")
     return rows
+
+
+def processes_record(args, command: str, ctranslate2_version: str, loadavg_start, rows: list[dict]) -> dict:
+    """What `--results-dir` keeps of a run: its provenance (command, code, libraries, CPU, wait policy, load) and
+    `report`'s rows without the translations (each row's BLEU stays)."""
+    return {
+        "format_version": PROCESSES_RESULTS_VERSION,
+        "command": command,
+        "git_revision": git_revision(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "ctranslate2": ctranslate2_version, "hf_layerfusion": hf_layerfusion.__version__,
+                     "python": platform.python_version()},
+        "cpu_model": cpu_model(),
+        "cpu_family_model": cpu_family_model(),
+        "machine_type": machine_type(),
+        "logical_cpus": os.cpu_count(),
+        "omp_wait_policy": ENGINE_WAIT_POLICY,
+        "model": str(args.model_dir),
+        "sentences": args.sentences_read,
+        "rounds": args.rounds,
+        "threads": list(args.threads),
+        "beams": list(args.beams),
+        "loadavg_start": [round(value, 2) for value in loadavg_start],
+        "loadavg_end": [round(value, 2) for value in os.getloadavg()],
+        "rows": rows,
+    }
 
 
 def main(argv=None) -> list[dict] | None:
@@ -261,7 +321,8 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     references = read_lines(args.data / "test_2016_flickr.de")[: args.sentences]
     command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT),
                                                             *(sys.argv[1:] if argv is None else argv)])
-    start = time.perf_counter()
+    args.sentences_read = len(sources)
+    start, loadavg_start = time.perf_counter(), os.getloadavg()
     print("## The real workload with each engine in a process of its own (issue 39)\n")
     print(f"- command (from the repository root): `{command}`")
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, CTranslate2 {ctranslate2_version}, "
@@ -273,6 +334,11 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
         results = measure(args, Path(work), sources)
     rows = report(args, results, references)
     print(f"\n(load average at end {loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
+    if args.results_path is not None:
+        write_workload_results(args.results_path, processes_record(args, command, ctranslate2_version, loadavg_start,
+                                                                   rows), args.overwrite_results)
+        print(f"\n- results written to {args.results_path} (`python benchmarks/inference_workload_report.py "
+              "--update-readme` renders them)")
     return rows
 
 

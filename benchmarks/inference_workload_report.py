@@ -11,7 +11,9 @@ against CTranslate2 int8) and the BLEU of each search; per other family, one row
 BLEU minus each int8 loop's; goal <= 0.2) of every model, search and int8 engine of every file (with its 95% interval
 where the file has it), the cost pooled over the models of each run that measured several, and, for runs with
 `--plain-reference`, each fusion model's fast loops against the plain reference's divided by the counted FLOPs ratio
-(goal >= 0.8).
+(goal >= 0.8). Last, the runs of `bench_workload_processes.py --results-dir DIR` (`DIR/processes_<cpu>_<commit>.json`:
+each engine in a process of its own, at every thread count it was given): per run, each fast loop's seconds beside
+CTranslate2's of the same precision at each thread count and search, and the target's ratio.
 
 A file that cannot be read as a result (cut short, a merge gone wrong, a field missing) stops the report with an
 error naming it: a report that silently left a run out would be wrong.
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 from numbers import Real
 from pathlib import Path
@@ -40,7 +44,14 @@ from bench_inference import (  # noqa: E402
     WORKLOAD_RESULTS_VERSION,
     fusion_versus_plain,
     ratio_cell,
+    search_label,
     workload_reference,
+)
+from bench_workload_processes import (  # noqa: E402
+    ENGINES as PROCESS_ENGINES,
+    PROCESSES_RESULTS_VERSION,
+    TARGET as PROCESSES_TARGET,
+    same_precision_ratios,
 )
 
 DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "inference"
@@ -149,6 +160,52 @@ def read_result(path: Path) -> dict:
     return record
 
 
+PROCESSES_RECORD_KEYS = ("format_version", "command", "git_revision", "versions", "cpu_model", "machine_type",
+                         "omp_wait_policy", "model", "sentences", "rounds", "threads", "beams", "loadavg_start",
+                         "loadavg_end", "rows")
+
+
+def processes_record_problem(record) -> str | None:
+    """Why a `bench_workload_processes.py` results file cannot be reported, or None: every engine at every thread
+    count and search of the run exactly once, with positive seconds (one per round) and a BLEU."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    missing = [key for key in PROCESSES_RECORD_KEYS if key not in record]
+    if missing:
+        return f"lacks {missing}"
+    if record["format_version"] != PROCESSES_RESULTS_VERSION:
+        return f"format_version {record['format_version']!r}, this report reads {PROCESSES_RESULTS_VERSION}"
+    for name in ("threads", "beams"):
+        values = record[name]
+        if not isinstance(values, list) or not values or not all(isinstance(v, int) and v > 0 for v in values):
+            return f"`{name}` is not a non-empty list of positive integers"
+    if not isinstance(record["rows"], list):
+        return "`rows` is not a list"
+    seen = []
+    for row in record["rows"]:
+        if not isinstance(row, dict) or not all(key in row for key in ("engine", "threads", "num_beams", "seconds",
+                                                                       "median_seconds", "bleu")):
+            return "a row lacks engine, threads, num_beams, seconds, median_seconds or bleu"
+        key = (row["engine"], row["threads"], row["num_beams"])
+        seconds = row["seconds"]
+        if not isinstance(seconds, list) or len(seconds) != record["rounds"] or not all(
+            isinstance(value, Real) and value > 0 for value in seconds
+        ):
+            return f"row {key}: `seconds` is not one positive number per round ({record['rounds']})"
+        if not isinstance(row["median_seconds"], Real) or not math.isclose(row["median_seconds"],
+                                                                          statistics.median(seconds)):
+            return f"row {key}: `median_seconds` {row['median_seconds']!r} is not the median of its `seconds`"
+        if not isinstance(row["bleu"], Real):
+            return f"row {key}: `bleu` is not a number"
+        seen.append(key)
+    expected = [(engine, t, b) for engine in PROCESS_ENGINES for t in record["threads"] for b in record["beams"]]
+    if sorted(seen) != sorted(expected):
+        extra = sorted(set(seen) - set(expected)) or sorted(key for key in set(seen) if seen.count(key) > 1)
+        return (f"the rows are not each engine at each thread count and search once (missing "
+                f"{sorted(set(expected) - set(seen))}, extra or repeated {extra})")
+    return None
+
+
 def read_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """`[(path, record)]` of every `workload_*.json` of `results_dir`, by file name."""
     results_dir = Path(results_dir)
@@ -157,11 +214,23 @@ def read_results(results_dir: Path) -> list[tuple[Path, dict]]:
     return [(path, read_result(path)) for path in sorted(results_dir.glob("workload_*.json"))]
 
 
+def read_processes_results(results_dir: Path) -> list[tuple[Path, dict]]:
+    """`[(path, record)]` of every `processes_*.json` of `results_dir`, by file name, each checked
+    (`processes_record_problem`)."""
+    results = []
+    for path in sorted(Path(results_dir).glob("processes_*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise UnreadableResult(f"{path}: not a readable JSON file ({error})") from error
+        problem = processes_record_problem(record)
+        if problem is not None:
+            raise UnreadableResult(f"{path}: {problem}")
+        results.append((path, record))
+    return results
+
+
 # ------------------------------------------------------------------------------------------------ rendering
-def search_label(num_beams: int) -> str:
-    return "greedy" if num_beams == 1 else f"beam-{num_beams}"
-
-
 def threads_label(threads: int) -> str:
     return f"{threads} thread{'s' if threads > 1 else ''}"
 
@@ -331,18 +400,80 @@ def fusion_table(results: list[tuple[Path, dict]]) -> list[str]:
             "speed / FLOPs ratio | goal |", "|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
+def processes_seconds_cell(row: dict) -> str:
+    seconds = row["seconds"]
+    return f"{row['median_seconds']:.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
+
+
+def processes_tables(results: list[tuple[Path, dict]]) -> list[str]:
+    """The runs of `bench_workload_processes.py --results-dir`: per file its caption and a row per thread count and
+    search, each fast loop's seconds beside CTranslate2's of the same precision and the target's ratio
+    (`bench_workload_processes.same_precision_ratios`, the numbers the run printed); nothing where there are none."""
+    if not results:
+        return []
+    lines = ["#### Each engine in a process of its own, at one and two threads (`bench_workload_processes.py`)", "",
+             "The same workload (plain Transformer; batches of 32 sorted by length, each sentence stopping at its end "
+             "token), each engine translating the whole set in a fresh process at one thread count, the engines' order "
+             "flipped every round: seconds are the median over rounds [min-max], a ratio is CTranslate2's median "
+             f"seconds over the fast loop's of the same precision (goal >= {PROCESSES_TARGET:.1f}). Where CTranslate2 "
+             "int8 runs slower at two threads than at one, the two-thread int8 ratio measures that (its one-thread "
+             "row is beside it)."]
+    for path, record in results:
+        versions = record["versions"]
+        lines += ["", f"Run `{path.name}` on the {machine_label(record)}, git {record['git_revision']}: "
+                      f"`{record['command']}`",
+                  f"(torch {versions.get('torch')}, transformers {versions.get('transformers')}, CTranslate2 "
+                  f"{versions.get('ctranslate2')}, hf_layerfusion {versions.get('hf_layerfusion')}, Python "
+                  f"{versions.get('python')}; `{record['model']}`, {record['sentences']} sentences, "
+                  f"{record['rounds']} round(s); OMP_WAIT_POLICY={record['omp_wait_policy']} in the engines' "
+                  f"processes; load average at start {tuple(record['loadavg_start'])}, at end "
+                  f"{tuple(record['loadavg_end'])}).", ""]
+        row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in record["rows"]}
+        ratio_of = {(fast, t, b): ratio for fast, _, t, b, ratio in same_precision_ratios(record["rows"])}
+        header = ["threads", "search"]
+        for fast, reference in (("fast float32", "CTranslate2 float32"), ("fast int8", "CTranslate2 int8")):
+            header += [f"{fast}: s", f"{reference}: s", "ratio", "goal"]
+        header += ["BLEU (" + " / ".join(PROCESS_ENGINES) + ")"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for t in record["threads"]:
+            for b in record["beams"]:
+                cells = [str(t), search_label(b)]
+                for fast, reference in (("fast float32", "CTranslate2 float32"), ("fast int8", "CTranslate2 int8")):
+                    ratio = ratio_of[fast, t, b]
+                    cells += [processes_seconds_cell(row_of[fast, t, b]), processes_seconds_cell(row_of[reference, t, b]),
+                              f"{ratio:.2f}x", "met" if ratio >= PROCESSES_TARGET else "NOT met"]
+                cells.append(" / ".join(f"{row_of[engine, t, b]['bleu']:.2f}" for engine in PROCESS_ENGINES))
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(results_dir: Path = DEFAULT_RESULTS) -> str:
     """The README section (without its markers) from the files of `results_dir`."""
     results = read_results(results_dir)
-    if not results:
+    processes = read_processes_results(results_dir)
+    if not results and not processes:
         return NO_RESULTS
-    chunks = unique(record["workload_chunk"] for _, record in results)
     lines = [f"Rendered by `python benchmarks/inference_workload_report.py --update-readme` from the files of "
-             f"`{shown_path(results_dir)}` (each written by `bench_inference.py --bleu ... --results-dir`). A ratio is "
-             f"the reference's seconds over the engine's, the median of the ratios of chunks of "
-             f"{' / '.join(map(str, chunks))} sentences on which the engines alternate [min-max]; "
-             "\"vs CTranslate2 same precision\": fast float32 against CTranslate2 float32, every fast int8 loop "
-             "against CTranslate2 int8."]
+             f"`{shown_path(results_dir)}` (each written by "
+             + ("`bench_inference.py --bleu ... --results-dir`" if results else "")
+             + (" or, the last table, " if results and processes else "")
+             + ("`bench_workload_processes.py --results-dir`" if processes else "") + ")."]
+    if results:
+        chunks = unique(record["workload_chunk"] for _, record in results)
+        lines[0] += (f" A ratio is the reference's seconds over the engine's, the median of the ratios of chunks of "
+                     f"{' / '.join(map(str, chunks))} sentences on which the engines alternate [min-max]; "
+                     "\"vs CTranslate2 same precision\": fast float32 against CTranslate2 float32, every fast int8 loop "
+                     "against CTranslate2 int8.")
+        lines += workload_tables(results)
+    if processes:
+        lines += [""] + processes_tables(processes)
+    return "\n".join(lines) + "\n"
+
+
+def workload_tables(results: list[tuple[Path, dict]]) -> list[str]:
+    """The tables of `bench_inference.py`'s files: each CPU type's runs, the int8 BLEU costs, the fusion families
+    against the plain fast loop."""
+    lines = []
     # each CPU type's own runs first, then its runs under an instruction set cap
     machines = sorted(unique((machine_label(record), record["machine_type"]) for _, record in results),
                       key=lambda label_machine: any(machine_label(record) == label_machine[0] and
@@ -364,7 +495,7 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
     fusion = fusion_table(results)
     if fusion:
         lines += [""] + fusion
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------ README
@@ -401,7 +532,8 @@ def update_readme(readme_path: Path, section: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS,
-                        help=f"the folder of workload_*.json files (default: {shown_path(DEFAULT_RESULTS)})")
+                        help="the folder of workload_*.json and processes_*.json files (default: "
+                             f"{shown_path(DEFAULT_RESULTS)})")
     parser.add_argument("--update-readme", action="store_true",
                         help="write the section into the README between its markers instead of printing it")
     parser.add_argument("--readme", type=Path, default=README, help="the README that --update-readme rewrites")

@@ -235,13 +235,25 @@ def test_bench_ctranslate2_shapes_gives_each_shapes_call_and_step_costs(saved_mo
 
 
 def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_own_process(
-    saved_models, tokenizer_sized_plain, capsys
+    saved_models, tokenizer_sized_plain, capsys, tmp_path
 ):
     pytest.importorskip("ctranslate2")
     _, data = saved_models
     rows = bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--threads", "1", "2",
-                                          "--beams", "1", "--rounds", "1", "--sentences", "4"])
+                                          "--beams", "1", "--rounds", "1", "--sentences", "4",
+                                          "--results-dir", str(tmp_path / "results")])
     output = capsys.readouterr().out
+    # the run's file reads back into the README's report, with the target ratios the run printed
+    import inference_workload_report
+
+    (path, record), = inference_workload_report.read_processes_results(tmp_path / "results")
+    assert path == bench_inference.workload_results_path(tmp_path / "results", kind="processes")
+    assert f"results written to {path}" in output and record["rows"] == json.loads(json.dumps(rows))
+    assert record["sentences"] == 4 and record["threads"] == [1, 2] and record["beams"] == [1]
+    table = inference_workload_report.render(tmp_path / "results")
+    for fast, reference, threads, _, ratio in bench_workload_processes.same_precision_ratios(rows):
+        assert f"- {fast} vs {reference}, greedy, {threads} thread(s): {ratio:.2f}x" in output
+        assert f"| {threads} | greedy | " in table and f" | {ratio:.2f}x | " in table
     assert sorted((row["engine"], row["threads"]) for row in rows) == sorted(
         (engine, threads) for engine in bench_workload_processes.ENGINES for threads in (1, 2)
     )
@@ -275,7 +287,8 @@ def test_bench_workload_processes_engines_wait_policy_is_the_environments_else_a
     assert completed.stdout.split()[-1] == policy
 
 
-def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_models, tokenizer_sized_plain, capsys):
+def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_models, tokenizer_sized_plain, capsys,
+                                                                       tmp_path):
     directories, data = saved_models
     cases = [
         ([str(tokenizer_sized_plain), "--threads", "1", "1"], "--threads repeats a value"),
@@ -283,11 +296,22 @@ def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_mo
         ([str(directories["gtrans"]), "--data", str(data)], "'gtrans' model; CTranslate2 runs only the plain"),
         ([str(data / "missing")], "no model at"),
         ([str(tokenizer_sized_plain), "--data", str(data / "missing")], "no Multi30k test sentences at"),
+        ([str(tokenizer_sized_plain), "--data", str(data), "--overwrite-results"],
+         "--overwrite-results needs --results-dir"),
+        ([str(tokenizer_sized_plain), "--data", str(data), "--results-dir", str(data / "test_2016_flickr.en")],
+         "is not a directory"),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit):
             bench_workload_processes.main(argv)
         assert message in capsys.readouterr().err
+    # a file of this CPU type and commit is refused before the run, and left as it was
+    existing = bench_inference.workload_results_path(tmp_path, kind="processes")
+    existing.write_text("an earlier run", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--results-dir", str(tmp_path)])
+    assert "exists already (this CPU type and commit); --overwrite-results replaces it" in capsys.readouterr().err
+    assert existing.read_text(encoding="utf-8") == "an earlier run"
 
 
 def test_probe_amx_rows_times_both_products_where_the_cpu_has_them(capsys):

@@ -2,7 +2,8 @@
 synthetic results files of two CPU types render to the ratios their chunk seconds give (medians of per-chunk
 ratios, computed here independently), a broken file stops the report with its name, `--update-readme` replaces only
 its section, bench_inference refuses a `--results-dir` it could not honour before it measures, a run's file reads
-back into the report, and the committed README section is the report of the committed results."""
+back into the report, and the committed README section is the report of the committed results; the same for
+`bench_workload_processes.py`'s files (medians of rounds, the target's ratio, a broken file named)."""
 
 from __future__ import annotations
 
@@ -587,3 +588,105 @@ def test_cpu_generations_with_one_model_name_get_headings_of_their_own(tmp_path)
     assert section.count("#### AMD EPYC\n") == 1 and section.count("#### AMD EPYC (family 26, model 2)\n") == 1
     int8_rows = parse_tables(section)[None, "int8"]["rows"]
     assert "AMD EPYC" in int8_rows and "AMD EPYC (family 26, model 2)" in int8_rows
+
+
+# ------------------------------------------------------------------------------------------------ processes runs
+# bench_workload_processes.py's runs: the median seconds of each engine, thread count and search; each engine's rounds
+# are [m, 1.3 m, 0.95 m] (median m, mean 1.083 m: a report that averaged would show other ratios)
+PROCESS_MEDIANS = {
+    ("fast float32", 1, 1): 3.6, ("CTranslate2 float32", 1, 1): 4.85, ("fast int8", 1, 1): 1.8,
+    ("CTranslate2 int8", 1, 1): 1.7,  # 0.94x: not met
+    ("fast float32", 1, 4): 7.0, ("CTranslate2 float32", 1, 4): 8.9, ("fast int8", 1, 4): 3.75,
+    ("CTranslate2 int8", 1, 4): 4.75,
+    ("fast float32", 2, 1): 2.25, ("CTranslate2 float32", 2, 1): 3.45, ("fast int8", 2, 1): 1.32,
+    ("CTranslate2 int8", 2, 1): 8.8,
+    ("fast float32", 2, 4): 4.4, ("CTranslate2 float32", 2, 4): 4.1,  # 0.93x: not met
+    ("fast int8", 2, 4): 2.6, ("CTranslate2 int8", 2, 4): 13.4,
+}
+PROCESS_BLEU = {"fast float32": 33.0, "CTranslate2 float32": 33.01, "fast int8": 33.11, "CTranslate2 int8": 32.9}
+
+
+def processes_file(revision: str = "def5678") -> dict:
+    rows = []
+    for (engine, threads, num_beams), median in PROCESS_MEDIANS.items():
+        seconds = [median, 1.3 * median, 0.95 * median]
+        rows.append({"engine": engine, "threads": threads, "num_beams": num_beams, "seconds": seconds,
+                     "median_seconds": statistics.median(seconds), "threads_used": threads, "process_threads": 3,
+                     "context_switches_per_second": [10.0, 12.0, 11.0],
+                     "bleu": PROCESS_BLEU[engine] + (0.5 if num_beams == 4 else 0.0)})
+    return {"format_version": 1, "command": "python benchmarks/bench_workload_processes.py runs/plain --rounds 3",
+            "git_revision": revision, "versions": {"torch": "2.13.0", "transformers": "5.24.0",
+                                                   "ctranslate2": "4.6.0", "hf_layerfusion": "0.1.0",
+                                                   "python": "3.11.7"},
+            "cpu_model": "AMD EPYC", "cpu_family_model": "family 25, model 17", "machine_type": "x86_64 avx512",
+            "logical_cpus": 2, "omp_wait_policy": "ACTIVE", "model": "runs/plain", "sentences": 1000, "rounds": 3,
+            "threads": [1, 2], "beams": [1, 4], "loadavg_start": [0.1, 0.2, 0.3], "loadavg_end": [1.9, 1.5, 1.0],
+            "rows": rows}
+
+
+def processes_rows(section: str) -> dict:
+    """{(threads, search): cells} of the processes table's rows."""
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 11 and cells[0] in ("1", "2") and cells[1] in ("greedy", "beam-4"):
+            rows[int(cells[0]), cells[1]] = cells[2:]
+    return rows
+
+
+def test_processes_runs_render_each_fast_loop_beside_ctranslate2_with_the_target(tmp_path):
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(processes_file()), encoding="utf-8")
+    alone = report.render(tmp_path)  # a folder of processes runs only
+    write_results(tmp_path)
+    section = report.render(tmp_path)
+    assert section.index("#### Each engine in a process of its own") > section.index("#### int8 BLEU cost")
+    assert "Run `processes_amd-epyc_def5678.json` on the AMD EPYC (family 25, model 17), git def5678" in section
+    assert "CTranslate2 4.6.0" in section and "OMP_WAIT_POLICY=ACTIVE in the engines' processes" in section
+    for text in (alone, section):
+        rows = processes_rows(text)
+        assert sorted(rows) == [(1, "beam-4"), (1, "greedy"), (2, "beam-4"), (2, "greedy")]
+        for (threads, search), cells in rows.items():
+            beams = 1 if search == "greedy" else 4
+            for offset, (fast, reference) in ((0, ("fast float32", "CTranslate2 float32")),
+                                              (4, ("fast int8", "CTranslate2 int8"))):
+                fast_median, reference_median = (PROCESS_MEDIANS[fast, threads, beams],
+                                                 PROCESS_MEDIANS[reference, threads, beams])
+                assert cells[offset] == f"{fast_median:.2f} [{0.95 * fast_median:.2f}-{1.3 * fast_median:.2f}]"
+                assert cells[offset + 1].startswith(f"{reference_median:.2f} [")
+                ratio = reference_median / fast_median
+                assert cells[offset + 2] == f"{ratio:.2f}x"
+                assert cells[offset + 3] == ("met" if ratio >= 1.0 else "NOT met")
+            bonus = 0.5 if beams == 4 else 0.0
+            assert cells[8] == " / ".join(f"{PROCESS_BLEU[engine] + bonus:.2f}" for engine in PROCESS_BLEU)
+    rows = processes_rows(section)
+    assert rows[1, "greedy"][7] == "NOT met" and rows[2, "beam-4"][3] == "NOT met"
+    assert rows[2, "greedy"][6] == "6.67x"
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("not json", "not a readable JSON file"),
+    ("missing row", "missing [('CTranslate2 int8', 2, 4)]"),
+    ("repeated row", "extra or repeated [('fast int8', 1, 1)]"),
+    ("rounds", "not one positive number per round (3)"),
+    ("median", "is not the median of its `seconds`"),
+    ("old version", "format_version 0"),
+])
+def test_a_broken_processes_file_stops_the_report_naming_it(tmp_path, damage, message):
+    content = processes_file()
+    name = "processes_amd-epyc_def5678.json"
+    if damage == "missing row":
+        content["rows"] = [row for row in content["rows"]
+                           if (row["engine"], row["threads"], row["num_beams"]) != ("CTranslate2 int8", 2, 4)]
+    elif damage == "repeated row":
+        content["rows"][-1] = dict(content["rows"][2])  # fast int8, 1 thread, greedy twice; CTranslate2 int8 2/4 gone
+    elif damage == "rounds":
+        content["rows"][5]["seconds"].pop()
+    elif damage == "median":
+        content["rows"][5]["median_seconds"] *= 1.1
+    elif damage == "old version":
+        content["format_version"] = 0
+    text = json.dumps(content)
+    (tmp_path / name).write_text(text[:300] if damage == "not json" else text, encoding="utf-8")
+    with pytest.raises(report.UnreadableResult, match=name) as error:
+        report.render(tmp_path)
+    assert message in str(error.value)
