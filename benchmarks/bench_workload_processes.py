@@ -272,13 +272,14 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
     return rows
 
 
-def processes_record(args, command: str, ctranslate2_version: str, loadavg_start, rows: list[dict]) -> dict:
+def processes_record(args, command: str, revision: str, ctranslate2_version: str, loadavg_start,
+                     rows: list[dict]) -> dict:
     """What `--results-dir` keeps of a run: its provenance (command, code, libraries, CPU, wait policy, load) and
     `report`'s rows without the translations (each row's BLEU stays)."""
     return {
         "format_version": PROCESSES_RESULTS_VERSION,
         "command": command,
-        "git_revision": git_revision(),
+        "git_revision": revision,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "ctranslate2": ctranslate2_version, "hf_layerfusion": hf_layerfusion.__version__,
                      "python": platform.python_version()},
@@ -323,10 +324,11 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
                                                             *(sys.argv[1:] if argv is None else argv)])
     args.sentences_read = len(sources)
     start, loadavg_start = time.perf_counter(), os.getloadavg()
+    revision = git_revision()  # the code that runs: files edited during the run do not change it
     print("## The real workload with each engine in a process of its own (issue 39)\n")
     print(f"- command (from the repository root): `{command}`")
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, CTranslate2 {ctranslate2_version}, "
-          f"hf_layerfusion {hf_layerfusion.__version__} (git {git_revision()}), Python {platform.python_version()}")
+          f"hf_layerfusion {hf_layerfusion.__version__} (git {revision}), Python {platform.python_version()}")
     print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
           f"{ENGINE_WAIT_POLICY} in the engines' processes, load average at start {loadavg()}")
     print(f"- model: {args.model_dir}, Multi30k test, {len(sources)} sentences, {args.rounds} round(s)\n")
@@ -335,8 +337,8 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     rows = report(args, results, references)
     print(f"\n(load average at end {loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
     if args.results_path is not None:
-        write_workload_results(args.results_path, processes_record(args, command, ctranslate2_version, loadavg_start,
-                                                                   rows), args.overwrite_results)
+        write_workload_results(args.results_path, processes_record(args, command, revision, ctranslate2_version,
+                                                                   loadavg_start, rows), args.overwrite_results)
         print(f"\n- results written to {args.results_path} (`python benchmarks/inference_workload_report.py "
               "--update-readme` renders them)")
     return rows
