@@ -205,8 +205,8 @@ def measure(args, work: Path, sources: list[str]) -> dict:
     return results
 
 
-def seconds_cell(runs: list[dict]) -> str:
-    seconds = [run["seconds"] for run in runs]
+def seconds_cell(seconds: list[float]) -> str:
+    """Seconds over rounds as the printout and inference_workload_report.py's table show them: median [min-max]."""
     return f"{statistics.median(seconds):.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
 
 
@@ -240,7 +240,7 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
     print(f"| engine | {header} | " + " | ".join(f"{search_label(b)} BLEU" for b in args.beams) + " |")
     print("|---|" + "---|" * (len(args.beams) * len(args.threads) + len(args.beams)))
     for engine in ENGINES:
-        cells = [seconds_cell(results[engine, t, b]) for b in args.beams for t in args.threads]
+        cells = [seconds_cell(row_of[engine, t, b]["seconds"]) for b in args.beams for t in args.threads]
         bleu = [f"{row_of[engine, args.threads[0], b]['bleu']:.2f}" for b in args.beams]
         print(f"| {engine} | " + " | ".join(cells + bleu) + " |")
     print("\nSeconds to translate the sentences once, median over rounds [min-max]; BLEU of the first round.")

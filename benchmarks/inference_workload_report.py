@@ -50,8 +50,10 @@ from bench_inference import (  # noqa: E402
 from bench_workload_processes import (  # noqa: E402
     ENGINES as PROCESS_ENGINES,
     PROCESSES_RESULTS_VERSION,
+    SAME_PRECISION,
     TARGET as PROCESSES_TARGET,
     same_precision_ratios,
+    seconds_cell,
 )
 
 DEFAULT_RESULTS = REPO_ROOT / "benchmarks" / "results" / "inference"
@@ -400,11 +402,6 @@ def fusion_table(results: list[tuple[Path, dict]]) -> list[str]:
             "speed / FLOPs ratio | goal |", "|---|---|---|---|---|---|---|---|---|---|", *lines]
 
 
-def processes_seconds_cell(row: dict) -> str:
-    seconds = row["seconds"]
-    return f"{row['median_seconds']:.2f} [{min(seconds):.2f}-{max(seconds):.2f}]"
-
-
 def processes_tables(results: list[tuple[Path, dict]]) -> list[str]:
     """The runs of `bench_workload_processes.py --results-dir`: per file its caption and a row per thread count and
     search, each fast loop's seconds beside CTranslate2's of the same precision and the target's ratio
@@ -431,16 +428,17 @@ def processes_tables(results: list[tuple[Path, dict]]) -> list[str]:
         row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in record["rows"]}
         ratio_of = {(fast, t, b): ratio for fast, _, t, b, ratio in same_precision_ratios(record["rows"])}
         header = ["threads", "search"]
-        for fast, reference in (("fast float32", "CTranslate2 float32"), ("fast int8", "CTranslate2 int8")):
+        for fast, reference in SAME_PRECISION.items():
             header += [f"{fast}: s", f"{reference}: s", "ratio", "goal"]
         header += ["BLEU (" + " / ".join(PROCESS_ENGINES) + ")"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for t in record["threads"]:
             for b in record["beams"]:
                 cells = [str(t), search_label(b)]
-                for fast, reference in (("fast float32", "CTranslate2 float32"), ("fast int8", "CTranslate2 int8")):
+                for fast, reference in SAME_PRECISION.items():
                     ratio = ratio_of[fast, t, b]
-                    cells += [processes_seconds_cell(row_of[fast, t, b]), processes_seconds_cell(row_of[reference, t, b]),
+                    cells += [seconds_cell(row_of[fast, t, b]["seconds"]),
+                              seconds_cell(row_of[reference, t, b]["seconds"]),
                               f"{ratio:.2f}x", "met" if ratio >= PROCESSES_TARGET else "NOT met"]
                 cells.append(" / ".join(f"{row_of[engine, t, b]['bleu']:.2f}" for engine in PROCESS_ENGINES))
                 lines.append("| " + " | ".join(cells) + " |")
