@@ -6,6 +6,8 @@ refuses them, naming them; merged, the model runs its float32 copy again. `Layer
 model as it trains the model itself: the model's own loss with the smoothing, its diagnostics logged, its fusion
 weights out of weight decay, the fast loop in evaluation."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -111,12 +113,81 @@ def test_adapted_models_run_the_fast_loop_on_their_own_layers_and_int8_refuses_t
         fast_generate(model, **source, quantization="int8", **settings)
 
 
+def output_projection_merged(model, adapted: LowRankAdapted):
+    """A copy of `model` whose output projection is one plain `nn.Linear` of the adapted weight `W + up down`, the
+    adapter merged by hand (the copy's embeddings keep `W`: the projection's tie is cut)."""
+    merged = copy.deepcopy(model)
+    weight = adapted.base_layer.weight + adapted.up @ adapted.down
+    merged.lm_head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    with torch.no_grad():
+        merged.lm_head.weight.copy_(weight)
+    return merged
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_an_adapter_on_the_output_projection_is_what_every_family_projects_and_trains(model_type):
+    """The output projection is called as a module: an adapter around `lm_head` (PEFT's LoRA with `lm_head` among
+    its target modules) changes the logits as the hand-merged weight does, and in training (GTrans' multi-level loss
+    of Eq. 7 included) its own parameters get the gradients of that merged weight, by the chain rule of
+    `W + up down`: `dL/d up = G down^T`, `dL/d down = up^T G`."""
+    source = tiny_sources()
+    model = tiny_model(model_type)
+    adapted = LowRankAdapted(model.lm_head, seed=5)
+    model.lm_head = adapted
+    reference = output_projection_merged(model, adapted)
+    decoder_input_ids = torch.full((source["input_ids"].shape[0], 3), FIRST_TOKEN_ID)
+    with torch.no_grad():
+        logits = model.eval()(**source, decoder_input_ids=decoder_input_ids).logits
+        expected = reference.eval()(**source, decoder_input_ids=decoder_input_ids).logits
+        unadapted = output_projection_merged(model, LowRankAdapted(adapted.base_layer, rank=1))
+        unadapted.lm_head.weight.copy_(adapted.base_layer.weight)
+        assert not torch.allclose(expected, unadapted(**source, decoder_input_ids=decoder_input_ids).logits, atol=1e-3)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    labels = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (source["input_ids"].shape[0], 4),
+                           generator=torch.Generator().manual_seed(3))
+    loss = model.train()(**source, labels=labels).loss
+    expected_loss = reference.train()(**source, labels=labels).loss
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    loss.backward()
+    expected_loss.backward()
+    merged_gradient = reference.lm_head.weight.grad
+    assert adapted.up.grad is not None and adapted.down.grad is not None, "the adapter was left out of the loss"
+    torch.testing.assert_close(adapted.up.grad, merged_gradient @ adapted.down.detach().T, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(adapted.down.grad, adapted.up.detach().T @ merged_gradient, atol=1e-5, rtol=1e-4)
+
+
+@needs_float32_kernel
+@pytest.mark.filterwarnings("ignore:.*quantiz")  # torch.ao's eager-mode quantization: deprecated, still what users call
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_dynamically_quantized_models_translate_on_their_own_layers_and_int8_refuses_them(model_type):
+    """`torch.ao.quantization.quantize_dynamic` swaps every linear layer for a quantized module (the Marian reference
+    is tests/test_backbone_marian.py): the quantized model's logits are the float model's up to int8 rounding, the
+    fast loop runs its own quantized layers with `generate()`'s tokens, and the package's int8 copy refuses it,
+    saying to give it the float model."""
+    source = tiny_sources()
+    model = tiny_model(model_type).eval()
+    quantized = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    decoder_input_ids = torch.full((source["input_ids"].shape[0], 3), FIRST_TOKEN_ID)
+    with torch.no_grad():
+        expected = model(**source, decoder_input_ids=decoder_input_ids).logits
+        logits = quantized(**source, decoder_input_ids=decoder_input_ids).logits
+    agreement = F.cosine_similarity(logits.flatten(), expected.flatten(), dim=0)
+    assert not torch.equal(logits, expected) and agreement > 0.95, agreement  # quantized, and only by rounding
+    assert prepare_for_inference(quantized) is quantized
+    for settings in SEARCHES.values():
+        assert torch.equal(fast_generate(quantized, **source, fallback=False, **settings),
+                           generated(quantized, source, **settings)), settings
+    with pytest.raises(ValueError, match=r"int8 inference copy .*torch\.ao\.nn\.quantized\.dynamic\.modules\.linear\.Linear "
+                                         r".*give it the float model instead"):
+        prepare_for_inference(quantized, "int8")
+
+
 # ------------------------------------------------------------------------------------------------------ PEFT
-def lora_model(model_type: str):
-    """A PEFT LoRA model of the family's tiny model: rank 2 on every `q_proj` and `v_proj`, random (not PEFT's
-    default start at zero, which would change nothing). PEFT is a test requirement (setup.cfg)."""
+def lora_model(model_type: str, target_modules: tuple[str, ...] = ("q_proj", "v_proj")):
+    """A PEFT LoRA model of the family's tiny model: rank 2 on every `q_proj` and `v_proj` (or `target_modules`),
+    random (not PEFT's default start at zero, which would change nothing). PEFT is a test requirement (setup.cfg)."""
     peft = pytest.importorskip("peft")
-    config = peft.LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+    config = peft.LoraConfig(task_type="SEQ_2_SEQ_LM", r=2, lora_alpha=4, target_modules=list(target_modules),
                              init_lora_weights=False)
     return peft.get_peft_model(tiny_model(model_type), config).eval()
 
@@ -147,6 +218,22 @@ def test_peft_lora_models_translate_with_the_fast_loop_and_merged_with_the_float
     for settings in SEARCHES.values():
         assert torch.equal(fast_generate(merged, **source, fallback=False, **settings),
                            generated(merged, source, **settings)), settings
+
+
+def test_a_peft_lora_on_the_output_projection_trains_in_gtrans_multi_level_loss():
+    """PEFT's own LoRA on `lm_head` (the stand-in's test above has the references): GTrans' loss of Eq. 7 reaches
+    its parameters, and the adapted logits are not the base model's."""
+    adapted = lora_model("gtrans", target_modules=("lm_head",)).train()
+    source = tiny_sources()
+    labels = torch.randint(FIRST_TOKEN_ID, TINY_BACKBONE["vocab_size"], (source["input_ids"].shape[0], 4),
+                           generator=torch.Generator().manual_seed(3))
+    adapted(**source, labels=labels).loss.backward()
+    head_adapters = {name: p.grad for name, p in adapted.named_parameters() if "lm_head.lora_" in name}
+    assert len(head_adapters) == 2 and all(g is not None and g.abs().sum() > 0 for g in head_adapters.values())
+    with torch.no_grad(), adapted.disable_adapter():
+        base = adapted.eval()(**source, labels=labels).logits
+    with torch.no_grad():
+        assert not torch.allclose(adapted(**source, labels=labels).logits, base, atol=1e-3)
 
 
 def test_translate_and_the_pipeline_translate_a_peft_model_as_generate_does():

@@ -70,6 +70,29 @@ def test_from_marian_directory_and_position_tables(tmp_path):
         torch.testing.assert_close(model(**batch).logits, marian(**batch).logits, atol=1e-4, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:.*quantiz")  # torch.ao's eager-mode quantization: deprecated, still what users call
+def test_dynamically_quantized_model_computes_what_the_dynamically_quantized_marian_computes():
+    """`torch.ao.quantization.quantize_dynamic(model, {nn.Linear})`, the CPU int8 recipe users apply to MarianMTModel,
+    swaps every linear layer, the output projection included, for a quantized module: the converted model then
+    computes the quantized Marian's logits and translations, not the float ones (the projection is called as a
+    module, never read as a weight)."""
+    marian = tiny_marian("sdpa")
+    model = hf_layerfusion.from_marian(marian, attn_implementation="sdpa", model_type="plain_transformer").eval()
+    quantized_marian, quantized = (
+        torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8) for m in (marian, model)
+    )
+    assert type(quantized.lm_head) is type(quantized_marian.lm_head) is not torch.nn.Linear
+    batch = padded_source()
+    with torch.no_grad():
+        expected, logits, unquantized = quantized_marian(**batch).logits, quantized(**batch).logits, marian(**batch).logits
+    assert (expected - unquantized).abs().max() > 0.05  # quantization changed the numbers the comparison is about
+    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=0)
+    for num_beams in (1, 4):
+        settings = dict(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=num_beams,
+                        max_length=12)
+        assert quantized.generate(**settings).tolist() == quantized_marian.generate(**settings).tolist()
+
+
 @pytest.mark.parametrize("config_class", [PlainTransformerConfig, GTransConfig])
 def test_pre_norm_forward_backward(config_class, tiny_backbone, padded_batch):
     extra = dict(encoder_group_size=1, decoder_group_size=1) if config_class is GTransConfig else {}

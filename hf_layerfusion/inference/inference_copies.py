@@ -28,7 +28,11 @@ from .decoding_attention import HEAD_DIMS, register_decoding_attention
 
 QUANTIZATIONS = (None, "int8")
 inference_copy_logger = logging.get_logger(__name__)
-MERGE_ADVICE = "merge adapters into the weights first (PEFT: `model = model.merge_and_unload()`)"
+MERGE_ADVICE = (
+    "merge adapters into the weights first (PEFT: `model = model.merge_and_unload()`); for layers another library "
+    "quantized (`torch.ao.quantization.quantize_dynamic`, ...), give it the float model instead (its own int8 copy: "
+    "`quantization=\"int8\"`)"
+)
 PANEL_COLUMNS = 16  # output features per panel of `Float32Linear` (kernels/float32_linear.cpp: one AVX-512 register)
 
 

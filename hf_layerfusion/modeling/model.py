@@ -294,10 +294,12 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
     # ---- the output head's fast-path hooks (hf_layerfusion.modeling.extension_points)
     def project(self, features: torch.Tensor) -> torch.Tensor:
         """`h W_o + b`: the vocabulary logits of one feature tensor; through `output_projection` where an inference
-        copy set one (`set_output_kernels`)."""
+        copy set one (`set_output_kernels`). It calls `lm_head` as a module, as Marian does, rather than reading its
+        weight: a model whose linear layers were swapped for other modules (`torch.ao`'s dynamic quantization, an
+        adapter library) projects through them."""
         if self.output_projection is not None:
             return self.output_projection(features)
-        return F.linear(features, self.lm_head.weight, self.final_logits_bias[0].to(features.dtype))
+        return self.lm_head(features) + self.final_logits_bias[0].to(features.dtype)
 
     def project_output_groups(self, group_features: Sequence[torch.Tensor]) -> torch.Tensor:
         """`project` of several output groups' features at once, the group logits `(groups, ..., vocab)`, for an

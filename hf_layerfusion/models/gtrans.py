@@ -214,7 +214,11 @@ class GTransForConditionalGeneration(LayerFusionForConditionalGeneration, Genera
         log_psi = self.model.decoder.readout.log_mixture_weights(check_decoder_groups(groups, self.config.num_decoder_groups))
         psi = log_psi.exp()
         logits = group_log_probs = None
-        if self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs:
+        # the memory-aware loss multiplies by `lm_head.weight` itself, so it runs only where that weight is the whole
+        # projection: an adapter on the head (PEFT's LoRA) or a quantized head projects through its own module
+        head_is_its_weight = type(self.lm_head) is nn.Linear
+        if (self.training and labels is not None and torch.is_grad_enabled() and not return_group_log_probs
+                and head_is_its_weight):
             # memory-aware Eq. 7: only non-pad positions are projected (the loss ignores the others), chunk by
             # chunk, with the gradients computed in the same pass so that no group's logits are kept
             keep = labels.ne(-100)
