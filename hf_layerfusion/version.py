@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 REMOTE_MODULE = "modeling_layerfusion"
 
 # the releases checked on either side of the range: docs/testing.md (*transformers versions*)
-TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<5.25"
+TRANSFORMERS_REQUIREMENT = "transformers>=5.20,<5.26"
 # what `require_version` adds to its ImportError when the installed transformers is outside the range: a release
 # after it may rename what the package uses (as 5.24 renamed `past_key_values`, `hf_layerfusion.compat`) and fail later
 # with errors that do not name the version

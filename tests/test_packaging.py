@@ -67,8 +67,15 @@ def test_model_card_and_hub_code_state_the_range(tmp_path):
     assert f"Requires {TRANSFORMERS_REQUIREMENT} and {TORCH_REQUIREMENT} " in header
 
 
-# what `import hf_layerfusion` or the Hub code sees when the installed transformers is 5.25.0 (outside the range)
-_FAKE_TRANSFORMERS_5_25 = _fake_version("transformers", "5.25.0")
+def first_release_above(requirement_text: str) -> str:
+    """The release a `<X.Y` ceiling first excludes, `X.Y.0`: the one a user who keeps current meets next."""
+    (ceiling,) = [spec.version for spec in Requirement(requirement_text).specifier if spec.operator == "<"]
+    return ceiling if ceiling.count(".") == 2 else f"{ceiling}.0"
+
+
+# what `import hf_layerfusion` or the Hub code sees when the installed transformers is the first release above the range
+ABOVE_THE_RANGE = first_release_above(TRANSFORMERS_REQUIREMENT)
+_FAKE_TRANSFORMERS_ABOVE = _fake_version("transformers", ABOVE_THE_RANGE)
 
 
 def _run(code: str, cwd) -> subprocess.CompletedProcess:
@@ -76,9 +83,10 @@ def _run(code: str, cwd) -> subprocess.CompletedProcess:
 
 
 def test_import_refuses_a_transformers_release_outside_the_range(tmp_path):
-    result = _run(_FAKE_TRANSFORMERS_5_25 + "import hf_layerfusion\n", tmp_path)
+    assert ABOVE_THE_RANGE not in Requirement(TRANSFORMERS_REQUIREMENT).specifier
+    result = _run(_FAKE_TRANSFORMERS_ABOVE + "import hf_layerfusion\n", tmp_path)
     assert result.returncode != 0
-    assert "found transformers==5.25.0" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
+    assert f"found transformers=={ABOVE_THE_RANGE}" in result.stderr and f"pip install '{TRANSFORMERS_REQUIREMENT}'" in result.stderr
     assert _run("import hf_layerfusion\n", tmp_path).returncode == 0  # the installed release passes
 
 
@@ -94,8 +102,8 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
     # the check runs before any definition of the file
     assert hub_code.index("_require_version(") < min(hub_code.index("\nclass "), hub_code.index("\ndef "))
     hub_file = tmp_path / "model" / "modeling_layerfusion.py"
-    result = _run(_FAKE_TRANSFORMERS_5_25 + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
-    assert result.returncode != 0 and "found transformers==5.25.0" in result.stderr
+    result = _run(_FAKE_TRANSFORMERS_ABOVE + f"exec(compile(open({str(hub_file)!r}).read(), 'hub', 'exec'), {{}})\n", tmp_path)
+    assert result.returncode != 0 and f"found transformers=={ABOVE_THE_RANGE}" in result.stderr
 
 
 # run by the wheel's environment, from a folder where the checkout is not importable: what a user of the wheel does

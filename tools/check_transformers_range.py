@@ -6,10 +6,10 @@
     python tools/check_transformers_range.py --keep --workdir /tmp/range   # keep the environments and models
     python tools/check_transformers_range.py --torch-ends       # torch at the same ends too (GBs of CUDA wheels)
 
-The range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT` (`>=5.20,<5.25` today): the oldest end is its lower bound
-(`transformers==5.20.0`), the newest the newest release pip finds inside it. For each end, a throwaway virtual
-environment that sees this interpreter's packages (torch and every other dependency as installed by the README's test
-command) gets that transformers release, and runs:
+The range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT` (`>=5.20,<5.26` today): the oldest end is its lower bound
+(`transformers==5.20.0`), the newest the newest release the package index has inside it (`pip download --no-deps`,
+whatever its dependencies). For each end, a throwaway virtual environment that sees this interpreter's packages (torch
+and every other dependency as installed by the README's test command) gets that transformers release, and runs:
 
 1. the test subsets that touch transformers' API: the family contract, fast generation (token-exact against
    `generate()`), training, the pipeline, checkpoint compatibility, the Hub code and packaging;
@@ -22,6 +22,13 @@ With `--torch-ends` each end's environment also gets torch at the same end of `h
 compiled against, and the tests run on, both torch releases. PyPI's torch wheels for Linux bring CUDA's (several GB
 per end), which is why CI leaves it to a release check (docs/testing.md, *torch versions*).
 
+Where the index lacks a dependency of the newest release, pip's resolver would quietly install an older one, and the
+check would not be of the newest end: the tool installs that release without its dependencies instead and names what is
+missing. The one missing dependency it runs without is `kernels` (transformers 5.25 requires it, and its `from_pretrained`
+then kernelizes every model by default; an index without `kernels>=0.19.1` makes every load fail): the newest end's steps
+then run with `USE_HUB_KERNELS=0`, transformers' switch for that, and the tool says so. Any other missing dependency
+fails the install step.
+
 It prints each step with its result, closes with `steps: N passed, N failed`, and exits non-zero when any step fails.
 """
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -112,6 +120,27 @@ print("same tokens (greedy, beam) and logits for", sorted(first))
 """
 
 
+# the dependency of a transformers release the check runs without (see the docstring), and the setting that does so
+KERNELS_SWITCH_OFF = {"kernels": {"USE_HUB_KERNELS": "0"}}
+
+UNMET = """
+import importlib.metadata, json
+from packaging.requirements import Requirement
+unmet = []
+for text in importlib.metadata.requires("transformers") or []:
+    requirement = Requirement(text)
+    if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+        continue  # an extra's requirement
+    try:
+        installed = importlib.metadata.version(requirement.name)
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    if installed is None or not requirement.specifier.contains(installed, prereleases=True):
+        unmet.append([requirement.name, str(requirement), installed])
+print(json.dumps(unmet))
+"""
+
+
 def requirement_ends(requirement_text: str) -> dict[str, str]:
     """pip requirement of each end of a supported range (`name>=lower...`): `name==lower` and the range itself."""
     from packaging.requirements import Requirement
@@ -129,7 +158,8 @@ class Steps:
         self.failures: list[str] = []
         self.count = 0
 
-    def run(self, name: str, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    def run(self, name: str, command: list[str], fallback: str | None = None, **kwargs) -> subprocess.CompletedProcess:
+        """Run one step; with `fallback` (what is done instead), a failure is reported but not counted."""
         start = time.monotonic()
         self.count += 1
         print(f"--- {name}\n    $ {' '.join(command)}", flush=True)
@@ -138,10 +168,17 @@ class Steps:
         for line in output[-25:] if result.returncode else output[-3:]:
             print(f"    {line}")
         verdict = "ok" if result.returncode == 0 else f"FAILED (exit {result.returncode})"
+        if result.returncode and fallback is not None:
+            verdict = f"not possible (exit {result.returncode}): {fallback}"
         print(f"    {verdict} in {time.monotonic() - start:.0f} s", flush=True)
-        if result.returncode:
+        if result.returncode and fallback is None:
             self.failures.append(name)
         return result
+
+    def fail(self, name: str) -> None:
+        self.count += 1
+        self.failures.append(name)
+        print(f"--- {name}\n    FAILED", flush=True)
 
 
 def without_package(python: Path, script: str) -> list[str]:
@@ -158,6 +195,39 @@ def without_package(python: Path, script: str) -> list[str]:
         "else:\n    raise SystemExit('hf_layerfusion is importable in the process without the package')\n"
     )
     return ["-S", "-c", preamble + script]
+
+
+def newest_release(python: Path, requirement_text: str, folder: Path, steps: Steps) -> str:
+    """`name==version` of the newest release of the range on the package index, whatever its dependencies."""
+    result = steps.run(
+        "newest: the newest release of the range on the index",
+        [str(python), "-m", "pip", "download", "-q", "--no-deps", "--dest", str(folder), requirement_text],
+    )
+    if result.returncode:
+        raise SystemExit(f"no release of {requirement_text} on the package index")
+    (wheel,) = folder.glob("*.whl")
+    name, version = wheel.name.split("-")[:2]
+    return f"{name}=={version}"
+
+
+def install_transformers(python: Path, end: str, release: str, steps: Steps) -> dict[str, str]:
+    """Install `release` with its dependencies, or without the ones the index lacks (see the docstring); returns the
+    environment settings the end's steps run with."""
+    command = [str(python), "-m", "pip", "install", "-q", "--upgrade", release]
+    result = steps.run(f"{end}: install {release}", command, fallback="the release without its dependencies")
+    if result.returncode == 0:
+        return {}
+    steps.run(f"{end}: install {release} without its dependencies", [*command, "--no-deps"])
+    unmet = json.loads(subprocess.run([str(python), "-c", UNMET], text=True, capture_output=True, check=True).stdout)
+    settings: dict[str, str] = {}
+    for name, requirement, installed in unmet:
+        if name in KERNELS_SWITCH_OFF:
+            settings |= KERNELS_SWITCH_OFF[name]
+            print(f"    {requirement} is not installable here (installed: {installed}): the steps of this end run with "
+                  f"{KERNELS_SWITCH_OFF[name]}", flush=True)
+        else:
+            steps.fail(f"{end}: {release} needs {requirement}, which the index lacks (installed: {installed})")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     pythons: dict[str, Path] = {}
     versions: dict[str, dict[str, str]] = {}
     labels: dict[str, str] = {}
+    env_settings: dict[str, dict[str, str]] = {}
     try:
         for end in args.ends:
             env = workdir / f"env-{end}"
@@ -195,30 +266,34 @@ def main(argv: list[str] | None = None) -> int:
                 f"{end}: environment",
                 [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)],
             )
-            # --upgrade: the newest release in the range, not the one this interpreter has
-            packages = [transformers_ends[end], *([torch_ends[end]] if args.torch_ends else [])]
-            steps.run(
-                f"{end}: install {' '.join(packages)}",
-                [str(python), "-m", "pip", "install", "-q", "--upgrade", *packages],
-            )
+            if args.torch_ends:
+                # --upgrade: the newest torch of its range, not the one this interpreter has
+                steps.run(f"{end}: install {torch_ends[end]}",
+                          [str(python), "-m", "pip", "install", "-q", "--upgrade", torch_ends[end]])
+            release = transformers_ends[end]
+            if end == "newest":
+                release = newest_release(python, release, workdir / "newest-release", steps)
+            env_settings[end] = install_transformers(python, end, release, steps)
             versions[end] = json.loads(subprocess.run(
                 [str(python), "-c", VERSIONS], text=True, capture_output=True, check=True,
             ).stdout)
-            labels[end] = f"transformers {versions[end]['transformers']} (torch {versions[end]['torch']})"
+            labels[end] = f"transformers {versions[end]['transformers']} (torch {versions[end]['torch']})" + "".join(
+                f" with {name}={value}" for name, value in env_settings[end].items()
+            )
             print(f"    {end} end: {labels[end]}", flush=True)
             pythons[end] = python
             if args.tests:
                 steps.run(
                     f"{end}: tests under {labels[end]}",
                     [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.tests],
-                    cwd=REPO_ROOT,
+                    cwd=REPO_ROOT, env=os.environ | env_settings[end],
                 )
             saved = workdir / f"saved-{end}"
             saved.mkdir()
             steps.run(
                 f"{end}: save every family with the package",
                 [str(python), "-c", SAVE.format(tests=str(REPO_ROOT / "tests"), out=str(saved))],
-                cwd=workdir,
+                cwd=workdir, env=os.environ | env_settings[end],
             )
         families = sorted(path.name for path in (workdir / f"saved-{args.ends[0]}").iterdir() if path.is_dir())
         for saved_end in args.ends:
@@ -228,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 steps.run(
                     f"saved under {labels[saved_end]}, loaded by remote code under {labels[loading_end]}",
                     [str(pythons[loading_end]), *without_package(pythons[loading_end], script)],
-                    cwd=workdir,
+                    cwd=workdir, env=os.environ | env_settings[loading_end],
                 )
         if len(args.ends) == 2:
             for saved_end in args.ends:
