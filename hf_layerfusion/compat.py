@@ -8,8 +8,9 @@ number, so a development build between two releases takes the branch its code ne
 1. The cache's name. transformers 5.24 renamed the decoder cache from `past_key_values` to `cache`: the keyword that
    `generate()` passes to `forward()`, the field of the output dataclasses it reads back, and the argument of the mask
    builders (the old name stays a deprecated alias there until 5.40). Inside the package the cache is always called
-   `cache`; at the boundary, `forward()` takes either name (`accepts_either_cache_name`) and the outputs carry the
-   installed release's field (`cache_field`, `output_cache`).
+   `cache`; at the boundary, `forward()` takes either name (`accepts_either_cache_name`; on the releases that renamed
+   it the old name warns, as transformers' own models warn) and the outputs carry the installed release's field
+   (`cache_field`, `output_cache`).
 2. Private names that stay, checked when this module is imported, so that a release which renamed or removed one
    fails at `import hf_layerfusion` with an ImportError naming it, the installed release and the supported range,
    never with an AttributeError in the middle of a translation:
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 
 import transformers
 from transformers.generation import GenerationMixin
@@ -45,6 +47,9 @@ from .version import TRANSFORMERS_REQUIREMENT
 # "cache" from transformers 5.24 on, "past_key_values" before it
 CACHE_NAME = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 LEGACY_CACHE_NAME = "past_key_values"
+# where transformers says the old name goes (`deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")` on its
+# models' forward() and its mask builders)
+LEGACY_CACHE_NAME_REMOVAL = "5.40.0"
 
 
 def cache_field(cache) -> dict:
@@ -58,8 +63,10 @@ def output_cache(outputs):
 
 
 def accepts_either_cache_name(forward):
-    """Decorates a `forward(..., cache=None, ...)` so that it also takes the cache as `past_key_values=`, the name
-    `generate()` and callers used before transformers 5.24 (and the deprecated alias after it)."""
+    """Decorates a `forward(self, ..., cache=None, ...)` so that it also takes the cache as `past_key_values=`, the name
+    `generate()` and callers used before transformers 5.24. On the releases that renamed it the old name is a
+    deprecated alias: it warns with the FutureWarning transformers' own models give (`deprecate_kwarg`'s message, which
+    transformers' common tests check from 5.25 on)."""
 
     @functools.wraps(forward)
     def forward_with_either_name(*args, **kwargs):
@@ -67,6 +74,13 @@ def accepts_either_cache_name(forward):
             legacy = kwargs.pop(LEGACY_CACHE_NAME)
             if kwargs.get("cache") is not None and legacy is not None:
                 raise ValueError("Pass the decoder cache once: as `cache` or as `past_key_values`, not both.")
+            if CACHE_NAME != LEGACY_CACHE_NAME:
+                warnings.warn(
+                    f"`{LEGACY_CACHE_NAME}` is deprecated and will be removed in version {LEGACY_CACHE_NAME_REMOVAL} "
+                    f"for `{type(args[0]).__name__}.{forward.__name__}`. Use `cache` instead.",
+                    FutureWarning,
+                    stacklevel=2,
+                )
             if legacy is not None:
                 kwargs["cache"] = legacy
         return forward(*args, **kwargs)

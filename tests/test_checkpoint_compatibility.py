@@ -3,7 +3,8 @@ its make_checkpoints.py) still load: with the package, every family's checkpoint
 the old code computed from it; without the package, through the Hub code saved with it (`modeling_layerfusion.py` of
 that commit, kept once for all families as `modeling_layerfusion.py.txt`), too, on the transformers releases that code was
 written for (before 5.24, whose rename of the cache's output field it predates: under 5.24 such a checkpoint loads with
-the package, and saving it again writes Hub code that runs there)."""
+the package, and saving its config again writes Hub code that runs there, the way a publisher refreshes a checkpoint
+whose Hub code a newer transformers release refuses)."""
 
 import json
 import shutil
@@ -14,10 +15,11 @@ import pytest
 import torch
 from helpers import run_python, without_package_preamble
 from safetensors.torch import load_file
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_layerfusion
 from hf_layerfusion.compat import CACHE_NAME
+from hf_layerfusion.version import TRANSFORMERS_REQUIREMENT
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "checkpoints_bfc5945"
 REMOTE_CODE_FILE = "modeling_layerfusion.py"
@@ -76,16 +78,9 @@ REMOTE = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(
-    CACHE_NAME == "cache", reason="the Hub code of bfc5945 predates transformers 5.24's rename past_key_values -> cache"
-)
-def test_old_checkpoints_load_through_the_hub_code_they_carry(tmp_path):
-    checkpoints = {}
-    for model_type in SAVED_FAMILIES:
-        directory = tmp_path / model_type
-        shutil.copytree(FIXTURES / model_type, directory)
-        shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
-        checkpoints[model_type] = str(directory)
+def assert_remote_code_computes_what_was_saved(checkpoints: dict[str, str], tmp_path: Path) -> None:
+    """Every checkpoint, loaded through its Hub code in a process without the package, computes the logits and greedy
+    output the old code computed from it."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"checkpoints": checkpoints, "output": str(tmp_path / "remote.pt")}))
     script = without_package_preamble() + REMOTE.format(plan=str(plan))
@@ -96,3 +91,35 @@ def test_old_checkpoints_load_through_the_hub_code_they_carry(tmp_path):
         expected = expected_outputs(model_type)
         torch.testing.assert_close(outputs["logits"], expected["logits"], atol=ATOL, rtol=0, msg=model_type)
         assert outputs["greedy"].tolist() == expected["greedy"].tolist(), model_type
+
+
+@pytest.mark.skipif(
+    CACHE_NAME == "cache", reason="the Hub code of bfc5945 predates transformers 5.24's rename past_key_values -> cache"
+)
+def test_old_checkpoints_load_through_the_hub_code_they_carry(tmp_path):
+    checkpoints = {}
+    for model_type in SAVED_FAMILIES:
+        directory = tmp_path / model_type
+        shutil.copytree(FIXTURES / model_type, directory)
+        shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
+        checkpoints[model_type] = str(directory)
+    assert_remote_code_computes_what_was_saved(checkpoints, tmp_path)
+
+
+def test_saving_the_config_again_gives_an_old_checkpoint_hub_code_that_runs_on_the_installed_release(tmp_path):
+    """The README's refresh of a published checkpoint: with the package installed, `AutoConfig.from_pretrained(d)
+    .save_pretrained(d)` rewrites the Hub code and `config.json` (nothing else), after which the checkpoint loads by
+    remote code alone under the installed transformers and computes what it computed when it was saved."""
+    checkpoints = {}
+    for model_type in SAVED_FAMILIES:
+        directory = tmp_path / model_type
+        shutil.copytree(FIXTURES / model_type, directory)
+        shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
+        before = {path.name: path.read_bytes() for path in directory.iterdir()}
+        AutoConfig.from_pretrained(directory).save_pretrained(directory)
+        after = {path.name: path.read_bytes() for path in directory.iterdir()}
+        assert sorted(after) == sorted(before)
+        assert sorted(name for name in after if after[name] != before[name]) == ["config.json", REMOTE_CODE_FILE]
+        assert f"Requires {TRANSFORMERS_REQUIREMENT} " in after[REMOTE_CODE_FILE].decode()
+        checkpoints[model_type] = str(directory)
+    assert_remote_code_computes_what_was_saved(checkpoints, tmp_path)

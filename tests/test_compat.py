@@ -1,7 +1,10 @@
 """`hf_layerfusion.compat` on the installed transformers release: the cache's name is the release's (checked against
-its version number, an independent reference), a model takes the cache by either name and returns it in the release's
-field, and `generate()` of that release drives every family's cache. `tools/check_transformers_range.py` runs this
+its version number, an independent reference), a model takes the cache by either name (the old one warning, as
+transformers' Marian warns, on the releases that renamed it) and returns it in the release's field, and `generate()` of
+that release drives every family's cache. `tools/check_transformers_range.py` runs this
 file on both ends of the supported range, so each branch runs on its release."""
+
+import warnings
 
 import pytest
 import torch
@@ -36,3 +39,35 @@ def test_forward_takes_the_cache_by_either_name(model_type):
     assert torch.equal(steps["cache"], steps["past_key_values"])
     with pytest.raises(ValueError, match="as `cache` or as `past_key_values`, not both"):
         model(**source, decoder_input_ids=nxt, cache=output_cache(first), past_key_values=output_cache(first))
+
+
+def deprecation_warnings(call) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        call()
+    return [str(warning.message) for warning in caught if issubclass(warning.category, FutureWarning)]
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_the_old_cache_name_warns_where_transformers_marian_warns(model_type):
+    """The reference is transformers' `MarianMTModel` of the installed release: the old name warns exactly where
+    Marian's forward warns (from 5.24 on), naming the new name; the new name and no cache warn on neither."""
+    model = tiny_model(model_type).eval()
+    marian = transformers.MarianMTModel(transformers.MarianConfig(
+        vocab_size=24, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2, max_position_embeddings=32)).eval()
+    source = dict(input_ids=torch.tensor([[5, 6, 7, 2]]), attention_mask=torch.ones(1, 4, dtype=torch.long))
+    start, nxt = torch.full((1, 1), 2), torch.tensor([[6]])
+    warned = {}
+    with torch.no_grad():
+        for name, each in (("ours", model), ("marian", marian)):
+            cache = output_cache(each(**source, decoder_input_ids=start, use_cache=True))
+            old = deprecation_warnings(lambda: each(**source, decoder_input_ids=nxt, past_key_values=cache))
+            cache = output_cache(each(**source, decoder_input_ids=start, use_cache=True))
+            new = deprecation_warnings(lambda: each(**source, decoder_input_ids=nxt, **{CACHE_NAME: cache}))
+            warned[name] = (bool(old), bool(new), old)
+    assert warned["ours"][:2] == warned["marian"][:2] == (CACHE_NAME == "cache", False), warned
+    if CACHE_NAME == "cache":
+        assert any("`past_key_values` is deprecated" in message and "Use `cache` instead" in message
+                   for message in warned["ours"][2]), warned["ours"][2]

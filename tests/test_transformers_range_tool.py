@@ -1,0 +1,55 @@
+"""`tools/check_transformers_range.py` decides from transformers' own metadata which of its dependencies an environment
+lacks: with the newest release installed without its dependencies, that list decides whether the newest end runs (with
+`USE_HUB_KERNELS=0` for `kernels` alone) or fails its install step."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+from helpers import REPO_ROOT
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("check_transformers_range", REPO_ROOT / "tools/check_transformers_range.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool
+
+
+def unmet_requirements(fake_versions: dict[str, str | None]) -> list[list]:
+    """The tool's check run in this interpreter, with `importlib.metadata` reporting `fake_versions` (None: not
+    installed) for those packages."""
+    tool = load_tool()
+    fake = (
+        "import importlib.metadata as metadata\n"
+        "real_version = metadata.version\n"
+        f"fake = {fake_versions!r}\n"
+        "def version(name):\n"
+        "    if name in fake:\n"
+        "        if fake[name] is None:\n"
+        "            raise metadata.PackageNotFoundError(name)\n"
+        "        return fake[name]\n"
+        "    return real_version(name)\n"
+        "metadata.version = version\n"
+    )
+    result = subprocess.run([sys.executable, "-c", fake + tool.UNMET], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+def test_the_installed_transformers_has_every_dependency_it_requires():
+    # the README's test command installs transformers with its dependencies (extras' requirements are not asked for)
+    assert unmet_requirements({}) == []
+
+
+def test_a_missing_or_too_old_dependency_is_named_with_its_requirement():
+    import importlib.metadata
+
+    requirements = {text.split(";")[0].split("<")[0].split(">")[0].split("=")[0].strip(): text
+                    for text in importlib.metadata.requires("transformers") if "extra ==" not in text}
+    assert "tokenizers" in requirements and "safetensors" in requirements
+    unmet = unmet_requirements({"tokenizers": "0.0.1", "safetensors": None})
+    assert sorted(name for name, _, _ in unmet) == ["safetensors", "tokenizers"]
+    installed = {name: version for name, _, version in unmet}
+    assert installed == {"tokenizers": "0.0.1", "safetensors": None}
+
