@@ -777,6 +777,22 @@ def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, co
 
 
 # --------------------------------------------------------------------------------------------- processes
+def fake_package_versions(versions: dict[str, str | None]) -> str:
+    """Code that makes `importlib.metadata` report these versions (None: not installed) to everything run after it."""
+    return (
+        "import importlib.metadata as metadata\n"
+        "real_version = metadata.version\n"
+        f"fake = {versions!r}\n"
+        "def version(name):\n"
+        "    if name not in fake:\n"
+        "        return real_version(name)\n"
+        "    if fake[name] is None:\n"
+        "        raise metadata.PackageNotFoundError(name)\n"
+        "    return fake[name]\n"
+        "metadata.version = version\n"
+    )
+
+
 def run_python(arguments: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
     """`python <arguments>` in a fresh process without this session's Hub settings and `PYTHONPATH` (so that only the
     installed packages are importable; `env_updates={"PYTHONPATH": str(REPO_ROOT)}` gives it this checkout's package),

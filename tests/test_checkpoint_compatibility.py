@@ -78,6 +78,14 @@ REMOTE = textwrap.dedent(
 )
 
 
+def copy_with_its_hub_code(model_type: str, tmp_path: Path) -> Path:
+    """A copy of the family's bfc5945 checkpoint with the Hub code it was saved with."""
+    directory = tmp_path / model_type
+    shutil.copytree(FIXTURES / model_type, directory)
+    shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
+    return directory
+
+
 def assert_remote_code_computes_what_was_saved(checkpoints: dict[str, str], tmp_path: Path) -> None:
     """Every checkpoint, loaded through its Hub code in a process without the package, computes the logits and greedy
     output the old code computed from it."""
@@ -99,10 +107,7 @@ def assert_remote_code_computes_what_was_saved(checkpoints: dict[str, str], tmp_
 def test_old_checkpoints_load_through_the_hub_code_they_carry(tmp_path):
     checkpoints = {}
     for model_type in SAVED_FAMILIES:
-        directory = tmp_path / model_type
-        shutil.copytree(FIXTURES / model_type, directory)
-        shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
-        checkpoints[model_type] = str(directory)
+        checkpoints[model_type] = str(copy_with_its_hub_code(model_type, tmp_path))
     assert_remote_code_computes_what_was_saved(checkpoints, tmp_path)
 
 
@@ -112,9 +117,7 @@ def test_saving_the_config_again_gives_an_old_checkpoint_hub_code_that_runs_on_t
     remote code alone under the installed transformers and computes what it computed when it was saved."""
     checkpoints = {}
     for model_type in SAVED_FAMILIES:
-        directory = tmp_path / model_type
-        shutil.copytree(FIXTURES / model_type, directory)
-        shutil.copy(FIXTURES / f"{REMOTE_CODE_FILE}.txt", directory / REMOTE_CODE_FILE)
+        directory = copy_with_its_hub_code(model_type, tmp_path)
         before = {path.name: path.read_bytes() for path in directory.iterdir()}
         AutoConfig.from_pretrained(directory).save_pretrained(directory)
         after = {path.name: path.read_bytes() for path in directory.iterdir()}

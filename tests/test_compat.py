@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 import transformers
-from helpers import tiny_model
+from helpers import tiny_marian, tiny_model
 from packaging.version import Version
 
 from hf_layerfusion import FAMILIES
@@ -53,10 +53,7 @@ def test_the_old_cache_name_warns_where_transformers_marian_warns(model_type):
     """The reference is transformers' `MarianMTModel` of the installed release: the old name warns exactly where
     Marian's forward warns (from 5.24 on), naming the new name; the new name and no cache warn on neither."""
     model = tiny_model(model_type).eval()
-    marian = transformers.MarianMTModel(transformers.MarianConfig(
-        vocab_size=24, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=1, eos_token_id=2,
-        decoder_start_token_id=2, max_position_embeddings=32)).eval()
+    marian = tiny_marian("sdpa")
     source = dict(input_ids=torch.tensor([[5, 6, 7, 2]]), attention_mask=torch.ones(1, 4, dtype=torch.long))
     start, nxt = torch.full((1, 1), 2), torch.tensor([[6]])
     warned = {}

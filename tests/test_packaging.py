@@ -13,7 +13,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from helpers import REPO_ROOT, tiny_model
+from helpers import REPO_ROOT, fake_package_versions, tiny_model
 from packaging.requirements import Requirement
 
 import hf_layerfusion
@@ -41,11 +41,7 @@ def test_setup_cfg_requires_the_stated_range():
 
 def _fake_version(package: str, version: str) -> str:
     """Code that makes `importlib.metadata` report `version` of `package` to everything imported after it."""
-    return (
-        "import importlib.metadata as metadata\n"
-        "real_version = metadata.version\n"
-        f"metadata.version = lambda name: {version!r} if name == {package!r} else real_version(name)\n"
-    )
+    return fake_package_versions({package: version})
 
 
 def test_torch_floor_is_the_one_transformers_enforces(tmp_path):
