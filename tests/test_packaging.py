@@ -15,6 +15,7 @@ from pathlib import Path
 
 from helpers import REPO_ROOT, fake_package_versions, tiny_model
 from packaging.requirements import Requirement
+from packaging.version import Version
 
 import hf_layerfusion
 from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
@@ -76,6 +77,19 @@ _FAKE_TRANSFORMERS_ABOVE = _fake_version("transformers", ABOVE_THE_RANGE)
 
 def _run(code: str, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_the_ceiling_is_the_next_minor_release_after_the_newest_the_range_check_passed():
+    """Issue 73: a ceiling widened in version.py and setup.cfg past the newest release the range check ran passed the
+    suite. `tools/check_transformers_range.py` records the releases of its last passing run of both ends (committed);
+    the first release the range refuses must be the next minor release after that newest one, and the floor its
+    oldest: a wider range needs the check run first."""
+    record = json.loads((REPO_ROOT / "tools" / "transformers_range_checked.json").read_text(encoding="utf-8"))
+    newest = Version(record["newest"])
+    (floor,) = [spec.version for spec in Requirement(TRANSFORMERS_REQUIREMENT).specifier if spec.operator == ">="]
+    hint = f"{TRANSFORMERS_REQUIREMENT} is not the range `python tools/check_transformers_range.py` last passed on"
+    assert Version(ABOVE_THE_RANGE) == Version(f"{newest.major}.{newest.minor + 1}.0"), hint
+    assert Version(floor) == Version(record["oldest"]), hint
 
 
 def test_import_refuses_a_transformers_release_outside_the_range(tmp_path):

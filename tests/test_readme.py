@@ -53,7 +53,7 @@ from run_multilingual import ModelArguments, build_tiny_random_xlmr  # noqa: E40
 
 SETUP_COMMANDS = (
     'pip install torch==2.13.0 && pip install -e ".[train]" && python examples/quickstart.py',
-    'pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q',
+    'pip install torch==2.13.0 && pip install -e ".[test]" -c tests/constraints.txt && python -m pytest -q',
 )
 
 # the multi30k preset's 6 + 6 layers and 4 heads at d_model 32: seconds instead of 35 minutes

@@ -36,3 +36,28 @@ def test_a_missing_or_too_old_dependency_is_named_with_its_requirement():
     assert {"tokenizers", "safetensors"} <= required
     unmet = unmet_requirements({"tokenizers": "0.0.1", "safetensors": None})
     assert {name: installed for name, _, installed in unmet} == {"tokenizers": "0.0.1", "safetensors": None}
+
+
+def test_each_end_is_pinned_to_the_test_constraints_but_for_what_the_release_rules_out():
+    constraints = {"transformers": "5.25.0", "tokenizers": "0.23.3", "huggingface_hub": "2.4.0", "torch": "2.13.0",
+                   "pytest": "8.4.2"}
+    requires = ["tokenizers<=0.23.0,>=0.22.0", "huggingface-hub<3.0,>=1.0", "numpy>=1.17",
+                'pytest>=9; extra == "testing"']
+    text, unpinned = load_tool().pinned_constraints(constraints, "transformers==5.20.0", requires)
+    assert text.splitlines() == ["huggingface-hub==2.4.0", "pytest==8.4.2", "torch==2.13.0"]
+    assert unpinned == ["tokenizers==0.23.3 (the release requires tokenizers<=0.23.0,>=0.22.0)"]
+    text, unpinned = load_tool().pinned_constraints(constraints, "transformers==5.20.0", [], frozenset({"torch"}))
+    assert "torch" not in text and "tokenizers==0.23.3" in text
+    assert unpinned == ["torch==2.13.0 (installed at this end of its own range)"]
+
+
+def test_a_passing_check_records_the_release_of_each_end(tmp_path):
+    """What tests/test_packaging.py holds the range's ceiling to (issue 73): the releases the check ran, not a number
+    typed beside the requirement."""
+    path = tmp_path / "checked.json"
+    versions = {"oldest": {"transformers": "5.20.0", "torch": "2.13.0"}, "newest": {"transformers": "5.25.0",
+                                                                                  "torch": "2.13.0"}}
+    load_tool().record_checked_range(versions, "transformers>=5.20,<5.26", path)
+    assert json.loads(path.read_text()) == {"requirement": "transformers>=5.20,<5.26", "oldest": "5.20.0",
+                                            "newest": "5.25.0"}
+    assert [child.name for child in tmp_path.iterdir()] == ["checked.json"]

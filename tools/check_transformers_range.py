@@ -9,7 +9,9 @@
 The range is `hf_layerfusion.version.TRANSFORMERS_REQUIREMENT` (`>=5.20,<5.26` today): the oldest end is its lower bound
 (`transformers==5.20.0`), the newest the newest release the package index has inside it (`pip download --no-deps`,
 whatever its dependencies). For each end, a throwaway virtual environment that sees this interpreter's packages (torch
-and every other dependency as installed by the README's test command) gets that transformers release, and runs:
+and every other dependency as installed by the README's test command) gets that transformers release, installed with
+the test constraints (`tests/constraints.txt`: every other package pinned to the versions the whole suite last passed
+on, except a pin the release itself rules out, which pip then chooses and the tool names), and runs:
 
 1. the test subsets that touch transformers' API: the family contract, fast generation (token-exact against
    `generate()`), training, the pipeline, checkpoint compatibility, the Hub code and packaging;
@@ -40,11 +42,15 @@ import os
 import shutil
 import subprocess
 import sys
+import email.parser
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "tools"))
+from refresh_test_constraints import CONSTRAINTS, read_constraints  # noqa: E402
 TEST_SUBSETS = (
     "tests/test_compat.py",
     "tests/test_family_contract.py",
@@ -56,6 +62,7 @@ TEST_SUBSETS = (
     "tests/test_checkpoint_compatibility.py",
     "tests/test_hub.py",
     "tests/test_packaging.py",
+    "tests/test_hub_kernels.py",
 )
 ENDS = ("oldest", "newest")
 
@@ -197,23 +204,57 @@ def without_package(python: Path, script: str) -> list[str]:
     return ["-S", "-c", preamble + script]
 
 
-def newest_release(python: Path, requirement_text: str, folder: Path, steps: Steps) -> str:
-    """`name==version` of the newest release of the range on the package index, whatever its dependencies."""
+def download_release(python: Path, end: str, requirement_text: str, folder: Path, steps: Steps) -> tuple[str, list[str]]:
+    """`name==version` of the newest release matching `requirement_text` on the package index (whatever its
+    dependencies), and the requirements its wheel's metadata states."""
     result = steps.run(
-        "newest: the newest release of the range on the index",
+        f"{end}: the release on the index",
         [str(python), "-m", "pip", "download", "-q", "--no-deps", "--dest", str(folder), requirement_text],
     )
     if result.returncode:
         raise SystemExit(f"no release of {requirement_text} on the package index")
     (wheel,) = folder.glob("*.whl")
     name, version = wheel.name.split("-")[:2]
-    return f"{name}=={version}"
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA")]
+        message = email.parser.Parser().parsestr(archive.read(metadata).decode("utf-8"))
+    return f"{name}=={version}", message.get_all("Requires-Dist") or []
 
 
-def install_transformers(python: Path, end: str, release: str, steps: Steps) -> dict[str, str]:
-    """Install `release` with its dependencies, or without the ones the index lacks (see the docstring); returns the
-    environment settings the end's steps run with."""
-    command = [str(python), "-m", "pip", "install", "-q", "--upgrade", release]
+def pinned_constraints(
+    constraints: dict[str, str], release: str, requires: list[str], free: frozenset[str] = frozenset()
+) -> tuple[str, list[str]]:
+    """The test constraints for one end (a constraints file's text): every pin but the released package's own, those
+    the release itself rules out (its `requires`, extras' requirements aside), which pip then chooses, and the `free`
+    ones (torch with `--torch-ends`). Returns the text and what was left unpinned, one line each."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    released = canonicalize_name(release.split("==")[0])
+    needs = {}
+    for text in requires:
+        requirement = Requirement(text)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            needs[canonicalize_name(requirement.name)] = requirement
+    lines, unpinned = [], []
+    for name, version in sorted(constraints.items()):
+        name = canonicalize_name(name)
+        if name == released:
+            continue
+        if name in free:
+            unpinned.append(f"{name}=={version} (installed at this end of its own range)")
+            continue
+        if name in needs and not needs[name].specifier.contains(version, prereleases=True):
+            unpinned.append(f"{name}=={version} (the release requires {needs[name]})")
+            continue
+        lines.append(f"{name}=={version}")
+    return "\n".join(lines) + "\n", unpinned
+
+
+def install_transformers(python: Path, end: str, release: str, constraints: Path, steps: Steps) -> dict[str, str]:
+    """Install `release` with its dependencies, pinned by `constraints`, or without the ones the index lacks (see the
+    docstring); returns the environment settings the end's steps run with."""
+    command = [str(python), "-m", "pip", "install", "-q", "--upgrade", "-c", str(constraints), release]
     result = steps.run(f"{end}: install {release}", command, fallback="the release without its dependencies")
     if result.returncode == 0:
         return {}
@@ -230,12 +271,31 @@ def install_transformers(python: Path, end: str, release: str, steps: Steps) -> 
     return settings
 
 
+# the transformers releases the last passing check of the whole range ran (committed): tests/test_packaging.py holds
+# the range's ceiling to its newest, so a ceiling widened past what was checked fails the suite until the check ran
+CHECKED_RANGE = REPO_ROOT / "tools" / "transformers_range_checked.json"
+
+
+def record_checked_range(versions: dict[str, dict[str, str]], requirement: str, path: Path = CHECKED_RANGE) -> None:
+    """Write the transformers release each end of a passing check ran (`versions`) beside the `requirement` it
+    checked, through a temporary file renamed into place."""
+    record = {"requirement": requirement, **{end: versions[end]["transformers"] for end in ENDS}}
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    print(f"recorded the checked releases in {path}: commit it", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ends", nargs="+", choices=ENDS, default=list(ENDS), help="Which ends of the range to check.")
     parser.add_argument("--workdir", type=Path, help="Where the environments and models go (default: a temporary folder).")
     parser.add_argument("--keep", action="store_true", help="Keep the work folder.")
     parser.add_argument("--tests", nargs="*", default=list(TEST_SUBSETS), help="Test files to run at each end.")
+    parser.add_argument(
+        "--constraints", type=Path, default=CONSTRAINTS,
+        help="The test constraints every package but transformers (and what it requires otherwise) is pinned to.",
+    )
     parser.add_argument(
         "--torch-ends", action="store_true",
         help="Install torch at the same end of its requirement in each environment (torch==2.6.0 / the newest).",
@@ -246,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-range-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
+    if not args.constraints.is_file():
+        parser.error(f"--constraints {args.constraints} does not exist.")
     sys.path.insert(0, str(REPO_ROOT))
     from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
@@ -270,10 +332,15 @@ def main(argv: list[str] | None = None) -> int:
                 # --upgrade: the newest torch of its range, not the one this interpreter has
                 steps.run(f"{end}: install {torch_ends[end]}",
                           [str(python), "-m", "pip", "install", "-q", "--upgrade", torch_ends[end]])
-            release = transformers_ends[end]
-            if end == "newest":
-                release = newest_release(python, release, workdir / "newest-release", steps)
-            env_settings[end] = install_transformers(python, end, release, steps)
+            release, requires = download_release(python, end, transformers_ends[end], workdir / f"release-{end}", steps)
+            text, unpinned = pinned_constraints(
+                read_constraints(args.constraints), release, requires, frozenset({"torch"} if args.torch_ends else ())
+            )
+            end_constraints = workdir / f"constraints-{end}.txt"
+            end_constraints.write_text(text, encoding="utf-8")
+            print(f"    {end}: pinned to {args.constraints.name} but for {release}"
+                  + "".join(f"\n      unpinned: {line}" for line in unpinned), flush=True)
+            env_settings[end] = install_transformers(python, end, release, end_constraints, steps)
             versions[end] = json.loads(subprocess.run(
                 [str(python), "-c", VERSIONS], text=True, capture_output=True, check=True,
             ).stdout)
@@ -317,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({"versions": versions, "failed": steps.failures}))
     print(f"steps: {steps.count - len(steps.failures)} passed, {len(steps.failures)} failed")
+    if not steps.failures and sorted(versions) == sorted(ENDS) and args.tests == list(TEST_SUBSETS):
+        record_checked_range(versions, TRANSFORMERS_REQUIREMENT)
     return 1 if steps.failures else 0
 
 
