@@ -5,8 +5,8 @@ training tools and the command-line scripts (the checks of the models' tensor in
 
 Every check raises an error that names the bad value, before any expensive work or any write: a wrong argument
 must never give a silent wrong answer or overwrite a user's file. The writes that follow the checks go through
-`write_file_atomically` (a failure leaves the previous file whole) and, for a run's output directory,
-`lock_output_dir` (two runs never write into one directory at once).
+`write_file_atomically` (a failure leaves the previous file whole; a special file such as /dev/stdout is written in
+place) and, for a run's output directory, `lock_output_dir` (two runs never write into one directory at once).
 """
 
 from __future__ import annotations
@@ -73,36 +73,70 @@ def reraise_hub_error(name_or_path: str, what: str, error: OSError):
     ) from error
 
 
-def checkpoint_model_type(name_or_path) -> str | None:
-    """The `model_type` of a local checkpoint's `config.json` (None when there is no such local file)."""
+def checkpoint_config(name_or_path) -> dict | None:
+    """A local checkpoint's `config.json` as saved (None when there is no such local file)."""
     config_file = Path(os.fspath(name_or_path)).expanduser() / "config.json"
     if not config_file.is_file():
         return None
     try:
-        return json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+        return json.loads(config_file.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise ValueError(f"{config_file} is not a readable JSON config: {error}") from error
 
 
-def check_weight_files(name_or_path) -> None:
+def checkpoint_model_type(name_or_path) -> str | None:
+    """The `model_type` of a local checkpoint's `config.json` (None when there is no such local file)."""
+    return (checkpoint_config(name_or_path) or {}).get("model_type")
+
+
+def check_not_an_adapter(name_or_path, what: str) -> None:
+    """Refuse a local directory that holds a PEFT adapter (`adapter_config.json`) and no model (`config.json`),
+    naming its base model and how to merge the two, instead of transformers' "Unrecognized model ... should have a
+    `model_type` key". Hub ids and other directories pass."""
+    directory = Path(os.fspath(name_or_path)).expanduser()
+    adapter_config = directory / "adapter_config.json"
+    if not adapter_config.is_file() or (directory / "config.json").is_file():
+        return
+    try:
+        base = json.loads(read_utf8(adapter_config, "Adapter config")).get("base_model_name_or_path")
+    except ValueError:  # a damaged adapter config: the advice holds without its base model's name
+        base = None
+    raise ValueError(
+        f"{what} {str(directory)!r} holds a PEFT adapter (adapter_config.json; base model {base or 'not recorded'}), "
+        "not a model: merge it into its base model and save the result with the tokenizer, e.g. `peft.PeftModel."
+        f"from_pretrained(AutoModelForSeq2SeqLM.from_pretrained({base or '<base model>'!r}), {str(directory)!r})."
+        "merge_and_unload().save_pretrained(merged_dir)`, then point the command at merged_dir."
+    )
+
+
+def check_weight_files(name_or_path) -> dict[str, str]:
     """Every safetensors weight file of a local model directory opens: a file cut short (an interrupted copy or
     download) or with damaged bytes in its header is an error naming the file, instead of a `SafetensorError`
-    naming none. Hub ids pass (the Hub client checks its downloads)."""
+    naming none. Returns `{tensor name: safetensors dtype}` of the tensors of the files transformers loads the model
+    from (`model.safetensors`, shards `model-00001-of-00002.safetensors`) that are not floating-point, for the load
+    check to refuse where they would be cast into a model's floating weight (`CheckedSaveLoadMixin`). Hub ids pass
+    (the Hub client checks its downloads)."""
     from safetensors import SafetensorError, safe_open  # only where weights are loaded
 
     directory = Path(os.fspath(name_or_path)).expanduser() if isinstance(name_or_path, (str, os.PathLike)) else None
     if directory is None or not directory.is_dir():
-        return
+        return {}
+    not_floating = {}
     for weights in sorted(directory.glob("*.safetensors")):
         try:
             # reads the header and checks that the tensors it lists cover the file exactly; no tensor is loaded
-            with safe_open(weights, framework="pt"):
-                pass
+            with safe_open(weights, framework="pt") as handle:
+                dtypes = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
         except SafetensorError as error:
             raise ValueError(
                 f"Weight file {str(weights)!r} is damaged or incomplete ({error}; {weights.stat().st_size} bytes): "
                 "copy, download or save the model again."
             ) from error
+        # others beside the model's files (a test's expected outputs, say) are no weights
+        if weights.name == "model.safetensors" or weights.name.startswith("model-"):
+            # safetensors' dtype names: F64, F32, F16, BF16, F8_E4M3, ... floating; I64, U8, BOOL, C64, ... not
+            not_floating |= {name: dtype for name, dtype in dtypes.items() if not dtype.startswith(("F", "BF"))}
+    return not_floating
 
 
 def check_tokenizer_files(name_or_path, what: str = "tokenizer") -> None:
@@ -141,14 +175,24 @@ def check_input_file(path, what: str) -> Path:
     return path
 
 
-def read_utf8(path, what: str = "File") -> str:
-    """The text of `path`; a file that is not UTF-8 is refused with its name and the byte offset."""
+def decode_utf8(data: bytes, where: str) -> str:
+    """`data` as text with universal newlines, as Python reads a text file: `\\r\\n` and a lone `\\r` end a line as
+    `\\n` does, so that a file and the same bytes on stdin give the same lines. Bytes that are not UTF-8 are refused
+    naming `where` (e.g. "--input 'a.txt'", "stdin") and the byte offset."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ValueError(
-            f"{what} {str(path)!r} is not UTF-8 text (byte {error.start}: {error.object[error.start:error.start + 4]!r})."
+            f"{where} is not UTF-8 text (byte {error.start}: {data[error.start:error.start + 4]!r}): convert it, e.g. "
+            "`iconv -f latin1 -t utf-8`."
         ) from error
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def read_utf8(path, what: str = "File") -> str:
+    """The text of `path` (`decode_utf8`: universal newlines); a file that is not UTF-8 is refused with its name and
+    the byte offset."""
+    return decode_utf8(Path(path).read_bytes(), f"{what} {str(path)!r}")
 
 
 def _same_path(a: Path, b: Path) -> bool:
@@ -167,10 +211,90 @@ def _check_writable(directory: Path, what: str, path: Path) -> None:
         )
 
 
+def _descriptor_named(path: Path) -> int | None:
+    """The open descriptor of this process that `path` names through /proc/self/fd (`/dev/stdout`, `/dev/fd/1`,
+    `/proc/self/fd/1`, or a link to one of them); None for any other path. Opening such a path would open the file
+    behind the descriptor anew, at offset 0 and without the shell's `>>` (append), and replacing it would replace
+    the file that stdout was redirected to."""
+    own_descriptors = os.path.realpath("/proc/self/fd")
+    current = os.path.abspath(path)
+    for _ in range(40):  # the kernel's limit of links followed in one lookup
+        name = os.path.basename(current)
+        if name.isdigit() and os.path.realpath(os.path.dirname(current)) == own_descriptors:
+            return int(name)
+        if not os.path.islink(current):
+            return None
+        current = os.path.join(os.path.dirname(current), os.readlink(current))
+    return None
+
+
+def writes_in_place(path) -> bool:
+    """Whether `path` is an output that cannot be replaced by a new file and is written in place: an open descriptor
+    named by a path such as `/dev/stdout` (whatever the shell redirected it to: a pipe, a terminal, a file appended
+    to with `>>`), a FIFO, or a character device (a terminal, /dev/null)."""
+    path = Path(os.fspath(path)).expanduser()
+    if _descriptor_named(path) is not None:
+        return True
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # missing: a new regular file
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)
+
+
+def _file_kind(path: Path) -> str:
+    mode = path.stat().st_mode
+    kinds = {stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR:
+             "a character device"}
+    return next((kind for test, kind in kinds.items() if test(mode)), "a special file")
+
+
+def _check_in_place_writable(path: Path, what: str) -> None:
+    """A special output (`writes_in_place`) that a write will reach: an open descriptor opened for writing, or a
+    FIFO / device this process may write to."""
+    descriptor = _descriptor_named(path)
+    if descriptor is None:
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"{what} {str(path)!r} ({_file_kind(path)}) is not writable for this user.")
+        return
+    try:
+        flags = fcntl.fcntl(descriptor, fcntl.F_GETFL)
+    except OSError:
+        raise FileNotFoundError(
+            f"{what} {str(path)!r} names descriptor {descriptor}, which this process does not have open; write to a "
+            "file, or redirect that descriptor in the shell."
+        ) from None
+    if flags & os.O_ACCMODE == os.O_RDONLY:
+        raise PermissionError(f"{what} {str(path)!r} names descriptor {descriptor}, which is open for reading only.")
+
+
+def _write_in_place(path: Path, payload: bytes, what: str) -> Path:
+    """Write `payload` into a special output (`writes_in_place`): into the open descriptor a path like /dev/stdout
+    names (where the shell's redirection asked: at the end of a file opened with `>>`), or into a FIFO or device
+    opened for writing without creating anything (a FIFO waits for its reader)."""
+    descriptor = _descriptor_named(path)
+    try:
+        if descriptor is None:
+            file = open(os.open(path, os.O_WRONLY), "wb")  # no O_CREAT: a FIFO removed meanwhile is not recreated
+        else:
+            for stream in (sys.stdout, sys.stderr):  # what Python holds for the standard streams goes first
+                if stream is not None:
+                    stream.flush()
+            file = open(descriptor, "wb", closefd=False)
+        with file:
+            file.write(payload)
+    except OSError as error:
+        message = f"Could not write {what} {str(path)!r} (a special file, written in place): {error.strerror or error}."
+        raise (OSError(error.errno, message) if error.errno else OSError(message)) from error
+    return path
+
+
 def check_output_file(path, inputs: Iterable = (), what: str = "Output file") -> Path:
     """A file we may write: not one of `inputs`, nor an existing file inside an input directory (a file of a model
     the command reads), not a directory, not a read-only file, in a directory that exists and is writable (checked
-    before any work, so that a typo or a read-only destination does not cost a whole run)."""
+    before any work, so that a typo or a read-only destination does not cost a whole run). A special file that
+    `write_file_atomically` writes in place (`writes_in_place`) must be open for writing or writable; a block
+    device or a socket is refused."""
     path = Path(os.fspath(path)).expanduser()
     for source in inputs:
         if source is None:
@@ -184,6 +308,14 @@ def check_output_file(path, inputs: Iterable = (), what: str = "Output file") ->
                 f"{what} {str(path)!r} is a file of {os.fspath(source)!r}, which this command reads: writing it would "
                 "destroy it. Write to a new file, or outside that directory."
             )
+    if writes_in_place(path):
+        _check_in_place_writable(path, what)
+        return path
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise ValueError(
+            f"{what} {str(path)!r} is {_file_kind(path)}: an output goes to a regular file, or is written in place "
+            "into a FIFO, a terminal, /dev/null or the shell's redirection (/dev/stdout); choose one of those."
+        )
     if path.is_dir():
         raise IsADirectoryError(f"{what} {str(path)!r} is a directory.")
     if not path.parent.is_dir():
@@ -198,9 +330,12 @@ def write_file_atomically(path, data: str | bytes, what: str = "Output file") ->
     """Write `data` (a string as UTF-8) to `path` through a temporary file in the same directory renamed into place
     (`os.replace`), so that a failure (a full disk, a read-only directory, a kill) leaves the previous file whole
     instead of replaced by a partial one; the error names the path and the reason. A symbolic link is written through
-    (its target is replaced), and a replaced file keeps its permission bits."""
-    target = Path(os.path.realpath(Path(os.fspath(path)).expanduser()))
+    (its target is replaced), and a replaced file keeps its permission bits. Only a regular file can be replaced: a
+    special file (`writes_in_place`: /dev/stdout and the like, a FIFO, a terminal) is written in place."""
     payload = data.encode("utf-8") if isinstance(data, str) else data
+    if writes_in_place(path):
+        return _write_in_place(Path(os.fspath(path)).expanduser(), payload, what)
+    target = Path(os.path.realpath(Path(os.fspath(path)).expanduser()))
     # hidden, and unique to this call: a temporary file left by a killed process is never reused or clobbered
     temporary = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -316,28 +451,50 @@ def lock_output_dir(output_dir, what: str = "--output_dir") -> Iterator[Path]:
         yield directory
 
 
-# what the savers say when the file system refuses their data (a full disk, a quota): torch.save "unexpected pos
-# 191616 vs 191504" / "file write failed" (no errno), safetensors "I/O error: No space left on device (os error 28)"
-_WRITE_REFUSED = ("unexpected pos", "file write failed", os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+# the file system's refusals of written data: a full disk, a quota, a file above the file system's or the
+# process's size limit (FAT32's 4 GiB, `ulimit -f`)
+_REFUSALS = {
+    errno.ENOSPC: "the disk is full or a quota is reached",
+    errno.EDQUOT: "the disk is full or a quota is reached",
+    errno.EFBIG: "a file grew larger than the file system or this process's file size limit (`ulimit -f`) allows",
+}
+# what the savers say without an errno: torch.save "unexpected pos 191616 vs 191504" / "file write failed" on a full
+# disk, safetensors "I/O error: No space left on device (os error 28)" / "File too large (os error 27)"
+_FULL_DISK_MESSAGES = ("unexpected pos", "file write failed")
 
 
-def check_write_error(error: BaseException, path, what: str) -> None:
-    """Called with the error of a failed save of `path`: when the file system refused the data (an `OSError`
-    ENOSPC / EDQUOT, or a saver's error that names neither the disk nor the path: `_WRITE_REFUSED`), raise an
-    `OSError` (ENOSPC) naming `path`, the free space and what to do; any other error is the caller's to re-raise."""
+def refused_write(error: BaseException) -> int | None:
+    """The errno of `error` when it is the file system refusing written data (`_REFUSALS`), also where a saver's
+    error names only the reason; None for any other error."""
     if isinstance(error, OSError) and error.errno is not None:
-        refused = error.errno in (errno.ENOSPC, errno.EDQUOT)
-    else:
-        refused = any(text in str(error) for text in _WRITE_REFUSED)
-    if not refused:
+        return error.errno if error.errno in _REFUSALS else None
+    text = str(error)
+    for code in _REFUSALS:
+        if os.strerror(code) in text:
+            return code
+    return errno.ENOSPC if any(message in text for message in _FULL_DISK_MESSAGES) else None
+
+
+def check_write_error(error: BaseException, path, what: str, *, removed: bool = False) -> None:
+    """Called with the error of a failed save of `path`: when the file system refused the data (`refused_write`:
+    ENOSPC, EDQUOT, EFBIG), raise an `OSError` of that errno naming `path`, the reason, the free space and what to
+    do; any other error is the caller's to re-raise. `removed`: the caller deleted what the save left there."""
+    code = refused_write(error)
+    if code is None:
         return
     target = Path(os.fspath(path)).absolute()
     free = shutil.disk_usage(next(p for p in (target, *target.parents) if p.exists())).free
+    remedy = (
+        "write to another file system, raise the limit (`ulimit -f unlimited`) or save smaller files "
+        "(`save_pretrained(max_shard_size=...)`)" if code == errno.EFBIG
+        else "free space (e.g. fewer checkpoints: --save_total_limit) or write to a larger disk"
+    )
+    left = ("Nothing of it is left there: the incomplete files were removed" if removed
+            else "Its files there are incomplete: delete them")
     raise OSError(
-        errno.ENOSPC,
-        f"Could not save {what} {os.fspath(path)!r}: the disk is full or a quota is reached ({free / 2**20:.0f} MiB "
-        f"free there now; the write failed with: {str(error).strip()[:200]}). Its files there are incomplete: delete "
-        "them, free space (e.g. fewer checkpoints: --save_total_limit) or write to a larger disk, and run again.",
+        code,
+        f"Could not save {what} {os.fspath(path)!r}: {_REFUSALS[code]} ({free / 2**20:.0f} MiB free there now; the "
+        f"write failed with: {str(error).strip()[:200]}). {left}; {remedy}, and run again.",
     ) from error
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import io
 import json
 import math
 import os
@@ -847,3 +848,21 @@ def varied_gtrans():
             if parameter.dim() > 1:
                 parameter.normal_(0, 0.5)
     return model, tokenizer, sources
+
+
+def piped_stdin(data: bytes) -> io.TextIOWrapper:
+    """`sys.stdin` as Python sets it up for bytes piped in under the C locale: UTF-8 with surrogateescape (bytes that
+    are not UTF-8 pass as lone surrogates) and no newline translation (a lone `\\r` stays inside its line)."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape", newline="\n")
+
+
+@contextlib.contextmanager
+def stdout_redirected_to(descriptor: int):
+    """This process's descriptor 1 pointing where `descriptor` points, as a shell's `>> file` or `| reader` sets it up."""
+    saved = os.dup(1)
+    os.dup2(descriptor, 1)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

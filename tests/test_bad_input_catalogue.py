@@ -13,8 +13,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import socket
+import stat
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +36,7 @@ from transformers import (
     MarianConfig,
     MarianMTModel,
     Seq2SeqTrainingArguments,
+    TrainerState,
     XLMRobertaConfig,
     XLMRobertaModel,
 )
@@ -69,6 +74,7 @@ from hf_layerfusion.modeling import input_checks
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_model_inputs, check_positive_int
 from hf_layerfusion.modeling.registry import check_model_type
 from hf_layerfusion.inference import ctranslate2_export
+from hf_layerfusion.inference.cpu_kernels import KERNEL_DIRECTORY, build_kernels
 from hf_layerfusion.training import checkpoint_averaging, tokenization
 from hf_layerfusion.training.callbacks import plot_logged_series
 from hf_layerfusion.training.language_tags import add_language_tags
@@ -356,10 +362,11 @@ def _inconsistent_checkpoints(root: Path, plain, gtrans) -> dict[str, Path]:
     return dirs
 
 
-def _train_onto_full_disk(ws):
+def _train_onto_full_disk(ws, full_disk=RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "
+                                                     "191616 vs 191504")):
     """Train a tiny model one step with a checkpoint save that meets a full disk: `torch.save` fails as it does on a
-    full file system (this message seen on a full tmpfs), in a directory outside the workspace."""
-    full_disk = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 191616 vs 191504")
+    full file system (this message seen on a full tmpfs; or with `full_disk`, another refusal of the file system),
+    in a directory outside the workspace."""
     model = PlainTransformerForConditionalGeneration(_tiny(PlainTransformerConfig, ws.vocab))
     pairs = [{"input_ids": torch.tensor([4, 5, 2]), "labels": torch.tensor([5, 4, 2])}] * 2
     with tempfile.TemporaryDirectory() as output_dir, torch.enable_grad(), mock.patch("torch.save", side_effect=full_disk):
@@ -367,6 +374,109 @@ def _train_onto_full_disk(ws):
                                         report_to="none", use_cpu=True)
         LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=pairs).train()
 
+
+def _loading_dirs(ws) -> SimpleNamespace:
+    """Issue 73's dirs for loading, averaging and resuming, built at their first use beside the workspace (the rows
+    only read them): a weight saved as integers, a GTrans checkpoint lacking a fusion tensor, a GTrans config.json
+    typed 'rtal', a Trainer run (checkpoints with trainer_state.json), copies of it holding as `checkpoint-3` an
+    averaged model or a model saved by hand, and a run whose two checkpoints have different tokenizers."""
+    if hasattr(ws, "loading"):
+        return ws.loading
+    root = ws.root.with_name(f"{ws.root.name}_loading")
+    dirs = SimpleNamespace(**{name: root / name for name in (
+        "integer_weight", "missing_fusion_tensor", "typed_rtal", "trainer_run", "averaged_in_run", "hand_saved_in_run",
+        "mixed_tokenizers_run")})
+
+    def edit_weights(directory: Path, edit) -> None:
+        weights = safetensors.torch.load_file(directory / "model.safetensors")
+        edit(weights)
+        safetensors.torch.save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+
+    fc1 = "model.encoder.layers.0.ffn.fc1.weight"
+    ws.plain.save_pretrained(dirs.integer_weight)
+    edit_weights(dirs.integer_weight, lambda weights: weights.update({fc1: (weights[fc1] * 100).round().long()}))
+    ws.gtrans.save_pretrained(dirs.missing_fusion_tensor)
+    edit_weights(dirs.missing_fusion_tensor, lambda weights: weights.pop("model.decoder.readout.group_weight"))
+    ws.gtrans.save_pretrained(dirs.typed_rtal)
+    config = json.loads((dirs.typed_rtal / "config.json").read_text(encoding="utf-8"))
+    (dirs.typed_rtal / "config.json").write_text(json.dumps({**config, "model_type": "rtal"}), encoding="utf-8")
+    for step in (1, 2):
+        checkpoint = dirs.trainer_run / f"checkpoint-{step}"
+        ws.gtrans.save_pretrained(checkpoint)
+        ws.tokenizer.save_pretrained(checkpoint)
+        TrainerState(global_step=step).save_to_json(str(checkpoint / "trainer_state.json"))
+    shutil.copytree(dirs.trainer_run, dirs.hand_saved_in_run)
+    ws.gtrans.save_pretrained(dirs.hand_saved_in_run / "checkpoint-3")
+    shutil.copytree(dirs.trainer_run, dirs.averaged_in_run)
+    average_last_checkpoints(dirs.trainer_run, 2, root / "averaged")
+    (root / "averaged").rename(dirs.averaged_in_run / "checkpoint-3")
+    other_tokenizer = train_joint_tokenizer(["three cats sleep", "drei katzen schlafen"] * 5, 30)
+    for step, tokenizer in ((1, ws.tokenizer), (2, other_tokenizer)):
+        ws.gtrans.save_pretrained(dirs.mixed_tokenizers_run / f"checkpoint-{step}")
+        tokenizer.save_pretrained(dirs.mixed_tokenizers_run / f"checkpoint-{step}")
+    ws.loading = dirs
+    return dirs
+
+
+def _io73_with_special_file(kind: str, call):
+    """`call(path)` of a FIFO or a Unix socket made in a directory of its own (the workspace's snapshot reads
+    regular files only)."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / kind
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            with socket.socket(socket.AF_UNIX) as server:
+                server.bind(str(path))
+        return call(path)
+
+
+def _io73_output_into_read_only_descriptor(ws):
+    """`--output /dev/fd/N` where descriptor N holds the workspace's input, opened for reading."""
+    with open(ws.input, "rb") as source:
+        return check_output_file(f"/dev/fd/{source.fileno()}")
+
+
+def _io73_write_into_pipe_without_reader():
+    """`write_file_atomically` of /dev/fd/N, the writing end of a pipe whose reader is gone (a device such as
+    /dev/full would be replaced by a regular file if the check went missing: the suite runs as root)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return write_file_atomically(f"/dev/fd/{write_end}", "new text\n")
+    finally:
+        os.close(write_end)
+
+
+def _io73_translate_stdin(data: bytes, argv):
+    from helpers import piped_stdin
+
+    with mock.patch("sys.stdin", piped_stdin(data)):
+        return translate_script.main(argv)
+
+
+def _io73_push(ws, cut_hub_code=False):
+    """`push_to_hub` of a complete model repository (made outside the workspace; its Hub code cut in the middle of
+    the file if asked) to an endpoint where nothing listens: port 9 on this machine refuses at once."""
+    with tempfile.TemporaryDirectory() as directory, \
+            mock.patch.object(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9"):
+        ws.gtrans.save_pretrained(directory)
+        ws.tokenizer.save_pretrained(directory)
+        hf_layerfusion.write_model_card(directory, ws.gtrans, "en", "de", "tiny")
+        if cut_hub_code:
+            code = Path(directory) / "modeling_layerfusion.py"
+            code.write_bytes(code.read_bytes()[: code.stat().st_size // 2])
+        return hf_layerfusion.push_to_hub(directory, "you/gtrans-en-de", token="hf_test_token")
+
+
+def _fastpath_before_any_copy(call):
+    """`call()` where making an inference copy fails: a search setting is refused before the copy (int8: the whole
+    model quantized) is made."""
+    copying = mock.Mock(side_effect=RuntimeError("an inference copy was made before the arguments were checked"))
+    with mock.patch.object(hf_layerfusion.inference.fast_generation, "prepare_for_inference", copying), \
+            mock.patch.object(hf_layerfusion.training.translation, "prepare_for_inference", copying), \
+            mock.patch.object(hf_layerfusion.hub.pipeline, "prepare_for_inference", copying):
+        return call()
 
 
 ROWS = [
@@ -1107,6 +1217,170 @@ ROWS = [
         ValueError, r"1\.7"),
     Row("model-groups-str", lambda ws: ws.gtrans(**_batch(ws), decoder_groups="12"), ValueError, r"'12'"),
     Row("model-groups-bool", lambda ws: ws.gtrans(**_batch(ws), decoder_groups=[True]), ValueError, r"True"),
+    # --- issue 73 (second fault round): outputs and the translate CLI's inputs
+    # special files are written in place (tests/test_translate.py): one that no write can reach is refused up front
+    Row("output-file-descriptor-not-open", lambda ws: check_output_file("/dev/fd/987"), FileNotFoundError,
+        r"/dev/fd/987.*descriptor 987, which this process does not have open"),
+    Row("output-file-descriptor-read-only", _io73_output_into_read_only_descriptor, PermissionError,
+        r"/dev/fd/\d+.*open for reading only"),
+    Row("output-file-fifo-not-writable",
+        lambda ws: _io73_with_special_file("fifo", lambda path: _read_only(path, lambda: check_output_file(path))),
+        PermissionError, r"fifo.*a FIFO.*not writable"),
+    Row("output-file-socket", lambda ws: _io73_with_special_file("socket", check_output_file), ValueError,
+        r"socket' is a socket"),
+    Row("write-special-file-reader-gone", lambda ws: _io73_write_into_pipe_without_reader(), OSError,
+        r"'/dev/fd/\d+' \(a special file, written in place\).*Broken pipe"),
+    # before: `TypeError: TextEncodeInput must be Union[...]` from the tokenizer
+    Row("translate-cli-stdin-not-utf8", lambda ws: _io73_translate_stdin(b"caf\xe9\n", [str(ws.gtrans_dir)]),
+        ValueError, r"stdin is not UTF-8 text \(byte 3: b'\\xe9\\n'\)"),
+    # before: "Unrecognized model ... Should have a `model_type` key in its config.json"
+    Row("translate-cli-adapter-dir",
+        lambda ws: translate_script.main([str(ws.adapter_run / "checkpoint-1"), f"--input={ws.input}"]), ValueError,
+        r"model_dir '.*adapter_run/checkpoint-1' holds a PEFT adapter.*merge_and_unload"),
+    Row("ctranslate2-cli-adapter-dir",
+        lambda ws: ctranslate2_export.main(["--model_dir", str(ws.adapter_run / "checkpoint-1"), "--output_dir",
+                                            str(ws.root / "ct2")]),
+        ValueError, r"--model_dir '.*adapter_run/checkpoint-1' holds a PEFT adapter"),
+    # before: a raw `httpx2.ConnectError: [Errno 111] Connection refused` from inside the Hub client
+    Row("push-hub-unreachable", _io73_push, ConnectionError,
+        r"Hub at http://127\.0\.0\.1:9 to create 'you/gtrans-en-de'.*nothing was uploaded.*HF_ENDPOINT.*HF_TOKEN"),
+    # before: published, and every load without the package failed with a SyntaxError in "<unknown>"
+    Row("push-hub-code-cut-short", lambda ws: _io73_push(ws, cut_hub_code=True), ValueError,
+        r"Hub code '.*modeling_layerfusion\.py' is damaged or cut short \(.*line \d+\).*save_pretrained"),
+    # before: a bare `OSError: [Errno 27] File too large` and the checkpoint cut short (under a real file size limit:
+    # test_a_checkpoint_over_the_file_size_limit_is_named_and_nothing_of_it_is_left)
+    Row("trainer-checkpoint-file-too-large",
+        lambda ws: _train_onto_full_disk(ws, OSError(errno.EFBIG, os.strerror(errno.EFBIG))), OSError,
+        r"checkpoint-1'.*larger than the file system or this process's file size limit.*Nothing of it is left there"
+        r".*ulimit -f unlimited"),
+    # --- issue 73: the fast path and generation arguments
+    # search settings: refused by name (raw errors from deep inside, or a silent answer), through generate(), the
+    # fast loop, translate() and the pipeline, before an inference copy is made
+    Row("generate-beams-zero",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), num_beams=0, max_new_tokens=2),
+        ValueError, r"`num_beams` must be a positive integer, got 0"),
+    Row("generate-beams-negative",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), num_beams=-2, max_new_tokens=2),
+        ValueError, r"`num_beams` must be a positive integer, got -2"),
+    Row("generate-config-beams-zero",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), max_new_tokens=2,
+                                      generation_config=_with(copy.deepcopy(ws.gtrans.generation_config), num_beams=0)),
+        ValueError, r"`num_beams` must be a positive integer, got 0"),
+    Row("generate-new-tokens-float",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), max_new_tokens=2.5),
+        ValueError, r"`max_new_tokens` must be a positive integer, got 2\.5"),
+    Row("generate-length-penalty-nan",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), num_beams=2, max_new_tokens=2,
+                                      length_penalty=float("nan")),
+        ValueError, r"`length_penalty` must be a finite number, got nan"),
+    Row("fast-generate-beams-zero",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            num_beams=0, max_new_tokens=2)),
+        ValueError, r"`num_beams` must be a positive integer, got 0"),
+    Row("fast-generate-int8-beams-negative",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            num_beams=-2, max_new_tokens=2, quantization="int8")),
+        ValueError, r"`num_beams` must be a positive integer, got -2"),
+    Row("fast-generate-new-tokens-float",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            max_new_tokens=2.5)),
+        ValueError, r"`max_new_tokens` must be a positive integer, got 2\.5"),
+    Row("fast-generate-length-penalty-inf",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            num_beams=2, max_new_tokens=2, length_penalty=float("inf"))),
+        ValueError, r"`length_penalty` must be a finite number, got inf"),
+    Row("pipeline-beams-zero",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", num_beams=0, quantization="int8")),
+        ValueError, r"`num_beams` must be a positive integer, got 0"),
+    Row("pipeline-beams-negative",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", num_beams=-2, quantization="int8")),
+        ValueError, r"`num_beams` must be a positive integer, got -2"),
+    Row("pipeline-new-tokens-float",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", max_new_tokens=2.5, quantization="int8")),
+        ValueError, r"`max_new_tokens` must be a positive integer, got 2\.5"),
+    Row("pipeline-length-penalty-nan",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", num_beams=2, length_penalty=float("nan"),
+                                                     quantization="int8")),
+        ValueError, r"`length_penalty` must be a finite number, got nan"),
+    Row("translate-length-penalty-nan",
+        lambda ws: _fastpath_before_any_copy(lambda: translate(
+            ws.gtrans, ws.tokenizer, ["a man"], num_beams=2, length_penalty=float("nan"), quantization="int8")),
+        ValueError, r"`length_penalty` must be a finite number, got nan"),
+    Row("translate-length-penalty-str",
+        lambda ws: translate(ws.gtrans, ws.tokenizer, ["a man"], num_beams=2, length_penalty="1.0"),
+        ValueError, r"`length_penalty` must be a finite number, got '1\.0'"),
+    # a source that carries its own target-language tag while tgt_lang prepends another (or the same one again)
+    Row("translate-conflicting-tags",
+        lambda ws: translate(ws.gtrans, ws.tagged_tokenizer, ["<2fr> a man"], tgt_lang="de"),
+        ValueError, r"Sentence 0 \('<2fr> a man'\) begins with the target-language tag <2fr>, and tgt_lang='de' "
+                    r"prepends <2de>: the model would read two tags"),
+    Row("translate-repeated-tag",
+        lambda ws: translate(ws.gtrans, ws.tagged_tokenizer, ["a man", " <2de> two dogs"], tgt_lang="de"),
+        ValueError, r"Sentence 1 \(' <2de> two dogs'\) begins with the target-language tag <2de>.*prepends <2de>"),
+    Row("pipeline-conflicting-tags",
+        lambda ws: hf_layerfusion.LayerFusionTranslationPipeline(model=ws.gtrans, tokenizer=ws.tagged_tokenizer)(
+            "<2fr> a man", tgt_lang="de"),
+        ValueError, r"'<2fr> a man'.*<2fr>.*tgt_lang='de' prepends <2de>"),
+    # --- issue 73: the kernel build and its cache
+    # `--force` with a compiler that fails at once, through torch's own `load`, in an extensions root beside the
+    # workspace: before, the build folder was deleted first; tests/test_kernel_build_cache.py checks it is kept
+    Row("kernel-build-force-broken-compiler",
+        lambda ws: mock.patch.dict(os.environ, TORCH_EXTENSIONS_DIR=str(ws.root.parent / "kernel_cache"),
+                                   CXX="/bin/false")(build_kernels)(
+            Path(hf_layerfusion.__file__).parent / "inference" / KERNEL_DIRECTORY, force=True),
+        RuntimeError,
+        r"could not be built again into \S+\.new \(CalledProcessError: .*/bin/false.*\); \S+ is as it was"),
+    # --- issue 73: the ledger and the study queue
+    # a BLEU no run produces went into the card and the Hub's model-index (the ledger's own checks, which live in
+    # benchmarks/, are tests/test_bench_multi30k.py's: a row's refusal must come from the package or examples/)
+    Row("card-score-above-100",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite=True,
+                                                   bleu_scores={"test": 345.0}),
+        ValueError, r"bleu_scores\['test'\]=345\.0 is not a finite number in \[0, 100\]"),
+    Row("card-score-negative",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite=True,
+                                                   bleu_scores={"validation": -5}),
+        ValueError, r"bleu_scores\['validation'\]=-5 is not a finite number in \[0, 100\]"),
+    # --- issue 73: loading, averaging and training
+    # before, the integers were cast to floats and loaded as the weight
+    Row("load-integer-weight", lambda ws: AutoModelForSeq2SeqLM.from_pretrained(_loading_dirs(ws).integer_weight),
+        ValueError, r"integer_weight'.*not floating-point.*'model\.encoder\.layers\.0\.ffn\.fc1\.weight \(I64\)'"),
+    # a fusion switched on at loading starts fresh (tests/test_deep_representations.py), one its checkpoint lost not
+    Row("load-missing-fusion-tensor",
+        lambda ws: AutoModelForSeq2SeqLM.from_pretrained(_loading_dirs(ws).missing_fusion_tensor), ValueError,
+        r"missing_fusion_tensor'.*lacks.*\['model\.decoder\.readout\.group_weight'\]"),
+    # before, the Hub code (whose class auto_map picks) ran it as GTrans; it refuses too (tests/test_hub.py)
+    Row("load-model-type-edited-class-of-auto-map",
+        lambda ws: GTransForConditionalGeneration.from_pretrained(_loading_dirs(ws).typed_rtal), ValueError,
+        r"model_type 'rtal'.*auto_map names GTransConfig.*model_type back \('gtrans'\)"),
+    # before, averaged again as a training checkpoint
+    Row("average-averaged-model-as-checkpoint", lambda ws: last_checkpoints(_loading_dirs(ws).averaged_in_run, 2),
+        ValueError, r"averaged_in_run/checkpoint-3'.*averaged model.*checkpoint-1.*checkpoint-2.*count twice"),
+    Row("average-hand-saved-model-as-checkpoint", lambda ws: last_checkpoints(_loading_dirs(ws).hand_saved_in_run, 2),
+        ValueError, r"hand_saved_in_run/checkpoint-3'.*without the Trainer's trainer_state\.json"),
+    Row("average-into-checkpoint-name",
+        lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.checkpoints / "checkpoint-30"), ValueError,
+        r"checkpoint-30'.*named like a checkpoint.*run/averaged'"),
+    # before, averaged: the embeddings of two vocabularies
+    Row("average-different-tokenizers",
+        lambda ws: average_last_checkpoints(_loading_dirs(ws).mixed_tokenizers_run, 2, ws.root / "new_average"),
+        ValueError, r"checkpoint-1'.*checkpoint-2'.*tokenizers differ \(tokenizer\.json\)"),
+    # before, trained in float32 without a word (--bf16 autocasts on CPUs: tests/test_training_pipeline.py)
+    Row("train-cli-fp16-on-cpu", lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--fp16=True")),
+        ValueError, r"--fp16 True.*CPUs.*float32.*--bf16 True"),
+    # before, failed in the optimizer's state, naming no family
+    Row("train-cli-resume-another-family",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=rtal", "--resume_from_checkpoint=last",
+                                                 output_dir=_loading_dirs(ws).trainer_run)),
+        ValueError, r"trainer_run/checkpoint-2 is a checkpoint of a 'gtrans' model.*'rtal'.*--model_type gtrans"),
 ]
 
 
@@ -1200,6 +1474,18 @@ def test_checked_loading_keeps_legitimate_loads(ws, tmp_path):
     assert torch.equal(hf_layerfusion.GTransModel.from_pretrained(tmp_path).shared.weight, ws.gtrans.model.shared.weight)
 
 
+def test_an_integer_tensor_the_model_has_no_place_for_is_the_load_reports(ws, tmp_path):
+    """transformers' common test `test_model_weights_reload_no_missing_tied_weights` replaces the weights by an int64
+    tensor named "tensor": nothing is cast into a weight, so the load report (its unexpected and missing keys) is the
+    caller's, not the integer-weight refusal's (`load-integer-weight`)."""
+    ws.plain.save_pretrained(tmp_path)
+    safetensors.torch.save_file({"tensor": torch.tensor([1, 2])}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    _, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert set(info["unexpected_keys"]) == {"tensor"} and info["cast_keys"] == {}
+    with pytest.raises(ValueError, match="needs tensors it lacks"):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
 @pytest.mark.parametrize(
     "name, key, expected",
     [
@@ -1255,6 +1541,81 @@ def test_write_file_atomically_keeps_the_mode_and_leaves_no_temporary_file(tmp_p
     with pytest.raises(OSError, match="out.txt"):
         _disk_full(lambda: write_file_atomically(path, "lost\n"))
     assert path.read_text(encoding="utf-8") == "new\n" and [child.name for child in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_write_file_atomically_writes_a_special_file_in_place(tmp_path):
+    """Issue 73: only a regular file can be replaced by a temporary file renamed over it. Before, `/dev/stdout` with
+    stdout appended to a file (`>> log`) replaced that file (its earlier lines lost), with stdout a pipe the write
+    failed once the work was done, and a FIFO was replaced by a regular file (its reader waited forever). Each is
+    now written in place, where the shell's redirection asked; a terminal too, and each stays what it was."""
+    from helpers import stdout_redirected_to
+
+    log = tmp_path / "log.txt"
+    log.write_text("an earlier line\n", encoding="utf-8")
+    with open(log, "ab") as appended, stdout_redirected_to(appended.fileno()):
+        write_file_atomically("/dev/stdout", "new line\n")
+    assert log.read_text(encoding="utf-8") == "an earlier line\nnew line\n"
+    read_end, write_end = os.pipe()
+    with stdout_redirected_to(write_end):
+        write_file_atomically("/dev/stdout", "into a pipe\n")
+    os.close(write_end)
+    assert os.read(read_end, 100) == b"into a pipe\n"
+    os.close(read_end)
+    fifo, received = tmp_path / "fifo", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    write_file_atomically(fifo, "into a FIFO\n")
+    reader.join(timeout=60)
+    assert received == [b"into a FIFO\n"] and stat.S_ISFIFO(fifo.stat().st_mode)
+    controller, terminal = os.openpty()
+    write_file_atomically(os.ttyname(terminal), "onto a terminal\n")
+    assert os.read(controller, 100) == b"onto a terminal\r\n"  # the terminal's own line ending
+    assert stat.S_ISCHR(os.stat(os.ttyname(terminal)).st_mode)
+    os.close(terminal)
+    os.close(controller)
+
+
+def test_a_checkpoint_over_the_file_size_limit_is_named_and_nothing_of_it_is_left(ws, tmp_path):
+    """Issue 73: over a file size limit (`ulimit -f`; a file system's own limit, FAT32's 4 GiB, is the same EFBIG) a
+    checkpoint save failed with a bare "[Errno 27] File too large", naming no path, and left the checkpoint cut
+    short, which `--resume_from_checkpoint last` would resume from; and a model saved over an earlier save left its
+    Hub code cut in mid-statement (a SyntaxError for every load without the package). A real limit, in a process of
+    its own: 100 kB, below the size of the Hub code."""
+    from helpers import REPO_ROOT, run_python
+
+    ws.plain.save_pretrained(tmp_path / "model")
+    hub_code = (tmp_path / "model" / "modeling_layerfusion.py").read_bytes()
+    script = (
+        "import resource, sys, torch\n"
+        "from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainingArguments\n"
+        "import hf_layerfusion\n"
+        "from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer\n"
+        "model = AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1])\n"
+        "pairs = [{'input_ids': torch.tensor([4, 5, 2]), 'labels': torch.tensor([5, 4, 2])}] * 2\n"
+        "args = Seq2SeqTrainingArguments(sys.argv[2], max_steps=1, save_steps=1, per_device_train_batch_size=2,\n"
+        "                                report_to='none', use_cpu=True)\n"
+        "trainer = LayerFusionSeq2SeqTrainer(model=model, args=args, train_dataset=pairs)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    trainer.train()\n"
+        "except OSError as error:\n"
+        "    print('refused', error.errno, error)\n"
+        "try:\n"
+        "    model.save_pretrained(sys.argv[1])\n"
+        "except OSError as error:\n"
+        "    print('save refused', error.errno)\n"
+    )
+    output_dir = tmp_path / "run"
+    result = run_python(["-c", script, str(tmp_path / "model"), str(output_dir)], {"PYTHONPATH": str(REPO_ROOT)},
+                        cwd=tmp_path)
+    refusal = result.stdout[result.stdout.index("refused "):]
+    checkpoint = re.escape(f"{output_dir}/checkpoint-1")
+    assert re.match(rf"refused {errno.EFBIG} \[Errno {errno.EFBIG}\] Could not save the checkpoint '{checkpoint}': "
+                    r"a file grew larger than .*Nothing of it is left there", refusal), refusal
+    assert not (output_dir / "checkpoint-1").exists()
+    assert f"save refused {errno.EFBIG}" in result.stdout
+    assert (tmp_path / "model" / "modeling_layerfusion.py").read_bytes() == hub_code
 
 
 def test_output_dir_lock_names_its_holder_and_ends_with_the_run(tmp_path):

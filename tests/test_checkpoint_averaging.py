@@ -1,7 +1,14 @@
 """Checkpoint averaging: the averaged model is the element-wise mean of the newest N checkpoints."""
 
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
+from huggingface_hub.utils import filter_repo_objects
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
@@ -9,6 +16,7 @@ from tokenizers.pre_tokenizers import WhitespaceSplit
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_layerfusion import GTransConfig, GTransForConditionalGeneration
+from hf_layerfusion.hub.remote_code import UPLOAD_IGNORE_PATTERNS
 from hf_layerfusion.training.checkpoint_averaging import last_checkpoints, main
 
 
@@ -92,3 +100,31 @@ def test_a_failed_save_leaves_the_output_dir_as_it_was(trainer_output_dir, tmp_p
           "--overwrite_output_dir"])
     assert {"notes.txt", "model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in output_dir.iterdir()}
     assert sorted(path.name for path in parent.iterdir()) == ["averaged"]
+
+
+def test_a_killed_averaging_leaves_nothing_push_to_hub_uploads_and_the_next_one_names_it(trainer_output_dir,
+                                                                                          tmp_path_factory):
+    """Issue 73: an averaging killed while saving (here the process exits in the tokenizer's save, after the model's,
+    with no clean-up, as SIGKILL does) leaves its temporary dir beside `output_dir`, in the run dir as in the README.
+    Pushing that run uploads none of it (upload_folder's own filter, with transformers' `Trainer.push_to_hub`
+    patterns and the package's), and the next averaging into `output_dir` names it in a warning."""
+    run = tmp_path_factory.mktemp("run")
+    output_dir = run / "averaged"
+    killed = textwrap.dedent(f"""
+        import os
+        from transformers import PreTrainedTokenizerFast
+        PreTrainedTokenizerFast.save_pretrained = lambda *args, **kwargs: os._exit(9)
+        from hf_layerfusion.training.checkpoint_averaging import main
+        main(["--checkpoint_dir", {str(trainer_output_dir)!r}, "--num_checkpoints", "2", "--output_dir",
+              {str(output_dir)!r}])
+    """)
+    result = subprocess.run([sys.executable, "-c", killed], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 9, result.stderr[-3000:]
+    left = sorted(str(path.relative_to(run)) for path in run.rglob("*") if path.is_file())
+    assert any(path.endswith("model.safetensors") for path in left), left
+    for patterns in (["_*", "checkpoint-*"], UPLOAD_IGNORE_PATTERNS):
+        assert list(filter_repo_objects(left, ignore_patterns=patterns)) == [], patterns
+    (leftover,) = {Path(path).parts[0] for path in left}
+    with pytest.warns(UserWarning, match=rf"{re.escape(leftover)}.*killed"):
+        main(["--checkpoint_dir", str(trainer_output_dir), "--num_checkpoints", "2", "--output_dir", str(output_dir)])
+    assert (output_dir / "model.safetensors").is_file()

@@ -35,7 +35,9 @@ from transformers import (
     MarianConfig,
     MarianMTModel,
     Seq2SeqTrainingArguments,
+    modeling_utils,
 )
+from transformers.testing_utils import CaptureLogger
 
 import hf_layerfusion
 from hf_layerfusion import (
@@ -704,6 +706,26 @@ def test_paper_recipe_fine_tunes_a_trained_plain_checkpoint(tiny_backbone, padde
     assert torch.equal(model.model.encoder.connection.nodes[0].layer_norm.weight, torch.ones(16))
     out = model.train()(**padded_batch)
     assert out.layer_diversity is not None and torch.isfinite(out.loss)
+
+
+def test_a_checkpoint_saved_without_aggregation_loads_with_it_switched_on(tiny_backbone, tmp_path):
+    """Issue 73: the recipe from a deep-representations checkpoint saved with aggregation "none" (refused before: it
+    "needs tensors it lacks"). It loads as a plain checkpoint of the same weights does: every weight the checkpoint's,
+    the same AGG tensors fresh, each named in transformers' load report."""
+    saved = DeepRepresentationsForConditionalGeneration(DeepRepresentationsConfig(**tiny_backbone, init_std=0.3, **OFF))
+    saved.save_pretrained(tmp_path / "deep")
+    plain = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    plain.load_state_dict(saved.state_dict())
+    plain.save_pretrained(tmp_path / "plain")
+    switched_on = dict(encoder_aggregation="hierarchical", decoder_aggregation="hierarchical")
+    with CaptureLogger(modeling_utils.logger) as report:
+        model = DeepRepresentationsForConditionalGeneration.from_pretrained(tmp_path / "deep", **switched_on)
+    reference = DeepRepresentationsForConditionalGeneration.from_pretrained(tmp_path / "plain", **switched_on)
+    fresh = set(model.state_dict()) - set(saved.state_dict())
+    assert fresh and fresh == set(reference.state_dict()) - set(plain.state_dict())
+    assert all(name in report.out for name in fresh), report.out
+    for name, value in saved.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
 
 
 BAD_CONFIGS = [

@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from helpers import (EOS, FIRST_TOKEN_ID, PAD, TINY_BACKBONE, CountingKernels, one_call_applies, tiny_model, tiny_sources,
-                     varied_gtrans)
+from helpers import (EOS, FIRST_TOKEN_ID, PAD, SOURCES, TINY_BACKBONE, CountingKernels, one_call_applies, tiny_model,
+                     tiny_sources, varied_gtrans)
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -452,6 +452,107 @@ def test_int8_copy_shares_weights_translates_close_to_float_and_follows_weight_c
     assert prepare_for_inference(model, "int8") is not engine
     with pytest.raises(ValueError, match="Unknown quantization"):
         prepare_for_inference(model, "int4")
+
+
+WEIGHT_SCALE = 1.5  # what each update below multiplies the weights by (the optimizer step: its own change)
+
+
+def update_through_data(model) -> None:
+    for parameter in model.parameters():
+        parameter.data.mul_(WEIGHT_SCALE)  # what EMA and weight-averaging code does: no version counter sees it
+
+
+def update_in_place_without_gradients(model) -> None:
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(WEIGHT_SCALE)
+
+
+def update_by_new_data(model) -> None:
+    for parameter in model.parameters():
+        parameter.data = parameter.data * WEIGHT_SCALE
+
+
+def update_by_copy(model) -> None:
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter * WEIGHT_SCALE)
+
+
+def update_by_state_dict(model) -> None:
+    model.load_state_dict({name: value * WEIGHT_SCALE for name, value in model.state_dict().items()})
+
+
+def update_by_vector(model) -> None:
+    vector = torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+    torch.nn.utils.vector_to_parameters(vector * WEIGHT_SCALE, model.parameters())
+
+
+def update_by_optimizer_step(model) -> None:
+    """One SGD step on a loss of the model's own greedy output (training mode, then eval again)."""
+    source = tiny_sources()
+    labels = reference(model, source, max_new_tokens=4)[:, 1:]
+    model.train()
+    model(**source, labels=labels).loss.backward()
+    torch.optim.SGD(model.parameters(), lr=20.0).step()
+    model.eval()
+
+
+WEIGHT_UPDATES = {
+    "p.data.mul_": update_through_data,
+    "p.mul_ under no_grad": update_in_place_without_gradients,
+    "p.data = new tensor": update_by_new_data,
+    "p.copy_": update_by_copy,
+    "load_state_dict": update_by_state_dict,
+    "vector_to_parameters": update_by_vector,
+    "optimizer step": update_by_optimizer_step,
+}
+
+
+@needs_float32_kernel
+@pytest.mark.parametrize("update", sorted(WEIGHT_UPDATES))
+def test_every_kind_of_weight_update_reaches_the_fast_path(update, source, tokenizer):
+    """Issue 73: the inference copies kept translating with the old weights after `p.data.mul_()` (a write no version
+    counter sees). After every kind of update, `fast_generate` (float32: `generate()` of the updated model; int8: a
+    freshly made int8 copy), `translate()` and the pipeline translate with the new weights."""
+    from transformers import pipeline
+
+    model = tiny_model("gtrans", d_model=32)
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    search = SEARCHES["beam"]
+
+    def outputs() -> dict:
+        return {
+            "float32": fast_generate(model, **source, **search, fallback=False).tolist(),
+            "int8": fast_generate(model, **source, **search, quantization="int8", fallback=False).tolist(),
+            "translate": hf_layerfusion.translate(model, tokenizer, SOURCES, **search),
+            "pipeline": [r["translation_text"] for r in translator(SOURCES, **search)],
+        }
+
+    before = outputs()  # the copies are made and kept
+    WEIGHT_UPDATES[update](model)
+    expected = {
+        "float32": reference(model, source, **search).tolist(),
+        "int8": fast_generate(inference_copies.int8_copy(model), **source, **search, quantization="int8").tolist(),
+        "translate": hf_layerfusion.translate(model, tokenizer, SOURCES, fast=False, **search),
+        "pipeline": [r["translation_text"] for r in translator(SOURCES, fast=False, **search)],
+    }
+    for name, output in outputs().items():
+        assert before[name] != expected[name], f"{update} leaves the {name} output as it was: it tests nothing"
+        assert output == expected[name], (update, name)
+
+
+@pytest.mark.parametrize("shape", [(16, 32), (512, 3)], ids=["64-bit words", "elements one by one"])
+def test_the_content_checksum_sees_weights_scaled_by_a_power_of_two(shape):
+    """Doubling a float32 weight adds 2^23 to each element's bit pattern: 512 elements add up to 2^32, which a 32-bit
+    sum would not see. Both of `content_checksum`'s ways (64-bit words; an odd last dimension's elements) do: a multiple
+    of 512 elements each."""
+    weight = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    before = inference_copies.content_checksum(weight)
+    weight.data.mul_(2.0)
+    assert inference_copies.content_checksum(weight) != before
+    weight.data.mul_(0.5)
+    assert inference_copies.content_checksum(weight) == before
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

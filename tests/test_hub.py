@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import json
+import re
 import sys
 import textwrap
 import types
@@ -34,6 +35,7 @@ from helpers import (
 )
 from hub_server import HubServer
 from packaging.requirements import Requirement
+from transformers import AutoModelForSeq2SeqLM
 
 import hf_layerfusion
 from hf_layerfusion.hub.remote_code import (
@@ -338,6 +340,30 @@ def test_hub_code_models_run_the_packages_inference_copies_where_the_package_is_
     """)
     output = run_python(["-c", script], {"PYTHONPATH": str(REPO_ROOT)}, tmp_path).stdout
     assert output.strip().startswith("[")
+
+
+def test_hub_code_refuses_a_model_type_edited_after_saving_as_the_package_does(tmp_path):
+    """Issue 73: a GTrans checkpoint whose config.json says model_type 'rtal'. The package refuses it (it picks the
+    class by model_type: RTAL's config gets GTrans' keys); the Hub code, whose class `auto_map` picks, ran it as GTrans.
+    Loaded with `trust_remote_code=True` in a process that cannot import the package, it is refused too."""
+    model_dir = tmp_path / "model"
+    tiny_model("gtrans").save_pretrained(model_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    (model_dir / "config.json").write_text(json.dumps({**config, "model_type": "rtal"}), encoding="utf-8")
+    with pytest.raises(TypeError, match=r"RTALConfig.*key\(s\) of other families.*put the family's model_type back"):
+        AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    script = without_package_preamble() + textwrap.dedent(f"""
+        from transformers import AutoModelForSeq2SeqLM
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained({str(model_dir)!r}, trust_remote_code=True)
+        except ValueError as error:
+            print("refused:", error)
+        else:
+            print("loaded as", type(model).__name__)
+    """)
+    output = run_python(["-S", "-c", script], {"HF_HOME": str(tmp_path / "home")}, tmp_path).stdout
+    assert re.search(r"refused: .*model_type 'rtal'.*auto_map names GTransConfig.*model_type back \('gtrans'\)",
+                     output), output
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)

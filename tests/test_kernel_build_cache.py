@@ -1,14 +1,17 @@
 """The CPU kernels are built once per machine and source hash (hf_layerfusion/inference/cpu_kernels.py): every copy
 of the same sources (two checkouts, a checkout and an installed package) finds one build, changed sources get another,
 concurrent processes build once, a build says so in one line and finding one says nothing, and
-`python -m hf_layerfusion.inference.build` prints what it built and where. Nothing here compiles: builds are made
-by a stand-in for torch's `load`, under a temporary extensions root, except the suite's own (the `kernels` fixture),
-which the build command must find."""
+`python -m hf_layerfusion.inference.build` prints what it built and where, a forced build that fails leaves the build
+there, a damaged library is never loaded, and a build reports its progress. Nothing here compiles: builds are made by
+a stand-in for torch's `load`, under a temporary extensions root (or torch's own `load` with a compiler that fails at
+once), except the suite's own (the `kernels` fixture), which the build command must find."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,6 +38,11 @@ from hf_layerfusion.inference.cpu_kernels import (
 
 PACKAGE_KERNELS = Path(cpu_kernels.__file__).parent / KERNEL_DIRECTORY
 LOGGER = cpu_kernels.kernel_build_logger.name
+TORCH_LOAD = torch.utils.cpp_extension.load  # torch's own, which the `builds` fixture replaces
+
+
+def stand_in_library(name: str) -> bytes:
+    return f"the library of {name}\n".encode() * 64
 
 
 @pytest.fixture
@@ -49,10 +57,15 @@ def two_copies(tmp_path):
 
 @pytest.fixture
 def builds(tmp_path, monkeypatch):
-    """Builds under a fresh extensions root by a stand-in for torch's `load` (an empty library, at once), loaded by
-    a stand-in import; the list of the builds made."""
+    """Builds under a fresh extensions root by a stand-in for torch's `load` (a library of `stand_in_library`, at
+    once, where there is none: ninja takes one that is there as up to date), loaded by a stand-in import that fails
+    on any other bytes (where a real library cut short or altered kills the process); the list of the builds made."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     made = []
+
+    def import_extension(name, library):
+        assert Path(library).read_bytes() == stand_in_library(name), f"a damaged library was loaded: {library}"
+        return types.SimpleNamespace(__name__=name, __file__=str(library))
 
     def load(name, sources, build_directory, extra_cflags=None, extra_ldflags=None, **kwargs):
         # as torch's `load`, which appends its own flags to the lists it is given (`_prepare_ldflags`)
@@ -60,13 +73,11 @@ def builds(tmp_path, monkeypatch):
         extra_ldflags.append("-ltorch_cpu")
         made.append(types.SimpleNamespace(name=name, sources=sources, directory=Path(build_directory)))
         library = Path(build_directory) / f"{name}.so"
-        library.write_bytes(b"")
-        return types.SimpleNamespace(__name__=name, __file__=str(library))
+        if not library.exists():
+            library.write_bytes(stand_in_library(name))
+        return import_extension(name, library)
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
-    def import_extension(name, library):
-        return types.SimpleNamespace(__name__=name, __file__=str(library))
-
     monkeypatch.setattr(cpu_kernels, "import_extension", import_extension)
     return made
 
@@ -200,3 +211,135 @@ def test_the_build_module_runs_with_python_m():
     )
     assert result.returncode == 0, result.stderr
     assert "python -m hf_layerfusion.inference.build --force" in result.stdout
+
+
+# ------------------------------------------------------------------------------------------ issue 73, items 3, 15, 21
+def test_a_forced_build_that_fails_leaves_the_build_there(two_copies, builds, monkeypatch):
+    """`--force` with a compiler that fails (`CXX=/bin/false`, through torch's own `load`) keeps the build it was to
+    replace, byte for byte, and it still loads: before, the build folder was deleted first and the next fast
+    translation compiled for minutes."""
+    built = build_kernels(two_copies[0])
+    before = {path.name: path.read_bytes() for path in built.directory.iterdir() if path.is_file()}
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", TORCH_LOAD)
+    monkeypatch.setenv("CXX", "/bin/false")
+    with pytest.raises(RuntimeError, match=rf"could not be built again into {re.escape(str(built.directory))}\.new "
+                                           rf".*; {re.escape(str(built.directory))} is as it was \(its build still"):
+        build_kernels(two_copies[0], force=True)
+    assert {path.name: path.read_bytes() for path in built.directory.iterdir() if path.is_file()} == before
+    assert sorted(path.name for path in kernel_cache_root().iterdir()) == [built.directory.name,
+                                                                          f"{built.directory.name}.lock"]
+    found = build_kernels(two_copies[0])
+    assert not found.built and found.library == built.library and len(builds) == 1
+
+
+def test_a_forced_build_is_made_beside_the_build_and_swapped_in(two_copies, builds, monkeypatch, capsys):
+    built = build_kernels(two_copies[0])
+    stand_in = torch.utils.cpp_extension.load
+
+    def load_beside(**kwargs):
+        # while the new build compiles, the one it replaces is where it was and loads
+        assert cpu_kernels.finished_build(built.directory).library == built.library
+        return stand_in(**kwargs)
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", load_beside)
+    assert build_command.main(["--force"]) == 0
+    assert builds[-1].directory == built.directory.with_name(built.directory.name + ".new")
+    assert capsys.readouterr().out.rstrip().endswith(str(built.library))  # where it is now, not where it was built
+    assert sorted(path.name for path in kernel_cache_root().iterdir()) == [built.directory.name,
+                                                                          f"{built.directory.name}.lock"]
+    assert json.loads((built.directory / "build.json").read_text())["library_sha256"]
+    assert not build_kernels(two_copies[0]).built and len(builds) == 2
+
+
+def cut_short(library: Path) -> None:
+    library.write_bytes(library.read_bytes()[:-100])
+
+
+def altered(library: Path) -> None:
+    content = bytearray(library.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    library.write_bytes(bytes(content))
+
+
+@pytest.mark.parametrize("damage, fault", [
+    (cut_short, r"\.so holds \d+ bytes, its build wrote \d+"),
+    (altered, r"\.so is not the file its build wrote \(another sha256\)"),
+    (Path.unlink, r"\.so is missing"),
+    (lambda library: cut_short(library.parent / "build.json"), r"its record build\.json is unreadable"),
+], ids=["cut-short", "altered", "missing", "record-cut-short"])
+def test_a_damaged_build_is_not_loaded_but_built_again(two_copies, builds, damage, fault):
+    """A library that is not the one its build recorded (size, sha256) is never loaded: dlopen of a library cut
+    short kills the process ("Bus error"). It is named in a warning and built again in its folder."""
+    built = build_kernels(two_copies[0])
+    damage(built.library)
+    with pytest.warns(UserWarning, match=rf"built in {re.escape(str(built.directory))} are damaged \(.*{fault}"):
+        again = build_kernels(two_copies[0])
+    assert again.built and again.directory == built.directory and len(builds) == 2
+    assert not build_kernels(two_copies[1]).built and len(builds) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF libraries")
+def test_a_build_recorded_without_a_checksum_is_loaded_unless_cut_short(two_copies, builds, monkeypatch):
+    """Builds recorded before records held the library's size and sha256 (the caches of earlier versions) load as
+    long as the library is a whole ELF file, not one cut short."""
+    built = build_kernels(two_copies[0])
+    shutil.copyfile(torch._C.__file__, built.library)  # a real ELF library in place of the stand-in's
+    record_path = built.directory / "build.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps({key: value for key, value in record.items() if not key.startswith("library_")}))
+    loaded = []
+    monkeypatch.setattr(cpu_kernels, "import_extension", lambda name, library: loaded.append(library) or built.module)
+    assert not build_kernels(two_copies[0]).built and loaded == [built.library]
+    cut_short(built.library)
+    with pytest.warns(UserWarning, match=r"are damaged \(.*\.so is cut short\)"):
+        assert build_kernels(two_copies[0]).built
+    assert loaded == [built.library] and len(builds) == 2
+
+
+def test_a_damaged_build_that_cannot_be_built_again_is_not_loaded(builds, monkeypatch):
+    """With no compiler to build it again, fast translation warns twice (the damage, the missing compiler) and takes
+    the PyTorch path; the damaged library is not loaded."""
+    cut_short(build_kernels(PACKAGE_KERNELS).library)
+    monkeypatch.setenv("CXX", "no-such-c++")
+    compiled_kernels.cache_clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert compiled_kernels() is None
+    finally:
+        compiled_kernels.cache_clear()
+    damaged, fallback = (str(warning.message) for warning in caught)
+    assert "are damaged (" in damaged and "could not be compiled (RuntimeError: no C++ compiler" in fallback
+
+
+@pytest.mark.parametrize("load_average", [50.0, 0.0], ids=["busy", "idle"])
+def test_a_build_reports_its_progress_and_whether_the_machine_is_busy(builds, monkeypatch, caplog, load_average):
+    """A build prints a line whenever sources are compiled, and one every `PROGRESS_QUIET_SECONDS` while none is
+    (sources done of all, seconds so far), and says when more processes want the cores than there are: one build
+    printed nothing for 1,246 s on a busy machine."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monkeypatch.setattr(cpu_kernels, "PROGRESS_POLL_SECONDS", 0.01)
+    monkeypatch.setattr(cpu_kernels, "PROGRESS_QUIET_SECONDS", 0.1)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load_average, load_average, load_average))
+    stand_in = torch.utils.cpp_extension.load
+
+    def compiling_load(**kwargs):
+        time.sleep(0.5)  # the first source takes a while: quiet lines
+        for source in kwargs["sources"]:
+            (Path(kwargs["build_directory"]) / f"{Path(source).stem}.o").write_bytes(b"object")
+            time.sleep(0.05)
+        time.sleep(0.5)  # linking
+        return stand_in(**kwargs)
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", compiling_load)
+    build_kernels(PACKAGE_KERNELS)
+    announcement, *progress = announcements(caplog)
+    total = len(cpu_kernels.KERNEL_SOURCES)
+    counts = [int(re.match(rf"hf_layerfusion: compiling the CPU kernels: (\d+) of {total} sources compiled", line)[1])
+              for line in progress]
+    assert counts[:2] == [0, 0] and counts == sorted(counts) and counts[-1] == total, progress
+    assert all(re.search(r", \d+ s so far", line) for line in progress)
+    assert ", linking" in progress[-1]
+    busy = f"the machine is busy (load average 50.0 on {cpu_kernels.usable_cores()} core"
+    for line in (announcement, *progress):
+        assert (busy in line) == (load_average == 50.0), line

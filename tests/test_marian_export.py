@@ -94,3 +94,25 @@ def test_ctranslate2_export_command_line(tmp_path, capsys):
     result = translator.translate_batch([tokenizer.convert_ids_to_tokens(batch["input_ids"][0])], max_decoding_length=5,
                                         min_decoding_length=5, return_end_token=True)
     assert result[0].hypotheses[0] == tokenizer.convert_ids_to_tokens(generated[0, 1:])
+
+
+@pytest.mark.parametrize("target_exists", [True, False], ids=["link-to-empty-dir", "dangling-link"])
+def test_ctranslate2_export_writes_through_a_symbolic_link(tmp_path, target_exists):
+    """Issue 73: an output dir that is a symbolic link (to an empty directory, or to one not made yet) failed once
+    the whole conversion was done (CTranslate2 replaces its output dir with `shutil.rmtree`, which refuses a link);
+    the model is now written into the directory the link points at, and the link stays."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", seed=3, vocab_size=len(tokenizer))
+    target, link = tmp_path / "models" / "ct2", tmp_path / "ct2-link"
+    if target_exists:
+        target.mkdir(parents=True)
+    link.symlink_to(target)
+    assert hf_layerfusion.export_ctranslate2(model, tokenizer, link) == link
+    assert link.is_symlink() and (target / "model.bin").is_file()
+    translator = ctranslate2.Translator(str(link), device="cpu")
+    batch = tokenizer(["baab ab"], return_tensors="pt")
+    generated = model.generate(**batch, max_new_tokens=5, min_new_tokens=5)
+    result = translator.translate_batch([tokenizer.convert_ids_to_tokens(batch["input_ids"][0])], max_decoding_length=5,
+                                        min_decoding_length=5, return_end_token=True)
+    assert result[0].hypotheses[0] == tokenizer.convert_ids_to_tokens(generated[0, 1:])

@@ -234,6 +234,28 @@ def test_run_translation_takes_family_presets():
         run_translation.build_config(other_family, 100, special_ids)
 
 
+def test_bf16_on_cpus_trains_in_bfloat16_mixed_precision(tmp_path):
+    """Issue 73: `--bf16 True --use_cpu True` is honoured (accelerate autocasts to bfloat16 on CPUs: every linear layer
+    of the trained forward computes in bfloat16), while `--fp16 True` there trained in float32 without a word and is
+    refused (the catalogue's row train-cli-fp16-on-cpu)."""
+    computed_in = set()
+
+    def record(module, inputs, output):
+        if isinstance(module, torch.nn.Linear) and module.training:
+            computed_in.add(output.dtype)
+
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        run_translation.main([
+            "--builtin_corpus", "--builtin_num_train=20", "--builtin_num_valid=4", "--builtin_num_test=4",
+            f"--output_dir={tmp_path / 'run'}", "--do_train", "--max_steps=1", "--use_cpu=True", "--report_to=none",
+            "--tokenizer_vocab_size=40", "--model_type=gtrans", "--save_strategy=no", "--bf16=True",
+        ])
+    finally:
+        hook.remove()
+    assert computed_in == {torch.bfloat16}
+
+
 def test_run_translation_end_to_end(tmp_path, multi30k_dir):
     output_dir = tmp_path / "run"
     output = finish(

@@ -1,13 +1,18 @@
 """`hf_layerfusion.translate()` against `generate()` itself: hypotheses land on their own sentence, and the model's
-training mode is left as it was (issue 40)."""
+training mode is left as it was (issue 40); the translate command reads its lines and writes its output as the
+shell asked (issue 73)."""
 
 from __future__ import annotations
+
+import logging
+import sys
 
 import pytest
 import torch
 
 import hf_layerfusion
-from helpers import SOURCES, tiny_model, tiny_tokenizer, varied_gtrans
+from hf_layerfusion.cli import translate as translate_command
+from helpers import SOURCES, piped_stdin, stdout_redirected_to, tiny_model, tiny_tokenizer, varied_gtrans
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +99,29 @@ def test_max_new_tokens_beyond_the_position_table_is_refused_before_translating(
     assert len(full) == len(SOURCES)
 
 
+def test_sources_cut_at_the_length_limit_are_counted_in_one_warning_per_call(tokenizer, caplog):
+    """Issue 73: sources longer than `max_source_length` (default: the position table) were cut without a word. Each
+    call that cuts says so once, naming how many sentences and the limit; a sentence exactly at the limit is whole."""
+    model = tiny_model("plain_transformer")
+    lengths = [len(tokenizer(source)["input_ids"]) for source in SOURCES]
+
+    def cut_warnings(sentences, **kwargs) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_layerfusion.training.translation"):
+            hf_layerfusion.translate(model, tokenizer, sentences, batch_size=1, num_beams=1, max_new_tokens=4, **kwargs)
+        return [record.getMessage() for record in caplog.records if "longer than" in record.getMessage()]
+
+    assert cut_warnings(SOURCES, max_source_length=max(lengths)) == []
+    warnings = cut_warnings(SOURCES, max_source_length=max(lengths) - 1)
+    assert len(warnings) == 1, warnings  # one for the call, not one per sentence or batch
+    assert f"{lengths.count(max(lengths))} of 4 sentence(s) are longer than max_source_length={max(lengths) - 1} " \
+        "tokens" in warnings[0]
+    positions = model.config.max_position_embeddings  # the default limit
+    long_sentence = " ".join(["abba baab"] * positions)
+    warnings = cut_warnings([long_sentence, SOURCES[0], long_sentence])
+    assert len(warnings) == 1 and f"2 of 3 sentence(s) are longer than max_source_length={positions}" in warnings[0]
+
+
 def test_a_multilingual_model_translates_into_the_target_language_it_is_given():
     """Fault round: `translate()` with a multilingual model (its tokenizer holds `<2xx>` tags) and untagged sentences
     answered in whichever language the model drifted to. `tgt_lang` prepends the tag (as `translate_to` and the
@@ -110,3 +138,46 @@ def test_a_multilingual_model_translates_into_the_target_language_it_is_given():
     # a one-direction model's tokenizer has no tags: nothing to choose, and tgt_lang names a tag it lacks
     with pytest.raises(ValueError, match=r"no <2de> token \(its target languages: none\)"):
         hf_layerfusion.translate(model, tiny_tokenizer(), SOURCES, tgt_lang="de", **settings)
+
+
+# the translate command decoding with generate() itself: no kernels to compile
+COMMAND_SETTINGS = ["--generate", "--num_beams=1", "--max_new_tokens=4", "--device=cpu"]
+
+
+def saved_gtrans(tokenizer, directory):
+    model = tiny_model("gtrans")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return model
+
+
+def test_the_translate_command_ends_lines_alike_in_a_file_and_on_stdin(tokenizer, tmp_path, monkeypatch):
+    """Issue 73: a lone `\\r` ended a line of an --input file (read with universal newlines) but not of stdin, which
+    gave one sentence where the file gave three. Both now give the lines `translate()` translates."""
+    model = saved_gtrans(tokenizer, tmp_path / "model")
+    text = b"ab ba\rb\r\nabba\n"
+    (tmp_path / "input.txt").write_bytes(text)
+    translate_command.main([str(tmp_path / "model"), f"--input={tmp_path / 'input.txt'}",
+                            f"--output={tmp_path / 'from_file.txt'}", *COMMAND_SETTINGS])
+    monkeypatch.setattr(sys, "stdin", piped_stdin(text))
+    translate_command.main([str(tmp_path / "model"), f"--output={tmp_path / 'from_stdin.txt'}", *COMMAND_SETTINGS])
+    expected = hf_layerfusion.translate(model, tokenizer, ["ab ba", "b", "abba"], fast=False, num_beams=1,
+                                        max_new_tokens=4)
+    for output in ("from_file.txt", "from_stdin.txt"):
+        assert (tmp_path / output).read_text(encoding="utf-8") == "".join(f"{line}\n" for line in expected), output
+
+
+def test_the_translate_command_appends_to_the_file_its_stdout_is_appended_to(tokenizer, tmp_path):
+    """Issue 73: `--output /dev/stdout --overwrite` with stdout appended to a file (`>> log.txt`) renamed a temporary
+    file over log.txt, whose earlier lines were lost. The translations now go where the shell's `>>` asked, with
+    `--overwrite` or without it (a special file is written into, nothing is replaced)."""
+    model = saved_gtrans(tokenizer, tmp_path / "model")
+    (tmp_path / "input.txt").write_text("ab ba\nb\n", encoding="utf-8")
+    log = tmp_path / "log.txt"
+    log.write_text("an earlier run\n", encoding="utf-8")
+    for overwrite in (["--overwrite"], []):
+        with open(log, "ab") as appended, stdout_redirected_to(appended.fileno()):
+            translate_command.main([str(tmp_path / "model"), f"--input={tmp_path / 'input.txt'}",
+                                    "--output=/dev/stdout", *overwrite, *COMMAND_SETTINGS])
+    expected = hf_layerfusion.translate(model, tokenizer, ["ab ba", "b"], fast=False, num_beams=1, max_new_tokens=4)
+    assert log.read_text(encoding="utf-8") == "an earlier run\n" + "".join(f"{line}\n" for line in expected) * 2

@@ -11,6 +11,7 @@ de-en`), a local directory of parallel text (`--dataset_name /data/multi30k`, Mu
 (`--tokenizer_name`) or a joint source/target subword vocabulary trained on the training data and saved in
 `--output_dir`. Training: `LayerFusionSeq2SeqTrainer` (label smoothing applied by the model's own loss, e.g. per
 GTrans decoder group) with every `Seq2SeqTrainingArguments` option, a wall-clock budget (`--max_train_minutes`),
+early stopping at the best evaluation (`--early_stopping_patience`),
 fusion-weight and per-layer gradient-norm logging and plots, and resumption after a crash
 (`--resume_from_checkpoint last`). Evaluation: sacreBLEU of beam search on the validation (`--do_eval`) and test
 (`--do_predict`) splits, printed with the sacreBLEU signature.
@@ -67,6 +68,7 @@ from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
     HfArgumentParser,
     PreTrainedModel,
     Seq2SeqTrainingArguments,
@@ -86,6 +88,7 @@ from hf_layerfusion.file_checks import (  # noqa: E402
     check_not_in_use,
     check_output_dir,
     check_result_files,
+    checkpoint_model_type,
     lock_output_dir,
     reraise_hub_error,
     write_file_atomically,
@@ -203,6 +206,17 @@ class DataArguments:
 class RunArguments:
     max_train_minutes: float | None = field(
         default=None, metadata={"help": "Stop training after this many minutes (kept across resumptions)."}
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training once --metric_for_best_model has not improved for this many evaluations "
+            "(transformers' EarlyStoppingCallback); needs --load_best_model_at_end True (with an --eval_strategy and "
+            "the same --save_strategy), so that the best checkpoint becomes the run's model. Training to convergence: "
+            "--eval_strategy epoch --save_strategy epoch --load_best_model_at_end True --metric_for_best_model bleu "
+            "--early_stopping_patience 3 --num_train_epochs 30, and --restore_callback_states_from_checkpoint True so "
+            "that a resumed run keeps its count of evaluations without improvement."
+        },
     )
     log_fusion_weights: bool = field(
         default=True, metadata={"help": "Log and plot fusion weights and per-layer gradient norms."}
@@ -355,6 +369,19 @@ def resolve_checkpoint(
     if not os.path.isdir(requested):
         raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
     return requested
+
+
+def check_resumed_family(checkpoint: str | None, family: str) -> None:
+    """Refuse to resume a checkpoint of another family than the run's model (`--model_type rtal
+    --resume_from_checkpoint last` over a GTrans run): its weights have no place in that model, and the Trainer
+    would fail deep in the optimizer state, naming neither family."""
+    saved_family = checkpoint_model_type(checkpoint) if checkpoint is not None else None
+    if saved_family is not None and saved_family != family:
+        raise ValueError(
+            f"--resume_from_checkpoint: {checkpoint} is a checkpoint of a {saved_family!r} model, but this run builds "
+            f"a {family!r} model (--model_type / --model_name_or_path): a run resumes with its own family. Pass "
+            f"--model_type {saved_family} to continue that run, or train the {family!r} model in another --output_dir."
+        )
 
 
 def load_or_train_tokenizer(
@@ -544,6 +571,13 @@ def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
             raise ValueError(f"--{name} must be a finite number, got {value}.")
     if not 0 <= training_args.label_smoothing_factor < 1:  # NaN included
         raise ValueError(f"--label_smoothing_factor must lie in [0, 1), got {training_args.label_smoothing_factor}.")
+    # accelerate turns float16 autocast on for GPUs only: on CPUs the run would train in float32 without a word
+    # (bfloat16, which CPUs autocast to, is honoured there)
+    if training_args.fp16 and training_args.device.type == "cpu":
+        raise ValueError(
+            "--fp16 True trains in float16 on GPUs only; on CPUs (--use_cpu True, or no GPU) it would train in float32 "
+            "without a word. Drop --fp16, or pass --bf16 True for bfloat16 mixed precision on CPUs."
+        )
 
 
 def run_inputs(model_args: ModelArguments, data_args: DataArguments) -> list[str]:
@@ -592,6 +626,16 @@ def check_arguments(
         check_positive_int(getattr(data_args, name), f"--{name}", allow_none=True)
     if run_args.max_train_minutes is not None and not run_args.max_train_minutes > 0:
         raise ValueError(f"--max_train_minutes must be positive, got {run_args.max_train_minutes}.")
+    check_positive_int(run_args.early_stopping_patience, "--early_stopping_patience", allow_none=True)
+    # EarlyStoppingCallback only warns without the best model loaded at the end, and asserts its other needs when
+    # training begins, after the run wrote its tokenizer
+    if run_args.early_stopping_patience is not None and not (
+        training_args.do_train and training_args.load_best_model_at_end and training_args.eval_strategy != "no"
+    ):
+        raise ValueError(
+            "--early_stopping_patience stops a training run after its best evaluation: pass --do_train and "
+            "--load_best_model_at_end True with an --eval_strategy (and the same --save_strategy)."
+        )
     if model_args.tokenizer_name is not None:
         check_local_or_hub(model_args.tokenizer_name, "--tokenizer_name")
     if model_args.tokenizer_model not in SUBWORD_MODELS:
@@ -611,6 +655,7 @@ def check_arguments(
     checkpoint = resolve_checkpoint(
         training_args, run_args.overwrite_output_dir, run_inputs(model_args, data_args), result_files(training_args)
     )
+    check_resumed_family(checkpoint, config.model_type)
     # lengths the position table cannot hold fail at the first batch that long, after the run wrote its tokenizer:
     # refused when given, and the truncation lengths' default is at most the table
     positions = config.max_position_embeddings
@@ -701,6 +746,8 @@ def train_and_evaluate(
     callbacks = [time_budget]
     if run_args.log_fusion_weights:
         callbacks += [FusionWeightsCallback(), LayerGradientNormCallback()]
+    if run_args.early_stopping_patience is not None:
+        callbacks.append(EarlyStoppingCallback(run_args.early_stopping_patience))
     trainer = LayerFusionSeq2SeqTrainer(
         model=model,
         args=training_args,

@@ -17,10 +17,12 @@
 The model dir is what `examples/run_translation.py` saves (model, tokenizer, generation config). Sentences are
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
 `hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
-pipeline; the package registers its own) and written back in input order. `--output` is checked before the model
-loads (not the input, not a file of the model dir, in a writable directory; an existing file only with
-`--overwrite`) and is written whole or not at all (a temporary file renamed into place: a full disk leaves the
-previous file as it was).
+pipeline; the package registers its own) and written back in input order. The input is UTF-8; a line ends at `\\n`,
+`\\r\\n` or a lone `\\r`, read from a file and from stdin alike. `--output` is checked before the model loads (not the
+input, not a file of the model dir, in a writable directory; an existing file only with `--overwrite`) and is
+written whole or not at all (a temporary file renamed into place: a full disk leaves the previous file as it was).
+A special file is written in place instead, without `--overwrite`: `--output /dev/stdout` writes where the shell
+redirected stdout (`>> log.txt` appends to it, a pipe gets the text), and a FIFO or a terminal gets the text.
 
 Installed, the command is the console script `hf-layerfusion-translate` (or `python -m hf_layerfusion.cli.translate`); in a checkout,
 `python examples/translate.py` runs the same module (`examples/translate.py` links to it).
@@ -42,9 +44,12 @@ import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto 
 from hf_layerfusion.file_checks import (  # noqa: E402
     check_input_file,
     check_local_or_hub,
+    check_not_an_adapter,
     check_output_file,
+    decode_utf8,
     read_utf8,
     write_file_atomically,
+    writes_in_place,
 )
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
 from hf_layerfusion.training.language_tags import check_language_tag, check_sources_tagged  # noqa: E402
@@ -55,10 +60,11 @@ from hf_layerfusion.training.translation import translate  # noqa: E402
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
-    parser.add_argument("--input", help="Source sentences, one per line (default: stdin).")
+    parser.add_argument("--input", help="Source sentences, one per line (default: stdin); UTF-8, a line ends at \\n, "
+                        "\\r\\n or \\r (for a file and stdin alike).")
     parser.add_argument("--output", help="Where to write the translations (default: stdout); a new file, unless "
-                        "--overwrite.")
-    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it exists.")
+                        "--overwrite; a special file (/dev/stdout, a FIFO, a terminal) is written in place.")
+    parser.add_argument("--overwrite", action="store_true", help="Replace --output if it is an existing file.")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config.")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Default: the model's generation config.")
@@ -82,13 +88,15 @@ def main(argv: list[str] | None = None) -> None:
 
     # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file
     model_dir = check_local_or_hub(args.model_dir, "model_dir")
+    check_not_an_adapter(model_dir, "model_dir")
     for name in ("batch_size", "num_beams", "max_new_tokens"):
         check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
     input_file = check_input_file(args.input, "--input") if args.input else None
     if args.output:
         # neither the input nor a file of the model, and writable: refused now, not after the whole input is translated
         check_output_file(args.output, [input_file, model_dir], what="--output")
-        if Path(args.output).expanduser().exists() and not args.overwrite:
+        # a special file is written into, not replaced: nothing to overwrite
+        if Path(args.output).expanduser().exists() and not args.overwrite and not writes_in_place(args.output):
             raise FileExistsError(f"--output {args.output!r} exists; pass --overwrite to replace it, or write to a "
                                   "new file.")
     if args.quantization and args.device != "cpu":
@@ -96,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     config = AutoConfig.from_pretrained(model_dir)
     if args.decoder_groups is not None:
         check_decoder_groups(args.decoder_groups, getattr(config, "num_decoder_groups", 1), "--decoder_groups")
-    source = read_utf8(input_file, "--input") if input_file else sys.stdin.read()
+    # one rule for a file and stdin (`decode_utf8`): stdin's text layer would keep a lone \r inside a line
+    source = read_utf8(input_file, "--input") if input_file else decode_utf8(sys.stdin.buffer.read(), "stdin")
     sentences = source.split("\n")
     if sentences and sentences[-1] == "":
         sentences.pop()

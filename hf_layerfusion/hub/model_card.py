@@ -14,7 +14,6 @@ written through a temporary file renamed into place, so a failure leaves the pre
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 
@@ -82,14 +81,15 @@ def write_model_card(
     """
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    # the Hub's metadata lists languages by code and `model-index` scores as numbers: a name or an empty string, a NaN
-    # or a string would be written into the card's metadata as they are
+    # the Hub's metadata lists languages by code and `model-index` scores as numbers: a name or an empty string, a NaN,
+    # a string or a BLEU no run produces (sacreBLEU's is in [0, 100]) would be published in the card as they are
     for name, code in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
         if not isinstance(code, str) or not LANGUAGE_CODE.fullmatch(code):
             raise ValueError(f"{name}={code!r} is not a language code: give an ISO 639 code such as 'en' or 'de'.")
     for split, score in (bleu_scores or {}).items():
-        if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
-            raise ValueError(f"bleu_scores[{split!r}]={score!r} is not a finite number; give the split's BLEU score.")
+        if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 100:
+            raise ValueError(f"bleu_scores[{split!r}]={score!r} is not a finite number in [0, 100]; give the split's "
+                             "sacreBLEU score.")
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise FileNotFoundError(f"Model directory {output_dir} does not exist; save the model there first.")

@@ -19,7 +19,14 @@ from transformers import Pipeline
 from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
-from ..training.language_tags import check_language_tag, check_sources_tagged, language_tag, tag_source
+from ..modeling.input_checks import check_generation_arguments
+from ..training.language_tags import (
+    check_language_tag,
+    check_sources_tagged,
+    check_sources_untagged,
+    language_tag,
+    tag_source,
+)
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
 # with the Hub code alone.
@@ -123,6 +130,7 @@ class LayerFusionTranslationPipeline(Pipeline):
             preprocess_params["max_source_length"] = max_source_length
         if decoder_groups is not None:
             generate_kwargs["decoder_groups"] = list(decoder_groups)
+        check_generation_arguments(generate_kwargs)  # here, before any input is read
         if generate_kwargs.get("max_new_tokens") is not None and "max_length" not in generate_kwargs:
             # the call's limit replaces the `max_length` saved in the model's generation config (run_translation.py
             # saves one) instead of competing with it: generate() warns about every call that has both
@@ -143,6 +151,7 @@ class LayerFusionTranslationPipeline(Pipeline):
         self, text: str, tgt_lang: str | None = None, max_source_length: int | None = None, truncation: bool = True
     ):
         if tgt_lang is not None:
+            check_sources_untagged([text], tgt_lang, "tgt_lang=")
             text = tag_source(text, tgt_lang)
         else:
             check_sources_tagged(self.tokenizer, [text], "tgt_lang=")

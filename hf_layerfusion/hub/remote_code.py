@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..file_checks import LOCK_FILE
+from ..file_checks import LOCK_FILE, write_file_atomically
 from ..modeling.configuration import LayerFusionConfig
 from ..modeling.registry import FAMILIES, Family, family_of
 from ..version import REMOTE_MODULE, TORCH_REQUIREMENT, TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
@@ -311,8 +311,8 @@ def write_remote_code(config: LayerFusionConfig, save_directory: str | os.PathLi
     classes = registered_family(config)
     save_directory = Path(save_directory)
     save_directory.mkdir(parents=True, exist_ok=True)
-    path = save_directory / REMOTE_CODE_FILE
-    path.write_text(generate_remote_code(), encoding="utf-8")
+    # whole or not at all: a save cut short (a full disk) must not leave Hub code that stops in mid-statement
+    path = write_file_atomically(save_directory / REMOTE_CODE_FILE, generate_remote_code(), what="Hub code")
     config.auto_map = {auto: f"{REMOTE_MODULE}.{cls.__name__}" for auto, cls in zip(AUTO_CLASSES, classes)}
     config.custom_pipelines = {
         HUB_PIPELINE_TASK: {
@@ -330,7 +330,8 @@ REQUIRED_FILES = ("config.json", REMOTE_CODE_FILE, "generation_config.json", "to
 
 def check_model_directory(model_dir: str | os.PathLike) -> None:
     """Raise a `ValueError` listing what `model_dir` lacks to be a complete Hub repository: weights, config with
-    `auto_map`, the Hub code, generation config, tokenizer and a model card whose metadata the Hub accepts."""
+    `auto_map`, the Hub code (which must compile: `check_hub_code`), generation config, tokenizer and a model card
+    whose metadata the Hub accepts."""
     from huggingface_hub import ModelCard
 
     model_dir = Path(model_dir)
@@ -348,7 +349,23 @@ def check_model_directory(model_dir: str | os.PathLike) -> None:
     auto_map = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("auto_map", {})
     if set(AUTO_CLASSES) - set(auto_map):
         raise ValueError(f"{model_dir / 'config.json'} has no `auto_map` for {AUTO_CLASSES}; re-save the model.")
+    check_hub_code(model_dir / REMOTE_CODE_FILE)
     ModelCard.load(model_dir / "README.md", ignore_metadata_errors=False)
+
+
+def check_hub_code(path: Path) -> None:
+    """A saved model's `modeling_layerfusion.py` compiles: one cut short (an interrupted copy or download) or
+    edited is refused naming the file and the line, where transformers' loader raises a `SyntaxError` naming
+    neither (it parses the file as "<unknown>")."""
+    try:
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:  # ValueError: null bytes
+        directory = str(path.parent)
+        raise ValueError(
+            f"Hub code {str(path)!r} is damaged or cut short ({error}): loading the model "
+            "without hf_layerfusion, or its pipeline, would fail. Refresh it from the installed package: "
+            f"`AutoConfig.from_pretrained({directory!r}).save_pretrained({directory!r})` rewrites it (and config.json)."
+        ) from error
 
 
 # what a run's output dir holds that is no part of the model repository: checkpoints, TensorBoard logs, optimizer
@@ -359,6 +376,16 @@ UPLOAD_IGNORE_PATTERNS = [
     "checkpoint-*/**", "runs/**", "*.pt", "*.pth", "trainer_state.json", "training_args.bin", "_*", f"*/{LOCK_FILE}",
     ".*.tmp", "*/.*.tmp",
 ]
+
+
+def _hub_transport_errors() -> tuple[type[BaseException], ...]:
+    """The errors of a request that reached no server: the transport errors of the HTTP library of the installed
+    huggingface_hub (httpx2 from huggingface_hub 2, httpx before), and `ConnectionError` (its offline mode)."""
+    try:
+        from httpx2 import TransportError
+    except ImportError:
+        from httpx import TransportError
+    return TransportError, ConnectionError
 
 
 def push_to_hub(
@@ -377,7 +404,15 @@ def push_to_hub(
 
     check_model_directory(model_dir)
     api = HfApi()
-    api.create_repo(repo_id, token=token, private=private, exist_ok=True)
+    try:  # the first request: a Hub out of reach is named before anything is uploaded
+        api.create_repo(repo_id, token=token, private=private, exist_ok=True)
+    except _hub_transport_errors() as error:
+        raise ConnectionError(
+            f"Could not reach the Hub at {api.endpoint} to create {repo_id!r} ({type(error).__name__}: {error}); "
+            "nothing was uploaded. Check the network (or its proxy: HTTPS_PROXY), or set HF_ENDPOINT to a reachable "
+            "Hub-compatible server before starting Python, with a write token (HF_TOKEN=hf_..., `hf auth login`, or "
+            "token=...)."
+        ) from error
     if revision is not None:
         api.create_branch(repo_id, branch=revision, token=token, exist_ok=True)
     return api.upload_folder(

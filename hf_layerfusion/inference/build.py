@@ -3,7 +3,9 @@
 The kernels (hf_layerfusion/inference/kernels) are compiled once per machine and source hash into a folder under
 the torch extensions root (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions) named by that hash, which every
 checkout and installation of the same sources shares. Without this command the first fast translation of a process
-compiles them (a few minutes on 2 cores). Prints what it built or found, where and how long the build took.
+compiles them (a few minutes on 2 cores). Prints what it built or found, where and how long the build took, and
+while compiling, its progress. `--force` builds into a new folder beside the build and swaps it in once built: a
+build that fails leaves the one there as it was.
 
 examples:
   python -m hf_layerfusion.inference.build
@@ -32,19 +34,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build = build_kernels(sources, force=arguments.force, implicit=False)
     except Exception as error:  # whatever the compiler, ninja or the file system raised, in full
+        # a forced build that fails leaves the build it was to replace, which fast translation goes on loading
+        fallback = "with the build already there if there is one, else " if arguments.force else ""
         print(
             f"hf_layerfusion: the CPU kernels of {sources} could not be built ({type(error).__name__}: {error})\n"
-            "Translation still works, on the slower PyTorch path.",
+            f"Translation still works, {fallback}on the slower PyTorch path.",
             file=sys.stderr,
         )
         return 1
-    library = Path(build.module.__file__)
     if build.built:
-        print(f"built the CPU kernels {build.module.__name__} from {sources} in {build.seconds:.0f} s: {library}")
+        print(f"built the CPU kernels {build.module.__name__} from {sources} in {build.seconds:.0f} s: {build.library}")
     else:
         print(
             f"found the CPU kernels {build.module.__name__} already built for these sources on this machine "
-            f"(a {build.seconds:.0f} s build): {library}; --force compiles them again"
+            f"(a {build.seconds:.0f} s build): {build.library}; --force compiles them again"
         )
     return 0
 

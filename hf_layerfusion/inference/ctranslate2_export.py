@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..file_checks import check_local_or_hub, check_output_dir, check_tokenizer_files
+from ..file_checks import check_local_or_hub, check_not_an_adapter, check_output_dir, check_tokenizer_files
 from ..modeling.conversion import to_marian
 
 
@@ -49,7 +49,8 @@ def _marian_as_in_transformers_loader():
 
 def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model of the plain Transformer `model` (with its `tokenizer`'s vocabulary) to
-    `output_dir`, which must not exist or be empty (nothing is overwritten), and return its path.
+    `output_dir`, which must not exist or be empty (nothing is overwritten; a symbolic link is written through, into
+    the directory it points at), and return its path.
 
     `quantization` is CTranslate2's weight type (None keeps float32; e.g. "int8", "int8_float32", "float16"). Load
     the result with `ctranslate2.Translator(path)`; it translates token strings
@@ -71,7 +72,9 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
             with torch.no_grad():
                 return _marian_as_in_transformers_loader()(marian, tokenizer)
 
-    InMemoryConverter().convert(str(output_dir), quantization=quantization, force=True)
+    # the converter replaces the directory it writes (`shutil.rmtree`, which refuses a symbolic link, once the whole
+    # conversion is done): it writes the directory a link points at
+    InMemoryConverter().convert(os.path.realpath(output_dir), quantization=quantization, force=True)
     return output_dir
 
 
@@ -87,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     model_dir = check_local_or_hub(args.model_dir, "--model_dir")
+    check_not_an_adapter(model_dir, "--model_dir")
     check_output_dir(args.output_dir, [model_dir] if os.path.isdir(model_dir) else [], what="--output_dir")
     check_tokenizer_files(model_dir, "--model_dir")  # before the model: a model saved without one fails at once
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)

@@ -71,6 +71,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.utils import ModelOutput, logging
 
 from ..compat import CACHE_NAME, LEGACY_CACHE_NAME, beam_search_loop, sample_loop
+from ..modeling.input_checks import check_generation_arguments
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
 from .encoding import encode_by_length
@@ -244,6 +245,8 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     compiled kernels' copy (the same function, sums in another order), with `quantization="int8"` the int8 copy (not
     token-exact, see there). Settings the loop does not cover run `generate()` itself (of `model`, or of the int8
     copy; a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
+    # before the copy is made or the batch encoded
+    check_generation_arguments(kwargs, getattr(model, "generation_config", None))
     engine = prepare_for_inference(model, quantization)
     # a fallback is generate() of the model given, except with int8, whose numbers are the point of the call
     fallback_model = engine if quantization == "int8" else model

@@ -658,14 +658,35 @@ def parameters_and_buffers(model: nn.Module) -> tuple[list[torch.Tensor], list[t
     return parameters, buffers
 
 
-def weights_fingerprint(tensors: list[torch.Tensor]) -> tuple | None:
-    """Which tensors hold the weights (`tensors`: the model's parameters and buffers), where they live and how often
-    they were changed in place (None if unknown): a prepared copy is rebuilt when the model's weights changed after it
-    was made (training, `load_state_dict`, with `assign=True` too: new tensors)."""
+# a tensor's bit patterns as integers of its element size, by that size (`content_checksum`)
+BIT_PATTERN_TYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+
+
+def content_checksum(tensor: torch.Tensor) -> int:
+    """The sum of `tensor`'s bytes read as 64-bit integers, wrapping around (where its layout allows; else its elements'
+    bit patterns summed exactly): a write changes it unless its changes cancel out exactly in the sum (a permutation
+    of the elements does). Not a 32-bit sum: scaling by 2 moves every float32 pattern by 2^23, which 512 elements add
+    up to 2^32. One read of the weights at memory speed, the integer sums vectorized (docs/fast_cpu_translation.md
+    measures it against a translation)."""
     try:
-        return tuple((id(tensor), tensor.data_ptr(), tensor._version) for tensor in tensors)
+        return int(tensor.view(torch.int64).sum())
+    except RuntimeError:  # an odd last dimension, an odd offset, a stride: its elements one by one, summed exactly
+        return int(tensor.view(BIT_PATTERN_TYPES[tensor.element_size()]).sum(dtype=torch.int64))
+
+
+def weights_fingerprint(tensors: list[torch.Tensor]) -> tuple | None:
+    """Which tensors hold the weights (`tensors`: the model's parameters and buffers), where they live, how often they
+    were changed in place and what they hold (None if unknown): a prepared copy is rebuilt when the model's weights
+    changed after it was made (training, `load_state_dict`, with `assign=True` too: new tensors). The contents'
+    checksums (`content_checksum`, once per distinct tensor) see what no version counter does: a write through
+    `.data` (`p.data.mul_(decay)`, as EMA and weight-averaging code makes) counts on the version counter of the
+    `.data` tensor, a new one, not on the parameter's."""
+    try:
+        versions = tuple((id(tensor), tensor.data_ptr(), tensor._version) for tensor in tensors)
     except RuntimeError:  # inference tensors keep no version counter
         return None
+    distinct = {id(tensor): tensor for tensor in tensors}.values()
+    return versions, tuple(content_checksum(tensor) for tensor in distinct)
 
 
 def float32_copy_applies(model, parameters: list[torch.Tensor] | None = None) -> bool:

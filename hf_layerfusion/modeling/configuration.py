@@ -232,9 +232,28 @@ class LayerFusionConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
+        cls.check_model_type_of_auto_map(config_dict)
         if config_dict.get("model_type") == cls.model_type:
             config_dict = cls.upgrade_saved_config(config_dict)
         return super().from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def check_model_type_of_auto_map(cls, config_dict: dict) -> None:
+        """Refuse a saved config whose `auto_map` names this class for AutoConfig while its `model_type` names
+        another family: one of the two was edited after saving. The Hub code loads the class `auto_map` names, and
+        would run the weights as that family whatever `model_type` says; the package, which picks the class by
+        `model_type`, refuses the other family's keys (`check_keywords`). Both refuse the file, naming the two."""
+        saved_model_type = config_dict.get("model_type")
+        auto_config = (config_dict.get("auto_map") or {}).get("AutoConfig")
+        if saved_model_type in (None, cls.model_type) or not isinstance(auto_config, str):
+            return
+        if auto_config.rsplit(".", 1)[-1] == cls.__name__:  # `modeling_layerfusion.GTransConfig`, `repo--...`
+            raise ValueError(
+                f"This config.json has model_type {saved_model_type!r}, but its auto_map names {cls.__name__} "
+                f"(model_type {cls.model_type!r}): one of the two was changed after saving (the package writes them "
+                f"together, from the model's family). Put the family's model_type back ({cls.model_type!r}): its "
+                "weights need that family's model."
+            )
 
     @classmethod
     def upgrade_saved_config(cls, config_dict: dict) -> dict:

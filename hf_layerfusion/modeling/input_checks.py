@@ -1,5 +1,5 @@
 """Checks of what the models and their generation helpers are called with: token ids, embeddings and attention masks
-of each stack, training labels, decoder groups, positive integer arguments.
+of each stack, training labels, decoder groups, positive integer and finite number arguments, search settings.
 
 Every check raises an error that names the bad value, before any computation: a wrong argument must never give a
 silent wrong answer. They are plain functions so that every family's backbone calls the same code.
@@ -7,6 +7,7 @@ silent wrong answer. They are plain functions so that every family's backbone ca
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Sequence
 
@@ -20,6 +21,33 @@ def check_positive_int(value, name: str, *, allow_none: bool = False):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
     return int(value)
+
+
+def check_finite_number(value, name: str, *, allow_none: bool = False):
+    """`value` if it is a finite real number (bools refused), else a `ValueError` naming it: NaN or infinity compares
+    false with everything, so a search would order its candidates by nothing."""
+    if value is None and allow_none:
+        return None
+    finite = isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and math.isfinite(value))
+    if isinstance(value, bool) or not finite:
+        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    return value
+
+
+def check_generation_arguments(arguments: dict, generation_config=None) -> None:
+    """The search settings of a `generate()` call: its keyword `arguments`, else the generation config it runs (its
+    `generation_config` keyword, else `generation_config`). `num_beams` and `max_new_tokens` positive integers,
+    `length_penalty` a finite number (each may be unset): `num_beams=0` fails deep inside generation (a division by
+    zero), `max_new_tokens=2.5` and `length_penalty=nan` give an answer nobody asked for (and the fast loop's and
+    `generate()`'s disagree)."""
+    config = arguments.get("generation_config") or generation_config
+
+    def setting(name: str):
+        return arguments[name] if name in arguments else getattr(config, name, None)
+
+    check_positive_int(setting("num_beams"), "num_beams", allow_none=True)
+    check_positive_int(setting("max_new_tokens"), "max_new_tokens", allow_none=True)
+    check_finite_number(setting("length_penalty"), "length_penalty", allow_none=True)
 
 
 def _as_int(value, name: str) -> int:

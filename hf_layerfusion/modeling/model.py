@@ -18,7 +18,7 @@ from transformers.utils import can_return_tuple
 from ..compat import accepts_either_cache_name, cache_field, output_cache
 from .attention import CrossAttention, MultiHeadAttention
 from .configuration import LayerFusionConfig
-from .input_checks import check_labels
+from .input_checks import check_generation_arguments, check_labels
 from .extension_points import (
     AttentionSublayer,
     Connection,
@@ -290,6 +290,11 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """`GenerationMixin.generate`, its search settings checked first (`check_generation_arguments`)."""
+        check_generation_arguments(kwargs, generation_config or self.generation_config)
+        return super().generate(inputs, generation_config, **kwargs)
 
     # ---- the output head's fast-path hooks (hf_layerfusion.modeling.extension_points)
     def project(self, features: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from transformers import initialization as init
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import cached_file
 
-from ..file_checks import check_save_directory, check_weight_files, checkpoint_model_type
+from ..file_checks import check_save_directory, check_weight_files, checkpoint_config
 from .configuration import LayerFusionConfig
 from .embeddings import SinusoidalPositionalEmbedding
 from .extension_points import Connection, FusionParameters, Readout
@@ -40,15 +40,15 @@ def check_generation_config_file(name_or_path, subfolder: str = "") -> None:
         ) from error
 
 
-def saved_model_type(name_or_path, kwargs: dict) -> str | None:
-    """The `model_type` of the checkpoint's own config.json: a local directory's, or the Hub cache's copy of a Hub
-    model's (from_pretrained has downloaded it); None without one."""
+def saved_config(name_or_path, kwargs: dict) -> dict | None:
+    """The checkpoint's own config.json as saved: a local directory's, or the Hub cache's copy of a Hub model's
+    (from_pretrained has downloaded it); None without one."""
     location = {key: kwargs[key] for key in ("cache_dir", "revision", "subfolder") if key in kwargs}
     try:
         config_file = cached_file(name_or_path, "config.json", local_files_only=True, **location)
     except OSError:
         return None
-    return checkpoint_model_type(Path(config_file).parent) if config_file else None
+    return checkpoint_config(Path(config_file).parent) if config_file else None
 
 
 def non_finite_tensors(model) -> list[str]:
@@ -70,25 +70,42 @@ def family_part_prefixes(model) -> tuple[str, ...]:
     )
 
 
+def tensors_the_saved_config_lacks(model, saved: dict) -> set[str]:
+    """The tensor names of `model` that a model of its class built from the checkpoint's own config.json (`saved`,
+    of the same family) does not have: what a family switch turned on at loading adds (a deep-representations
+    checkpoint saved with `aggregation="none"` loaded with aggregation on: its connection's tensors). Built on the
+    meta device: no memory, no initialisation."""
+    with torch.device("meta"):
+        saved_model = type(model)(type(model.config).from_dict(saved))
+    return set(model.state_dict()) - set(saved_model.state_dict())
+
+
 def _listed(keys: list[str]) -> str:
     return f"{keys[:8]}{f' and {len(keys) - 8} more' if len(keys) > 8 else ''}"
 
 
-def check_loaded_tensors(model, info: dict, checkpoint: str, saved_family: str | None) -> None:
+def check_loaded_tensors(model, info: dict, checkpoint: str, saved: dict | None) -> None:
     """Raise a `ValueError` naming the checkpoint and the tensors when `model`, loaded from it (`info`:
-    transformers' loading info), is not the checkpoint's model: a tensor it needs that the checkpoint lacks (it
-    would start random), a tensor of the checkpoint it has no place for (dropped), or NaN / inf weights.
+    transformers' loading info; `saved`: its config.json), is not the checkpoint's model: a tensor it needs that the
+    checkpoint lacks (it would start random), a tensor of the checkpoint it has no place for (dropped), or NaN / inf
+    weights.
 
-    Allowed: a checkpoint of another family loaded on purpose (its config.json's `model_type` differs) lacks the
-    parts this family adds (`family_part_prefixes`: a plain Transformer as GTrans or deep representations, whose
-    fusion weights start fresh); a base model from a checkpoint with a head leaves the head's tensors out."""
+    Allowed: the parts this family adds (`family_part_prefixes`) start fresh where the checkpoint's own config has
+    none of them: a checkpoint of another family loaded on purpose (its config.json's `model_type` differs: a plain
+    Transformer as GTrans or deep representations), or of this family with a fusion switched on at loading
+    (`tensors_the_saved_config_lacks`); transformers' load report names them. A base model from a checkpoint with a
+    head leaves the head's tensors out."""
     family = model.config.model_type
     loaded_as = f"{type(model).__name__} (model_type {family!r})"
     missing = sorted(info["missing_keys"])
+    saved_family = saved.get("model_type") if saved is not None else None
     other_family = saved_family is not None and saved_family != family
+    fresh = family_part_prefixes(model)
     if other_family:
-        fresh = family_part_prefixes(model)
         missing = [key for key in missing if not key.startswith(fresh)]
+    elif saved_family is not None and any(key.startswith(fresh) for key in missing):
+        switched_on = tensors_the_saved_config_lacks(model, saved)
+        missing = [key for key in missing if not (key.startswith(fresh) and key in switched_on)]
     unexpected = sorted(info["unexpected_keys"])
     if model.base_model is model:
         # a base model's checkpoint tensors lose the head model's prefix; what stays outside its modules is the head's
@@ -127,6 +144,22 @@ def check_loaded_tensors(model, info: dict, checkpoint: str, saved_family: str |
         )
 
 
+def cast_to_floating(model, not_floating: dict[str, str]) -> dict[str, str]:
+    """The checkpoint tensors of `not_floating` ({name: dtype}: `check_weight_files`) that `model` loads into one of
+    its floating-point weights, under the checkpoint's name or that name with the base model's prefix added or
+    removed (a base model from a checkpoint with a head, and back). Tensors the model has no place for are the load
+    report's unexpected keys, not cast."""
+    state = model.state_dict()
+    prefix = f"{model.base_model_prefix}."
+    cast = {}
+    for name, dtype in sorted(not_floating.items()):
+        for key in (name, name.removeprefix(prefix), prefix + name):
+            if key in state and state[key].is_floating_point():
+                cast[name] = dtype
+                break
+    return cast
+
+
 class CheckedSaveLoadMixin:
     """Put before `PreTrainedModel` in the bases of the package's models:
 
@@ -135,13 +168,15 @@ class CheckedSaveLoadMixin:
       loaded is not the checkpoint's (`check_loaded_tensors`) instead of printing a load report: missing tensors (a
       damaged file, or a config.json that no longer describes its weights: `normalize_before` flipped), tensors that
       would be dropped (a `model_type` edited from gtrans to plain_transformer, GTrans weights under a plain
-      Transformer's `config=`), NaN / inf weights; and a local `generation_config.json` that does not parse.
+      Transformer's `config=`), NaN / inf weights, non-floating tensors cast into floating weights
+      (`cast_to_floating`); and a local `generation_config.json` that does not parse.
       Loading a checkpoint of another family into a family with more parts stays allowed (a plain Transformer
-      checkpoint as GTrans or deep representations: the family's own weights start fresh), and so does a base model
-      from a checkpoint with a head. `output_loading_info=True`, transformers' argument for a caller who handles
-      the load report, returns `(model, info)` without these errors, `info["non_finite_keys"]` naming NaN / inf
-      weights. Weights given as `state_dict=` without a checkpoint (`pretrained_model_name_or_path=None`) are the
-      caller's and not checked.
+      checkpoint as GTrans or deep representations: the family's own weights start fresh), as does a checkpoint of
+      the family with a fusion switched on at loading (deep representations saved with `aggregation="none"`), both
+      named in transformers' load report, and a base model from a checkpoint with a head. `output_loading_info=True`,
+      transformers' argument for a caller who handles the load report, returns `(model, info)` without these errors,
+      `info["non_finite_keys"]` naming NaN / inf weights and `info["cast_keys"]` the cast ones. Weights given as
+      `state_dict=` without a checkpoint (`pretrained_model_name_or_path=None`) are the caller's and not checked.
     """
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -150,18 +185,29 @@ class CheckedSaveLoadMixin:
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        check_weight_files(pretrained_model_name_or_path)  # a damaged weight file is named before transformers reads it
+        # a damaged weight file is named before transformers reads it
+        not_floating = check_weight_files(pretrained_model_name_or_path)
         if isinstance(pretrained_model_name_or_path, (str, os.PathLike)) and "generation_config" not in kwargs:
             check_generation_config_file(pretrained_model_name_or_path, kwargs.get("subfolder", ""))
         want_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
+        cast = cast_to_floating(model, not_floating)
         if want_info:
             info["non_finite_keys"] = non_finite_tensors(model)
+            info["cast_keys"] = cast
             return model, info
+        if cast:
+            raise ValueError(
+                f"Checkpoint {os.fspath(pretrained_model_name_or_path)!r} holds weights that are not floating-point: "
+                f"{_listed([f'{name} ({dtype})' for name, dtype in cast.items()])}. They would be cast into the "
+                "model's floating weights without a word (an integer tensor is no trained weight): the file was "
+                "written by other code or edited; save the model again with `save_pretrained`. "
+                "`output_loading_info=True` loads it anyway, listing them in info['cast_keys']."
+            )
         if pretrained_model_name_or_path is not None:
-            saved = saved_model_type(pretrained_model_name_or_path, kwargs)
+            saved = saved_config(pretrained_model_name_or_path, kwargs)
             check_loaded_tensors(model, info, os.fspath(pretrained_model_name_or_path), saved)
         return model
 

@@ -11,10 +11,14 @@ loads it. Tied weights (shared embeddings / output projection) are one tensor pe
 again one tied tensor.
 
 Checked before any averaging: the checkpoints are of one model (same family and config, but for where and with
-which transformers version they were saved: an average of two families' or two activations' weights is no model),
-their weight files and the newest one's tokenizer files are whole, every `checkpoint-*` dir has a step number
-(`checkpoint-5x` is refused, not read as step 5), and `output_dir` is none of the inputs. The output is saved in a
-temporary directory beside `output_dir` and moved in when complete: a failed save leaves `output_dir` as it was.
+which transformers version they were saved: an average of two families' or two activations' weights is no model)
+with one tokenizer (the files holding its vocabulary are the same), their weight files and the newest one's
+tokenizer files are whole, every `checkpoint-*` dir has a step number (`checkpoint-5x` is refused, not read as step
+5) and is a training checkpoint (not an averaged model, which records what it averages in `averaged_checkpoints.json`,
+nor a model saved without the Trainer's state among checkpoints that have it), and `output_dir` is none of the inputs
+nor named like a checkpoint of `checkpoint_dir`. The output is saved in a temporary directory beside `output_dir`
+(`_averaging.<name>.*`, which `push_to_hub` leaves out) and moved in when complete: a failed save leaves `output_dir`
+as it was, and one that a kill left behind is named in a warning by the next averaging into `output_dir`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+from transformers.trainer import TRAINER_STATE_NAME
 
 from ..file_checks import check_output_dir, check_weight_files, check_write_error, read_utf8
 from .tokenization import load_tokenizer
@@ -36,6 +42,17 @@ from .tokenization import load_tokenizer
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)(.*)$")
 # config.json keys that say where and with what a checkpoint was saved, not what it computes
 UNCOMPARED_CONFIG_KEYS = {"_name_or_path", "transformers_version"}
+# the tokenizer files that hold its vocabulary, compared byte for byte (not tokenizer_config.json, which also records
+# how the tokenizer was loaded: a run resumed from a checkpoint saves it with `is_local` added)
+VOCABULARY_FILES = (
+    "tokenizer.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "source.spm",
+    "target.spm",
+)
+# written with an averaged model: the checkpoints it averages (and the mark of a model that is no training checkpoint)
+AVERAGE_RECORD = "averaged_checkpoints.json"
+# the temporary directory beside output_dir that the average is saved in: named with a leading "_" so that
+# `push_to_hub` (transformers' and the package's leave out `_*`) does not upload one that a kill left behind
+STAGING_PREFIX = "_averaging."
 
 
 def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) -> list[Path]:
@@ -62,7 +79,27 @@ def last_checkpoints(checkpoint_dir: str | os.PathLike, num_checkpoints: int) ->
             f"Asked to average {num_checkpoints} checkpoints but {checkpoint_dir} holds {len(checkpoints)} "
             f"(`checkpoint-<step>` dirs: {[path.name for path in checkpoints]})."
         )
+    check_training_checkpoints(checkpoints[-num_checkpoints:])
     return checkpoints[-num_checkpoints:]
+
+
+def check_training_checkpoints(checkpoints: list[Path]) -> None:
+    """Refuse a `checkpoint-<step>` dir that is not a checkpoint of the training run: an averaged model saved under
+    that name (its `averaged_checkpoints.json`), or a model without the Trainer's state among checkpoints that have
+    it (a model saved there by hand). Averaged again, its checkpoints would count twice."""
+    with_state = [checkpoint for checkpoint in checkpoints if (checkpoint / TRAINER_STATE_NAME).is_file()]
+    for checkpoint in checkpoints:
+        if (checkpoint / AVERAGE_RECORD).is_file():
+            what = f"an averaged model ({AVERAGE_RECORD}: {read_utf8(checkpoint / AVERAGE_RECORD).strip()})"
+        elif with_state and checkpoint not in with_state:
+            what = f"a model without the Trainer's {TRAINER_STATE_NAME}, which {with_state[-1].name} has"
+        else:
+            continue
+        raise ValueError(
+            f"{str(checkpoint)!r} is named like a checkpoint of the run but is {what}, not a training checkpoint: "
+            "averaged again, what it holds would count twice. Move it out of `checkpoint_dir` (an averaged model "
+            "belongs in a directory of its own, e.g. `<run>/averaged`)."
+        )
 
 
 def _compared_config(checkpoint: Path) -> dict:
@@ -102,8 +139,23 @@ def check_same_model(checkpoints: list[Path]) -> None:
                 f"{', '.join(f'{key}: {a!r} vs {b!r}' for key, (a, b) in different.items())}). Average checkpoints "
                 "of one training run only."
             )
+    check_same_tokenizer(checkpoints)
     for checkpoint in checkpoints:
         check_weight_files(checkpoint)
+
+
+def check_same_tokenizer(checkpoints: list[Path]) -> None:
+    """Refuse checkpoints whose tokenizers differ (a vocabulary file of one is not the other's): a token id would
+    mean one word in one model and another in the other, and their embeddings averaged mean neither. A checkpoint
+    saved without a tokenizer is compared with none."""
+    for name in VOCABULARY_FILES:
+        holding = [checkpoint for checkpoint in checkpoints if (checkpoint / name).is_file()]
+        for checkpoint in holding[:-1]:
+            if (checkpoint / name).read_bytes() != (holding[-1] / name).read_bytes():
+                raise ValueError(
+                    f"Cannot average {str(checkpoint)!r} with {str(holding[-1])!r}: their tokenizers differ ({name}), "
+                    "so one token id stands for different words in them. Average checkpoints of one training run only."
+                )
 
 
 @torch.no_grad()
@@ -137,15 +189,20 @@ def average_last_checkpoints(
     model in `output_dir`."""
     checkpoints = last_checkpoints(checkpoint_dir, num_checkpoints)
     output_dir = check_output_dir(output_dir, checkpoints, overwrite=overwrite)
+    check_not_named_like_a_checkpoint(output_dir, checkpoint_dir)
     has_tokenizer = (checkpoints[-1] / "tokenizer_config.json").is_file()
     tokenizer = load_tokenizer(checkpoints[-1], "newest checkpoint") if has_tokenizer else None
+    warn_of_left_staging(output_dir)
     model = average_checkpoints(checkpoints)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=output_dir.parent, prefix=f".{output_dir.name}.") as staging:
+    with tempfile.TemporaryDirectory(dir=output_dir.parent, prefix=f"{STAGING_PREFIX}{output_dir.name}.") as staging:
         try:
             model.save_pretrained(staging)
             if tokenizer is not None:
                 tokenizer.save_pretrained(staging)
+            record = {"averaged": [checkpoint.name for checkpoint in checkpoints],
+                      "checkpoint_dir": str(Path(checkpoint_dir).resolve())}
+            Path(staging, AVERAGE_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
         except Exception as error:  # safetensors' errors are no OSError
             check_write_error(error, output_dir, "the averaged model")
             raise
@@ -153,6 +210,31 @@ def average_last_checkpoints(
         for file in Path(staging).iterdir():
             os.replace(file, output_dir / file.name)
     return checkpoints
+
+
+def check_not_named_like_a_checkpoint(output_dir: Path, checkpoint_dir: str | os.PathLike) -> None:
+    """Refuse an `output_dir` in `checkpoint_dir` named `checkpoint-<step>`: the next averaging would take the averaged
+    model for a training checkpoint, `--resume_from_checkpoint last` would look at it and the Trainer's
+    `save_total_limit` could delete it."""
+    if CHECKPOINT_NAME.match(output_dir.name) and output_dir.resolve().parent == Path(checkpoint_dir).resolve():
+        raise ValueError(
+            f"`output_dir` {str(output_dir)!r} is named like a checkpoint of {os.fspath(checkpoint_dir)!r}: the "
+            "averaged model would be taken for a training checkpoint there (averaged again, deleted by the Trainer's "
+            f"save_total_limit). Save it under another name, e.g. {str(Path(checkpoint_dir, 'averaged'))!r}."
+        )
+
+
+def warn_of_left_staging(output_dir: Path) -> None:
+    """Warn of the temporary directories beside `output_dir` that an averaging into it left when it was killed
+    (named `_averaging.<name>.*`, hidden `.<name>.*` before): partial models, never used, that only take space."""
+    patterns = (f"{STAGING_PREFIX}{output_dir.name}.*", f".{output_dir.name}.*")
+    left = sorted(str(path) for pattern in patterns for path in output_dir.parent.glob(pattern) if path.is_dir())
+    if left:
+        warnings.warn(
+            f"{left} beside {str(output_dir)!r}: left by an averaging into it that was killed (or is still running), "
+            "a partial model that nothing reads. Delete it once no averaging runs.",
+            stacklevel=3,
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

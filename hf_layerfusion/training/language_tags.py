@@ -5,7 +5,8 @@ A module of its own because `translation` needs it (a tagged tokenizer's sentenc
 `multilingual` translates through `translation`. A tokenizer holding tags marks a multilingual model: a source
 without a tag would be translated into whatever language the model drifts to, a wrong answer without an error, so
 every translation entry point (`translate`, the pipeline, the `translate` command) refuses it
-(`check_sources_tagged`).
+(`check_sources_tagged`), and a source that carries a tag of its own when the target language is given as well
+(`check_sources_untagged`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def check_language_tag(tokenizer, language: str) -> int:
 def tag_source(text: str, target_lang: str) -> str:
     """The source sentence as the model reads it: the target-language tag, then the text."""
     return f"{language_tag(target_lang)} {text}"
+
+
+def check_sources_untagged(sentences: Sequence[str], target_lang: str, how_to_choose: str) -> None:
+    """A `ValueError` naming the first sentence that already begins with a target-language tag, when the caller gives
+    the target language too (`how_to_choose`: `"tgt_lang="`, `"--tgt_lang"`), which prepends its own tag: the model
+    would read two tags (conflicting ones, or one twice) and answer in either language."""
+    added = language_tag(target_lang)
+    for index, sentence in enumerate(sentences):
+        own = TAG_PATTERN.match(sentence.lstrip())
+        if own:
+            raise ValueError(
+                f"Sentence {index} ({sentence[:40]!r}) begins with the target-language tag {own.group(0)}, and "
+                f"{how_to_choose}{target_lang!r} prepends {added}: the model would read two tags. Give the target "
+                f"language once: drop the tag from the sentence, or leave out {how_to_choose.rstrip('=')}."
+            )
 
 
 def check_sources_tagged(tokenizer, sentences: Sequence[str], how_to_choose: str) -> None:

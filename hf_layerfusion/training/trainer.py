@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -65,7 +66,7 @@ from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_group
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput, get_last_checkpoint, has_length
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME, logging
 
-from ..file_checks import check_write_error
+from ..file_checks import check_write_error, refused_write
 from ..inference.fast_generation import fast_decoding_loop
 from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
@@ -185,13 +186,19 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
 
     def _save_checkpoint(self, model, trial):
-        # a full disk makes torch.save fail with "unexpected pos 191616 vs 191504", naming neither the disk nor a path
+        # a full disk makes torch.save fail with "unexpected pos 191616 vs 191504", a file size limit with a bare
+        # "[Errno 27] File too large", naming neither the reason nor a path
+        run_dir = self._get_output_dir(trial=trial)
+        folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")  # as transformers names it
+        existed = os.path.exists(folder)
         try:
             super()._save_checkpoint(model, trial)
         except Exception as error:  # safetensors' errors are no OSError
-            run_dir = self._get_output_dir(trial=trial)
-            folder = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")  # as transformers names it
-            check_write_error(error, folder, "the checkpoint")
+            # a checkpoint cut short would be resumed from (`--resume_from_checkpoint last`) or averaged: the folder
+            # this save created goes
+            if refused_write(error) is not None and not existed:
+                shutil.rmtree(folder, ignore_errors=True)
+            check_write_error(error, folder, "the checkpoint", removed=not os.path.exists(folder))
             raise
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -7,11 +7,30 @@ from collections.abc import Sequence
 
 import torch
 from tqdm.auto import tqdm
+from transformers.utils import logging
 
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import prepare_for_inference
-from ..modeling.input_checks import check_decoder_groups, check_positive_int
-from .language_tags import check_language_tag, check_sources_tagged, tag_source
+from ..modeling.input_checks import check_decoder_groups, check_generation_arguments, check_positive_int
+from .language_tags import check_language_tag, check_sources_tagged, check_sources_untagged, tag_source
+
+translation_logger = logging.get_logger(__name__)
+
+
+def source_lengths(tokenizer, sentences: Sequence[str], max_source_length: int) -> list[int]:
+    """Each sentence's token count as the model reads it: at most `max_source_length`, a longer sentence is cut to its
+    beginning, which one warning of the call says (how many sentences, the limit)."""
+    # one token past the limit: a sentence that long is one the limit cuts
+    encoded = tokenizer(list(sentences), truncation=True, max_length=max_source_length + 1)["input_ids"]
+    lengths = [len(ids) for ids in encoded]
+    cut = sum(length > max_source_length for length in lengths)
+    if cut:
+        translation_logger.warning(
+            f"translate(): {cut} of {len(sentences)} sentence(s) are longer than max_source_length={max_source_length} "
+            f"tokens (default: the model's position table) and are cut: only their first {max_source_length} tokens "
+            "are translated. Split long sentences, or pass a larger max_source_length where the position table allows."
+        )
+    return [min(length, max_source_length) for length in lengths]
 
 
 @torch.no_grad()
@@ -32,8 +51,9 @@ def translate(
 ) -> list[str] | list[list[str]]:
     """Translations of `sentences`, in order. `num_beams` / `max_new_tokens` default to the model's generation
     config; `decoder_groups` (GTrans) mixes only those 1-based decoder groups; sources longer than
-    `max_source_length` tokens are truncated (default: the model's position table); other keyword arguments go to
-    `generate()`. Sentences are sorted by their token count into batches (less padding) and returned in input order.
+    `max_source_length` tokens are truncated (default: the model's position table), which a warning says once per
+    call (how many, the limit); other keyword arguments go to `generate()`. Sentences are sorted by their token count
+    into batches (less padding) and returned in input order.
 
     `fast=True` (default) decodes with `hf_layerfusion.inference.fast_generate`: the tokens of `generate()`
     for greedy and beam search, faster (settings it does not cover run `generate()`); `fast=False` calls
@@ -41,9 +61,9 @@ def translate(
     token-exact; see `hf_layerfusion.inference.prepare_for_inference`).
 
     A multilingual model (its tokenizer holds `<2xx>` target-language tags, `hf_layerfusion.training.multilingual`)
-    needs the target language: `tgt_lang="de"` prepends its tag to every sentence; without it every sentence must
-    begin with a tag, else a `ValueError` (an untagged source would come back in whichever language the model drifts
-    to).
+    needs the target language: `tgt_lang="de"` prepends its tag to every sentence (one that begins with a tag of its
+    own is a `ValueError`: the model would read two tags); without it every sentence must begin with a tag, else a
+    `ValueError` (an untagged source would come back in whichever language the model drifts to).
 
     With `num_return_sequences=n > 1` (a `generate()` keyword, or the model's generation config) the result holds
     one list per sentence: its n hypotheses, best first, as `generate()` returns them for that sentence. An empty
@@ -68,6 +88,7 @@ def translate(
         raise ValueError("`sentences` is empty (0 sentences): give at least one sentence to translate.")
     if tgt_lang is not None:
         check_language_tag(tokenizer, tgt_lang)
+        check_sources_untagged(sentences, tgt_lang, "tgt_lang=")
         sentences = [tag_source(sentence, tgt_lang) for sentence in sentences]
     else:
         check_sources_tagged(tokenizer, sentences, "tgt_lang=")
@@ -86,8 +107,10 @@ def translate(
         generate_kwargs["decoder_groups"] = check_decoder_groups(decoder_groups, model.config.num_decoder_groups)
     if generate_kwargs.get("stop_strings") is not None:
         generate_kwargs["tokenizer"] = tokenizer  # generate() matches stop strings through the tokenizer's vocabulary
+    # before a copy is made or a batch encoded
+    check_generation_arguments(generate_kwargs, getattr(model, "generation_config", None))
     max_source_length = max_source_length or model.config.max_position_embeddings
-    lengths = [len(ids) for ids in tokenizer(list(sentences), truncation=True, max_length=max_source_length)["input_ids"]]
+    lengths = source_lengths(tokenizer, sentences, max_source_length)
     order = sorted(range(len(sentences)), key=lambda i: lengths[i], reverse=True)
     translations: list = [None] * len(sentences)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
