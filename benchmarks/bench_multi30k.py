@@ -22,6 +22,17 @@ study's 2,000 steps: 2,000 + 2,000). Their baseline is the starting run trained 
 (`plain_transformer_continued`), so that only the change of model differs. The ledger entry of such a run records
 what it started from (`init_from`: arm, seed, steps, BLEU and directory of the starting run).
 
+Trained to convergence (issue 76: `--max_epochs_per_model 30 --early_stopping_patience 3`, the budget of the arms
+with `Arm.converged`, which `benchmarks/study.py` passes them): val BLEU is evaluated at the end of every epoch (beam
+as `--num_beams`) and training stops once it has not improved for `--early_stopping_patience` evaluations, or after
+`--max_epochs_per_model` epochs (transformers' `EarlyStoppingCallback`, `load_best_model_at_end` on the metric
+`bleu`); the val-best checkpoint becomes the run's model, whose val and test BLEU are the run's, and the average of
+the last `AVERAGED_CHECKPOINTS` checkpoints (GTrans' multilingual recipe) is saved in `<run dir>/averaged` and scored
+on val and test beside it. The learning rate and its warm-up stay the study's (peak 1e-3, inverse-sqrt decay after
+`--warmup_steps`, 1,000 steps for the 6 + 6 arms): only the budget differs from the 2,000-step runs. A checkpoint is
+saved with every evaluation, so a stopped run resumes at the end of its last epoch with its count of evaluations
+without a better BLEU.
+
 Selection and significance: arms are compared on the validation set (`val BLEU`, for choosing a setting) and
 reported on the test set; for every seed s the arm's test translations are compared with the baseline's seed-s
 translations by sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, test_type "bs",
@@ -32,7 +43,8 @@ GTrans (the `gtrans` arm) is also evaluated as in its Table VI: each decoder gro
 Everything lands in `--output_dir`: `results.json` (every run, the summary and the p-values), one training dir per
 arm and seed (`<arm>/seed_<s>/`, with `generated_predictions_{validation,test}.txt`), `settings.json`.
 
-Resumable: training checkpoints every 500 steps and the time already spent travels with them, so re-running the
+Resumable: training checkpoints every 500 steps (every epoch trained to convergence) and the time already spent
+travels with them, so re-running the
 same command after an interruption continues where it stopped (finished runs and evaluations are not redone). An
 output dir remembers the settings that change results (budget, schedule, vocabulary, evaluation sets, beam) and
 refuses to be continued with other ones.
@@ -56,7 +68,7 @@ import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -66,12 +78,17 @@ from sacrebleu.significance import PairedTest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
+from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
+from transformers.trainer_utils import sort_checkpoints  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import multi30k_ledger as ledger  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
+from hf_layerfusion.cli.run_translation import PREDICTIONS_FILE, RESULTS_FILE  # noqa: E402
 from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
+from hf_layerfusion.training.checkpoint_averaging import AVERAGE_RECORD, average_last_checkpoints  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
@@ -110,6 +127,9 @@ class Arm:
     show_loss_curve: bool = False  # the report prints its training loss (does it train at all?)
     init_from: str | None = None  # fine-tune this arm's finished run of the same seed (see the module docstring)
     decoder_group_table: bool = True  # a GTrans arm's ledger entry holds Table VI (2N - 1 more passes over test)
+    # trained to convergence: the arm takes the converged budget (--max_epochs_per_model, --early_stopping_patience)
+    # and no other, so that the ledger holds one budget per arm
+    converged: bool = False
 
 
 GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
@@ -287,10 +307,62 @@ MODELS.update({
     if model_type not in {arm.model_type for arm in MODELS.values()}
 })
 
+# --- issue 76: do the verdicts hold trained to convergence, and against deep baselines that train?
+# (benchmarks/study.py's priority 9)
+# The arms trained to convergence: each is the arm of its name without the suffix under the converged budget (see the
+# module docstring), compared with its baseline's converged run; a fine-tuning arm starts from its starting arm's
+# converged run. plain_transformer_continued_converged (the converged plain run trained on until early stopping
+# again, the same way) is the baseline of deep representations' recipe, as plain_transformer_continued at 2,000 steps.
+CONVERGED_SUFFIX = "_converged"
+CONVERGED_FROM = ("plain_transformer", "gtrans", "layerwise_coordination_14", "plain_transformer_prenorm", "rtal_paper",
+                  "re_transformer_2", "plain_transformer_continued", "deep_representations_paper")
+AVERAGED_CHECKPOINTS = 5  # averaged beside the val-best checkpoint (GTrans' multilingual recipe, fairseq's script)
+AVERAGED_DIR = "averaged"  # in the run dir: the average and its val and test translations
+
+
+def converged_arm(name: str) -> Arm:
+    """Arm `name` trained to convergence, against (and starting from) its baseline's (starting arm's) converged run."""
+    arm = MODELS[name]
+
+    def converged(other: str | None) -> str | None:
+        return None if other is None else other + CONVERGED_SUFFIX
+
+    start = "" if arm.init_from is None else f" (fine-tuning {converged(arm.init_from)}'s run)"
+    return replace(arm, question=f"{arm.question}; trained to convergence{start}", baseline=converged(arm.baseline),
+                   init_from=converged(arm.init_from), converged=True)
+
+
+# the arm of the same comparison at the step budget, for each arm trained to convergence (the report's side by side)
+STEP_BUDGET_ARMS = {name + CONVERGED_SUFFIX: name for name in CONVERGED_FROM if name in MODELS}
+MODELS.update({converged: converged_arm(name) for converged, name in STEP_BUDGET_ARMS.items()})
+
+# Deep baselines that train. Pre-norm at depth, with the post-norm depth arms' recipe (2,000 steps, warm-up 400: the
+# study passes it): GTrans Table III's pre-norm 12 + 12 baseline trains (34.88 BLEU on IWSLT14 De-En)
+PRE_NORM_DEEP_SHAPES = ((12, 12), (24, 18))
+for encoder_layers, decoder_layers in PRE_NORM_DEEP_SHAPES:
+    MODELS[f"plain_transformer_prenorm_{encoder_layers}x{decoder_layers}{LONG_DEPTH_SUFFIX}"] = Arm(
+        "plain_transformer", f"baseline, deep pre-norm {encoder_layers} + {decoder_layers} layers (a deep baseline "
+        "that trains: GTrans Table III's pre-norm baseline)",
+        dict(encoder_layers=encoder_layers, decoder_layers=decoder_layers, **PRE_NORM), baseline=None,
+        show_loss_curve=True,
+    )
+# Post-norm 12 + 12 with the papers' warm-up (4,000 steps; GTrans: 4,000-8,000, Table III's post-norm 12 + 12
+# baseline trains to 35.12 BLEU) at the study's peak learning rate 1e-3, and GTrans 12 + 12 under the same schedule.
+# Their budget is the converged one: 2,000 steps would end inside the warm-up at half the peak rate, and early stopping
+# on val lets the model train as long as val BLEU improves (up to 30 epochs, ~13,600 steps: 9 epochs of warm-up and
+# 21 after the peak) and reports its val-best checkpoint, so a model that trains and then diverges at the peak rate is
+# reported at its best, as the papers select theirs (one whose val BLEU stalls for 3 epochs inside the warm-up stops
+# there, before the peak rate: its entry's epoch curve shows it). study.py passes --warmup_steps 4000.
+WARMUP_4000_SUFFIX = "_warmup4000"
+for name, arm in deep_post_norm_arms(12, 12, suffix=WARMUP_4000_SUFFIX).items():
+    MODELS[name] = replace(arm, question=f"{arm.question}; warm-up 4,000 steps, trained to convergence",
+                           converged=True)
+    STEP_BUDGET_ARMS[name] = name.removesuffix(WARMUP_4000_SUFFIX) + LONG_DEPTH_SUFFIX
+
 # settings that change the numbers of a run: an output dir is only continued with the same ones
 RESULT_SETTINGS = (
     "data_dir", "minutes_per_model", "max_steps_per_model", "warmup_steps", "vocab_size", "max_eval_samples",
-    "max_predict_samples", "num_beams", "max_new_tokens",
+    "max_predict_samples", "num_beams", "max_new_tokens", "max_epochs_per_model", "early_stopping_patience",
 )
 
 
@@ -309,7 +381,7 @@ def run_translation_command(arm_name: str, seed: int, args, tokenizer_dir: Path)
     if arm.init_from is None:
         model = [f"--model_type={arm.model_type}", "--preset=multi30k"]
     else:  # the starting run's model, read as this arm's family
-        model = [f"--model_name_or_path={run_dir(args, arm.init_from, seed)}", f"--model_type={arm.model_type}"]
+        model = [f"--model_name_or_path={starting_run_dir(args, arm_name, seed)}", f"--model_type={arm.model_type}"]
     command = [
         f"--dataset_name={args.data_dir}",
         f"--source_lang={SOURCE_LANG}",
@@ -322,12 +394,10 @@ def run_translation_command(arm_name: str, seed: int, args, tokenizer_dir: Path)
         "--do_predict",
         "--resume_from_checkpoint=last",
         "--overwrite_output_dir=True",  # without a checkpoint the run starts over in its own dir
-        f"--max_steps={args.max_steps_per_model or 1_000_000}",  # without a step cap the time budget ends training
+        *budget_options(arm, args),
         *(f"--{key}={value}" for key, value in options.items()),
         f"--warmup_steps={args.warmup_steps}",
         f"--num_beams={args.num_beams}",
-        "--save_steps=500",
-        "--save_total_limit=2",
         "--logging_steps=50",  # the loss curve of the ledger
         "--include_num_input_tokens_seen=true",  # padded source tokens ("non_padding" is not settable from the CLI)
         "--disable_tqdm=True",
@@ -338,10 +408,79 @@ def run_translation_command(arm_name: str, seed: int, args, tokenizer_dir: Path)
         command.append(f"--max_train_minutes={args.minutes_per_model}")
     if arm.config:
         command.append("--config_overrides=" + ",".join(f"{k}={format_value(v)}" for k, v in arm.config.items()))
-    for option in ("max_eval_samples", "max_predict_samples", "max_new_tokens"):
-        if getattr(args, option):
-            command.append(f"--{option}={getattr(args, option)}")
-    return command
+    return command + evaluation_limits(args)
+
+
+def budget_options(arm: Arm, args) -> list[str]:
+    """run_translation.py's options of a run's budget: its steps (or the time budget's), a checkpoint every 500 steps;
+    or, for an arm trained to convergence, the converged budget (see the module docstring)."""
+    if not arm.converged:
+        # without a step cap the time budget ends training
+        return [f"--max_steps={args.max_steps_per_model or 1_000_000}", "--save_steps=500", "--save_total_limit=2"]
+    return [
+        f"--num_train_epochs={args.max_epochs_per_model}",
+        # a checkpoint with every evaluation: the best one becomes the model, a stopped run resumes at an epoch's end
+        "--eval_strategy=epoch",
+        "--save_strategy=epoch",
+        "--load_best_model_at_end=True",
+        "--metric_for_best_model=bleu",
+        "--greater_is_better=True",
+        f"--early_stopping_patience={args.early_stopping_patience}",
+        # a resumed run keeps its count of evaluations without a better BLEU (transformers restores it from the state)
+        "--restore_callback_states_from_checkpoint=True",
+        # the last checkpoints to average, and the best one, which the Trainer keeps whatever its age
+        f"--save_total_limit={AVERAGED_CHECKPOINTS + 1}",
+    ]
+
+
+def evaluation_limits(args) -> list[str]:
+    """The options that cut the evaluation sets and translations short (smoke runs)."""
+    return [f"--{option}={getattr(args, option)}" for option in ("max_eval_samples", "max_predict_samples",
+                                                                  "max_new_tokens") if getattr(args, option)]
+
+
+def evaluation_command(args, model_dir: Path) -> list[str]:
+    """run_translation.py's arguments that translate and score val and test with the model saved in `model_dir`, as a
+    run's own evaluation does, writing the results beside it."""
+    return [
+        f"--dataset_name={args.data_dir}",
+        f"--source_lang={SOURCE_LANG}",
+        f"--target_lang={TARGET_LANG}",
+        f"--model_name_or_path={model_dir}",
+        f"--output_dir={model_dir}",
+        "--do_eval",
+        "--do_predict",
+        f"--num_beams={args.num_beams}",
+        f"--per_device_eval_batch_size={TRAINING_OPTIONS['per_device_eval_batch_size']}",
+        "--disable_tqdm=True",
+        f"--dataloader_pin_memory={torch.cuda.is_available()}",
+        *evaluation_limits(args),
+    ]
+
+
+def evaluated(args, model_dir: Path) -> dict:
+    """run_translation.py's val and test results of the model in `model_dir`: those its evaluation wrote there (its
+    results file, written last), else a new evaluation's; the translations of one a stop cut short are removed first
+    (an evaluation replaces no file in the model dir it reads)."""
+    results_file = model_dir / RESULTS_FILE
+    if results_file.is_file():
+        return json.loads(results_file.read_text())
+    for split in ("validation", "test"):
+        (model_dir / PREDICTIONS_FILE.format(split)).unlink(missing_ok=True)
+    return run_translation(evaluation_command(args, model_dir))
+
+
+def averaged_checkpoints(args, output_dir: Path) -> dict:
+    """The average of the run's last `AVERAGED_CHECKPOINTS` checkpoints (as many as it saved, where fewer), saved in
+    `<output_dir>/AVERAGED_DIR` and scored on val and test like the run's model: `{"checkpoints": their names,
+    "validation": ..., "test": ...}`. Averaged again after a stop before its evaluation finished."""
+    averaged_dir = output_dir / AVERAGED_DIR
+    if not (averaged_dir / RESULTS_FILE).is_file():
+        count = min(AVERAGED_CHECKPOINTS, len(sort_checkpoints(str(output_dir))))
+        average_last_checkpoints(output_dir, count, averaged_dir, overwrite=True)
+    results = evaluated(args, averaged_dir)
+    return {"checkpoints": json.loads((averaged_dir / AVERAGE_RECORD).read_text())["averaged"],
+            **{split: results[split] for split in ("validation", "test")}}
 
 
 def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> dict:
@@ -352,10 +491,18 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
     finished = output_dir / "bench_results.json"
     if finished.is_file():
         return json.loads(finished.read_text())
-    if MODELS[arm_name].init_from is not None:
-        train_and_evaluate(MODELS[arm_name].init_from, seed, args, tokenizer_dir)
+    arm = MODELS[arm_name]
+    if arm.init_from is not None:
+        train_and_evaluate(arm.init_from, seed, args, tokenizer_dir)
     started = time.monotonic()
-    results = run_translation(run_translation_command(arm_name, seed, args, tokenizer_dir))
+    if arm.converged and (output_dir / TRAINER_STATE_NAME).is_file():
+        # trained to convergence (the state is saved once training ends) before a stop cut its evaluation short:
+        # resuming its last checkpoint would train another epoch, so the best model saved there is only evaluated
+        results = evaluated(args, output_dir)
+    else:
+        results = run_translation(run_translation_command(arm_name, seed, args, tokenizer_dir))
+    if arm.converged:
+        results["averaged_checkpoints"] = averaged_checkpoints(args, output_dir)
     session_minutes = (time.monotonic() - started) / 60
     # whole-run training statistics (a resumed run's own metrics only cover its last session)
     state = json.loads((output_dir / "trainer_state.json").read_text())
@@ -364,15 +511,19 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
         "global_step": state["global_step"],
         "train_minutes": seconds / 60,
         "source_tokens_per_second": state["num_input_tokens_seen"] / seconds,
-        "last_session_minutes": session_minutes,  # training (of the last session) + evaluation
+        "last_session_minutes": session_minutes,  # training (of the last session) + evaluation (+ the average's)
     }
     finished.write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
 def hypotheses(args, arm_name: str, seed: int, split: str) -> list[str]:
-    path = run_dir(args, arm_name, seed) / f"generated_predictions_{split}.txt"
-    return path.read_text(encoding="utf-8").splitlines()
+    return translations(run_dir(args, arm_name, seed), split)
+
+
+def translations(model_dir: Path, split: str) -> list[str]:
+    """The translations of `split` that run_translation.py wrote beside the model in `model_dir`."""
+    return (model_dir / PREDICTIONS_FILE.format(split)).read_text(encoding="utf-8").splitlines()
 
 
 def paired_bootstrap(baseline: list[str], system: list[str], references: list[str]) -> dict:
@@ -450,6 +601,7 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
         "config": json.loads((directory / "config.json").read_text()),
         "training": {**TRAINING_OPTIONS, **arm.training, "warmup_steps": args.warmup_steps,
                      "max_steps": args.max_steps_per_model, "max_train_minutes": args.minutes_per_model,
+                     "max_epochs": args.max_epochs_per_model, "early_stopping_patience": args.early_stopping_patience,
                      "vocab_size": args.vocab_size, "num_beams": args.num_beams},
         "seed": seed,
         "steps": train["global_step"],
@@ -466,20 +618,47 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
         "test_references_sha256": ledger.sha256_lines(references["test"]),
         "validation_references_sha256": ledger.sha256_lines(references["validation"]),
         # the val translations, so that the report tests val as it tests test (a verdict on each)
-        "validation": {**{k: results["validation"][k] for k in ("bleu", "signature")},
-                       "sentences": len(references["validation"]),
-                       "hypotheses": hypotheses(args, arm_name, seed, "validation")},
-        "test": {**{k: results["test"][k] for k in ("bleu", "signature")}, "sentences": len(references["test"]),
-                 "hypotheses": hypotheses(args, arm_name, seed, "test")},
+        **{split: scored(results[split], references[split], translations(directory, split))
+           for split in ("validation", "test")},
         "loss_curve": ledger.loss_curve(state),
         "gtrans_decoder_groups": table_vi,
-        "init_from": None if arm.init_from is None else starting_run(args, arm.init_from, seed),
+        "init_from": None if arm.init_from is None else starting_run(args, arm_name, seed),
+        **(converged_record(results["averaged_checkpoints"], state, references, directory / AVERAGED_DIR)
+           if arm.converged else {}),
     }
 
 
+def scored(result: dict, references: list[str], hypotheses: list[str]) -> dict:
+    """A ledger entry's record of a model's translations of one split: BLEU, signature, and the translations."""
+    return {"bleu": result["bleu"], "signature": result["signature"], "sentences": len(references),
+            "hypotheses": hypotheses}
+
+
+def converged_record(averaged: dict, state: dict, references: dict, averaged_dir: Path) -> dict:
+    """What an entry trained to convergence adds (see benchmarks/multi30k_ledger.py): the val BLEU of every epoch, its
+    val-best checkpoint, and its last checkpoints' average scored on val and test (`averaged`, from
+    `averaged_checkpoints`)."""
+    return {
+        "epoch_curve": ledger.epoch_curve(state),
+        "best_checkpoint": ledger.best_checkpoint(state),
+        "averaged_checkpoints": {
+            "checkpoints": averaged["checkpoints"],
+            **{split: scored(averaged[split], references[split], translations(averaged_dir, split))
+               for split in ("validation", "test")},
+        },
+    }
+
+
+def starting_run_dir(args, arm_name: str, seed: int) -> Path:
+    """The run the fine-tuning arm `arm_name` of `seed` starts from: its `init_from` arm's run of the same seed in this
+    output dir. The one place that says so: the run's command trains from it and its ledger entry records it."""
+    return run_dir(args, MODELS[arm_name].init_from, seed)
+
+
 def starting_run(args, arm_name: str, seed: int) -> dict:
-    """What a fine-tuning run started from: the finished run of `arm_name` and `seed` in this output dir."""
-    return ledger.starting_run_record(run_dir(args, arm_name, seed), arm_name, seed)
+    """What the fine-tuning run of `arm_name` and `seed` started from (its ledger entry's `init_from`): the finished
+    run in `starting_run_dir`."""
+    return ledger.starting_run_record(starting_run_dir(args, arm_name, seed), MODELS[arm_name].init_from, seed)
 
 
 def mean_std(values: list[float]) -> dict:
@@ -583,8 +762,9 @@ def check_settings(args) -> None:
     settings = {name: format_value(getattr(args, name)) for name in RESULT_SETTINGS}
     settings_file = args.output_dir / "settings.json"
     if settings_file.is_file():
-        saved = json.loads(settings_file.read_text())
-        changed = {name: (saved.get(name), value) for name, value in settings.items() if saved.get(name) != value}
+        # a setting added since the dir was made was not set there
+        saved = {name: format_value(None) for name in RESULT_SETTINGS} | json.loads(settings_file.read_text())
+        changed = {name: (saved[name], value) for name, value in settings.items() if saved[name] != value}
         if changed:
             details = ", ".join(f"--{name} was {old} and is now {new}" for name, (old, new) in changed.items())
             raise SystemExit(f"{args.output_dir} holds runs made with other settings ({details}); use another "
@@ -642,6 +822,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="Stop every run at this many optimisation steps (a steps-matched comparison; the schedule does not "
         "depend on it).",
     )
+    parser.add_argument(
+        "--max_epochs_per_model", type=positive_int, default=None,
+        help="The converged budget, for the arms trained to convergence (and only for them; see the module docstring): "
+        "train at most this many epochs, evaluating val BLEU at the end of each; with --early_stopping_patience, "
+        "instead of --max_steps_per_model and --minutes_per_model.",
+    )
+    parser.add_argument(
+        "--early_stopping_patience", type=positive_int, default=None,
+        help="With --max_epochs_per_model: stop once val BLEU has not improved for this many evaluations (epochs); "
+        f"the val-best checkpoint is the run's model, and the average of its last {AVERAGED_CHECKPOINTS} checkpoints "
+        "is scored beside it.",
+    )
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=["plain_transformer", "gtrans"],
                         metavar="ARM", help="Arms to run (see --list_models); their baselines are added.")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1], help="Seeds; every arm is trained once per seed.")
@@ -671,13 +863,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--report", action="store_true",
                         help="Print the README's Multi30k results tables from the ledger alone and exit.")
     parser.add_argument("--update_readme", action="store_true",
-                        help="With --report: write them into the README's generated section instead of printing.")
+                        help="With --report: write them into the README's generated section instead of printing, and "
+                        "draw the epoch curves of the runs trained to convergence beside the ledger "
+                        "(benchmarks/results/multi30k_epoch_curves.png; none without such runs).")
     args = parser.parse_args(argv)
     if args.update_readme and not args.report:
         parser.error("--update_readme only goes with --report")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds must differ, got {args.seeds}")
-    if args.minutes_per_model is None and args.max_steps_per_model is None:
+    converged = args.max_epochs_per_model is not None
+    if converged != (args.early_stopping_patience is not None):
+        parser.error("--max_epochs_per_model and --early_stopping_patience go together: they are the converged budget")
+    if converged and (args.max_steps_per_model is not None or args.minutes_per_model is not None):
+        parser.error("the converged budget (--max_epochs_per_model) replaces --max_steps_per_model and "
+                     "--minutes_per_model")
+    if not (args.report or args.list_models):
+        # one budget per arm in the ledger: an arm trained to convergence takes the converged budget, no other does
+        other_budget = [name for name in with_prerequisites(args.models, baselines=not args.run_only)
+                        if MODELS[name].converged != converged]
+        if other_budget:
+            parser.error(f"{', '.join(other_budget)} {'are not' if converged else 'are'} trained to convergence: "
+                         + ("the converged budget (--max_epochs_per_model) is only for the arms that are"
+                            if converged else "give them the converged budget (--max_epochs_per_model, "
+                            "--early_stopping_patience)"))
+    if args.minutes_per_model is None and args.max_steps_per_model is None and not converged:
         args.minutes_per_model = DEFAULT_MINUTES
     return args
 
@@ -712,6 +921,7 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
 
     pending = [run.label for run in study.pending_runs(ledger_dir, here=False)[:3]]  # not this machine's runs/
     references = report_references(data_dir, max_predict_samples)
+    runs = ledger.read_ledger(ledger_dir)
     depth_probes = [
         "",
         "Deep post-norm, priority 2 (`benchmarks/probe_post_norm_depth.py`, 600 steps, warm-up 400): does the plain "
@@ -721,18 +931,21 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
         "",
         f"Priority 2's pair (plain vs GTrans, 1,000 steps): {study.deep_post_norm_pair()[1]}.",
         "",
-        *depth_runs(ledger.read_ledger(ledger_dir)),
+        *depth_runs(runs),
+        "",
+        *depth_conclusion(runs, references),
     ]
     many_to_many = ["", *bench_multilingual.report_lines(study.m2m_ledger_dir(ledger_dir),
                                                          bench_multilingual.test_references(data_dir))]
     return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending,
-                         depth_probes + many_to_many)
+                         depth_probes + many_to_many, STEP_BUDGET_ARMS)
 
 
 def depth_runs(runs: dict) -> list[str]:
-    """Whether the plain post-norm model trains at each probed depth, as its study runs say (Markdown lines): the
-    probe's 600-step rule only chose the 1,000-step pair's depth; the 2,000-step runs of issue 38 decide."""
-    lines = ["Does the plain post-norm model train at depth? The study runs decide, not the probe's 600-step rule "
+    """Whether the plain model trains at each probed depth, as its study runs say (Markdown lines): post-norm, and the
+    deep baselines of issue 76 (pre-norm; post-norm with a 4,000-step warm-up, trained to convergence). The probe's
+    600-step rule only chose the 1,000-step pair's depth; the 2,000-step runs of issue 38 decide."""
+    lines = ["Does the plain model train at depth? The study runs decide, not the probe's 600-step rule "
              "(its *trains?* column): each plain run's test BLEU against the 6 + 6 plain model's and its last logged "
              "training loss (the runs' rows, loss curves and GTrans' verdicts above)."]
     reference = runs.get(BASE_ARM)
@@ -741,8 +954,7 @@ def depth_runs(runs: dict) -> list[str]:
                      f"{ledger.mean_std([e['test']['bleu'] for e in reference.values()])}.")
     lines.append("")
     for shape in DEEP_POST_NORM_SHAPES:
-        for suffix in ("", LONG_DEPTH_SUFFIX):
-            arm = f"{BASE_ARM}_{shape[0]}x{shape[1]}{suffix}"
+        for arm in deep_baselines(shape):
             if arm not in runs:
                 continue
             entries = list(runs[arm].values())
@@ -757,12 +969,84 @@ def depth_runs(runs: dict) -> list[str]:
     return lines
 
 
+def arm_shape(arm: Arm) -> tuple[int, int]:
+    """An arm's encoder and decoder layers (the `multi30k` preset's unless its config says)."""
+    preset = BACKBONE_PRESETS["multi30k"]
+    return tuple(arm.config.get(key) or preset[key] for key in ("encoder_layers", "decoder_layers"))
+
+
+def deep_baselines(shape: tuple[int, int]) -> list[str]:
+    """The arms of the plain model from scratch with `shape`'s layers: post-norm (1,000 and 2,000 steps) and issue
+    76's deep baselines that train (pre-norm; post-norm with a 4,000-step warm-up)."""
+    return [name for name, arm in MODELS.items() if arm.model_type == BASE_ARM and arm.init_from is None
+            and arm_shape(arm) == shape]
+
+
+# issue 76's deep baselines, which should train where post-norm with the study's warm-up fails: until one has run, the
+# depth conclusion has no data for "does GTrans beat a deep baseline that trains?"
+TRAINING_DEEP_BASELINES = (f"{BASE_ARM}_prenorm_12x12{LONG_DEPTH_SUFFIX}", f"{BASE_ARM}_12x12{WARMUP_4000_SUFFIX}")
+
+
+def depth_conclusion(runs: dict, references: dict) -> list[str]:
+    """Issue 76's depth questions, answered from the ledger (Markdown lines): does GTrans beat a deep baseline that
+    trains (the GTrans 12 + 12 arm best on val against the 12 + 12 baseline best on val), and does depth pay at all
+    at this data size (the deep plain or GTrans model best on val against the best 6 + 6 one)? Each with its verdicts
+    on test and val (paired bootstrap over the seeds both ran), or "no data yet" while the runs are missing."""
+    def best(arms: list[str]) -> str | None:
+        """The arm of `arms` with the highest mean val BLEU in the ledger (the selection is on val), if any ran."""
+        ran = [arm for arm in arms if arm in runs]
+        return max(ran, key=lambda arm: statistics.fmean(e["validation"]["bleu"] for e in runs[arm].values()),
+                   default=None)
+
+    def described(arm: str) -> str:
+        entries = list(runs[arm].values())
+        return (f"`{arm}` (val {ledger.mean_std([e['validation']['bleu'] for e in entries])}, test "
+                f"{ledger.mean_std([e['test']['bleu'] for e in entries])}, {ledger.seed_list(sorted(runs[arm]))})")
+
+    def verdicts(arm: str, baseline: str) -> str:
+        comparison = ledger.compare(runs[arm], runs[baseline], references, paired_bootstrap)
+        if comparison is None:
+            return f"`{arm}` against `{baseline}`: no seed of both has run yet"
+        return f"`{arm}` against `{baseline}` {comparison.summary()}"
+
+    def from_scratch(families: tuple[str, ...], deeper_than: tuple[int, int] | None = None,
+                     shape: tuple[int, int] | None = None) -> list[str]:
+        return [name for name, arm in MODELS.items() if arm.model_type in families and arm.init_from is None
+                and (shape is None or arm_shape(arm) == shape)
+                and (deeper_than is None or sum(arm_shape(arm)) > sum(deeper_than))]
+
+    lines = ["**Does GTrans beat a deep baseline that trains?** "]
+    gtrans, baseline = best(from_scratch(("gtrans",), shape=(12, 12))), best(deep_baselines((12, 12)))
+    waiting = [f"`{arm}`" for arm in TRAINING_DEEP_BASELINES if arm not in runs]
+    if len(waiting) == len(TRAINING_DEEP_BASELINES) or gtrans is None:
+        lines[0] += ("No data yet: " + (f"{' and '.join(waiting)}, the 12 + 12 baselines that should train, "
+                                         "have not run" if waiting else "no GTrans 12 + 12 run has finished")
+                     + " (`benchmarks/study.py` priority 9).")
+    else:
+        lines[0] += (f"The best-trained 12 + 12 baseline (on val) is {described(baseline)}; the best GTrans 12 + 12 "
+                     f"is {described(gtrans)}: {verdicts(gtrans, baseline)}."
+                     + (f" Still to run: {', '.join(waiting)}." if waiting else ""))
+    six = arm_shape(MODELS[BASE_ARM])
+    deep = best(from_scratch((BASE_ARM, "gtrans"), deeper_than=six))
+    shallow = best(from_scratch((BASE_ARM, "gtrans"), shape=six))
+    lines += ["", "**Does depth pay at all at this data size?** "]
+    if deep is None or shallow is None:
+        lines[-1] += "No data yet: no " + ("deep" if deep is None else f"{six[0]} + {six[1]}") + " run has finished."
+    else:
+        lines[-1] += (f"The best deep model (plain or GTrans from scratch with more than {six[0]} + {six[1]} layers, "
+                      f"on val) is {described(deep)}, the best {six[0]} + {six[1]} one {described(shallow)}: "
+                      f"{verdicts(deep, shallow)}."
+                      + (f" Still to run: {', '.join(waiting)}, the deep baselines that should train." if waiting
+                         else ""))
+    return lines
+
+
 def record_in_ledger(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
                      test_pairs: list[dict]) -> Path:
     path = ledger.ledger_path(args.ledger_dir, arm_name, seed)
     init_from = MODELS[arm_name].init_from
     if path.exists() and ledger.entry_problem(path) is None:  # an unreadable file is replaced (`ledger.write_entry`)
-        start = None if init_from is None else starting_run(args, init_from, seed)
+        start = None if init_from is None else starting_run(args, arm_name, seed)
         if start is None or not ledger.starts_apart(ledger.read_entry(path), {"init_from": start}):
             return path
         # the entry fine-tuned another run of its starting arm (trained on another machine): this run, from this
@@ -795,6 +1079,9 @@ def main(argv: list[str] | None = None) -> None:
             readme.write_text(ledger.replace_readme_section(readme.read_text(encoding="utf-8"), section),
                               encoding="utf-8")
             print(f"Updated the Multi30k results section of {readme}.")
+            plot = ledger.plot_epoch_curves(args.ledger_dir or ledger.DEFAULT_LEDGER)  # the section links to it
+            print(f"Drew the epoch curves of the runs trained to convergence: {plot}." if plot else
+                  "No run trained to convergence in the ledger yet: no epoch curves to draw.")
         else:
             print(section, end="")
         return

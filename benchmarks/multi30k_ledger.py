@@ -7,6 +7,11 @@ throughput, the commit and device it ran on, val and test BLEU with the sacreBLE
 (for paired bootstrap resampling against any other run later; the val translations too since issue 38, so that the
 report tests val as it tests test), GTrans' Table VI grid, the training-loss curve, and
 for a fine-tuning arm the run it started from (`init_from`: arm, seed, steps, BLEU, directory; None otherwise).
+An entry of a run trained to convergence (issue 76, `is_converged`) also holds its val BLEU at the end of every epoch
+(`epoch_curve`), the val-best checkpoint whose model the entry's val and test BLEU are (`best_checkpoint`: step and
+epoch; `steps` is where early stopping ended the run), and the average of its last checkpoints scored on val and
+test like the entry (`averaged_checkpoints`: the checkpoints, BLEU and translations); `plot_epoch_curves` draws the
+curves beside the ledger.
 `bench_multi30k.py --ledger_dir` writes entries; `bench_multi30k.py --report` prints the tables (`report()`);
 `benchmarks/study.py` decides which run comes next.
 
@@ -15,8 +20,10 @@ result for the same arm and seed is a new arm name or a deliberate `git rm`, exc
 starting run than its entry's (a rerun from the start of the run it is compared with, `study.py`'s priority 7),
 which goes beside it (`<arm>/seed_<s>_from_<start>.json`, `rerun_path`) and stands in for it where that makes a
 seed's arm and baseline start from one run (`matching_pair`). A file that cannot be read as an entry
-(cut short, a merge gone wrong, a key missing) is not an entry: `--report` stops with an error naming it, the
-queue counts its run as not done and the rerun replaces it (`UnreadableResult`, `write_entry`).
+(cut short, a merge gone wrong, a key missing, a value no run produces: a BLEU score outside [0, 100] or not a
+number, a seed or step count that is not a whole number, fewer or more translations than sentences) is not an entry:
+`--report` stops with an error naming it and the field, the queue counts its run as not done and the rerun replaces
+it (`UnreadableResult`, `value_problem`, `write_entry`).
 """
 
 from __future__ import annotations
@@ -170,6 +177,28 @@ def loss_curve(trainer_state: dict) -> list[list[float]]:
     return [[entry["step"], entry["loss"]] for entry in trainer_state["log_history"] if "loss" in entry]
 
 
+def epoch_curve(trainer_state: dict) -> list[dict]:
+    """`[{"epoch", "step", "bleu"}, ...]`: the val BLEU of each evaluation of a run trained to convergence
+    (`--eval_strategy epoch`: the Trainer's `eval_bleu` in its `log_history`, at the end of each epoch). That BLEU is
+    the early stopping's measure, scored against the references as the evaluation decodes them from their token ids,
+    so it may differ a little from the entry's `validation.bleu` (sacreBLEU on the raw references)."""
+    return [{"epoch": round(entry["epoch"]), "step": entry["step"], "bleu": entry["eval_bleu"]}
+            for entry in trainer_state["log_history"] if "eval_bleu" in entry]
+
+
+def best_checkpoint(trainer_state: dict) -> dict:
+    """The step and epoch of the val-best checkpoint of a run trained to convergence (`load_best_model_at_end`: its
+    model is the run's, whose val and test BLEU the entry holds)."""
+    step = trainer_state["best_global_step"]
+    epoch = next(point["epoch"] for point in epoch_curve(trainer_state) if point["step"] == step)
+    return {"step": step, "epoch": epoch}
+
+
+def is_converged(entry: dict) -> bool:
+    """Whether the entry's run was trained to convergence (early stopping on val BLEU, evaluated every epoch)."""
+    return entry.get("epoch_curve") is not None
+
+
 # what the report reads of an entry (nested keys joined by "."): a file without one of them is unreadable
 REQUIRED_KEYS = (
     "arm", "family", "seed", "baseline", "steps", "train_minutes", "evaluation_minutes", "device.cpu", "device.gpu",
@@ -214,13 +243,109 @@ def read_result_file(path: Path, required: tuple[str, ...] = ()) -> dict:
     return entry
 
 
+def is_whole_number(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_bleu(value) -> bool:
+    """sacreBLEU's BLEU: a number in [0, 100] (JSON's NaN and 1e400, which reads as inf, are outside)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
+
+
+def bleu_fields(entry: dict) -> list[tuple[str, object]]:
+    """(dotted field name, value) of every BLEU score an entry holds that the reports publish: val and test, the
+    starting run's (`init_from`), GTrans' Table VI grid, each direction of a many-to-many entry, and a converged
+    run's epoch curve and averaged checkpoints. (Which keys an entry must hold is `read_result_file`'s `required`.)"""
+    places = [(split, entry.get(split), "bleu") for split in ("validation", "test")]
+    places += [("init_from", entry.get("init_from"), key) for key in ("validation_bleu", "test_bleu")]
+    places += [(f"gtrans_decoder_groups[{index}]", row, key)
+               for index, row in enumerate(entry.get("gtrans_decoder_groups") or []) for key in ("alone", "mixed")]
+    directions = entry.get("directions")
+    places += [(f"directions.{name}", scored, "bleu") for name, scored in
+               (directions.items() if isinstance(directions, dict) else ())]
+    places += [(f"epoch_curve[{index}]", point, "bleu") for index, point in enumerate(entry.get("epoch_curve") or [])]
+    places += [(name, section, "bleu") for name, section in averaged_sections(entry)]
+    return [(f"{name}.{key}", part[key]) for name, part, key in places if isinstance(part, dict) and key in part]
+
+
+def averaged_sections(entry: dict) -> list[tuple[str, object]]:
+    """(name, section) of the val and test results of a converged run's average of its last checkpoints."""
+    averaged = entry.get("averaged_checkpoints")
+    if not isinstance(averaged, dict):
+        return []
+    return [(f"averaged_checkpoints.{split}", averaged.get(split)) for split in ("validation", "test")]
+
+
+def translated_sections(entry: dict) -> list[tuple[str, dict]]:
+    """(name, section) of every part of an entry that holds translations and how many sentences they translate."""
+    sections = [(split, entry.get(split)) for split in ("validation", "test")]
+    if isinstance(entry.get("directions"), dict):
+        sections += [(f"directions.{name}", scored) for name, scored in entry["directions"].items()]
+    sections += averaged_sections(entry)
+    return [(name, section) for name, section in sections if isinstance(section, dict)]
+
+
+def converged_problem(entry: dict) -> str | None:
+    """What a converged entry (`is_converged`) lacks or holds that no such run produces: its epoch curve (whole epochs
+    and steps, one evaluation per epoch in order), its best checkpoint (one of the curve's steps) and its averaged
+    checkpoints' val and test BLEU (their values are checked with every BLEU field, `bleu_fields`)."""
+    if not is_converged(entry):
+        return None
+    curve = entry["epoch_curve"]
+    if not isinstance(curve, list) or not curve or not all(isinstance(point, dict) for point in curve):
+        return f"field 'epoch_curve' is {curve!r}, not a list of evaluations ({{epoch, step, bleu}})"
+    for index, point in enumerate(curve):
+        for key in ("epoch", "step"):
+            if not is_whole_number(point.get(key)):
+                return f"field 'epoch_curve[{index}].{key}' is {point.get(key)!r}, not a whole number >= 0"
+        if "bleu" not in point:
+            return f"field 'epoch_curve[{index}]' lacks its 'bleu'"
+    epochs = [point["epoch"] for point in curve]
+    if epochs != sorted(set(epochs)):
+        return f"field 'epoch_curve' holds the epochs {epochs}, not one evaluation per epoch in order"
+    best = entry.get("best_checkpoint")
+    if not isinstance(best, dict) or best.get("step") not in {point["step"] for point in curve}:
+        return f"field 'best_checkpoint' is {best!r}, not the step of an evaluation of its 'epoch_curve'"
+    for name, section in averaged_sections(entry) or [("averaged_checkpoints", None)]:
+        if not isinstance(section, dict) or "bleu" not in section:
+            return f"field '{name}' lacks its 'bleu' (a converged entry holds its last checkpoints' average)"
+    return None
+
+
+def value_problem(entry: dict) -> str | None:
+    """A value of an entry that no run produces (a report would publish it, or crash on it, and the queue would count
+    the run as done), named by its field; None when there is none."""
+    for name in ("seed", "steps"):
+        if name in entry and not is_whole_number(entry[name]):
+            return f"field {name!r} is {entry[name]!r} ({type(entry[name]).__name__}), not a whole number >= 0"
+    problem = converged_problem(entry)
+    if problem is not None:
+        return problem
+    for name, score in bleu_fields(entry):
+        if not is_bleu(score):
+            return f"field {name!r} is {score!r}, not a BLEU score (a finite number in [0, 100])"
+    for name, section in translated_sections(entry):
+        if "hypotheses" not in section:
+            continue  # val translations are recorded since issue 38
+        hypotheses, sentences = section["hypotheses"], section.get("sentences")
+        if not isinstance(hypotheses, list) or not all(isinstance(line, str) for line in hypotheses):
+            return f"field '{name}.hypotheses' is not a list of translations (strings)"
+        if not is_whole_number(sentences) or len(hypotheses) != sentences:
+            return (f"field '{name}.hypotheses' holds {len(hypotheses)} translations, but '{name}.sentences' is "
+                    f"{sentences!r}: translations and references are not aligned")
+    return None
+
+
 def read_entry(path: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> dict:
-    """One ledger entry, checked: readable, of this ledger version, with the `required` keys, and placed where its
-    arm and seed say."""
+    """One ledger entry, checked: readable, of this ledger version, with the `required` keys, values a run can
+    produce (`value_problem`), and placed where its arm and seed say."""
     entry = read_result_file(path, ("ledger_version", *required))
     path = Path(path)
     if entry["ledger_version"] != LEDGER_VERSION:
         raise UnreadableResult(path, f"ledger_version {entry['ledger_version']!r}, expected {LEDGER_VERSION}")
+    problem = value_problem(entry)
+    if problem is not None:
+        raise UnreadableResult(path, problem)
     stems = {f"seed_{entry['seed']}"}
     if entry.get("init_from") is not None:
         stems.add(rerun_path(path.parent, entry["arm"], entry["seed"], start_tag(entry["init_from"])).stem)
@@ -242,8 +367,12 @@ def entry_problem(path: Path, required: tuple[str, ...] = REQUIRED_KEYS) -> str 
 
 def write_entry(path: Path, entry: dict, required: tuple[str, ...] = REQUIRED_KEYS) -> None:
     """Write a new ledger file atomically; an existing entry is never replaced, an unreadable file in its place is
-    (the run was rerun because of it: `entry_problem`)."""
+    (the run was rerun because of it: `entry_problem`). An entry holding a value no run produces (`value_problem`)
+    is refused before anything is written."""
     path = Path(path)
+    problem = value_problem(entry)
+    if problem is not None:
+        raise ValueError(f"Ledger entry {path} not written: {problem}.")
     if path.exists():
         problem = entry_problem(path, required)
         if problem is None:
@@ -457,11 +586,12 @@ def check_comparable(entries: list[dict]) -> None:
 
 
 def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap, paper_claims: dict,
-           pending: list[str], other_results: list[str] = ()) -> str:
+           pending: list[str], other_results: list[str] = (), step_budget_arms: dict | None = None) -> str:
     """The README's Multi30k results section, as Markdown, from the ledger alone (plus the test and val references,
     `references["test"]` and `references["validation"]`, for the paired bootstrap). `paper_claims` maps a family to
     what its paper claims; `pending` lists the queue's next runs; `other_results` (Markdown lines, e.g. the depth
-    probes) go before them."""
+    probes) go before them; `step_budget_arms` maps an arm trained to convergence to the arm of the same comparison
+    at the step budget (`converged_section`)."""
     runs = read_ledger(ledger_dir)
     reruns = read_reruns(ledger_dir)
     # baselines first, then the arms compared with them
@@ -562,11 +692,19 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         lines += ["", *rerun_lines(runs, comparisons)]
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
+    lines += converged_section(runs, comparisons, step_budget_arms or {},
+                               display_path(epoch_curves_plot_path(ledger_dir)))
     lines += provenance(runs)
     lines += conclusions(runs, comparisons, paper_claims)
     lines += other_results
     lines += next_runs
     return "\n".join(lines) + "\n"
+
+
+def display_path(path: Path) -> str:
+    """`path` as the README links it: relative to the repository where it lies inside it."""
+    path = Path(path).resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def rerun_lines(runs: dict, comparisons: dict) -> list[str]:
@@ -616,17 +754,17 @@ def groups_table(runs: dict) -> list[str]:
     return lines
 
 
-LOSS_CURVE_STEPS = (50, 100, 200, 300, 500, 750, 1000, 1500, 2000)
+LOSS_CURVE_STEPS = (50, 100, 200, 300, 500, 750, 1000, 1500, 2000, 3000, 4000, 6000, 8000, 10000)
 
 
 def loss_curve_table(runs: dict) -> list[str]:
-    """Training loss at a few steps for the arms whose question is whether they train at all (deep post-norm)."""
+    """Training loss at a few steps for the arms whose question is whether they train at all (the deep ones)."""
     shown = {arm: by_seed for arm, by_seed in runs.items() if any(e.get("show_loss_curve") for e in by_seed.values())}
     if not shown:
         return []
     columns = [s for s in LOSS_CURVE_STEPS if any(
         s <= e["steps"] for by_seed in shown.values() for e in by_seed.values())]
-    lines = ["", "Training loss (label-smoothed cross entropy, logged every 50 steps) of the deep post-norm runs:", "",
+    lines = ["", "Training loss (label-smoothed cross entropy, logged every 50 steps) of the deep runs:", "",
              "| arm | seed | " + " | ".join(f"step {s:,}" for s in columns) + " |",
              "|---|---|" + "---|" * len(columns)]
     for arm, by_seed in shown.items():
@@ -635,6 +773,138 @@ def loss_curve_table(runs: dict) -> list[str]:
             cells = [f"{curve[s]:.2f}" if s in curve else "–" for s in columns]
             lines.append(f"| `{arm}` | {seed} | " + " | ".join(cells) + " |")
     return lines
+
+
+EPOCH_CURVE_EPOCHS = (1, 2, 3, 5, 10, 15, 20, 25, 30)
+# the PNG's text chunk that names the curves it plots (a digest of them), so that a test can tell a stale plot
+CURVES_DIGEST_KEY = "ledger_epoch_curves_sha256"
+
+
+def converged_arms(runs: dict) -> dict:
+    """The arms of `runs` ({arm: {seed: entry}}) trained to convergence (`is_converged`: one budget per arm)."""
+    return {arm: by_seed for arm, by_seed in runs.items() if is_converged(next(iter(by_seed.values())))}
+
+
+def per_seed(values: list) -> str:
+    return " / ".join(str(value) for value in values)
+
+
+def converged_section(runs: dict, comparisons: dict, step_budget_arms: dict, plot_link: str) -> list[str]:
+    """The runs trained to convergence (Markdown lines; none without any): per arm, where each seed stopped and which
+    epoch was best, val and test BLEU of its val-best checkpoint and of its last checkpoints' average; per family,
+    its verdicts at the step budget beside those trained to convergence (`step_budget_arms`: a converged arm -> the
+    arm of the same comparison at the step budget); the val BLEU of every epoch, as a table and as the plot at
+    `plot_link` (`plot_epoch_curves`)."""
+    converged = converged_arms(runs)
+    if not converged:
+        return []
+    trainings = [entry.get("training") or {} for by_seed in converged.values() for entry in by_seed.values()]
+    rules = sorted({f"{training['early_stopping_patience']} evaluations without a better val BLEU, at most "
+                    f"{training['max_epochs']} epochs" for training in trainings
+                    if {"early_stopping_patience", "max_epochs"} <= training.keys()})
+    lines = ["", "Trained to convergence (evaluated on val at the end of every epoch until early stopping"
+             + "".join(f"; {rule}" for rule in rules) + "): the val-best checkpoint is the run's model, and its val "
+             "and test BLEU are the entry's (the tables above); the average of the run's last checkpoints (fairseq's "
+             "recipe) is scored beside it.", "",
+             "| arm | seeds | stopped at epoch | best epoch | val BLEU, best | test BLEU, best | checkpoints averaged "
+             "| val BLEU, average | test BLEU, average |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm, by_seed in converged.items():
+        entries = [by_seed[seed] for seed in sorted(by_seed)]
+        averaged = [entry["averaged_checkpoints"] for entry in entries]
+        lines.append("| " + " | ".join([
+            f"`{arm}`", str(len(entries)), per_seed(entry["epoch_curve"][-1]["epoch"] for entry in entries),
+            per_seed(entry["best_checkpoint"]["epoch"] for entry in entries),
+            mean_std([entry["validation"]["bleu"] for entry in entries]),
+            mean_std([entry["test"]["bleu"] for entry in entries]),
+            per_seed(len(average["checkpoints"]) for average in averaged),
+            mean_std([average["validation"]["bleu"] for average in averaged]),
+            mean_std([average["test"]["bleu"] for average in averaged]),
+        ]) + " |")
+    lines += ["", "Does the verdict hold when the models are trained to convergence? Each family's comparison at the "
+              "step budget beside the same comparison trained to convergence (verdicts as in the table above):", "",
+              "| family | at the step budget | test verdict | val verdict | trained to convergence | test verdict "
+              "| val verdict |", "|---|---|---|---|---|---|---|"]
+    for arm, by_seed in converged.items():
+        first = next(iter(by_seed.values()))
+        if first["baseline"] is not None:
+            cells = [first["family"], *verdict_cells(step_budget_arms.get(arm), runs, comparisons),
+                     *verdict_cells(arm, runs, comparisons)]
+            lines.append("| " + " | ".join(cells) + " |")
+    last_epoch = max(entry["epoch_curve"][-1]["epoch"] for by_seed in converged.values() for entry in by_seed.values())
+    columns = [epoch for epoch in EPOCH_CURVE_EPOCHS if epoch <= last_epoch]
+    lines += ["", "Val BLEU at the end of each epoch (the early stopping's measure: references decoded from their "
+              "token ids), every epoch in the plot below:", "",
+              "| arm | seed | " + " | ".join(f"epoch {epoch}" for epoch in columns) + " |",
+              "|---|---|" + "---|" * len(columns)]
+    for arm, by_seed in converged.items():
+        for seed, entry in sorted(by_seed.items()):
+            curve = {point["epoch"]: point["bleu"] for point in entry["epoch_curve"]}
+            cells = [f"{curve[epoch]:.2f}" if epoch in curve else "–" for epoch in columns]
+            lines.append(f"| `{arm}` | {seed} | " + " | ".join(cells) + " |")
+    return lines + ["", f"![Val BLEU per epoch of the runs trained to convergence]({plot_link})"]
+
+
+def verdict_cells(arm: str | None, runs: dict, comparisons: dict) -> list[str]:
+    """An arm's comparison with its baseline as three cells: the arm and its seeds compared, the test verdict and the
+    val verdict; what is missing where it has none."""
+    if arm is None:
+        return ["–", "–", "–"]
+    comparison = comparisons.get(arm)
+    if comparison is None:
+        missing = "baseline not run yet" if arm in runs else "not run yet"
+        return [f"`{arm}`", missing, missing]
+    return [f"`{arm}`, {seed_list(comparison.seeds)}", comparison.verdict(), comparison.val_verdict()]
+
+
+def epoch_curves_plot_path(ledger_dir: Path) -> Path:
+    """Where `plot_epoch_curves` draws the ledger's epoch curves: beside the ledger dir, `<its name>_epoch_curves.png`
+    (`benchmarks/results/multi30k_epoch_curves.png`)."""
+    ledger_dir = Path(ledger_dir)
+    return ledger_dir.parent / f"{ledger_dir.name}_epoch_curves.png"
+
+
+def curves_digest(runs: dict) -> str:
+    """A digest of the epoch curves and best epochs of the converged runs of `runs`: what the plot draws."""
+    curves = {arm: {str(seed): [entry["epoch_curve"], entry["best_checkpoint"]] for seed, entry in by_seed.items()}
+              for arm, by_seed in converged_arms(runs).items()}
+    return hashlib.sha256(json.dumps(curves, sort_keys=True).encode()).hexdigest()
+
+
+def plot_epoch_curves(ledger_dir: Path) -> Path | None:
+    """Draw the val BLEU per epoch of the ledger's converged runs (one colour per arm, one line per seed, its best
+    epoch marked) into `epoch_curves_plot_path` (written whole: a temporary file renamed into place), named in the
+    PNG by `curves_digest`; with no converged run there is no plot (one left from before is removed). Returns the
+    plot's path, or None. Needs matplotlib (the `train` extra)."""
+    runs = read_ledger(ledger_dir)
+    path = epoch_curves_plot_path(ledger_dir)
+    converged = converged_arms(runs)
+    if not converged:
+        path.unlink(missing_ok=True)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5.5))
+    for index, (arm, by_seed) in enumerate(converged.items()):
+        colour = f"C{index % 10}"
+        label = f"{arm} ({seed_list(sorted(by_seed))})"
+        for number, (seed, entry) in enumerate(sorted(by_seed.items())):
+            curve = entry["epoch_curve"]
+            axes.plot([point["epoch"] for point in curve], [point["bleu"] for point in curve], color=colour,
+                      linewidth=1, label=label if number == 0 else None)
+            best = next(point for point in curve if point["step"] == entry["best_checkpoint"]["step"])
+            axes.plot(best["epoch"], best["bleu"], marker="o", color=colour)
+    axes.set(xlabel="epoch", ylabel="val BLEU (at each evaluation)",
+             title="Multi30k en->de trained to convergence: val BLEU per epoch (dot: the val-best checkpoint)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize="small")
+    temporary = path.with_name(path.name + ".tmp")
+    figure.savefig(temporary, format="png", dpi=100, metadata={CURVES_DIGEST_KEY: curves_digest(runs)})
+    plt.close(figure)
+    os.replace(temporary, path)
+    return path
 
 
 def provenance(runs: dict) -> list[str]:
@@ -649,14 +919,18 @@ def provenance(runs: dict) -> list[str]:
 
 
 # the questions a family's conclusion answers, in this order (issue 38: from scratch, added to a trained model, at
-# depth), and how an arm's entry tells which it asks
+# depth; issue 76: each of them trained to convergence, after it), and how an arm's entry tells which it asks
 SETTINGS = ("from scratch", "added to a trained model", "deep post-norm, from scratch")
+CONVERGED_SETTING = "{}, trained to convergence"
+ORDERED_SETTINGS = tuple(name for base in SETTINGS for name in (base, CONVERGED_SETTING.format(base)))
 
 
 def setting(entry: dict) -> str:
     if entry.get("init_from") is not None:
-        return SETTINGS[1]
-    return SETTINGS[2] if entry.get("show_loss_curve") else SETTINGS[0]
+        base = SETTINGS[1]
+    else:
+        base = SETTINGS[2] if entry.get("show_loss_curve") else SETTINGS[0]
+    return CONVERGED_SETTING.format(base) if is_converged(entry) else base
 
 
 def conclusions(runs: dict, comparisons: dict, paper_claims: dict) -> list[str]:
@@ -670,7 +944,7 @@ def conclusions(runs: dict, comparisons: dict, paper_claims: dict) -> list[str]:
             f"`{arm}` against `{first['baseline']}` {comparison.summary()}")
     for family, by_setting in by_family.items():
         claim = paper_claims.get(family, "")
-        parts = [f"*{name}*: " + "; ".join(by_setting[name]) for name in SETTINGS if name in by_setting]
+        parts = [f"*{name}*: " + "; ".join(by_setting[name]) for name in ORDERED_SETTINGS if name in by_setting]
         lines.append(f"- **{family}**: " + ". ".join(parts) + (f". The paper: {claim}" if claim else "."))
     if len(lines) == 3:
         lines.append("- No arm has a finished baseline run yet.")

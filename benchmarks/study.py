@@ -19,7 +19,8 @@ the ledger's commit is the code that ran; uncommitted changes are not part of a 
 tokenizer `benchmarks/results/multi30k/tokenizer`, the one every ledger run used (it came from `tokenizers`' unigram
 trainer, which was not deterministic; a retrained one would differ and make new runs incomparable). When it finishes, `bench_multi30k.py` writes
 `benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run interrupted (killed, machine gone, a session's stop) resumes
-from its last checkpoint (every 500 steps) with the code of the commit that started it, whatever was committed since
+from its last checkpoint (every 500 steps; every epoch trained to convergence, priority 9) with the code of the commit
+that started it, whatever was committed since
 (delete its run dir to start it over with HEAD); an unfinished run dir without a checkpoint starts over with HEAD.
 Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps took 52-68 minutes on an Intel Xeon
 core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
@@ -76,9 +77,27 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    seed 5. Their seeds 1-3 were written before entries kept val translations, and their models are gone, so the
    report could test them on test only ("untested on val"); these seeds give each family's from-scratch verdict its
    val side.
+9. Issue 76, do the verdicts hold trained to convergence, and against deep baselines that train? First the runs
+   trained to convergence (`ConvergedRun`, bench_multi30k.py's converged budget: val BLEU at the end of every epoch,
+   stopped once it has not improved for 3 evaluations or after 30 epochs, ~13,600 steps; the val-best checkpoint is
+   the run's model, the average of its last 5 checkpoints is scored beside it; the study's learning rate 1e-3 and
+   warm-up 1,000, so that only the budget differs from the 2,000-step runs): `plain_transformer_converged` and
+   `gtrans_converged` (T_e = 3, T_d = 2) with seeds 1-3, then seed 1 of `layerwise_coordination_14_converged`,
+   `rtal_paper_converged` after its baseline `plain_transformer_prenorm_converged`, `re_transformer_2_converged` and
+   `deep_representations_paper_converged` (the converged plain run fine-tuned until early stopping, against that run
+   trained on the same way, `plain_transformer_continued_converged`), then their seeds 2-3. Then the deep baselines
+   that should train where post-norm with the study's warm-up fails: `plain_transformer_prenorm_12x12_2000steps`
+   (pre-norm, the post-norm depth arms' 2,000 steps and warm-up 400) and `plain_transformer_12x12_warmup4000`
+   (post-norm with the papers' 4,000-step warm-up, trained to convergence: 2,000 steps would end inside the warm-up;
+   bench_multi30k.py says why) beside `gtrans_12x12_warmup4000`, seeds 1-3, with seed 1 of
+   `plain_transformer_prenorm_24x18_2000steps` among them and its seeds 2-3 last. `--hours` expects a run trained to
+   convergence to reach its cap: a short session does not start one it cannot finish. The fine-tuning arms trained
+   to convergence have no priority 7 reruns: run them and their baseline where their starting run was trained
+   (`--parallel` on one machine), or the report marks the seed as started apart.
 
-A result file that exists but cannot be read as one (cut short, a bad merge, a key missing) is `BAD` in `--list`,
-named with what is wrong; its run counts as not done, and the rerun replaces the file.
+A result file that exists but cannot be read as one (cut short, a bad merge, a key missing, a value no run produces:
+`multi30k_ledger.value_problem`) is `BAD` in `--list`, named with what is wrong; its run counts as not done, and the
+rerun replaces the file. A `--ledger_dir` or `--probe_dir` that does not exist is refused.
 """
 
 from __future__ import annotations
@@ -88,12 +107,13 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +145,24 @@ M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de
 # `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
 STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer",
                  **{arm: "plain_transformer" for arm in FINE_TUNING_ARMS}}
+# priority 9 (issue 76): the arms trained to convergence (bench_multi30k.CONVERGED_SUFFIX: the arm of the name without
+# it, under the converged budget) and the deep baselines that should train
+CONVERGED_SUFFIX = "_converged"
+CONVERGED_BUDGET = dict(max_epochs=30, early_stopping_patience=3, warmup_steps=STANDARD_BUDGET["warmup_steps"])
+CONVERGED_PAIR = ("plain_transformer_converged", "gtrans_converged")
+# the other families trained to convergence, each after its baseline (deep representations' recipe: the converged
+# plain run fine-tuned, against that run trained on the same way)
+CONVERGED_FAMILIES = ("layerwise_coordination_14_converged", "plain_transformer_prenorm_converged",
+                      "rtal_paper_converged", "re_transformer_2_converged", "plain_transformer_continued_converged",
+                      "deep_representations_paper_converged")
+STARTING_RUNS.update({arm: "plain_transformer_converged" for arm in ("plain_transformer_continued_converged",
+                                                                     "deep_representations_paper_converged")})
+PRE_NORM_DEEP_ARMS = ("plain_transformer_prenorm_12x12_2000steps", "plain_transformer_prenorm_24x18_2000steps")
+WARMUP_4000_PAIR = ("plain_transformer_12x12_warmup4000", "gtrans_12x12_warmup4000")  # trained to convergence
+WARMUP_4000_STEPS = 4000
+# the steps of one epoch of Multi30k (29,000 training pairs in batches of 64, bench_multi30k.TRAINING_OPTIONS; the
+# last batch is smaller): a converged run's cap of epochs in steps
+STEPS_PER_EPOCH = math.ceil(29_000 / 64)
 # priority 8 (issue 38 item 3): each family's from-scratch arm, and a baseline its seeds 4-5 need that item 3 does
 # not queue (RTAL's pre-norm one), for verdicts on val beside test
 FROM_SCRATCH_ARMS = ("gtrans", "layerwise_coordination_14", "re_transformer_2", "re_transformer_4",
@@ -173,11 +211,45 @@ class StudyRun(ArmRun):
     def command(self, snapshot: Path, args) -> list[str]:
         return [
             sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
-            "--models", self.arm, "--seeds", str(self.seed), "--run_only",
-            "--max_steps_per_model", str(self.max_steps), "--warmup_steps", str(self.warmup_steps),
+            "--models", self.arm, "--seeds", str(self.seed), "--run_only", *self.budget_options(),
+            "--warmup_steps", str(self.warmup_steps),
             "--output_dir", str(self.run_dir().parents[1]), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
             "--ledger_dir", str(args.ledger_dir), "--data_dir", str(args.data_dir),
         ]
+
+    def budget_options(self) -> list[str]:
+        return ["--max_steps_per_model", str(self.max_steps)]
+
+
+@dataclass(frozen=True)
+class ConvergedRun(StudyRun):
+    """One run of priority 9 trained to convergence: an arm of bench_multi30k.py that evaluates val BLEU every epoch
+    and stops once it has not improved for `early_stopping_patience` evaluations, or after `max_epochs` epochs.
+    `max_steps` is that cap in steps: what `--hours` expects of it (early stopping may end it sooner, but a run started
+    in a session it cannot finish is lost where runs/ does not survive), and what a resumed run has left of."""
+
+    max_steps: int = CONVERGED_BUDGET["max_epochs"] * STEPS_PER_EPOCH
+    warmup_steps: int = CONVERGED_BUDGET["warmup_steps"]
+    max_epochs: int = CONVERGED_BUDGET["max_epochs"]
+    early_stopping_patience: int = CONVERGED_BUDGET["early_stopping_patience"]
+
+    def __post_init__(self):
+        if self.max_steps != self.max_epochs * STEPS_PER_EPOCH:
+            raise ValueError(f"{self.label}: max_steps is the cap of {self.max_epochs} epochs in steps, "
+                             f"{self.max_epochs * STEPS_PER_EPOCH}, not {self.max_steps}")
+
+    @property
+    def budget(self) -> str:
+        return (f"until val BLEU stalls {self.early_stopping_patience} epochs, at most {self.max_epochs} epochs "
+                f"({self.max_steps} steps; warm-up {self.warmup_steps})")
+
+    def run_dir(self) -> Path:
+        return (WORK_DIR / "runs" / f"epochs_{self.max_epochs}_patience_{self.early_stopping_patience}_warmup_"
+                f"{self.warmup_steps}" / self.arm / f"seed_{self.seed}")
+
+    def budget_options(self) -> list[str]:
+        return ["--max_epochs_per_model", str(self.max_epochs),
+                "--early_stopping_patience", str(self.early_stopping_patience)]
 
 
 @dataclass(frozen=True)
@@ -227,7 +299,9 @@ def reruns_from_one_start(ledger_dir: Path = LEDGER_DIR) -> list[Rerun]:
         return found
 
     wanted: dict[tuple, tuple[float, list[str]]] = {}
-    for arm in STARTING_RUNS:
+    # the step budget's fine-tuning arms (those trained to convergence have no reruns: run the arm and its baseline
+    # on the machine that trained their starting run, or the report marks the seed with the two starts)
+    for arm in (arm for arm in STARTING_RUNS if not arm.endswith(CONVERGED_SUFFIX)):
         for path in sorted((Path(ledger_dir) / arm).glob("seed_*.json")):
             if not ledger.ENTRY_NAME.fullmatch(path.name):
                 continue
@@ -401,7 +475,23 @@ def study_queue(probe_dir: Path = PROBE_DIR, ledger_dir: Path = LEDGER_DIR) -> l
     queue += [StudyRun(arm, seed, **standard) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     queue += depth_pair((18, 12), 1)
     queue += [StudyRun(arm, seed, **standard) for seed in (4, 5) for arm in FROM_SCRATCH_ARMS]  # priority 8
-    return queue
+    return queue + converged_and_deep_baselines()  # priority 9
+
+
+def converged_and_deep_baselines() -> list[StudyRun]:
+    """Priority 9 (issue 76) in its order: the plain / GTrans pair trained to convergence with 3 seeds, the other
+    families trained to convergence (seed 1 of each, then seeds 2-3); then the deep baselines that should train,
+    pre-norm 12 + 12 (2,000 steps) and post-norm 12 + 12 with a 4,000-step warm-up (trained to convergence, and
+    GTrans 12 + 12 beside it) with 3 seeds, pre-norm 24 + 18 with seed 1 among them and its seeds 2-3 last."""
+    queue = [ConvergedRun(arm, seed) for seed in (1, 2, 3) for arm in CONVERGED_PAIR]
+    queue += [ConvergedRun(arm, seed) for seed in (1, 2, 3) for arm in CONVERGED_FAMILIES]
+    prenorm_12x12, prenorm_24x18 = PRE_NORM_DEEP_ARMS
+    for seed in (1, 2, 3):
+        queue.append(StudyRun(prenorm_12x12, seed, **DEEP_LONG_BUDGET))
+        if seed == 1:
+            queue.append(StudyRun(prenorm_24x18, seed, **DEEP_LONG_BUDGET))
+        queue += [ConvergedRun(arm, seed, warmup_steps=WARMUP_4000_STEPS) for arm in WARMUP_4000_PAIR]
+    return queue + [StudyRun(prenorm_24x18, seed, **DEEP_LONG_BUDGET) for seed in (2, 3)]
 
 
 def pending_runs(ledger_dir: Path = LEDGER_DIR, probe_dir: Path = PROBE_DIR, arms: list[str] | None = None,
@@ -435,13 +525,18 @@ def finished_here(run: ArmRun | DepthProbe) -> bool:
 def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
     """The run of the same seed and budget that a fine-tuning arm starts from (`STARTING_RUNS`), else None."""
     starting_arm = STARTING_RUNS.get(run.arm) if isinstance(run, StudyRun) else None
-    return None if starting_arm is None else StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
+    if starting_arm is None:
+        return None
+    if isinstance(run, ConvergedRun):
+        return replace(run, arm=starting_arm)
+    return StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
 
 
-def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int) -> list[float]:
+def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluations: float = 1.0) -> list[float]:
     """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), their training
-    scaled to `steps` steps: those on `cpu`'s model and instruction set where there are any, else those on its model
-    whose entries predate `device.cpu_capability`, else all; unreadable files are left out (the queue reruns them)."""
+    scaled to `steps` steps and their evaluation (val and test) to `evaluations` of them: those on `cpu`'s model and
+    instruction set where there are any, else those on its model whose entries predate `device.cpu_capability`, else
+    all; unreadable files are left out (the queue reruns them)."""
     entries = []
     for path in Path(arm_dir).glob("seed_*.json"):
         try:
@@ -453,28 +548,62 @@ def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int) -> list[f
     same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu.model]
     same_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") == cpu.capability]
     unrecorded_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") is None]
-    return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0)
+    return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0) * evaluations
             for entry in same_kind or unrecorded_kind or on_cpu]
+
+
+PLAIN_LAYERS = 12  # the 6 + 6 plain model's, whose step time a deep stand-in scales by the layers
+
+
+def timing_stand_ins(arm: str) -> list[tuple[str, float]]:
+    """The arms whose CPU runs time `arm`'s runs while the ledger holds none of its own, in order of preference, each
+    with the time of `arm`'s step relative to theirs: the same model at another budget (an arm trained to
+    convergence: the arm at the step budget; a `_2000steps` arm: its 1,000-step runs); for priority 9's deep
+    baselines, the post-norm model of their shape (its 2,000-step, then its 1,000-step runs), then the 6 + 6 plain
+    model, its step time scaled by the layers (a step's time grows about linearly with them)."""
+    if arm.endswith(CONVERGED_SUFFIX):
+        return [(arm.removesuffix(CONVERGED_SUFFIX), 1.0)]
+    if arm in PRE_NORM_DEEP_ARMS + WARMUP_4000_PAIR:
+        family, encoder_layers, decoder_layers = re.fullmatch(r"(\w+?)(?:_prenorm)?_(\d+)x(\d+)_\w+", arm).groups()
+        post_norm = f"{family}_{encoder_layers}x{decoder_layers}"
+        return [(post_norm + LONG_DEPTH_SUFFIX, 1.0), (post_norm, 1.0),
+                ("plain_transformer", (int(encoder_layers) + int(decoder_layers)) / PLAIN_LAYERS)]
+    if arm.endswith(LONG_DEPTH_SUFFIX):
+        return [(arm.removesuffix(LONG_DEPTH_SUFFIX), 1.0)]
+    return []
 
 
 def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tuple[float, str]:
     """How long `run` should take on one core of this CPU, and where that estimate comes from: the median of its
-    arm's CPU runs in the ledger (else `UNTIMED_RUN_MINUTES`), plus its starting run's when a fine-tuning arm must
-    train that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing)."""
+    arm's CPU runs in the ledger, else of the first of its stand-ins with any (`timing_stand_ins`), else
+    `UNTIMED_RUN_MINUTES` per run of the standard budget; plus its starting run's when a fine-tuning arm must train
+    that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing). A run trained to
+    convergence is expected to run to its cap (`ConvergedRun`); timed from a stand-in at a step budget, it adds a val
+    evaluation per epoch (half a val + test evaluation) and its two final ones, the best checkpoint's and the last
+    checkpoints' average's (a converged run's own minutes hold them)."""
     if isinstance(run, DepthProbe):
         return UNTIMED_RUN_MINUTES, "no estimate for a depth probe"
     arm_dir = run.result_file(args.ledger_dir, args.probe_dir).parent
     done = resumed_step(run)
     steps_left = run.max_steps - done
     minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left)
-    source = f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
-    if not minutes and run.arm.endswith(LONG_DEPTH_SUFFIX):  # the same model's 1,000-step runs, scaled
-        shorter = run.arm[: -len(LONG_DEPTH_SUFFIX)]
-        minutes = ledger_cpu_minutes(arm_dir.parent / shorter, cpu, steps_left)
-        source = f"the median of `{shorter}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {run.max_steps} steps"
-    expected = statistics.median(minutes) if minutes else UNTIMED_RUN_MINUTES * steps_left / run.max_steps
-    if not minutes:
-        source = f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run"
+    expected, source = None, f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
+    if minutes:
+        expected = statistics.median(minutes)
+    evaluations = 2 + math.ceil(steps_left / STEPS_PER_EPOCH) / 2 if isinstance(run, ConvergedRun) else 1
+    for stand_in, step_time in timing_stand_ins(run.arm) if expected is None else ():
+        minutes = ledger_cpu_minutes(arm_dir.parent / stand_in, cpu, steps_left, evaluations)
+        if minutes:
+            expected = statistics.median(minutes) * step_time
+            source = (f"the median of `{stand_in}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {steps_left} "
+                      "steps" + (f" and {evaluations:g} val + test evaluations" if evaluations != 1 else "")
+                      + (f", times {step_time:g} for its layers" if step_time != 1 else ""))
+            break
+    if expected is None:
+        standard_runs = steps_left / min(run.max_steps, STANDARD_BUDGET["max_steps"])
+        expected = UNTIMED_RUN_MINUTES * standard_runs
+        source = (f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run"
+                  + (f" of {STANDARD_BUDGET['max_steps']} steps, scaled to {steps_left}" if standard_runs > 1 else ""))
     if done:
         source += f", for the {steps_left} steps left after its checkpoint at step {done}"
     start_from = starting_run(run)
@@ -723,9 +852,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="How long this machine stays up (a session's time left, say): start only runs expected to finish within "
              "it, on one core of this CPU (the median of the arm's CPU runs in the ledger, on this CPU model and vector "
              "instruction set where there are any, else on this model as recorded before the set was, else on any "
-             "CPU; %d min without any; plus a fine-tuning arm's starting run when that must train first), and skip "
-             "the others for later runs of the queue that fit. A new machine starts without runs/, so a run that does "
-             "not fit would only be lost. Default: no limit." % UNTIMED_RUN_MINUTES,
+             "CPU; without any, those of a stand-in at another budget: a run trained to convergence is timed to its "
+             "cap of epochs from its arm's 2,000-step runs, with a val evaluation every epoch; a deep baseline of "
+             "priority 9 from the post-norm runs of its shape; %d min per 2,000-step run without any; plus a "
+             "fine-tuning arm's starting run when that must train first), and skip the others for later runs of the "
+             "queue that fit. A new machine starts without runs/, so a run that does not fit would only be lost. "
+             "Default: no limit." % UNTIMED_RUN_MINUTES,
     )
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
@@ -743,6 +875,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--hours must be a positive number of hours, got {args.hours}")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
+    # a directory that is not there holds no result: the whole queue would read as pending
+    for option, directory in (("--ledger_dir", args.ledger_dir), ("--probe_dir", args.probe_dir)):
+        if not directory.is_dir():
+            parser.error(f"{option} {directory} is not a directory: give the existing results directory "
+                         f"(default: {parser.get_default(option[2:])})")
     if args.arms is not None:
         known = {run.arm for run in study_queue(args.probe_dir, args.ledger_dir) if isinstance(run, ArmRun)}
         unknown = sorted(set(args.arms) - known)

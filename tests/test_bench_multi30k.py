@@ -3,6 +3,7 @@ bootstrap is sacreBLEU's, and an output dir refuses other settings."""
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -146,10 +147,11 @@ MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", val_hypotheses=None, **extra):
     """A ledger entry with the fields the report reads; with `val_hypotheses`, the val translations of an entry
-    written since issue 38."""
+    written since issue 38. Each holds its own lists of translations, as read from JSON (a test that edits them
+    leaves REFERENCES as it is)."""
     validation = {"bleu": bleu + 1.0, "signature": "sig"}
     if val_hypotheses is not None:
-        validation["hypotheses"] = val_hypotheses
+        validation.update(hypotheses=list(val_hypotheses), sentences=len(val_hypotheses))
         extra.setdefault("validation_references_sha256", ledger.sha256_lines(REFERENCES))
     return {
         "arm": arm, "family": arm.split("_")[0], "seed": seed, "baseline": baseline, "steps": 2000,
@@ -157,7 +159,7 @@ def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", val_hy
         "device": {"cpu": "Some CPU", "gpu": None, "torch_threads": 1},
         "tokenizer_sha256": "t", "test_references_sha256": ledger.sha256_lines(REFERENCES),
         "validation": validation,
-        "test": {"bleu": bleu, "signature": "sig", "hypotheses": hypotheses},
+        "test": {"bleu": bleu, "signature": "sig", "hypotheses": list(hypotheses), "sentences": len(hypotheses)},
         "loss_curve": [[50, 9.0], [100, 7.5]], "gtrans_decoder_groups": None, **extra,
     }
 
@@ -460,12 +462,14 @@ def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike(tmp_path)
     # an empty ledger: no baseline reruns (priority 7, the only runs sharing an arm and seed with another)
     queue = [run for run in study.study_queue(ledger_dir=tmp_path) if isinstance(run, study.StudyRun)]
     assert len({(run.arm, run.seed) for run in queue}) == len(queue)  # one ledger file per arm and seed
-    budget = {(run.arm, run.seed): (run.max_steps, run.warmup_steps) for run in queue}
+    budget = {(run.arm, run.seed): run.budget for run in queue}
     for run in queue:
         assert run.arm in bench.MODELS, run.arm
+        # the arms trained to convergence take the converged budget, and no other arm does
+        assert bench.MODELS[run.arm].converged == isinstance(run, study.ConvergedRun), run.arm
         baseline = bench.MODELS[run.arm].baseline
-        if baseline is not None:  # steps-matched with the baseline run of the same seed, queued before it
-            assert budget[(baseline, run.seed)] == (run.max_steps, run.warmup_steps), run
+        if baseline is not None:  # the budget of the baseline run of the same seed, queued before it
+            assert budget[(baseline, run.seed)] == run.budget, run
             assert queue.index(next(r for r in queue if (r.arm, r.seed) == (baseline, run.seed))) < queue.index(run)
     assert [(r.arm, r.seed) for r in queue[:6]] == [
         (arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer", "gtrans")]  # priority 1 first
@@ -490,10 +494,34 @@ def test_the_queue_can_be_limited_to_some_arms(tmp_path):
         study.parse_args(["--arms", "re_transformer_2", "re_transformer_9"])
 
 
+@pytest.mark.parametrize("option", ["--ledger_dir", "--probe_dir"])
+def test_list_refuses_a_results_directory_that_does_not_exist(tmp_path, capsys, option):
+    """Issue 73: a mistyped `--ledger_dir` listed every run as pending (a directory that is not there holds no
+    result); it is refused before anything is listed or run."""
+    with pytest.raises(SystemExit):
+        study.main(["--list", option, str(tmp_path / "no_such_dir")])
+    said = capsys.readouterr()
+    assert f"{option} {tmp_path / 'no_such_dir'} is not a directory" in said.err and said.out == ""
+
+
 def test_starting_runs_of_the_queue_are_the_arms_init_from():
     fine_tuning = {run.arm for run in study.study_queue() if isinstance(run, study.StudyRun)
                    and bench.MODELS[run.arm].init_from is not None}
     assert study.STARTING_RUNS == {arm: bench.MODELS[arm].init_from for arm in fine_tuning}
+
+
+def test_the_queue_and_the_benchmark_agree_on_each_seeds_starting_run(tmp_path):
+    """Issue 73: the queue's starting run of a fine-tuning arm's seed (`study.starting_run`: what it waits for and
+    times) is the run dir the benchmark's command of that seed fine-tunes, for every seed the queue holds."""
+    args = study.parse_args(["--data_dir", str(tmp_path)])
+    fine_tuning = [run for run in study.study_queue() if isinstance(run, study.StudyRun)
+                   and not isinstance(run, study.Rerun) and run.arm in study.STARTING_RUNS]
+    assert any(isinstance(run, study.ConvergedRun) for run in fine_tuning)
+    assert {run.seed for run in fine_tuning} >= {1, 2, 3}
+    for run in fine_tuning:
+        parsed = bench.parse_args(run.command(tmp_path / "snapshot", args)[2:])
+        command = bench.run_translation_command(run.arm, run.seed, parsed, parsed.tokenizer_dir)
+        assert f"--model_name_or_path={study.starting_run(run).run_dir()}" in command, run.label
 
 
 def test_parallel_runs_never_share_state_and_probes_run_alone(tmp_path, monkeypatch):
@@ -527,6 +555,7 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
     `--parallel` runs going, records when each started and ended, and starts nothing after a failure."""
     ledger_dir, events = tmp_path / "ledger", tmp_path / "events"
     events.mkdir()
+    ledger_dir.mkdir()  # the queue refuses a ledger dir that does not exist
     arms = ["re_transformer_2", "re_transformer_4"]
     failing = {study.StudyRun("re_transformer_4", 2)}
     at_once = {}
@@ -763,6 +792,29 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
     assert len(calls) == 2
 
 
+def test_each_seed_of_a_fine_tuning_arm_starts_from_and_records_its_own_seeds_run(tmp_path, monkeypatch):
+    """Issue 73: with one seed, a fine-tuning arm of seed N that fine-tuned seed 1's run passed the suite (its entry
+    still recorded seed N's run). With two, each seed's command fine-tunes its own seed's starting run, and its entry
+    records that run: its directory, seed and BLEU (the stand-in gives each run another BLEU)."""
+    calls = []
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls))
+    output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
+    bench.main(["--models", "rtal_finetuned", "--run_only", "--seeds", "1", "2", "--max_steps_per_model", "3",
+                "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir",
+                str(TOKENIZER_DIR), "--data_dir", str(tiny_corpus(tmp_path))])
+    entries = bench.ledger.read_ledger(ledger_dir)
+    fine_tuning = [command for command in calls if "--model_type=rtal" in command]
+    assert len(fine_tuning) == 2
+    for seed, command in zip((1, 2), fine_tuning):
+        start_dir = output_dir / "plain_transformer" / f"seed_{seed}"
+        assert f"--seed={seed}" in command and f"--model_name_or_path={start_dir}" in command
+        start = entries["plain_transformer"][seed]
+        assert entries["rtal_finetuned"][seed]["init_from"] == {
+            "arm": "plain_transformer", "seed": seed, "steps": 3, "validation_bleu": start["validation"]["bleu"],
+            "test_bleu": start["test"]["bleu"], "run_dir": str(start_dir)}
+    assert entries["plain_transformer"][1]["test"]["bleu"] != entries["plain_transformer"][2]["test"]["bleu"]
+
+
 def test_a_fine_tuning_run_from_another_start_than_its_entry_is_written_beside_it(tmp_path, monkeypatch):
     """`plain_transformer_continued --run_only` where the ledger's entry of the seed fine-tuned another plain run
     (trained on another machine): the entry stays, the run lands in its rerun file, and a second call writes
@@ -779,7 +831,7 @@ def test_a_fine_tuning_run_from_another_start_than_its_entry_is_written_beside_i
             "--data_dir", str(tiny_corpus(tmp_path))]
     bench.main(argv)
     assert entry_path.read_text() == before
-    start = bench.starting_run(bench.parse_args(argv), "plain_transformer", 1)
+    start = bench.starting_run(bench.parse_args(argv), "plain_transformer_continued", 1)
     rerun = ledger.read_reruns(ledger_dir)["plain_transformer_continued"][1]
     assert [entry["init_from"] for entry in rerun] == [start]
     assert (ledger_dir / "plain_transformer_continued" / f"seed_1_from_{ledger.start_tag(start)}.json").is_file()
@@ -980,6 +1032,7 @@ def test_the_queue_puts_issue_38_in_order_of_value(tmp_path):
     expected += [(arm, seed) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     expected += [(f"{family}_18x12{long}", 1) for family in ("plain_transformer", "gtrans")]
     expected += [(arm, seed) for seed in (4, 5) for arm in study.FROM_SCRATCH_ARMS]  # priority 8
+    expected += [(run.arm, run.seed) for run in study.converged_and_deep_baselines()]  # priority 9, after the rest
     assert [(run.arm, run.seed) for run in queue[first:]] == expected
     listed = subprocess_list()
     assert listed.index("`plain_transformer_24x18_2000steps` seed 1") < listed.index("`gtrans_finetuned` seed 1") < (
@@ -1032,21 +1085,39 @@ def test_depth_runs_read_the_study_runs_not_the_probe_rule(tmp_path):
     assert bench.depth_runs({})[2:] == ["- No deep post-norm study run has finished yet."]
 
 
+def edited_entry_text(edit) -> str:
+    """The JSON text of a `re_transformer_2` seed 1 entry after `edit(entry)`; an infinite value is written as
+    1e400, a number JSON reads as inf."""
+    entry = {"ledger_version": ledger.LEDGER_VERSION, **fake_entry("re_transformer_2", 1, 30.0, REFERENCES)}
+    edit(entry)
+    return json.dumps(entry).replace("Infinity", "1e400")
+
+
 @pytest.mark.parametrize("content, problem", [
     ('{"arm": "gtrans", "seed": 1', "cannot be read as JSON"),  # cut short
     ("[1, 2]", "holds a JSON list, not an object"),
-    (None, "lacks 'test.hypotheses'"),  # a key the report reads is missing (issue 40: KeyError: 'test')
-])
+    # a key the report reads is missing (issue 40: KeyError: 'test')
+    (lambda entry: entry["test"].pop("hypotheses"), "lacks 'test.hypotheses'"),
+    # values no run produces (issue 73: published into the README, or a crash naming no file, and counted as done)
+    (lambda entry: entry["test"].update(bleu=-5), "field 'test.bleu' is -5, not a BLEU score"),
+    (lambda entry: entry["validation"].update(bleu=340), "field 'validation.bleu' is 340, not a BLEU score"),
+    (lambda entry: entry["test"].update(bleu=float("nan")), "field 'test.bleu' is nan, not a BLEU score"),
+    (lambda entry: entry["test"].update(bleu=float("inf")), "field 'test.bleu' is inf, not a BLEU score"),
+    (lambda entry: entry["test"].update(bleu="34.5"), "field 'test.bleu' is '34.5', not a BLEU score"),
+    (lambda entry: entry.update(seed="1"), "field 'seed' is '1' (str), not a whole number"),
+    (lambda entry: entry.update(init_from={"arm": "plain_transformer", "seed": 1, "steps": 2000,
+                                           "validation_bleu": 36.0, "test_bleu": 340.0}),
+     "field 'init_from.test_bleu' is 340.0, not a BLEU score"),
+    (lambda entry: entry["test"]["hypotheses"].pop(),
+     "field 'test.hypotheses' holds 59 translations, but 'test.sentences' is 60"),
+], ids=["cut-short", "list", "key-missing", "bleu-negative", "bleu-340", "bleu-nan", "bleu-1e400", "bleu-string",
+        "seed-string", "start-bleu-340", "hypotheses-truncated"])
 def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_path, capsys, content, problem):
     ledger_dir = tmp_path / "ledger"
     path = ledger.ledger_path(ledger_dir, "re_transformer_2", 1)
     path.parent.mkdir(parents=True)
-    if content is None:
-        entry = fake_entry("re_transformer_2", 1, 30.0, REFERENCES)
-        del entry["test"]["hypotheses"]
-        content = json.dumps({"ledger_version": ledger.LEDGER_VERSION, **entry})
-    path.write_text(content)
-    with pytest.raises(ledger.UnreadableResult, match=problem) as error:
+    path.write_text(content if isinstance(content, str) else edited_entry_text(content))
+    with pytest.raises(ledger.UnreadableResult, match=re.escape(problem)) as error:
         ledger.read_ledger(ledger_dir)
     assert str(path) in str(error.value) and "the rerun replaces it" in str(error.value)
     with pytest.raises(SystemExit, match=str(path)):
@@ -1062,6 +1133,23 @@ def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_pat
     assert study.result_state(run, ledger_dir) == ("done", None) and run not in study.pending_runs(ledger_dir)
     with pytest.raises(FileExistsError):
         ledger.write_entry(path, fake_entry("re_transformer_2", 1, 31.0, REFERENCES))
+
+
+def test_values_no_run_produces_are_never_written_and_name_their_many_to_many_field(tmp_path):
+    """Issue 73: `write_entry` refuses what `read_entry` would (before writing anything), and a many-to-many entry's
+    scores are checked per direction."""
+    path = ledger.ledger_path(tmp_path / "ledger", "gtrans", 1)
+    with pytest.raises(ValueError, match=r"seed_1\.json not written: field 'validation\.bleu' is 346\.0"):
+        ledger.write_entry(path, fake_entry("gtrans", 1, 345.0, REFERENCES))
+    assert not (tmp_path / "ledger").exists()
+    m2m = {"ledger_version": ledger.LEDGER_VERSION, "arm": "gtrans_m2m", "seed": 1, "signature": "sig",
+           "train_sizes": {}, "starting_model": {},
+           "directions": {"en-de": {"bleu": 340.0, "sentences": 60, "hypotheses": REFERENCES}}}
+    m2m_path = ledger.ledger_path(tmp_path / "m2m", "gtrans_m2m", 1)
+    m2m_path.parent.mkdir(parents=True)
+    m2m_path.write_text(json.dumps(m2m))
+    assert ledger.entry_problem(m2m_path, ledger.MANY_TO_MANY_REQUIRED_KEYS) == (
+        "field 'directions.en-de.bleu' is 340.0, not a BLEU score (a finite number in [0, 100])")
 
 
 def test_unreadable_probe_and_many_to_many_results_are_named(tmp_path):

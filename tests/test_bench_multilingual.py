@@ -225,6 +225,7 @@ def test_priority_5_runs_come_after_issue_38s_first_runs_plain_before_gtrans():
 
 
 def test_priority_5_commands_are_bench_multilingual_runs(tmp_path):
+    (tmp_path / "multi30k").mkdir()  # the queue refuses a ledger dir that does not exist
     args = study.parse_args(["--ledger_dir", str(tmp_path / "multi30k"), "--data_dir", str(tmp_path / "data")])
     for run in [run for run in study.study_queue() if isinstance(run, study.ManyToManyRun)]:
         command = run.command(tmp_path / "snapshot", args)
