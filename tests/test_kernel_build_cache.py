@@ -189,8 +189,9 @@ def test_without_a_compiler_fast_translation_warns_and_falls_back(builds, monkey
         compiled_kernels.cache_clear()
 
 
-def test_the_hub_codes_warning_is_one_short_sentence(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "KERNEL_DIRECTORY", "not_in_the_hub_code")
+def warnings_of_kernels_not_compiled() -> list[str]:
+    """The warnings of a first `compiled_kernels()` call (its cache cleared before and after) that must give None:
+    the kernels did not load, and fast translation takes the PyTorch path."""
     compiled_kernels.cache_clear()
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -198,8 +199,12 @@ def test_the_hub_codes_warning_is_one_short_sentence(monkeypatch):
             assert compiled_kernels() is None
     finally:
         compiled_kernels.cache_clear()
-    (warning,) = caught
-    message = str(warning.message)
+    return [str(warning.message) for warning in caught]
+
+
+def test_the_hub_codes_warning_is_one_short_sentence(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "KERNEL_DIRECTORY", "not_in_the_hub_code")
+    (message,) = warnings_of_kernels_not_compiled()
     assert "Hub code" in message and message.count(". ") == 0 and len(message) < 200, message
 
 
@@ -301,14 +306,7 @@ def test_a_damaged_build_that_cannot_be_built_again_is_not_loaded(builds, monkey
     the PyTorch path; the damaged library is not loaded."""
     cut_short(build_kernels(PACKAGE_KERNELS).library)
     monkeypatch.setenv("CXX", "no-such-c++")
-    compiled_kernels.cache_clear()
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert compiled_kernels() is None
-    finally:
-        compiled_kernels.cache_clear()
-    damaged, fallback = (str(warning.message) for warning in caught)
+    damaged, fallback = warnings_of_kernels_not_compiled()
     assert "are damaged (" in damaged and "could not be compiled (RuntimeError: no C++ compiler" in fallback
 
 
