@@ -1333,8 +1333,10 @@ ROWS = [
     # --- issue 73: the kernel build and its cache
     # `--force` with a compiler that fails at once, through torch's own `load`, in an extensions root beside the
     # workspace: before, the build folder was deleted first; tests/test_kernel_build_cache.py checks it is kept
+    # a cache folder of its own for each call: torch's `load` skips the build of an extension whose sources, flags and
+    # build folder it already saw in this process (test_every_check_of_the_check_modules_has_a_row calls each row too)
     Row("kernel-build-force-broken-compiler",
-        lambda ws: mock.patch.dict(os.environ, TORCH_EXTENSIONS_DIR=str(ws.root.parent / "kernel_cache"),
+        lambda ws: mock.patch.dict(os.environ, TORCH_EXTENSIONS_DIR=tempfile.mkdtemp(dir=ws.root.parent),
                                    CXX="/bin/false")(build_kernels)(
             Path(hf_layerfusion.__file__).parent / "inference" / KERNEL_DIRECTORY, force=True),
         RuntimeError,
