@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from helpers import CountingKernels, one_call_applies, tiny_model, tiny_sources
+from helpers import CountingKernels, decoder_logits, encoded_sources, one_call_applies, tiny_model, tiny_sources
 
 import hf_layerfusion
 from hf_layerfusion.inference import inference_copies, prepare_for_inference
@@ -40,28 +40,6 @@ def step_blocks(engine) -> list[tuple[str, KernelResidualSublayer]]:
         for layer in engine.model.decoder.modules() if isinstance(layer, TransformerLayer)
         for _, name in layer.sublayers
     ]
-
-
-def encoded_sources(engine, group: int):
-    """The tiny sources' encoder outputs and attention mask, each row repeated `group` times (beams), as `generate()`
-    hands them to the decoding loop."""
-    source = tiny_sources()
-    with torch.inference_mode():
-        encoder_outputs = engine.get_encoder()(**source)
-    for name in ("last_hidden_state", "layer_memories"):
-        value = getattr(encoder_outputs, name, None)
-        if value is not None:
-            setattr(encoder_outputs, name, value.repeat_interleave(group, dim=0))
-    return encoder_outputs, source["attention_mask"].repeat_interleave(group, dim=0)
-
-
-def decoder_logits(engine, group: int, tokens: torch.Tensor, compile_layers=None) -> list[torch.Tensor]:
-    """The logits of `DecoderSteps` at each step of `tokens` `(steps, rows)`, rows = sources x `group` (beams)."""
-    encoder_outputs, mask = encoded_sources(engine, group)
-    with torch.inference_mode():
-        steps = DecoderSteps(engine, encoder_outputs, mask, capacity=tokens.shape[0], decoder_groups=None, group=group,
-                             compile_layers=compile_layers)
-        return [steps.logits(step_tokens) for step_tokens in tokens]
 
 
 @pytest.mark.parametrize("quantization", [None, "int8"])

@@ -10,6 +10,8 @@
 // rank by position, lowest first (the finished beams before the new candidates, as concatenated).
 #include "cpu_kernels.h"
 
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -35,7 +37,7 @@ void top_positions(const float* scores, int64_t n, int64_t count, int64_t* out, 
   }
 }
 
-void check_beam_tensor(const torch::Tensor& tensor, const char* name, c10::ScalarType type, int64_t items,
+void check_beam_tensor(const at::Tensor& tensor, const char* name, c10::ScalarType type, int64_t items,
                        int64_t beams, int64_t dims) {
   TORCH_CHECK(tensor.dim() == dims && tensor.size(0) == items && tensor.size(1) == beams &&
                   tensor.scalar_type() == type && tensor.device().is_cpu() && tensor.is_contiguous(),
@@ -46,12 +48,12 @@ void check_beam_tensor(const torch::Tensor& tensor, const char* name, c10::Scala
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
-    const torch::Tensor& topk_log_probs, const torch::Tensor& topk_sequences, const torch::Tensor& topk_beam_indices,
-    const torch::Tensor& running_sequences, const torch::Tensor& running_beam_scores,
-    const torch::Tensor& running_beam_indices, const torch::Tensor& sequences, const torch::Tensor& beam_scores,
-    const torch::Tensor& beam_indices, const torch::Tensor& is_sent_finished, const torch::Tensor& improvable,
-    const c10::optional<torch::Tensor>& eos_tokens, int64_t cur_len, int64_t decoder_prompt_len, int64_t max_length,
+std::tuple<at::Tensor, at::Tensor, bool> beam_finish_step(
+    const at::Tensor& topk_log_probs, const at::Tensor& topk_sequences, const at::Tensor& topk_beam_indices,
+    const at::Tensor& running_sequences, const at::Tensor& running_beam_scores,
+    const at::Tensor& running_beam_indices, const at::Tensor& sequences, const at::Tensor& beam_scores,
+    const at::Tensor& beam_indices, const at::Tensor& is_sent_finished, const at::Tensor& improvable,
+    const c10::optional<at::Tensor>& eos_tokens, int64_t cur_len, int64_t decoder_prompt_len, int64_t max_length,
     double length_penalty, int64_t early_stopping) {
   const int64_t items = running_beam_scores.size(0), beams = running_beam_scores.size(1), k = topk_log_probs.size(1);
   TORCH_CHECK(running_beam_scores.dim() == 2 && beams > 0 && k >= beams,
@@ -59,17 +61,17 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
               "beams), got ", running_beam_scores.sizes(), " and ", topk_log_probs.sizes());
   TORCH_CHECK(early_stopping >= 0 && early_stopping <= 2,
               "beam_finish_step: early_stopping must be 0 (False), 1 (True) or 2 (\"never\"), got ", early_stopping);
-  check_beam_tensor(topk_log_probs, "the candidates' scores", torch::kFloat32, items, k, 2);
-  check_beam_tensor(topk_sequences, "the candidates' sequences", torch::kInt64, items, k, 3);
-  check_beam_tensor(topk_beam_indices, "the candidates' beam indices", torch::kInt32, items, k, 3);
-  check_beam_tensor(running_sequences, "the running sequences", torch::kInt64, items, beams, 3);
-  check_beam_tensor(running_beam_scores, "the running beam scores", torch::kFloat32, items, beams, 2);
-  check_beam_tensor(running_beam_indices, "the running beam indices", torch::kInt32, items, beams, 3);
-  check_beam_tensor(sequences, "the finished sequences", torch::kInt64, items, beams, 3);
-  check_beam_tensor(beam_scores, "the finished scores", torch::kFloat32, items, beams, 2);
-  check_beam_tensor(beam_indices, "the finished beam indices", torch::kInt32, items, beams, 3);
-  check_beam_tensor(is_sent_finished, "is_sent_finished", torch::kBool, items, beams, 2);
-  check_beam_tensor(improvable, "the early-stop heuristic's state", torch::kBool, items, 1, 2);
+  check_beam_tensor(topk_log_probs, "the candidates' scores", at::kFloat, items, k, 2);
+  check_beam_tensor(topk_sequences, "the candidates' sequences", at::kLong, items, k, 3);
+  check_beam_tensor(topk_beam_indices, "the candidates' beam indices", at::kInt, items, k, 3);
+  check_beam_tensor(running_sequences, "the running sequences", at::kLong, items, beams, 3);
+  check_beam_tensor(running_beam_scores, "the running beam scores", at::kFloat, items, beams, 2);
+  check_beam_tensor(running_beam_indices, "the running beam indices", at::kInt, items, beams, 3);
+  check_beam_tensor(sequences, "the finished sequences", at::kLong, items, beams, 3);
+  check_beam_tensor(beam_scores, "the finished scores", at::kFloat, items, beams, 2);
+  check_beam_tensor(beam_indices, "the finished beam indices", at::kInt, items, beams, 3);
+  check_beam_tensor(is_sent_finished, "is_sent_finished", at::kBool, items, beams, 2);
+  check_beam_tensor(improvable, "the early-stop heuristic's state", at::kBool, items, 1, 2);
   const int64_t width = sequences.size(2), index_width = beam_indices.size(2);
   TORCH_CHECK(topk_sequences.size(2) == width && running_sequences.size(2) == width &&
                   topk_beam_indices.size(2) == index_width && running_beam_indices.size(2) == index_width,
@@ -80,7 +82,7 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
               ") is outside the sequences' ", width, " positions or the beam indices' ", index_width, " columns");
   std::vector<int64_t> eos;
   if (eos_tokens.has_value()) {
-    const auto tokens = eos_tokens->to(torch::kInt64).contiguous().view({-1});
+    const auto tokens = eos_tokens->to(at::kLong).contiguous().view({-1});
     eos.assign(tokens.data_ptr<int64_t>(), tokens.data_ptr<int64_t>() + tokens.numel());
   }
 
@@ -96,8 +98,8 @@ std::tuple<torch::Tensor, torch::Tensor, bool> beam_finish_step(
   bool* finished = is_sent_finished.data_ptr<bool>();
   bool* can_improve = improvable.data_ptr<bool>();
 
-  auto next_rows = torch::empty({items * beams}, running_beam_indices.options());
-  auto frozen = torch::empty({items}, is_sent_finished.options());
+  auto next_rows = at::empty({items * beams}, running_beam_indices.options());
+  auto frozen = at::empty({items}, is_sent_finished.options());
   int32_t* next_row = next_rows.data_ptr<int32_t>();
   bool* frozen_items = frozen.data_ptr<bool>();
 

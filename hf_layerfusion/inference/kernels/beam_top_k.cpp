@@ -10,7 +10,12 @@
 // unspecified). An item with a NaN score is handed to torch.topk itself (which ranks NaN above everything).
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/topk.h>
+#include <ATen/ops/zeros.h>
+
+#include "parallel.h"
 
 #include <cmath>
 #include <cstring>
@@ -112,13 +117,13 @@ struct TopKItems {
 
 }  // namespace
 
-std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_probs, const torch::Tensor& beam_scores,
+std::tuple<at::Tensor, at::Tensor> beam_top_k(const at::Tensor& log_probs, const at::Tensor& beam_scores,
                                                      int64_t k) {
-  TORCH_CHECK(log_probs.dim() == 2 && log_probs.scalar_type() == torch::kFloat32 && log_probs.device().is_cpu() &&
+  TORCH_CHECK(log_probs.dim() == 2 && log_probs.scalar_type() == at::kFloat && log_probs.device().is_cpu() &&
                   log_probs.size(1) > 0 && log_probs.stride(1) == 1,
               "beam_top_k: the log-probabilities must be float32 CPU (items * beams, vocab) with vocab > 0 contiguous, "
               "got ", log_probs.scalar_type(), " ", log_probs.sizes(), " on ", log_probs.device());
-  TORCH_CHECK(beam_scores.dim() == 2 && beam_scores.scalar_type() == torch::kFloat32 && beam_scores.device().is_cpu() &&
+  TORCH_CHECK(beam_scores.dim() == 2 && beam_scores.scalar_type() == at::kFloat && beam_scores.device().is_cpu() &&
                   beam_scores.size(1) > 0 && beam_scores.numel() == log_probs.size(0),
               "beam_top_k: the beam scores must be float32 CPU (items, beams) with one score per row of the "
               "log-probabilities (", log_probs.size(0), " rows), got ", beam_scores.scalar_type(), " ",
@@ -127,23 +132,23 @@ std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_pro
   TORCH_CHECK(k >= 1 && k <= beams * vocab, "beam_top_k: k must be in [1, beams * vocab = ", beams * vocab, "], got ",
               k);
   const auto scores_in = beam_scores.contiguous();
-  auto out_scores = torch::empty({items, k}, log_probs.options());
-  auto out_indices = torch::empty({items, k}, log_probs.options().dtype(torch::kInt64));
-  auto has_nan = torch::zeros({items}, log_probs.options().dtype(torch::kUInt8));
+  auto out_scores = at::empty({items, k}, log_probs.options());
+  auto out_indices = at::empty({items, k}, log_probs.options().dtype(at::kLong));
+  auto has_nan = at::zeros({items}, log_probs.options().dtype(at::kByte));
   const float* data = log_probs.data_ptr<float>();
   const float* beam_data = scores_in.data_ptr<float>();
   float* scores_data = out_scores.data_ptr<float>();
   int64_t* indices_data = out_indices.data_ptr<int64_t>();
   uint8_t* nan_data = has_nan.data_ptr<uint8_t>();
   const int64_t stride = log_probs.stride(0);
-  at::parallel_for(0, items, 4, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, items, 4, [&](int64_t begin, int64_t end) {
     run_with_widest_vectors<TopKItems>(data, stride, vocab, beam_data, beams, k, scores_data, indices_data, nan_data,
                                        begin, end);
   });
   for (int64_t item = 0; item < items; ++item) {
     if (!nan_data[item]) continue;
     const auto candidates = (log_probs.narrow(0, item * beams, beams) + scores_in[item].unsqueeze(1)).reshape({-1});
-    const auto [values, indices] = torch::topk(candidates, k);
+    const auto [values, indices] = at::topk(candidates, k);
     out_scores[item].copy_(values);
     out_indices[item].copy_(indices);
   }
@@ -157,17 +162,17 @@ std::tuple<torch::Tensor, torch::Tensor> beam_top_k(const torch::Tensor& log_pro
 // the helper's division, modulo, two `take_along_dim` gathers and two writes compute (each a torch operation of a
 // few to tens of microseconds, every step), as (scores (items, k), sequences (items, k, width), beam indices
 // (items, k, index width)).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations(
-    const torch::Tensor& log_probs, const torch::Tensor& beam_scores, int64_t k, const torch::Tensor& running_sequences,
-    const torch::Tensor& running_beam_indices, int64_t cur_len, int64_t beam_index_column) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> beam_top_k_continuations(
+    const at::Tensor& log_probs, const at::Tensor& beam_scores, int64_t k, const at::Tensor& running_sequences,
+    const at::Tensor& running_beam_indices, int64_t cur_len, int64_t beam_index_column) {
   auto [scores, candidates] = beam_top_k(log_probs, beam_scores, k);
   const int64_t items = beam_scores.size(0), beams = beam_scores.size(1), vocab = log_probs.size(1);
   TORCH_CHECK(running_sequences.dim() == 3 && running_sequences.size(0) == items &&
-                  running_sequences.size(1) == beams && running_sequences.scalar_type() == torch::kInt64,
+                  running_sequences.size(1) == beams && running_sequences.scalar_type() == at::kLong,
               "beam_top_k_continuations: the running sequences must be int64 (", items, ", ", beams,
               ", width), got ", running_sequences.scalar_type(), " ", running_sequences.sizes());
   TORCH_CHECK(running_beam_indices.dim() == 3 && running_beam_indices.size(0) == items &&
-                  running_beam_indices.size(1) == beams && running_beam_indices.scalar_type() == torch::kInt32,
+                  running_beam_indices.size(1) == beams && running_beam_indices.scalar_type() == at::kInt,
               "beam_top_k_continuations: the running beam indices must be int32 (", items, ", ", beams,
               ", width), got ", running_beam_indices.scalar_type(), " ", running_beam_indices.sizes());
   TORCH_CHECK(cur_len >= 0 && cur_len < running_sequences.size(2), "beam_top_k_continuations: cur_len ", cur_len,
@@ -178,8 +183,8 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> beam_top_k_continuations
   const auto sequences_in = running_sequences.contiguous();
   const auto beam_indices_in = running_beam_indices.contiguous();
   const int64_t width = sequences_in.size(2), index_width = beam_indices_in.size(2);
-  auto sequences = torch::empty({items, k, width}, sequences_in.options());
-  auto beam_indices = torch::empty({items, k, index_width}, beam_indices_in.options());
+  auto sequences = at::empty({items, k, width}, sequences_in.options());
+  auto beam_indices = at::empty({items, k, index_width}, beam_indices_in.options());
   const int64_t* candidate = candidates.data_ptr<int64_t>();
   const int64_t* sequence_rows = sequences_in.data_ptr<int64_t>();
   const int32_t* index_rows = beam_indices_in.data_ptr<int32_t>();

@@ -1,9 +1,38 @@
 // The Python module of the CPU kernels (`hf_layerfusion.inference.cpu_kernels.compiled_kernels`).
 #include "cpu_kernels.h"
+#include "parallel.h"
+
+#include <ATen/Parallel.h>
+// pybind11 and its casters for ATen tensors (what <torch/python.h> adds to it is the C++ frontend, ~10 s more to
+// compile)
+#include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <mutex>
 #include <set>
+#include <thread>
+
+// int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
+// so a state read on another CPU or by another version would multiply with the wrong layout; they are packed again,
+// for the fastest product there
+pybind11::tuple KernelLinear::state() const {
+  if (code_bits_ == 0) return pybind11::make_tuple("float32", weights_, out_features_, bias_, relu_);
+  return pybind11::make_tuple("int8", weights_, column_sums_, weight_scale_, bias_, relu_, code_bits_);
+}
+
+KernelLinear KernelLinear::from_state(const pybind11::tuple& state) {
+  const auto kind = state[0].cast<std::string>();
+  const auto bias = [&](size_t index) { return state[index].cast<c10::optional<at::Tensor>>(); };
+  if (kind == "float32" && state.size() == 5) {
+    return float32(state[1].cast<at::Tensor>(), state[2].cast<int64_t>(), bias(3), state[4].cast<bool>());
+  }
+  TORCH_CHECK(kind == "int8" && state.size() == 7, "KernelLinear: not a KernelLinear's state (", kind, ", ",
+              state.size(), " entries)");
+  const auto weight_t = state[1].cast<at::Tensor>();
+  const auto code_bits = state[6].cast<int64_t>();
+  return int8(weight_t, pack_int8_weights(weight_t, code_bits), state[2].cast<at::Tensor>(),
+              state[3].cast<at::Tensor>(), bias(4), state[5].cast<bool>(), code_bits);
+}
 
 namespace {
 std::atomic<int64_t> instruction_set_cap{kAmxInstructions};
@@ -31,10 +60,35 @@ int64_t parallel_for_threads(int64_t tasks) {
   return static_cast<int64_t>(threads.size());
 }
 
+// The same inside a team (`hlf::run_as_team`, as the decoder's layers run at a step): how many threads its
+// `hlf::parallel_for` spreads `rounds` rounds of `tasks` tasks over, each round waiting for the last; `failing_task`:
+// a task that throws instead (an error inside a team reaches the caller)
+int64_t team_threads(int64_t tasks, int64_t rounds, int64_t failing_task) {
+  TORCH_CHECK(tasks > 0 && rounds > 0, "team_threads: tasks and rounds must be positive, got ", tasks, " and ", rounds);
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  hlf::run_as_team([&] {
+    for (int64_t round = 0; round < rounds; ++round) {
+      hlf::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          TORCH_CHECK(task != failing_task, "team_threads: task ", task, " failed, as asked");
+        }
+        const std::lock_guard<std::mutex> lock(mutex);
+        threads.insert(std::this_thread::get_id());
+      });
+    }
+  });
+  return static_cast<int64_t>(threads.size());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("parallel_for_threads", &parallel_for_threads,
         "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
         pybind11::arg("tasks"));
+  m.def("team_threads", &team_threads,
+        "How many threads a team's parallel_for (the decoder's layers at a step) uses for `tasks` tasks, over "
+        "`rounds` rounds; `failing_task` >= 0 throws in that task.",
+        pybind11::arg("tasks"), pybind11::arg("rounds") = 1, pybind11::arg("failing_task") = -1);
   m.def("max_instruction_set", &max_instruction_set,
         "The widest instruction set the kernels may use: 0 generic, 1 AVX2, 2 AVX-512, 3 AMX (no cap).");
   m.def("set_max_instruction_set", &set_max_instruction_set,

@@ -20,7 +20,9 @@
 // indices instead of copying every cross-attention layer's keys and values into fewer rows.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include "parallel.h"
 
 #include <string>
 #include <vector>
@@ -119,8 +121,8 @@ struct Attend {
   }
 };
 
-void check_layout(const torch::Tensor& tensor, const char* name) {
-  TORCH_CHECK(tensor.dim() == 4 && tensor.scalar_type() == torch::kFloat32 && tensor.device().is_cpu(),
+void check_layout(const at::Tensor& tensor, const char* name) {
+  TORCH_CHECK(tensor.dim() == 4 && tensor.scalar_type() == at::kFloat && tensor.device().is_cpu(),
               "decode_attention: ", name, " must be a 4-D float32 CPU tensor, got ", tensor.dim(), "-D ",
               tensor.scalar_type(), " on ", tensor.device());
   TORCH_CHECK(tensor.stride(3) == 1, "decode_attention: ", name, "'s last dimension must be contiguous");
@@ -132,10 +134,10 @@ void check_layout(const torch::Tensor& tensor, const char* name) {
 // dimension; mask: None or bool (rows or 1, 1, queries or 1, keys), true = attend; key_rows: None or int64 (rows, keys),
 // each a row of key/value, which may then have more rows; buffer_rows (not with key_rows): None or int64 (rows,), the
 // row of key, value and mask (then of as many rows as key, or 1) of each row -> (rows, queries, heads, head_dim)
-torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
-                               const c10::optional<torch::Tensor>& mask, double scaling,
-                               const c10::optional<torch::Tensor>& key_rows,
-                               const c10::optional<torch::Tensor>& buffer_rows) {
+at::Tensor decode_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                               const c10::optional<at::Tensor>& mask, double scaling,
+                               const c10::optional<at::Tensor>& key_rows,
+                               const c10::optional<at::Tensor>& buffer_rows) {
   check_layout(query, "query");
   check_layout(key, "key");
   check_layout(value, "value");
@@ -163,7 +165,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   if (mask.has_value()) {
     const auto& m = *mask;
     const int64_t mask_rows = buffer_rows.has_value() ? key.size(0) : rows;  // buffer_rows index the mask's rows too
-    TORCH_CHECK(m.dim() == 4 && m.scalar_type() == torch::kBool && (m.size(0) == 1 || m.size(0) == mask_rows) &&
+    TORCH_CHECK(m.dim() == 4 && m.scalar_type() == at::kBool && (m.size(0) == 1 || m.size(0) == mask_rows) &&
                     m.size(1) == 1 && (m.size(2) == 1 || m.size(2) == queries) && m.size(3) == keys &&
                     m.stride(3) == 1,
                 "decode_attention: the mask must be bool (", mask_rows, " or 1, 1, ", queries, " or 1, ", keys,
@@ -174,7 +176,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   }
   if (key_rows.has_value()) {
     const auto& r = *key_rows;
-    TORCH_CHECK(r.dim() == 2 && r.scalar_type() == torch::kInt64 && r.device().is_cpu() && r.size(0) == rows &&
+    TORCH_CHECK(r.dim() == 2 && r.scalar_type() == at::kLong && r.device().is_cpu() && r.size(0) == rows &&
                     r.size(1) == keys && r.stride(1) == 1,
                 "decode_attention: key_rows must be int64 (", rows, ", ", keys, ") with contiguous keys, got ",
                 r.scalar_type(), " ", r.sizes());
@@ -190,7 +192,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   }
   if (buffer_rows.has_value()) {
     const auto& r = *buffer_rows;
-    TORCH_CHECK(r.dim() == 1 && r.scalar_type() == torch::kInt64 && r.device().is_cpu() && r.size(0) == rows &&
+    TORCH_CHECK(r.dim() == 1 && r.scalar_type() == at::kLong && r.device().is_cpu() && r.size(0) == rows &&
                     r.stride(0) == 1,
                 "decode_attention: buffer_rows must be contiguous int64 (", rows, ",), got ", r.scalar_type(), " ",
                 r.sizes());
@@ -200,10 +202,10 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
                   indices[row], " is outside the ", key.size(0), " rows of the keys");
     problem.buffer_rows = indices;
   }
-  auto output = torch::empty({rows, queries, heads, head_dim}, query.options());
+  auto output = at::empty({rows, queries, heads, head_dim}, query.options());
   problem.output = output.data_ptr<float>();
   const int64_t padded_keys = (keys + kLanes - 1) / kLanes * kLanes;
-  at::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, rows * heads, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(padded_keys);
     run_with_widest_vectors<Attend>(&problem, begin, end, scores.data());
   });

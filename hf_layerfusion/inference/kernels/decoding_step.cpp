@@ -10,6 +10,10 @@
 //
 // Residual block (`ResidualSublayer`): post-norm LayerNorm(h + f(h)), pre-norm h + f(LayerNorm(h)).
 #include "cpu_kernels.h"
+#include "parallel.h"
+
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/ones.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,21 +22,21 @@
 namespace {
 
 struct ResidualNorm {
-  const torch::Tensor& weight;
-  const torch::Tensor& bias;
+  const at::Tensor& weight;
+  const at::Tensor& bias;
   double eps;
   bool normalize_before;
 
-  torch::Tensor enter(const torch::Tensor& h) const {
+  at::Tensor enter(const at::Tensor& h) const {
     return normalize_before ? add_layer_norm(h, c10::nullopt, weight, bias, eps) : h;
   }
-  torch::Tensor exit(const torch::Tensor& h, const torch::Tensor& output) const {
+  at::Tensor exit(const at::Tensor& h, const at::Tensor& output) const {
     return normalize_before ? h + output : add_layer_norm(output, h, weight, bias, eps);
   }
 };
 
-void check_step_input(const torch::Tensor& h, const char* name) {
-  TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == torch::kFloat32 && h.device().is_cpu(),
+void check_step_input(const at::Tensor& h, const char* name) {
+  TORCH_CHECK(h.dim() == 3 && h.size(1) == 1 && h.scalar_type() == at::kFloat && h.device().is_cpu(),
               name, ": the input must be a float32 CPU tensor (rows, 1, d_model), got ", h.scalar_type(), " ",
               h.sizes(), " on ", h.device());
 }
@@ -46,7 +50,7 @@ void check_projection(const KernelLinear& linear, int64_t out_features, const ch
 
 // buffer[:rows, position] = qkv[:, 0, offset : offset + d_model] (as (heads, head_dim)), one row at a time: torch's
 // strided `copy_` took 50 µs for 128 rows of 256 floats, several times these row copies
-void write_position(const torch::Tensor& buffer, int64_t position, const torch::Tensor& qkv, int64_t offset) {
+void write_position(const at::Tensor& buffer, int64_t position, const at::Tensor& qkv, int64_t offset) {
   const int64_t rows = qkv.size(0), width = buffer.size(2) * buffer.size(3);
   if (!(buffer.stride(3) == 1 && buffer.stride(2) == buffer.size(3) && qkv.stride(2) == 1)) {  // not row blocks
     buffer.narrow(0, 0, rows).select(1, position).copy_(
@@ -67,13 +71,13 @@ void write_position(const torch::Tensor& buffer, int64_t position, const torch::
 // None: all attended) and the rest attended, the mask `mixed_attention_mask` builds; `qkv_proj` is q_proj, k_proj and
 // v_proj concatenated; `key_rows` (rows, >= position + 1): the buffer row holding each row's keys/values at each
 // position (`decode_attention`), None: the row itself
-torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
-                                  const torch::Tensor& norm_bias, double eps, bool normalize_before,
+at::Tensor self_attention_step(const at::Tensor& h, const at::Tensor& norm_weight,
+                                  const at::Tensor& norm_bias, double eps, bool normalize_before,
                                   const KernelLinear& qkv_proj, const KernelLinear& out_proj,
-                                  const torch::Tensor& key_buffer, const torch::Tensor& value_buffer,
+                                  const at::Tensor& key_buffer, const at::Tensor& value_buffer,
                                   int64_t position, int64_t prefix,
-                                  const c10::optional<torch::Tensor>& prefix_mask, double scaling,
-                                  const c10::optional<torch::Tensor>& key_rows) {
+                                  const c10::optional<at::Tensor>& prefix_mask, double scaling,
+                                  const c10::optional<at::Tensor>& key_rows) {
   check_step_input(h, "self_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
   check_projection(qkv_proj, 3 * d_model, "self_attention_step", "qkv_proj");
@@ -82,17 +86,17 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
   const bool buffer_rows_fit = key_rows.has_value() ? key_buffer.size(0) >= rows : key_buffer.size(0) == rows;
   TORCH_CHECK(key_buffer.dim() == 4 && key_buffer.sizes() == value_buffer.sizes() && buffer_rows_fit &&
                   key_buffer.size(2) * key_buffer.size(3) == d_model &&
-                  key_buffer.scalar_type() == torch::kFloat32 && value_buffer.scalar_type() == torch::kFloat32,
+                  key_buffer.scalar_type() == at::kFloat && value_buffer.scalar_type() == at::kFloat,
               "self_attention_step: the cache buffers must be float32 (", rows, ", capacity, heads, head_dim) with "
               "heads x head_dim = ", d_model, ", got ", key_buffer.scalar_type(), " ", key_buffer.sizes(), " and ",
               value_buffer.scalar_type(), " ", value_buffer.sizes());
   TORCH_CHECK(prefix >= 0 && position >= prefix && position < key_buffer.size(1), "self_attention_step: position ",
               position, " is outside the cache's ", key_buffer.size(1), " positions after a prefix of ", prefix);
-  c10::optional<torch::Tensor> mask;
+  c10::optional<at::Tensor> mask;
   if (prefix > 0) {
-    mask = torch::ones({rows, 1, 1, position + 1}, h.options().dtype(torch::kBool));
+    mask = at::ones({rows, 1, 1, position + 1}, h.options().dtype(at::kBool));
     if (prefix_mask.has_value()) {
-      TORCH_CHECK(prefix_mask->dim() == 4 && prefix_mask->scalar_type() == torch::kBool &&
+      TORCH_CHECK(prefix_mask->dim() == 4 && prefix_mask->scalar_type() == at::kBool &&
                       prefix_mask->size(3) == prefix,
                   "self_attention_step: the prefix mask must be bool (rows or 1, 1, 1, ", prefix, "), got ",
                   prefix_mask->scalar_type(), " ", prefix_mask->sizes());
@@ -108,7 +112,7 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
   const auto query = qkv.narrow(2, 0, d_model).view({rows, 1, heads, head_dim}).transpose(1, 2);
   const auto attention = decode_attention(query, key_buffer.narrow(1, 0, position + 1).transpose(1, 2),
                                           value_buffer.narrow(1, 0, position + 1).transpose(1, 2), mask, scaling,
-                                          key_rows.has_value() ? c10::optional<torch::Tensor>(key_rows->narrow(1, 0, position + 1))
+                                          key_rows.has_value() ? c10::optional<at::Tensor>(key_rows->narrow(1, 0, position + 1))
                                                                : c10::nullopt,
                                           c10::nullopt);
   return norm.exit(h, out_proj(attention.view({rows, 1, d_model})));
@@ -119,11 +123,11 @@ torch::Tensor self_attention_step(const torch::Tensor& h, const torch::Tensor& n
 // batch leave theirs behind), None: key row r reads buffer row r; with fewer key rows than rows, each key row serves
 // `rows / key rows` consecutive rows (a sentence's beams), folded into query positions as
 // `MultiHeadAttention.attend_to` does
-torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& norm_weight,
-                                   const torch::Tensor& norm_bias, double eps, bool normalize_before,
-                                   const KernelLinear& q_proj, const KernelLinear& out_proj, const torch::Tensor& keys,
-                                   const torch::Tensor& values, const c10::optional<torch::Tensor>& mask,
-                                   double scaling, const c10::optional<torch::Tensor>& memory_rows) {
+at::Tensor cross_attention_step(const at::Tensor& h, const at::Tensor& norm_weight,
+                                   const at::Tensor& norm_bias, double eps, bool normalize_before,
+                                   const KernelLinear& q_proj, const KernelLinear& out_proj, const at::Tensor& keys,
+                                   const at::Tensor& values, const c10::optional<at::Tensor>& mask,
+                                   double scaling, const c10::optional<at::Tensor>& memory_rows) {
   check_step_input(h, "cross_attention_step");
   const int64_t rows = h.size(0), d_model = h.size(2);
   check_projection(q_proj, d_model, "cross_attention_step", "q_proj");
@@ -145,7 +149,7 @@ torch::Tensor cross_attention_step(const torch::Tensor& h, const torch::Tensor& 
 }
 
 // `f`: fc2(ReLU(fc1(x))), the ReLU folded into fc1's call as in the copies' `FeedForward`
-torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+at::Tensor feed_forward_step(const at::Tensor& h, const at::Tensor& norm_weight, const at::Tensor& norm_bias,
                                 double eps, bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2) {
   check_step_input(h, "feed_forward_step");
   TORCH_CHECK(fc1.relu(), "feed_forward_step: fc1 must have the ReLU folded in, got fc1 without one");
@@ -159,7 +163,7 @@ torch::Tensor feed_forward_step(const torch::Tensor& h, const torch::Tensor& nor
 // layer in one call: the same kernels on the same views in the same order as calling the steps one by one from Python
 // (the numbers bit for bit), without the Python between them (the layer and block modules, the cache lookups), which
 // at d_model 256 cost about as much per step as a one-row step's kernels.
-void DecoderLayerSteps::add_self_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+void DecoderLayerSteps::add_self_attention(const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps,
                                            bool normalize_before, const KernelLinear& qkv_proj,
                                            const KernelLinear& out_proj, int64_t slot, double scaling) {
   TORCH_CHECK(slot >= 0, "DecoderLayerSteps: a self-attention slot must be >= 0, got ", slot);
@@ -168,7 +172,7 @@ void DecoderLayerSteps::add_self_attention(const torch::Tensor& norm_weight, con
   self_slots_ = std::max(self_slots_, slot + 1);
 }
 
-void DecoderLayerSteps::add_cross_attention(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+void DecoderLayerSteps::add_cross_attention(const at::Tensor& norm_weight, const at::Tensor& norm_bias,
                                             double eps, bool normalize_before, const KernelLinear& q_proj,
                                             const KernelLinear& out_proj, int64_t slot, double scaling) {
   TORCH_CHECK(slot >= 0, "DecoderLayerSteps: a cross-attention slot must be >= 0, got ", slot);
@@ -177,7 +181,7 @@ void DecoderLayerSteps::add_cross_attention(const torch::Tensor& norm_weight, co
   cross_slots_ = std::max(cross_slots_, slot + 1);
 }
 
-void DecoderLayerSteps::add_feed_forward(const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, double eps,
+void DecoderLayerSteps::add_feed_forward(const at::Tensor& norm_weight, const at::Tensor& norm_bias, double eps,
                                          bool normalize_before, const KernelLinear& fc1, const KernelLinear& fc2) {
   steps_.push_back({Form::feed_forward, norm_weight, norm_bias, eps, normalize_before, fc1, fc2, -1, 0.0});
 }
@@ -195,15 +199,15 @@ void DecoderLayerSteps::end_layer() {
 // `memory_rows`: every cross-attention slot's (and the memory mask's) buffer row of each key row
 // (`cross_attention_step`); slots with a prefix read their prefix mask, the memory mask row by row, through it too.
 // Returns each layer's output.
-std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h, const std::vector<torch::Tensor>& keys,
-                                                         const std::vector<torch::Tensor>& values,
+std::vector<at::Tensor> DecoderLayerSteps::operator()(const at::Tensor& h, const std::vector<at::Tensor>& keys,
+                                                         const std::vector<at::Tensor>& values,
                                                          const std::vector<int64_t>& lengths,
                                                          const std::vector<int64_t>& prefixes,
-                                                         const std::vector<torch::Tensor>& cross_keys,
-                                                         const std::vector<torch::Tensor>& cross_values,
-                                                         const c10::optional<torch::Tensor>& memory_mask,
-                                                         const c10::optional<torch::Tensor>& key_rows,
-                                                         const c10::optional<torch::Tensor>& memory_rows) const {
+                                                         const std::vector<at::Tensor>& cross_keys,
+                                                         const std::vector<at::Tensor>& cross_values,
+                                                         const c10::optional<at::Tensor>& memory_mask,
+                                                         const c10::optional<at::Tensor>& key_rows,
+                                                         const c10::optional<at::Tensor>& memory_rows) const {
   TORCH_CHECK(!layer_ends_.empty() && layer_ends_.back() == static_cast<int64_t>(steps_.size()),
               "DecoderLayerSteps: end the last layer (end_layer) before stepping");
   const auto self_slots = static_cast<size_t>(self_slots_), cross_slots = static_cast<size_t>(cross_slots_);
@@ -217,7 +221,7 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
               cross_keys.size(), " and ", cross_values.size());
   // the prefix mask of each row: the memory mask's buffer row that its key row reads (a few bytes per row, once per
   // call), instead of the memory, its mask and the keys/values copied into the rows kept when rows leave the batch
-  c10::optional<torch::Tensor> prefix_mask = memory_mask;
+  c10::optional<at::Tensor> prefix_mask = memory_mask;
   const bool any_prefix = std::any_of(prefixes.begin(), prefixes.end(), [](int64_t p) { return p > 0; });
   if (any_prefix && memory_rows.has_value() && memory_mask.has_value() && memory_mask->size(0) > 1) {
     const int64_t rows = h.size(0), key_rows = memory_rows->size(0);
@@ -225,36 +229,40 @@ std::vector<torch::Tensor> DecoderLayerSteps::operator()(const torch::Tensor& h,
                 "number of key rows dividing them, got ", key_rows);
     prefix_mask = memory_mask->index_select(0, *memory_rows).repeat_interleave(rows / key_rows, 0);
   }
-  std::vector<torch::Tensor> outputs;
+  std::vector<at::Tensor> outputs;
   outputs.reserve(layer_ends_.size());
-  torch::Tensor state = h;
-  size_t layer = 0;
-  for (size_t index = 0; index < steps_.size(); ++index) {
-    const SublayerStep& step = steps_[index];
-    switch (step.form) {
-      case Form::self_attention: {
-        const auto slot = static_cast<size_t>(step.slot);
-        state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                    step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
-                                    prefixes[slot] > 0 ? prefix_mask : c10::nullopt, step.scaling, key_rows);
-        break;
+  // one parallel region for the whole step, its kernels split across its threads (parallel.h: a region per kernel
+  // call cost more than the work at two threads under OMP_WAIT_POLICY=PASSIVE)
+  hlf::run_as_team([&] {
+    at::Tensor state = h;
+    size_t layer = 0;
+    for (size_t index = 0; index < steps_.size(); ++index) {
+      const SublayerStep& step = steps_[index];
+      switch (step.form) {
+        case Form::self_attention: {
+          const auto slot = static_cast<size_t>(step.slot);
+          state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                      step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
+                                      prefixes[slot] > 0 ? prefix_mask : c10::nullopt, step.scaling, key_rows);
+          break;
+        }
+        case Form::cross_attention: {
+          const auto slot = static_cast<size_t>(step.slot);
+          state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                       step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
+                                       step.scaling, memory_rows);
+          break;
+        }
+        case Form::feed_forward:
+          state = feed_forward_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                    step.first, step.second);
+          break;
       }
-      case Form::cross_attention: {
-        const auto slot = static_cast<size_t>(step.slot);
-        state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                     step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
-                                     step.scaling, memory_rows);
-        break;
+      if (static_cast<int64_t>(index) + 1 == layer_ends_[layer]) {
+        outputs.push_back(state);
+        ++layer;
       }
-      case Form::feed_forward:
-        state = feed_forward_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                  step.first, step.second);
-        break;
     }
-    if (static_cast<int64_t>(index) + 1 == layer_ends_[layer]) {
-      outputs.push_back(state);
-      ++layer;
-    }
-  }
+  });
   return outputs;
 }

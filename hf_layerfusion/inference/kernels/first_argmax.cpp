@@ -9,7 +9,9 @@
 // each token is written into the sequences at its row.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -69,16 +71,16 @@ struct ArgmaxRows {
 
 }  // namespace
 
-torch::Tensor first_argmax(const torch::Tensor& scores) {
-  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == torch::kFloat32 && scores.device().is_cpu() &&
+at::Tensor first_argmax(const at::Tensor& scores) {
+  TORCH_CHECK(scores.dim() == 2 && scores.scalar_type() == at::kFloat && scores.device().is_cpu() &&
                   scores.size(1) > 0 && scores.stride(1) == 1,
               "first_argmax: the scores must be float32 CPU (rows, vocab) with vocab > 0 contiguous, got ",
               scores.scalar_type(), " ", scores.sizes(), " on ", scores.device());
-  auto output = torch::empty({scores.size(0)}, scores.options().dtype(torch::kInt64));
+  auto output = at::empty({scores.size(0)}, scores.options().dtype(at::kLong));
   const float* data = scores.data_ptr<float>();
   int64_t* indices = output.data_ptr<int64_t>();
   const int64_t stride = scores.stride(0), vocab = scores.size(1);
-  at::parallel_for(0, scores.size(0), 16, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, scores.size(0), 16, [&](int64_t begin, int64_t end) {
     run_with_widest_vectors<ArgmaxRows>(data, stride, vocab, indices, begin, end);
   });
   return output;
@@ -87,25 +89,25 @@ torch::Tensor first_argmax(const torch::Tensor& scores) {
 // scores (rows, vocab) as first_argmax; finished (rows,) bool, updated in place; sequences (batch, width) int64, row
 // rows[r] (r itself without rows) getting row r's token at `position`; eos_tokens: None or int64 (n,) (then
 // pad_token is required) -> (the tokens (rows,) int64, how many rows are finished)
-std::tuple<torch::Tensor, int64_t> greedy_choice(const torch::Tensor& scores, const torch::Tensor& finished,
-                                                 const torch::Tensor& sequences,
-                                                 const c10::optional<torch::Tensor>& rows, int64_t position,
+std::tuple<at::Tensor, int64_t> greedy_choice(const at::Tensor& scores, const at::Tensor& finished,
+                                                 const at::Tensor& sequences,
+                                                 const c10::optional<at::Tensor>& rows, int64_t position,
                                                  const c10::optional<int64_t>& pad_token,
-                                                 const c10::optional<torch::Tensor>& eos_tokens) {
+                                                 const c10::optional<at::Tensor>& eos_tokens) {
   auto tokens = first_argmax(scores);
   const int64_t count = scores.size(0);
-  TORCH_CHECK(finished.dim() == 1 && finished.size(0) == count && finished.scalar_type() == torch::kBool &&
+  TORCH_CHECK(finished.dim() == 1 && finished.size(0) == count && finished.scalar_type() == at::kBool &&
                   finished.is_contiguous() && finished.device().is_cpu(),
               "greedy_choice: finished must be a contiguous bool CPU tensor (", count, ",), got ",
               finished.scalar_type(), " ", finished.sizes());
-  TORCH_CHECK(sequences.dim() == 2 && sequences.scalar_type() == torch::kInt64 && sequences.device().is_cpu() &&
+  TORCH_CHECK(sequences.dim() == 2 && sequences.scalar_type() == at::kLong && sequences.device().is_cpu() &&
                   position >= 0 && position < sequences.size(1),
               "greedy_choice: the sequences must be int64 CPU (batch, width) with position ", position,
               " inside width, got ", sequences.scalar_type(), " ", sequences.sizes());
   const int64_t batch = sequences.size(0);
   const int64_t* row_of = nullptr;
   if (rows.has_value()) {
-    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == count && rows->scalar_type() == torch::kInt64 &&
+    TORCH_CHECK(rows->dim() == 1 && rows->size(0) == count && rows->scalar_type() == at::kLong &&
                     rows->is_contiguous() && rows->device().is_cpu(),
                 "greedy_choice: rows must be a contiguous int64 CPU tensor (", count, ",), got ",
                 rows->scalar_type(), " ", rows->sizes());
@@ -120,7 +122,7 @@ std::tuple<torch::Tensor, int64_t> greedy_choice(const torch::Tensor& scores, co
   const int64_t* eos = nullptr;
   int64_t eos_count = 0;
   if (eos_tokens.has_value()) {
-    TORCH_CHECK(eos_tokens->dim() == 1 && eos_tokens->scalar_type() == torch::kInt64 &&
+    TORCH_CHECK(eos_tokens->dim() == 1 && eos_tokens->scalar_type() == at::kLong &&
                     eos_tokens->is_contiguous() && eos_tokens->device().is_cpu(),
                 "greedy_choice: eos_tokens must be a contiguous int64 CPU tensor (n,), got ",
                 eos_tokens->scalar_type(), " ", eos_tokens->sizes());

@@ -13,7 +13,7 @@
 // `float32_linear_available()` says whether this CPU has either; the package runs `F.linear` elsewhere.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -168,15 +168,15 @@ bool float32_linear_available() {
 #endif
 }
 
-torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
-                             const c10::optional<torch::Tensor>& bias, bool relu,
-                             const c10::optional<torch::Tensor>& out) {
+at::Tensor float32_linear(const at::Tensor& x, const at::Tensor& panels, int64_t out_features,
+                             const c10::optional<at::Tensor>& bias, bool relu,
+                             const c10::optional<at::Tensor>& out) {
   TORCH_CHECK(float32_linear_available(),
               "float32_linear: this CPU has neither AVX-512 nor AVX2 with FMA, or the instruction set cap (",
               max_instruction_set(), ", HF_LAYERFUSION_MAX_CPU_ISA) excludes them (float32_linear_available())");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu(),
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu(),
               "float32_linear: the input must be a float32 CPU tensor, got ", x.scalar_type(), " on ", x.device());
-  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == torch::kFloat32 && panels.is_contiguous() &&
+  TORCH_CHECK(panels.dim() == 3 && panels.scalar_type() == at::kFloat && panels.is_contiguous() &&
                   panels.size(2) == kPanelColumns && panels.size(0) % 2 == 0,
               "float32_linear: panels must be contiguous float32 (an even number of panels, in_features, 16), got ",
               panels.sizes());
@@ -188,7 +188,7 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
   TORCH_CHECK(N > padded - kPassColumns && N <= padded, "float32_linear: out_features ", N,
               " does not match panels for ", padded, " features");
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
-                                    bias->scalar_type() == torch::kFloat32),
+                                    bias->scalar_type() == at::kFloat),
               "float32_linear: bias must be contiguous float32 with ", N, " values");
   const auto rows = x.reshape({-1, K}).contiguous();
   const int64_t M = rows.size(0);
@@ -204,7 +204,7 @@ torch::Tensor float32_linear(const torch::Tensor& x, const torch::Tensor& panels
   const bool avx512 = has_avx512();
   // about 64k multiply-adds or more per task, so that small products stay on one thread
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * K * kPassColumns, 1));
-  at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
     alignas(64) float pass_bias[kPassColumns];
     for (int64_t pass = begin; pass < end; ++pass) {
       const int64_t first_column = pass * kPassColumns;

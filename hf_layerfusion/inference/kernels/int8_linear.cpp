@@ -22,7 +22,14 @@
 // the same order of float operations.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/_int_mm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
+
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -493,12 +500,12 @@ int64_t int8_code_bits() { return amx_usable() || vnni_usable() || !avx2_usable(
 //   of 64: the 16 groups of a panel's 64-deep block d are the 16 rows x 64 bytes of one tile, byte [r][4 * j + i] =
 //   weight_t[64 * d + 4 * r + i][16 * p + j] + 128, which `amx_column_blocks`' `tdpbsud` reads as unsigned, and
 //   which VNNI's product reads as it reads its own panels (with Kp the padded depth).
-torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits, const std::string& product) {
-  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8,
+at::Tensor pack_int8_weights(const at::Tensor& weight_t, int64_t code_bits, const std::string& product) {
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == at::kChar,
               "pack_int8_weights: weight_t must be 2-D int8");
   check_code_bits(code_bits, "pack_int8_weights");
   const std::string& layout = chosen_product(code_bits, product, "pack_int8_weights");
-  if (layout == "float32_blocks") return torch::empty({0}, weight_t.options());
+  if (layout == "float32_blocks") return at::empty({0}, weight_t.options());
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   const auto weights = weight_t.contiguous();
   const int8_t* src = weights.data_ptr<int8_t>();
@@ -508,7 +515,7 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
         K * N > 0 ? std::max(-weights.min().item<int64_t>(), weights.max().item<int64_t>()) : 0;
     TORCH_CHECK(largest <= 63, "pack_int8_weights: 7-bit weights lie in [-63, 63], got one of magnitude ", largest);
     const int64_t Kp = round_up(K, kAvx2Depth), Np = round_up(N, kAvx2Columns);
-    auto panels = torch::zeros({Np * Kp}, weight_t.options());
+    auto panels = at::zeros({Np * Kp}, weight_t.options());
     int8_t* dst = panels.data_ptr<int8_t>();
     for (int64_t k = 0; k < K; ++k)
       for (int64_t n = 0; n < N; ++n)
@@ -518,7 +525,7 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
   }
   const bool amx = layout == "amx";  // else VNNI's panels, which "onednn" keeps for its products of few rows
   const int64_t Kp = round_up(K, amx ? kTileDepth : kVnniDepth), Np = round_up(N, amx ? kBlockColumns : kVnniColumns);
-  auto panels = torch::zeros({Np * Kp}, weight_t.options());
+  auto panels = at::zeros({Np * Kp}, weight_t.options());
   int8_t* dst = panels.data_ptr<int8_t>();
   for (int64_t k = 0; k < K; ++k)
     for (int64_t n = 0; n < N; ++n)
@@ -533,25 +540,25 @@ torch::Tensor pack_int8_weights(const torch::Tensor& weight_t, int64_t code_bits
 // that follows the layer, folded in); amx_minimum_rows: on a CPU with AMX and VNNI, products of fewer rows run VNNI's
 // kernels (the same numbers); product: the product the weights were packed for (empty: this CPU's fastest, or the
 // float32 blocks where nothing is packed) -> (..., N)
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
-                          const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                          const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& packed_weights,
+                          const at::Tensor& column_sums, const at::Tensor& weight_scale,
+                          const c10::optional<at::Tensor>& bias, bool relu, int64_t code_bits,
                           int64_t amx_minimum_rows, const std::string& product, int64_t onednn_minimum_rows,
-                          const c10::optional<torch::Tensor>& out) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "int8_linear: the input must be float32, got ", x.scalar_type());
-  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == torch::kInt8, "int8_linear: weight_t must be 2-D int8");
+                          const c10::optional<at::Tensor>& out) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: the input must be float32, got ", x.scalar_type());
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.scalar_type() == at::kChar, "int8_linear: weight_t must be 2-D int8");
   check_code_bits(code_bits, "int8_linear");
   TORCH_CHECK(amx_minimum_rows >= 0, "int8_linear: amx_minimum_rows must be >= 0, got ", amx_minimum_rows);
   TORCH_CHECK(onednn_minimum_rows >= 0, "int8_linear: onednn_minimum_rows must be >= 0, got ", onednn_minimum_rows);
   const int64_t K = weight_t.size(0), N = weight_t.size(1);
   TORCH_CHECK(x.size(-1) == K, "int8_linear: the input has ", x.size(-1), " features, the weight expects ", K);
   TORCH_CHECK(weight_scale.is_contiguous() && weight_scale.numel() == N &&
-                  weight_scale.scalar_type() == torch::kFloat32,
+                  weight_scale.scalar_type() == at::kFloat,
               "int8_linear: weight_scale must have ", N, " contiguous float32 entries");
-  TORCH_CHECK(column_sums.is_contiguous() && column_sums.numel() == N && column_sums.scalar_type() == torch::kInt32,
+  TORCH_CHECK(column_sums.is_contiguous() && column_sums.numel() == N && column_sums.scalar_type() == at::kInt,
               "int8_linear: column_sums must have ", N, " contiguous int32 entries");
   TORCH_CHECK(!bias.has_value() || (bias->is_contiguous() && bias->numel() == N &&
-                                    bias->scalar_type() == torch::kFloat32),
+                                    bias->scalar_type() == at::kFloat),
               "int8_linear: bias must have ", N, " contiguous float32 entries");
   const std::string& layout = packed_weights.numel() > 0 || !product.empty()
                                   ? chosen_product(code_bits, product, "int8_linear")
@@ -589,7 +596,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   output_shape.back() = N;
   // `out` checked before any work; without it, the products that leave sums of the output's shape are dequantized in
   // place (below), the others write a new tensor
-  torch::Tensor output;
+  at::Tensor output;
   if (out.has_value() || onednn || vnni) output = linear_output(out, M, N, rows, "int8_linear");
   const QuantizedInput input = quantized_input_buffer(Mp, Kp, M);
   const float* xp = rows.data_ptr<float>();
@@ -600,29 +607,38 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
   // the AVX2 product's offset weights add 64 x each row's code sum, the VNNI and AMX products' 128 x, taken back with
   // these (oneDNN's and the float32 blocks' sums need none)
   int32_t* csp = layout == "float32_blocks" || onednn ? nullptr : input.code_sums;
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
+  hlf::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(K, 1)),
                    [&](int64_t begin, int64_t end) {
                      run_with_widest_vectors<QuantizeRows>(xp, qp, rs, rz, csp, begin, end, K, Kp, codes);
                    });
-  torch::Tensor sums;
+  at::Tensor sums;
   int64_t sums_stride = Np;  // the sums' row stride: the padded columns of a packed product
   if (onednn) {
     // (M, N) int32, exact: oneDNN's s8 x s8 product sums in int32 (on VNNI with its own compensation for the signed
     // operand), the same sums as VNNI's kernels; written into the output's memory and dequantized there
-    const auto codes_rows = torch::from_blob(qp, {M, K}, {Kp, 1}, rows.options().dtype(torch::kInt8));
-    sums = output.view(torch::kInt32);
-    at::_int_mm_out(sums, codes_rows, weight_t);
+    const auto codes_rows = at::from_blob(qp, {M, K}, {Kp, 1}, rows.options().dtype(at::kChar));
+    sums = output.view(at::kInt);
+    if (hlf::in_team()) {
+      // inside a team's region oneDNN runs on the calling thread only (no nested parallelism): each team thread
+      // multiplies its rows, the same sums
+      hlf::parallel_for(0, M, kOneDnnMinimumRows / 2, [&](int64_t begin, int64_t end) {
+        auto rows_sums = sums.narrow(0, begin, end - begin);
+        at::_int_mm_out(rows_sums, codes_rows.narrow(0, begin, end - begin), weight_t);
+      });
+    } else {
+      at::_int_mm_out(sums, codes_rows, weight_t);
+    }
     sums_stride = N;
   }
 #if HLF_AMX
   if (amx) {
     std::fill(qp + M * Kp, qp + Mp * Kp, int8_t{0});  // padding rows: their sums are not read
-    sums = torch::empty({Mp, Np}, rows.options().dtype(torch::kInt32));
+    sums = at::empty({Mp, Np}, rows.options().dtype(at::kInt));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     // whole 64-column blocks, about kAmxTaskMultiplyAdds of the tiles' work or more per task
     const int64_t grain = std::max<int64_t>(1, kAmxTaskMultiplyAdds / std::max<int64_t>(Mp * Kp * kBlockColumns, 1));
-    at::parallel_for(0, Np / kBlockColumns, grain, [&](int64_t begin, int64_t end) {
+    hlf::parallel_for(0, Np / kBlockColumns, grain, [&](int64_t begin, int64_t end) {
       amx_column_blocks(qp, panels, sp, Mp, Kp, Np, begin, end);
     });
   }
@@ -638,7 +654,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     const int64_t passes = (output_panels + kVnniPanels - 1) / kVnniPanels;
     const int64_t grain =
         std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kVnniColumns * kVnniPanels, 1));
-    at::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
+    hlf::parallel_for(0, passes, grain, [&](int64_t begin, int64_t end) {
       for (int64_t pass = begin; pass < end; ++pass) {
         const int64_t panel = pass * kVnniPanels;
         const int P = static_cast<int>(std::min<int64_t>(kVnniPanels, output_panels - panel));
@@ -654,12 +670,12 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     return output.view(output_shape);
   }
   if (avx2) {
-    sums = torch::empty({M, Np}, rows.options().dtype(torch::kInt32));
+    sums = at::empty({M, Np}, rows.options().dtype(at::kInt));
     const int8_t* panels = packed_weights.data_ptr<int8_t>();
     int32_t* sp = sums.data_ptr<int32_t>();
     // about 64k multiply-adds or more per task, so that small products stay on one thread
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(M * Kp * kAvx2Columns, 1));
-    at::parallel_for(0, Np / kAvx2Columns, grain, [&](int64_t begin, int64_t end) {
+    hlf::parallel_for(0, Np / kAvx2Columns, grain, [&](int64_t begin, int64_t end) {
       for (int64_t panel = begin; panel < end; panel += kAvx2Panels) {
         const auto times_panels = Avx2PanelTable::table[std::min<int64_t>(kAvx2Panels, end - panel) - 1];
         for (int64_t m = 0; m < M; ++m)
@@ -672,24 +688,24 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& weight_t,
     // (M, N) int32, exact: float32 products over blocks of kExactFloatDepth inputs, each below 2^24 in magnitude
     // (so exact), summed in int32, as `exact_int8_product` (inference_copies.py); `at::_int_mm` is far slower than a
     // float product on CPUs without VNNI
-    const auto weights = weight_t.to(torch::kFloat32);
-    const auto codes = torch::from_blob(qp, {M, K}, torch::kInt8).to(torch::kFloat32);
+    const auto weights = weight_t.to(at::kFloat);
+    const auto codes = at::from_blob(qp, {M, K}, at::kChar).to(at::kFloat);
     for (int64_t start = 0; start < K || start == 0; start += kExactFloatDepth) {
       const int64_t depth = std::min(kExactFloatDepth, K - start);
-      const auto block = at::mm(codes.narrow(1, start, depth), weights.narrow(0, start, depth)).to(torch::kInt32);
+      const auto block = at::mm(codes.narrow(1, start, depth), weights.narrow(0, start, depth)).to(at::kInt);
       sums = start == 0 ? block : sums + block;
     }
   }
   // dequantized into the output: in place where oneDNN wrote the sums there, or where the sums have its shape
   if (!output.defined()) {
-    output = sums_stride == N ? sums.view(torch::kFloat32).narrow(0, 0, M) : linear_output(out, M, N, rows, "int8_linear");
+    output = sums_stride == N ? sums.view(at::kFloat).narrow(0, 0, M) : linear_output(out, M, N, rows, "int8_linear");
   }
   const int32_t* sp = sums.data_ptr<int32_t>();
   float* op = output.data_ptr<float>();
   const float* ws = weight_scale.data_ptr<float>();
   const int32_t* cs = column_sums.data_ptr<int32_t>();
   const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  at::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, M, std::max<int64_t>(1, 16384 / std::max<int64_t>(N, 1)), [&](int64_t begin, int64_t end) {
     run_with_widest_vectors<DequantizeRows>(sp, sums_stride, op, rs, rz, amx ? csp : nullptr, cs, ws, bp, relu,
                                             begin, end, N);
   });

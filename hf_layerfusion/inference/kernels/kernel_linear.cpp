@@ -2,19 +2,23 @@
 // input only.
 #include "cpu_kernels.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+
 namespace {
 
 // The kernels' own checks of the weights, run once on one zero row, so that a KernelLinear that was made can be called
 template <typename Linear>
 Linear checked(Linear linear, int64_t in_features) {
-  linear(torch::zeros({1, in_features}, torch::kFloat32));
+  linear(at::zeros({1, in_features}, at::kFloat));
   return linear;
 }
 
 }  // namespace
 
-KernelLinear KernelLinear::float32(const torch::Tensor& panels, int64_t out_features,
-                                   const c10::optional<torch::Tensor>& bias, bool relu) {
+KernelLinear KernelLinear::float32(const at::Tensor& panels, int64_t out_features,
+                                   const c10::optional<at::Tensor>& bias, bool relu) {
   TORCH_CHECK(panels.dim() == 3, "KernelLinear.float32: panels must be (panels, in_features, 16), got ", panels.sizes());
   KernelLinear linear;
   linear.weights_ = panels;
@@ -24,9 +28,9 @@ KernelLinear KernelLinear::float32(const torch::Tensor& panels, int64_t out_feat
   return checked(linear, panels.size(1));
 }
 
-KernelLinear KernelLinear::int8(const torch::Tensor& weight_t, const torch::Tensor& packed_weights,
-                                const torch::Tensor& column_sums, const torch::Tensor& weight_scale,
-                                const c10::optional<torch::Tensor>& bias, bool relu, int64_t code_bits,
+KernelLinear KernelLinear::int8(const at::Tensor& weight_t, const at::Tensor& packed_weights,
+                                const at::Tensor& column_sums, const at::Tensor& weight_scale,
+                                const c10::optional<at::Tensor>& bias, bool relu, int64_t code_bits,
                                 const std::string& product) {
   TORCH_CHECK(weight_t.dim() == 2, "KernelLinear.int8: weight_t must be (in_features, out_features), got ",
               weight_t.sizes());
@@ -57,44 +61,44 @@ KernelLinear KernelLinear::concatenate(const std::vector<KernelLinear>& linears)
                         first.weights_.size(first.code_bits_ == 0 ? 1 : 0),
                 "KernelLinear.concatenate: the layers differ in kind (code bits ", first.code_bits_, " and ",
                 linear.code_bits_, "), ReLU, bias or input features");
-  std::vector<torch::Tensor> weights, biases;
+  std::vector<at::Tensor> weights, biases;
   for (const auto& linear : linears) {
     if (linear.bias_.has_value()) biases.push_back(*linear.bias_);
   }
-  const c10::optional<torch::Tensor> bias =
-      biases.empty() ? c10::nullopt : c10::optional<torch::Tensor>(torch::cat(biases));
+  const c10::optional<at::Tensor> bias =
+      biases.empty() ? c10::nullopt : c10::optional<at::Tensor>(at::cat(biases));
   if (first.code_bits_ == 0) {
     // each layer's (out, in) weights back from its panels (panels, in, 16), the zero padding cut, then repacked
     for (const auto& linear : linears) {
       const auto& panels = linear.weights_;
       weights.push_back(panels.transpose(1, 2).reshape({-1, panels.size(1)}).narrow(0, 0, linear.out_features_));
     }
-    const auto weight = torch::cat(weights);
+    const auto weight = at::cat(weights);
     const int64_t out_features = weight.size(0), in_features = weight.size(1);
     const int64_t padded = (out_features + kFloat32PassColumns - 1) / kFloat32PassColumns * kFloat32PassColumns;
-    auto panels = torch::zeros({padded, in_features}, weight.options());
+    auto panels = at::zeros({padded, in_features}, weight.options());
     panels.narrow(0, 0, out_features).copy_(weight);
     panels = panels.view({padded / kFloat32PanelColumns, kFloat32PanelColumns, in_features}).transpose(1, 2).contiguous();
     return float32(panels, out_features, bias, first.relu_);
   }
-  std::vector<torch::Tensor> column_sums, weight_scales;
+  std::vector<at::Tensor> column_sums, weight_scales;
   for (const auto& linear : linears) {
     weights.push_back(linear.weights_);
     column_sums.push_back(linear.column_sums_);
     weight_scales.push_back(linear.weight_scale_);
   }
-  const auto weight_t = torch::cat(weights, 1);
+  const auto weight_t = at::cat(weights, 1);
   // packed for this CPU's product where the layers are (none where it has none)
   const auto packed = first.packed_weights_.numel() > 0 ? pack_int8_weights(weight_t, first.code_bits_, first.product_)
                                                         : first.packed_weights_;
-  return int8(weight_t, packed, torch::cat(column_sums), torch::cat(weight_scales), bias, first.relu_,
+  return int8(weight_t, packed, at::cat(column_sums), at::cat(weight_scales), bias, first.relu_,
               first.code_bits_, first.product_);
 }
 
-torch::Tensor linear_output(const c10::optional<torch::Tensor>& out, int64_t rows, int64_t columns,
-                            const torch::Tensor& input, const char* caller) {
-  if (!out.has_value()) return torch::empty({rows, columns}, input.options());
-  TORCH_CHECK(out->scalar_type() == torch::kFloat32 && out->device().is_cpu() && out->is_contiguous() &&
+at::Tensor linear_output(const c10::optional<at::Tensor>& out, int64_t rows, int64_t columns,
+                            const at::Tensor& input, const char* caller) {
+  if (!out.has_value()) return at::empty({rows, columns}, input.options());
+  TORCH_CHECK(out->scalar_type() == at::kFloat && out->device().is_cpu() && out->is_contiguous() &&
                   out->numel() == rows * columns,
               caller, ": out must be a contiguous float32 CPU tensor of ", rows, " x ", columns, " elements, got ",
               out->scalar_type(), " ", out->sizes(), out->is_contiguous() ? "" : " (not contiguous)");
@@ -105,30 +109,8 @@ torch::Tensor linear_output(const c10::optional<torch::Tensor>& out, int64_t row
   return out->view({rows, columns});
 }
 
-torch::Tensor KernelLinear::operator()(const torch::Tensor& x, const c10::optional<torch::Tensor>& out) const {
+at::Tensor KernelLinear::operator()(const at::Tensor& x, const c10::optional<at::Tensor>& out) const {
   return code_bits_ == 0 ? float32_linear(x, weights_, out_features_, bias_, relu_, out)
                          : int8_linear(x, weights_, packed_weights_, column_sums_, weight_scale_, bias_, relu_,
                                        code_bits_, kAmxMinimumRows, product_, kOneDnnMinimumRows, out);
-}
-
-// int8 weights without their packed copy: its layout is this CPU's product's (AMX, VNNI or AVX2) and this version's,
-// so a state read on another CPU or by another version would multiply with the wrong layout; they are packed again,
-// for the fastest product there
-pybind11::tuple KernelLinear::state() const {
-  if (code_bits_ == 0) return pybind11::make_tuple("float32", weights_, out_features_, bias_, relu_);
-  return pybind11::make_tuple("int8", weights_, column_sums_, weight_scale_, bias_, relu_, code_bits_);
-}
-
-KernelLinear KernelLinear::from_state(const pybind11::tuple& state) {
-  const auto kind = state[0].cast<std::string>();
-  const auto bias = [&](size_t index) { return state[index].cast<c10::optional<torch::Tensor>>(); };
-  if (kind == "float32" && state.size() == 5) {
-    return float32(state[1].cast<torch::Tensor>(), state[2].cast<int64_t>(), bias(3), state[4].cast<bool>());
-  }
-  TORCH_CHECK(kind == "int8" && state.size() == 7, "KernelLinear: not a KernelLinear's state (", kind, ", ",
-              state.size(), " entries)");
-  const auto weight_t = state[1].cast<torch::Tensor>();
-  const auto code_bits = state[6].cast<int64_t>();
-  return int8(weight_t, pack_int8_weights(weight_t, code_bits), state[2].cast<torch::Tensor>(),
-              state[3].cast<torch::Tensor>(), bias(4), state[5].cast<bool>(), code_bits);
 }

@@ -7,7 +7,9 @@
 // pairwise (`lane_sum`), (x - mean) / sqrt(variance + eps) * weight + bias: torch's LayerNorm up to float rounding.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+
+#include "parallel.h"
 
 #include "vector16.h"
 
@@ -45,22 +47,22 @@ struct NormalizeRows {
 
 }  // namespace
 
-torch::Tensor add_layer_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& y, const torch::Tensor& weight,
-                             const torch::Tensor& bias, double eps) {
+at::Tensor add_layer_norm(const at::Tensor& x, const c10::optional<at::Tensor>& y, const at::Tensor& weight,
+                             const at::Tensor& bias, double eps) {
   const int64_t features = x.size(-1);
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.device().is_cpu() && x.dim() >= 1 && features % kLanes == 0,
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.device().is_cpu() && x.dim() >= 1 && features % kLanes == 0,
               "add_layer_norm: x must be a float32 CPU tensor whose last dimension is a multiple of 16, got ",
               x.scalar_type(), " ", x.sizes(), " on ", x.device());
-  TORCH_CHECK(!y.has_value() || (y->sizes() == x.sizes() && y->scalar_type() == torch::kFloat32 && y->device().is_cpu()),
+  TORCH_CHECK(!y.has_value() || (y->sizes() == x.sizes() && y->scalar_type() == at::kFloat && y->device().is_cpu()),
               "add_layer_norm: y must be float32 of x's shape ", x.sizes());
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && bias.scalar_type() == torch::kFloat32 &&
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat &&
                   weight.numel() == features && bias.numel() == features,
               "add_layer_norm: weight and bias must be float32 with ", features, " values");
   const auto a = x.contiguous();
-  const auto b = y.has_value() ? y->contiguous() : torch::Tensor();
+  const auto b = y.has_value() ? y->contiguous() : at::Tensor();
   const auto w = weight.contiguous(), c = bias.contiguous();
-  auto output = torch::empty_like(a);
-  at::parallel_for(0, a.numel() / features, 64, [&](int64_t begin, int64_t end) {
+  auto output = at::empty_like(a);
+  hlf::parallel_for(0, a.numel() / features, 64, [&](int64_t begin, int64_t end) {
     run_with_widest_vectors<NormalizeRows>(a.data_ptr<float>(), y.has_value() ? b.data_ptr<float>() : nullptr,
                                            w.data_ptr<float>(), c.data_ptr<float>(), static_cast<float>(eps),
                                            output.data_ptr<float>(), features, begin, end);

@@ -8,7 +8,9 @@
 // below the clamp anyway), sums in another order than torch's: the same function up to float rounding.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+
+#include "parallel.h"
 
 #include <cfloat>
 #include <vector>
@@ -74,20 +76,20 @@ struct MixRows {
 
 }  // namespace
 
-torch::Tensor mixture_log_probs(const torch::Tensor& group_logits, const torch::Tensor& psi) {
-  TORCH_CHECK(group_logits.dim() == 3 && group_logits.scalar_type() == torch::kFloat32 &&
+at::Tensor mixture_log_probs(const at::Tensor& group_logits, const at::Tensor& psi) {
+  TORCH_CHECK(group_logits.dim() == 3 && group_logits.scalar_type() == at::kFloat &&
                   group_logits.device().is_cpu() && group_logits.size(2) > 0,
               "mixture_log_probs: group_logits must be a float32 CPU tensor (groups, rows, vocab), got ",
               group_logits.scalar_type(), " ", group_logits.sizes(), " on ", group_logits.device());
-  TORCH_CHECK(psi.dim() == 1 && psi.scalar_type() == torch::kFloat32 && psi.size(0) == group_logits.size(0),
+  TORCH_CHECK(psi.dim() == 1 && psi.scalar_type() == at::kFloat && psi.size(0) == group_logits.size(0),
               "mixture_log_probs: psi must be float32 with one weight per group (", group_logits.size(0), "), got ",
               psi.scalar_type(), " ", psi.sizes());
   const auto logits = group_logits.contiguous();
   const auto weights = psi.contiguous().cpu();
   const int64_t groups = logits.size(0), rows = logits.size(1), vocab = logits.size(2);
-  auto output = torch::empty({rows, vocab}, logits.options());
+  auto output = at::empty({rows, vocab}, logits.options());
   const int64_t padded = (vocab + kLanes - 1) / kLanes * kLanes;
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scratch(groups * padded);
     run_with_widest_vectors<MixRows>(logits.data_ptr<float>(), weights.data_ptr<float>(), output.data_ptr<float>(),
                                      groups, rows, vocab, begin, end, scratch.data());

@@ -6,7 +6,7 @@
 // one of its rows in a scratch row first.
 #include "cpu_kernels.h"
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <cstring>
 #include <vector>
@@ -70,10 +70,10 @@ std::vector<Copy> plan_moves(const int64_t* targets, const int64_t* sources, int
 
 }  // namespace
 
-void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& targets, const torch::Tensor& sources) {
-  const auto is_index = [](const torch::Tensor& index) {
+void move_rows(const std::vector<at::Tensor>& buffers, const at::Tensor& targets, const at::Tensor& sources) {
+  const auto is_index = [](const at::Tensor& index) {
     return index.dim() == 1 && index.device().is_cpu() &&
-           (index.scalar_type() == torch::kInt64 || index.scalar_type() == torch::kInt32);
+           (index.scalar_type() == at::kLong || index.scalar_type() == at::kInt);
   };
   TORCH_CHECK(is_index(targets) && is_index(sources) && targets.size(0) == sources.size(0),
               "move_rows: targets and sources must be int64 or int32 CPU vectors of one length, got ",
@@ -89,7 +89,7 @@ void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& t
     TORCH_CHECK(rows == 0 || buffer.select(0, 0).is_contiguous(),
                 "move_rows: each row of a buffer must be contiguous, buffer ", b, " has strides ", buffer.strides());
   }
-  const auto target_index = targets.to(torch::kInt64).contiguous(), source_index = sources.to(torch::kInt64).contiguous();
+  const auto target_index = targets.to(at::kLong).contiguous(), source_index = sources.to(at::kLong).contiguous();
   const int64_t* target_data = target_index.data_ptr<int64_t>();
   const int64_t* source_data = source_index.data_ptr<int64_t>();
   const int64_t moves = targets.size(0);
@@ -103,7 +103,7 @@ void move_rows(const std::vector<torch::Tensor>& buffers, const torch::Tensor& t
   }
   int64_t scratch_rows = 0;
   const std::vector<Copy> plan = plan_moves(target_data, source_data, moves, rows, &scratch_rows);
-  at::parallel_for(0, static_cast<int64_t>(buffers.size()), 1, [&](int64_t begin, int64_t end) {
+  hlf::parallel_for(0, static_cast<int64_t>(buffers.size()), 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const auto& buffer = buffers[b];
       const size_t row_bytes = static_cast<size_t>(buffer.numel() / rows) * buffer.element_size();
