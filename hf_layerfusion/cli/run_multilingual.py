@@ -48,8 +48,8 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import torch
 import transformers
 from transformers import (
@@ -91,11 +91,9 @@ from hf_layerfusion.modeling.xlmr import backbone_config_from_xlmr, from_xlmr, l
 from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
-from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
     PIVOT_LANGUAGE,
-    add_language_tags,
     both_directions,
     evaluate_directions,
     format_summary,
@@ -109,6 +107,12 @@ from hf_layerfusion.training.multilingual import (  # noqa: E402
 )
 from hf_layerfusion.training.tokenization import check_vocab_size_holds_characters, train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
+from hf_layerfusion.translation.language_tags import add_language_tags  # noqa: E402
+
+# imported by the training modules above, after they checked that the `train` extra is installed
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +355,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     logger.setLevel(logging.INFO)
     transformers.utils.logging.set_verbosity_warning()
-    datasets.utils.logging.set_verbosity_warning()
+    logging.getLogger("datasets").setLevel(logging.WARNING)  # what `datasets.utils.logging.set_verbosity_warning` sets
     set_seed(training_args.seed)
 
     # ---------------------------------------------------------------------------------------------- data

@@ -61,8 +61,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import transformers
 from transformers import (
     AutoConfig,
@@ -108,7 +108,7 @@ from hf_layerfusion.training.data import (  # noqa: E402
     preprocess_translation,
 )
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
-from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
+from hf_layerfusion.training.evaluation import compute_translation_metrics  # noqa: E402
 from hf_layerfusion.training.tokenization import (  # noqa: E402
     BOS_TOKEN,
     EOS_TOKEN,
@@ -116,10 +116,15 @@ from hf_layerfusion.training.tokenization import (  # noqa: E402
     SPECIAL_TOKENS,
     SUBWORD_MODELS,
     check_vocab_size_holds_characters,
-    load_tokenizer,
     train_joint_tokenizer,
 )
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
+from hf_layerfusion.translation.tokenizer import load_tokenizer  # noqa: E402
+
+# imported by the training modules above, after they checked that the `train` extra is installed
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -684,7 +689,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
+    logging.getLogger("datasets").setLevel(log_level)  # what `datasets.utils.logging.set_verbosity` sets
     transformers.utils.logging.set_verbosity(log_level)
 
     checkpoint = check_arguments(model_args, data_args, run_args, training_args)
