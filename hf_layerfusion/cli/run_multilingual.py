@@ -55,7 +55,6 @@ import transformers
 from transformers import (
     AutoConfig,
     DataCollatorForSeq2Seq,
-    HfArgumentParser,
     Seq2SeqTrainingArguments,
     XLMRobertaConfig,
     XLMRobertaModel,
@@ -69,10 +68,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 # same folder: the same syntax, help and resume rules
 from hf_layerfusion.cli.run_translation import (  # noqa: E402
     DEFAULT_MAX_LENGTH,
-    HelpFormatter,
     check_training_arguments,
     parse_config_overrides,
     resolve_checkpoint,
+    training_parser,
 )
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
@@ -121,8 +120,11 @@ MULTI30K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi3
 SCORES_FILE = "direction_scores.json"
 
 
+# `--help` lists the options of each argument dataclass under its `_argument_group_name` (HfArgumentParser's rule)
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model: the family, its XLM-R initialisation, fusion knobs (--config_overrides)"
+
     model_type: str = field(default="gtrans", metadata={"help": f"Family: one of {sorted(hf_layerfusion.FAMILIES)}."})
     xlmr: str = field(
         default="FacebookAI/xlm-roberta-base", metadata={"help": "XLM-R checkpoint (Hub id or directory)."}
@@ -153,6 +155,8 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data: languages, sampling, lengths, evaluation"
+
     dataset: str = field(default="opus100", metadata={"help": "'opus100' or 'multi30k' (the offline stand-in)."})
     languages: str | None = field(
         default=None,
@@ -192,6 +196,8 @@ class DataArguments:
 
 @dataclass
 class RunArguments:
+    _argument_group_name = "run: output dir"
+
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -341,11 +347,7 @@ def check_arguments(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
+    parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
     model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(

@@ -137,8 +137,11 @@ PREDICTIONS_FILE = "generated_predictions_{}.txt"  # per split
 DEFAULT_MAX_LENGTH = 128
 
 
+# `--help` lists the options of each argument dataclass under its `_argument_group_name` (HfArgumentParser's rule)
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model: a family and size, or a checkpoint; fusion knobs (--config_overrides); tokenizer"
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Existing checkpoint to fine-tune (instead of --model_type)."}
     )
@@ -173,6 +176,8 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data: corpus, lengths, BLEU evaluation"
+
     source_lang: str = field(default="en", metadata={"help": "Source language code."})
     target_lang: str = field(default="de", metadata={"help": "Target language code."})
     dataset_name: str | None = field(
@@ -209,6 +214,8 @@ class DataArguments:
 
 @dataclass
 class RunArguments:
+    _argument_group_name = "run: time budget, early stopping, logging, output dir"
+
     max_train_minutes: float | None = field(
         default=None, metadata={"help": "Stop training after this many minutes (kept across resumptions)."}
     )
@@ -247,12 +254,21 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """`--help`: the module docstring as written (its example commands keep their lines) and every default."""
 
 
+class TrainerArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` itself (its fields, defaults and checks), whose options `--help` lists under one
+    heading of their own, after the training command's groups."""
+
+    _argument_group_name = "Trainer: every option of transformers' Seq2SeqTrainingArguments"
+
+
+def training_parser(own_arguments: tuple[type, ...], description: str) -> HfArgumentParser:
+    """The parser of a training command: the groups of its own argument dataclasses, in order, then the Trainer's
+    options (`parse_args_into_dataclasses` returns one instance of each, the `TrainerArguments` last)."""
+    return HfArgumentParser((*own_arguments, TrainerArguments), description=description, formatter_class=HelpFormatter)
+
+
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
+    parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
     # BLEU needs generated translations
     parser.set_defaults(predict_with_generate=True)
     return parser.parse_args_into_dataclasses(args=argv)
