@@ -279,14 +279,21 @@ try:
     training_error = None
 except ModuleNotFoundError as error:
     training_error = str(error)
-print(json.dumps(dict(translated=translated, piped=piped, command=command, imported=imported, training_error=training_error)))
+training_command = subprocess.run(
+    [str(Path(sys.prefix) / "bin" / "hf-layerfusion-train"), "--help"], capture_output=True, text=True
+)
+print(json.dumps(dict(
+    translated=translated, piped=piped, command=command, imported=imported, training_error=training_error,
+    training_command=[training_command.returncode, training_command.stderr.strip().splitlines()[-1:]],
+)))
 """
 
 
 def test_translating_needs_no_training_extra(wheel, tmp_path):
     """The wheel installed without extras, where none of the `train` extra's packages can be imported: a saved model
     loads through the Auto classes and translates through `translate()`, the pipeline and the translate command, as
-    it does here, without importing any of them; the trainer is then an error naming the extra."""
+    it does here, without importing any of them; the trainer and the training command are then an error naming the
+    extra."""
     from hf_layerfusion.training import TRAINING_REQUIREMENTS
 
     model, tokenizer = tiny_model("gtrans"), tiny_tokenizer()
@@ -300,6 +307,8 @@ def test_translating_needs_no_training_extra(wheel, tmp_path):
     assert report["translated"] == report["piped"] == report["command"] == expected
     assert report["imported"] == []
     assert 'pip install "hf_layerfusion[train]"' in report["training_error"], report["training_error"]
+    returncode, last_error_line = report["training_command"]
+    assert returncode != 0 and 'pip install "hf_layerfusion[train]"' in last_error_line[0], last_error_line
 
 
 def test_import_names_a_private_transformers_method_that_changed(tmp_path):

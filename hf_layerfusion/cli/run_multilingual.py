@@ -50,9 +50,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-import transformers
-from transformers import (
+# `python examples/run_multilingual.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# first, before transformers' Trainer modules (which need it too): without the `train` extra, the error names it
+import hf_layerfusion.training  # noqa: E402,F401
+
+# isort: split
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
     AutoConfig,
     DataCollatorForSeq2Seq,
     Seq2SeqTrainingArguments,
@@ -61,9 +68,6 @@ from transformers import (
     XLMRobertaTokenizer,
     set_seed,
 )
-
-# `python examples/run_multilingual.py` from a checkout without installing: the examples/ file links here
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # same folder: the same syntax, help and resume rules
 from hf_layerfusion.cli.run_translation import (  # noqa: E402

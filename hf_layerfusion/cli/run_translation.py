@@ -63,8 +63,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import transformers
-from transformers import (
+# `python examples/run_translation.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# first, before transformers' Trainer modules (which need it too): without the `train` extra, the error names it
+import hf_layerfusion.training  # noqa: E402,F401
+
+# isort: split
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
@@ -74,12 +81,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
     set_seed,
 )
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import sort_checkpoints
-
-# `python examples/run_translation.py` from a checkout without installing: the examples/ file links here
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
+from transformers.trainer_utils import sort_checkpoints  # noqa: E402
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.file_checks import (  # noqa: E402
