@@ -92,6 +92,10 @@ def __getattr__(name: str):
     return value
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *TRAINING_NAMES})
+
+
 __all__ = [
     "FusionWeightsCallback",
     "LayerFusionSeq2SeqTrainer",

@@ -5,6 +5,9 @@ extra, and `translation/` nothing from `hub/`."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +110,22 @@ def test_the_check_reads_each_kind_of_import(part, source, expected, tmp_path):
     planted.write_text(source)
     found = upward_imports(planted, tmp_path / "hf_layerfusion")
     assert [line.split(" (")[0] for line in found] == expected
+
+
+def test_importing_the_package_imports_nothing_of_training():
+    """`import hf_layerfusion` (in a fresh interpreter) imports no module of training/ nor what only training needs;
+    the package's training names come on first use, each from the module TRAINING_NAMES says, and are in `__all__`."""
+    import hf_layerfusion
+
+    code = (
+        "import sys, hf_layerfusion\n"
+        "print(sorted(name for name in sys.modules if name.startswith('hf_layerfusion.training')"
+        " or name.split('.')[0] in ('datasets', 'evaluate', 'num2words')))\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    for name, module in hf_layerfusion.TRAINING_NAMES.items():
+        assert getattr(hf_layerfusion, name).__module__ == f"hf_layerfusion.training.{module}"
+    assert set(hf_layerfusion.TRAINING_NAMES) <= set(hf_layerfusion.__all__) and "translate" in hf_layerfusion.__all__
