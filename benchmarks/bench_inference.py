@@ -418,7 +418,7 @@ def measure_workload(args) -> list[dict]:
     the FLOPs ratio"."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     corpus, sources, references = workload_corpus(args)
     tokenizers = {model_dir: AutoTokenizer.from_pretrained(model_dir) for model_dir in args.bleu}

@@ -90,9 +90,9 @@ from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
 from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.training.checkpoint_averaging import AVERAGE_RECORD, average_last_checkpoints  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
-from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_layerfusion.training.translation import translate  # noqa: E402
+from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
+from hf_layerfusion.translation.translate import translate  # noqa: E402
 
 DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SOURCE_LANG, TARGET_LANG = "en", "de"

@@ -223,7 +223,7 @@ def same_precision_ratios(rows: list[dict]) -> list[tuple[str, str, int, int, fl
 
 def report(args, results: dict, references: list[str]) -> list[dict]:
     """Print the tables and targets; return one row per (engine, threads, search)."""
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     rows = []
     for (engine, threads, num_beams), runs in results.items():

@@ -335,7 +335,7 @@ def print_workload_probe(args) -> None:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_layerfusion
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     model = AutoModelForSeq2SeqLM.from_pretrained(args.workload).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.workload)

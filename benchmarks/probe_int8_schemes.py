@@ -125,7 +125,7 @@ def main(argv=None) -> None:
     import transformers
 
     import hf_layerfusion
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_backbone as backbone

@@ -51,7 +51,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
-from hf_layerfusion.training import translation as translation_module  # noqa: E402
+from hf_layerfusion.translation import translate as translation_module  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # a step computing r rows falls in the first bucket >= r
 

@@ -42,7 +42,7 @@ from run_translation import main as run_translation  # noqa: E402  (also puts th
 from hf_layerfusion.hub.model_card import write_model_card  # noqa: E402
 from hf_layerfusion.hub.remote_code import check_model_directory  # noqa: E402
 from hf_layerfusion.training.data import builtin_number_corpus  # noqa: E402
-from hf_layerfusion.training.translation import translate  # noqa: E402
+from hf_layerfusion.translation.translate import translate  # noqa: E402
 
 SOURCE_LANG, TARGET_LANG = "de", "en"
 CORPUS = dict(builtin_num_train=20000, builtin_num_valid=200, builtin_num_test=300)

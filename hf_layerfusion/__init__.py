@@ -8,13 +8,19 @@ The package, from the bottom up (each layer imports only from the ones below it)
 - `models/`: the families, one module each, every one registered where it is defined;
 - `inference/`: the fast decoding loop (`fast_generate`) and the float32 / int8 inference copies
   (`prepare_for_inference`);
-- `training/`: data, tokenizers, the trainer and its callbacks, BLEU, translation, multilingual training,
-  checkpoint averaging;
-- `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline.
+- `translation/`: `translate()`, the target-language tags, the checked loading of a saved tokenizer, BLEU;
+- `training/` (needs the `train` extra): data, tokenizers, the trainer and its callbacks, BLEU as trainer metrics,
+  multilingual training, checkpoint averaging;
+- `hub/`: the self-contained Hub code of saved models, model cards, the translation pipeline (beside `training/`:
+  neither imports from the other).
 
 Importing the package registers every family of `FAMILIES` with AutoConfig, AutoModel and AutoModelForSeq2SeqLM,
-makes every saved model write its Hub code, and registers the translation pipeline with transformers.
+makes every saved model write its Hub code, and registers the translation pipeline with transformers. The names of
+`training/` are imported when first used (`hf_layerfusion.LayerFusionSeq2SeqTrainer`), so that a user who only
+translates imports the package without the `train` extra.
 """
+
+import importlib
 
 from transformers.utils.versions import require_version
 
@@ -39,19 +45,8 @@ from .modeling.model import LayerFusionForConditionalGeneration, LayerFusionMode
 from .modeling.pretrained import LayerFusionPreTrainedModel
 from .modeling.registry import FAMILIES
 from .modeling.xlmr import from_xlmr, load_xlmr_tokenizer
-from .training.callbacks import FusionWeightsCallback, LayerGradientNormCallback, TimeBudgetCallback
-from .training.checkpoint_averaging import average_checkpoints, average_last_checkpoints
-from .training.data import (
-    builtin_number_corpus,
-    load_json_lines_translation,
-    load_parallel_text,
-    load_translation_dataset,
-    preprocess_translation,
-)
-from .training.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
-from .training.tokenization import train_joint_tokenizer
-from .training.trainer import LayerFusionSeq2SeqTrainer
-from .training.translation import translate
+from .translation.bleu import corpus_bleu
+from .translation.translate import translate
 
 # every family's classes under their own names (`hf_layerfusion.GTransConfig`), and with the Auto classes
 _family_classes = {cls.__name__: cls for family in FAMILIES.values() for cls in family}
@@ -69,6 +64,37 @@ LayerFusionConfig.hub_code_writer = write_remote_code
 PIPELINE_REGISTRY.register_pipeline(
     PIPELINE_TASK, pipeline_class=LayerFusionTranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
 )
+
+# name -> module of `training/` that defines it (imported by `__getattr__` on first use)
+TRAINING_NAMES = {
+    "FusionWeightsCallback": "callbacks",
+    "LayerGradientNormCallback": "callbacks",
+    "TimeBudgetCallback": "callbacks",
+    "average_checkpoints": "checkpoint_averaging",
+    "average_last_checkpoints": "checkpoint_averaging",
+    "builtin_number_corpus": "data",
+    "load_json_lines_translation": "data",
+    "load_parallel_text": "data",
+    "load_translation_dataset": "data",
+    "preprocess_translation": "data",
+    "compute_translation_metrics": "evaluation",
+    "load_bleu_metric": "evaluation",
+    "train_joint_tokenizer": "tokenization",
+    "LayerFusionSeq2SeqTrainer": "trainer",
+}
+
+
+def __getattr__(name: str):
+    if name not in TRAINING_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".training.{TRAINING_NAMES[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *TRAINING_NAMES})
+
 
 __all__ = [
     "FusionWeightsCallback",

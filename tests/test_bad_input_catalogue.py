@@ -75,9 +75,8 @@ from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_mod
 from hf_layerfusion.modeling.registry import check_model_type
 from hf_layerfusion.inference import ctranslate2_export
 from hf_layerfusion.inference.cpu_kernels import KERNEL_DIRECTORY, build_kernels
-from hf_layerfusion.training import checkpoint_averaging, tokenization
+from hf_layerfusion.training import checkpoint_averaging
 from hf_layerfusion.training.callbacks import plot_logged_series
-from hf_layerfusion.training.language_tags import add_language_tags
 from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints, last_checkpoints
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 from hf_layerfusion.training.data import (
@@ -87,6 +86,8 @@ from hf_layerfusion.training.data import (
     load_translation_dataset,
     preprocess_translation,
 )
+from hf_layerfusion.translation.language_tags import add_language_tags
+from hf_layerfusion.translation.tokenizer import load_tokenizer
 
 from helpers import TINY_BACKBONE
 
@@ -475,7 +476,7 @@ def _fastpath_before_any_copy(call):
     model quantized) is made."""
     copying = mock.Mock(side_effect=RuntimeError("an inference copy was made before the arguments were checked"))
     with mock.patch.object(hf_layerfusion.inference.fast_generation, "prepare_for_inference", copying), \
-            mock.patch.object(hf_layerfusion.training.translation, "prepare_for_inference", copying), \
+            mock.patch.object(hf_layerfusion.translation.translate, "prepare_for_inference", copying), \
             mock.patch.object(hf_layerfusion.hub.pipeline, "prepare_for_inference", copying):
         return call()
 
@@ -1180,9 +1181,9 @@ ROWS = [
         ValueError, r"truncated_weights/model\.safetensors'.*damaged or incomplete"),
     Row("load-corrupt-weights-header", lambda ws: AutoModelForSeq2SeqLM.from_pretrained(ws.corrupt_weights),
         ValueError, r"corrupt_weights/model\.safetensors'.*damaged or incomplete"),
-    Row("tokenizer-load-truncated-json", lambda ws: tokenization.load_tokenizer(ws.truncated_tokenizer), ValueError,
+    Row("tokenizer-load-truncated-json", lambda ws: load_tokenizer(ws.truncated_tokenizer), ValueError,
         r"truncated_tokenizer/tokenizer\.json'.*not valid JSON.*again"),
-    Row("tokenizer-load-none-saved", lambda ws: tokenization.load_tokenizer(ws.no_tokenizer), FileNotFoundError,
+    Row("tokenizer-load-none-saved", lambda ws: load_tokenizer(ws.no_tokenizer), FileNotFoundError,
         r"no_tokenizer'.*holds no tokenizer.*save_pretrained"),
     Row("trainer-checkpoint-disk-full", _train_onto_full_disk, OSError,
         r"checkpoint-1'.*disk is full.*unexpected pos 191616 vs 191504.*free space"),

@@ -16,8 +16,9 @@ from transformers import DataCollatorForSeq2Seq, EvalPrediction, Seq2SeqTrainer,
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration
 from hf_layerfusion.training.data import builtin_number_corpus, preprocess_translation
-from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu, load_bleu_metric
+from hf_layerfusion.training.evaluation import compute_translation_metrics, load_bleu_metric
 from hf_layerfusion.training.tokenization import train_joint_tokenizer
+from hf_layerfusion.translation.bleu import corpus_bleu
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULT_KEYS = ["score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len"]

@@ -101,3 +101,40 @@ def test_python_m_runs_each_tool_without_runpy_warning(module):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "usage:" in result.stdout
+
+
+def help_sections(help_text: str, headings: list[str]) -> list[str]:
+    """The text under each of `headings` (argparse's `title:` lines), in the order they come; a heading missing or out
+    of order is a failure naming it."""
+    starts = [help_text.find(f"\n{heading}:\n") for heading in headings]
+    assert -1 not in starts and starts == sorted(starts), dict(zip(headings, starts))
+    return [help_text[start:end] for start, end in zip(starts, [*starts[1:], len(help_text)])]
+
+
+def option_names(section: str) -> set[str]:
+    """The long options a `--help` section describes (an option's line starts with it, after the indentation)."""
+    return set(re.findall(r"^\s{2}(--\w+)", section, flags=re.MULTILINE))
+
+
+@pytest.mark.parametrize("module_name", ["hf_layerfusion.cli.run_translation", "hf_layerfusion.cli.run_multilingual"])
+def test_training_help_groups_the_commands_options_before_the_trainers(module_name, capsys):
+    """`--help` of a training command: each argument dataclass of the command under its own heading, in order, then
+    every option of `Seq2SeqTrainingArguments` under one heading, last; each option under its own group's heading."""
+    import dataclasses
+
+    from transformers import Seq2SeqTrainingArguments
+
+    from hf_layerfusion.cli.run_translation import TrainerArguments
+
+    module = importlib.import_module(module_name)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    own = [module.ModelArguments, module.DataArguments, module.RunArguments]
+    groups = [*own, Seq2SeqTrainingArguments]
+    headings = [arguments._argument_group_name for arguments in own] + [TrainerArguments._argument_group_name]
+    for arguments, section in zip(groups, help_sections(help_text, headings), strict=True):
+        fields = {f"--{field.name}" for field in dataclasses.fields(arguments) if field.init}
+        assert fields <= option_names(section), (arguments.__name__, sorted(fields - option_names(section)))
+    assert "Seq2SeqTrainingArguments" in headings[-1]

@@ -198,7 +198,7 @@ def test_run_translation_on_two_processes(tmp_path, kernels):
     from hf_layerfusion.training.data import builtin_number_corpus
 
     sys.path.insert(0, str(REPO_ROOT / "examples"))
-    from hf_layerfusion.training.translation import translate
+    from hf_layerfusion.translation.translate import translate
 
     output_dir = tmp_path / "run"
     corpus = dict(builtin_num_train=600, builtin_num_valid=10, builtin_num_test=21)  # 21: not a multiple of 2 x 8

@@ -411,7 +411,7 @@ def test_write_workload_results_never_replaces_a_file_that_appeared_during_the_r
 def resampled_costs_by_sacrebleu(float_texts, int8_texts, references, samples, seed):
     """The bootstrap written out with sacreBLEU's own corpus BLEU on every resample (the same draws as
     `int8_cost_interval`: one generator, one (samples, sentences) draw of sentence indices)."""
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     picks = np.random.default_rng(seed).integers(0, len(references), size=(samples, len(references)))
     return [corpus_bleu([float_texts[i] for i in pick], [references[i] for i in pick])[0]
@@ -422,7 +422,7 @@ def test_int8_cost_interval_is_a_paired_bootstrap_of_sacrebleu_corpus_bleu():
     """The interval equals percentiles of sacreBLEU corpus BLEU differences over resamples that draw the same
     sentences for both engines (a bootstrap drawing each engine's sentences apart would give another, wider one);
     no difference where the translations are identical; the sum of the per-sentence statistics is corpus BLEU."""
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     references = [f"ein mann {word} auf der strasse mit einem hund" for word in
                   ("steht", "geht", "sitzt", "liegt", "rennt", "tanzt", "singt", "wartet", "spielt", "lacht")] * 4
@@ -441,7 +441,7 @@ def test_int8_cost_interval_is_a_paired_bootstrap_of_sacrebleu_corpus_bleu():
 
 def workload_row(model, threads, num_beams, float_texts, int8_texts, references):
     """A row as `measure_workload` leaves it for `pooled_int8_costs`: BLEU and the per-sentence statistics."""
-    from hf_layerfusion.training.evaluation import corpus_bleu
+    from hf_layerfusion.translation.bleu import corpus_bleu
 
     texts = {"fast float32": float_texts, "fast int8": int8_texts}
     return dict(model=model, threads=threads, num_beams=num_beams,

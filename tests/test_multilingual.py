@@ -11,12 +11,10 @@ from transformers import XLMRobertaTokenizer
 
 from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration
 from hf_layerfusion.training.multilingual import (
-    add_language_tags,
     both_directions,
     evaluate_directions,
     format_summary,
     interleave_directions,
-    language_tag,
     load_opus100,
     opus100_config_name,
     resource_group,
@@ -25,6 +23,7 @@ from hf_layerfusion.training.multilingual import (
     tokenize_direction,
     win_ratio,
 )
+from hf_layerfusion.translation.language_tags import add_language_tags, language_tag
 
 WORDS = ["hello", "world", "hallo", "welt", "bonjour", "monde"]
 

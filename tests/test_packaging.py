@@ -13,7 +13,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from helpers import REPO_ROOT, fake_package_versions, tiny_model
+import pytest
+from helpers import REPO_ROOT, SOURCES, fake_package_versions, tiny_model, tiny_tokenizer
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -21,11 +22,17 @@ import hf_layerfusion
 from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
 
-def installed_requirement(name: str) -> Requirement:
+def setup_requirements(section: str, key: str) -> list[Requirement]:
+    """The requirements setup.cfg lists under `key` of `section`."""
     setup = configparser.ConfigParser()
     setup.read(REPO_ROOT / "setup.cfg", encoding="utf-8")
-    requirements = [Requirement(line) for line in setup["options"]["install_requires"].split("\n") if line.strip()]
-    (requirement,) = [requirement for requirement in requirements if requirement.name == name]
+    return [Requirement(line) for line in setup[section][key].split("\n") if line.strip()]
+
+
+def installed_requirement(name: str) -> Requirement:
+    (requirement,) = [
+        requirement for requirement in setup_requirements("options", "install_requires") if requirement.name == name
+    ]
     return requirement
 
 
@@ -151,50 +158,157 @@ print(json.dumps({{"families": sorted(hf_layerfusion.FAMILIES), "console_scripts
 """
 
 
-def test_the_built_wheel_works_outside_the_checkout(tmp_path):
-    """The wheel, installed into a fresh environment (its dependencies from this one, read through a path file, not as
-    site folders, so that the editable install's import hook stays out), works from a folder outside the checkout:
-    every family builds, the fast path gives generate()'s tokens (greedy and beam), models save and reload through the
-    Auto classes, and every console script answers --help. It carries the kernels' sources, the card templates and the
-    metric scripts."""
-    # built from a copy without the checkout's build outputs: setuptools puts what an earlier build left in build/lib
-    # into the wheel, which would hide a module the package lists no more
-    sources = tmp_path / "sources"
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy without the checkout's build outputs: setuptools puts what an earlier build left in
+    build/lib into the wheel, which would hide a module the package lists no more."""
+    directory = tmp_path_factory.mktemp("wheel")
+    sources = directory / "sources"
     shutil.copytree(REPO_ROOT, sources, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(sources)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(directory), str(sources)],
         check=True,
     )
-    (wheel,) = tmp_path.glob("hf_layerfusion-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    package = REPO_ROOT / "hf_layerfusion"
-    for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
-        expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
-        assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+    (built,) = directory.glob("hf_layerfusion-*.whl")
+    return built
 
-    environment = tmp_path / "env"
+
+def distribution_of(entry: Path) -> str:
+    """The distribution a top-level entry of a site folder belongs to, by its name (`datasets`,
+    `datasets-4.0.0.dist-info`, `sentencepiece.libs` -> `datasets`, `datasets`, `sentencepiece`)."""
+    return re.split(r"[-.]", entry.name)[0].lower().replace("_", "-")
+
+
+def install_wheel(wheel: Path, environment: Path, leave_out: tuple[str, ...] = ()) -> Path:
+    """A fresh virtual environment at `environment` with `wheel` installed and no other copy of the package; its python.
+
+    Its dependencies come from this environment, read through a path file, not as site folders, so that the editable
+    install's import hook stays out. Without the distributions `leave_out` (their modules and their metadata): the
+    path file then names folders that link every entry of this environment's site folders but theirs."""
     subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
     python = environment / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True, capture_output=True, text=True,
     ).stdout.strip()
-    dependencies = [path for path in sys.path if Path(path).name == "site-packages"]
-    (Path(purelib) / "dependencies_of_this_test.pth").write_text("\n".join(dependencies) + "\n", encoding="utf-8")
+    dependencies = [Path(path) for path in sys.path if Path(path).name == "site-packages"]
+    if leave_out:
+        visible = []
+        for number, site in enumerate(dependencies):
+            folder = environment / f"dependencies_{number}"
+            folder.mkdir()
+            for entry in site.iterdir():
+                if distribution_of(entry) not in leave_out:
+                    (folder / entry.name).symlink_to(entry)
+            visible.append(folder)
+        dependencies = visible
+    (Path(purelib) / "dependencies_of_this_test.pth").write_text("\n".join(map(str, dependencies)) + "\n", encoding="utf-8")
     # --ignore-installed: the hf_layerfusion this environment sees through the path file (an editable install of the
     # same version) must not count as already installed
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)], check=True)
-    outside = tmp_path / "outside"
+    return python
+
+
+def run_outside_the_checkout(python: Path, code: str, directory: Path) -> dict:
+    """`code` run by `python` from an empty folder, without the checkout on its path; the JSON its last line prints."""
+    outside = directory / "outside"
     outside.mkdir()
-    code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))
     environment_variables = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}  # no checkout
     result = subprocess.run(
         [str(python), "-c", code], capture_output=True, text=True, cwd=outside, env=environment_variables, timeout=1500
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_the_built_wheel_works_outside_the_checkout(wheel, tmp_path):
+    """The wheel, installed into a fresh environment, works from a folder outside the checkout: every family builds,
+    the fast path gives generate()'s tokens (greedy and beam), models save and reload through the Auto classes, and
+    every console script answers --help. It carries the kernels' sources, the card templates and the metric scripts."""
+    names = zipfile.ZipFile(wheel).namelist()
+    package = REPO_ROOT / "hf_layerfusion"
+    for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
+        expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
+        assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+
+    python = install_wheel(wheel, tmp_path / "env")
+    code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))
+    report = run_outside_the_checkout(python, code, tmp_path)
     assert report["families"] == sorted(hf_layerfusion.FAMILIES)
     assert report["console_scripts"], "the wheel declares no console script"
+
+
+def extra_requirements(extra: str) -> set[str]:
+    return {requirement.name for requirement in setup_requirements("options.extras_require", extra)}
+
+
+def test_the_training_requirements_are_the_train_extra_and_the_test_extra_holds_it():
+    """The packages training/ checks for are those of the `train` extra (not of a plain install), and `.[test]` installs
+    all of them: the suite trains."""
+    from hf_layerfusion.training import TRAINING_REQUIREMENTS
+
+    assert set(TRAINING_REQUIREMENTS) <= extra_requirements("train")
+    installed = {requirement.name for requirement in setup_requirements("options", "install_requires")}
+    assert not set(TRAINING_REQUIREMENTS) & installed
+    assert extra_requirements("train") <= extra_requirements("test")
+
+
+# run by an environment of the wheel without the `train` extra: what a user who only translates does
+TRANSLATION_USER = """
+import importlib.util, json, subprocess, sys
+from pathlib import Path
+
+missing = {training!r}
+assert [name for name in missing if importlib.util.find_spec(name) is not None] == []
+import hf_layerfusion
+from transformers import AutoModelForSeq2SeqLM, pipeline
+from hf_layerfusion.translation.tokenizer import load_tokenizer
+
+sources = {sources!r}
+model = AutoModelForSeq2SeqLM.from_pretrained({model!r}).eval()
+translated = hf_layerfusion.translate(model, load_tokenizer({model!r}), sources, max_new_tokens=6)
+translator = pipeline("layerfusion-translation", model={model!r})
+piped = [record["translation_text"] for record in translator(sources, max_new_tokens=6)]
+command = subprocess.run(
+    [str(Path(sys.prefix) / "bin" / "hf-layerfusion-translate"), {model!r}, "--max_new_tokens", "6"],
+    input="\\n".join(sources) + "\\n", capture_output=True, text=True, check=True,
+).stdout.splitlines()
+imported = sorted(name for name in missing if name in sys.modules)
+try:
+    hf_layerfusion.LayerFusionSeq2SeqTrainer
+    training_error = None
+except ModuleNotFoundError as error:
+    training_error = str(error)
+training_command = subprocess.run(
+    [str(Path(sys.prefix) / "bin" / "hf-layerfusion-train"), "--help"], capture_output=True, text=True
+)
+print(json.dumps(dict(
+    translated=translated, piped=piped, command=command, imported=imported, training_error=training_error,
+    training_command=[training_command.returncode, training_command.stderr.strip().splitlines()[-1:]],
+)))
+"""
+
+
+def test_translating_needs_no_training_extra(wheel, tmp_path):
+    """The wheel installed without extras, where none of the `train` extra's packages can be imported: a saved model
+    loads through the Auto classes and translates through `translate()`, the pipeline and the translate command, as
+    it does here, without importing any of them; the trainer and the training command are then an error naming the
+    extra."""
+    from hf_layerfusion.training import TRAINING_REQUIREMENTS
+
+    model, tokenizer = tiny_model("gtrans"), tiny_tokenizer()
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    expected = hf_layerfusion.translate(model, tokenizer, SOURCES, max_new_tokens=6)
+
+    python = install_wheel(wheel, tmp_path / "env", leave_out=TRAINING_REQUIREMENTS)
+    code = TRANSLATION_USER.format(training=TRAINING_REQUIREMENTS, sources=SOURCES, model=str(tmp_path / "model"))
+    report = run_outside_the_checkout(python, code, tmp_path)
+    assert report["translated"] == report["piped"] == report["command"] == expected
+    assert report["imported"] == []
+    assert 'pip install "hf_layerfusion[train]"' in report["training_error"], report["training_error"]
+    returncode, last_error_line = report["training_command"]
+    assert returncode != 0 and 'pip install "hf_layerfusion[train]"' in last_error_line[0], last_error_line
 
 
 def test_import_names_a_private_transformers_method_that_changed(tmp_path):

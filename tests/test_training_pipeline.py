@@ -35,7 +35,7 @@ RUN_TRANSLATION = REPO_ROOT / "examples" / "run_translation.py"
 sys.path.insert(0, str(REPO_ROOT / "examples"))
 import run_translation  # noqa: E402
 
-from hf_layerfusion.training.translation import translate  # noqa: E402
+from hf_layerfusion.translation.translate import translate  # noqa: E402
 
 EPSILON = 0.1
 

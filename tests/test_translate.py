@@ -107,7 +107,7 @@ def test_sources_cut_at_the_length_limit_are_counted_in_one_warning_per_call(tok
 
     def cut_warnings(sentences, **kwargs) -> list[str]:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="hf_layerfusion.training.translation"):
+        with caplog.at_level(logging.WARNING, logger="hf_layerfusion.translation.translate"):
             hf_layerfusion.translate(model, tokenizer, sentences, batch_size=1, num_beams=1, max_new_tokens=4, **kwargs)
         return [record.getMessage() for record in caplog.records if "longer than" in record.getMessage()]
 

@@ -48,14 +48,20 @@ import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
-import torch
-import transformers
-from transformers import (
+# `python examples/run_multilingual.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# first, before transformers' Trainer modules (which need it too): without the `train` extra, the error names it
+import hf_layerfusion.training  # noqa: E402,F401
+
+# isort: split
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
     AutoConfig,
     DataCollatorForSeq2Seq,
-    HfArgumentParser,
     Seq2SeqTrainingArguments,
     XLMRobertaConfig,
     XLMRobertaModel,
@@ -63,16 +69,13 @@ from transformers import (
     set_seed,
 )
 
-# `python examples/run_multilingual.py` from a checkout without installing: the examples/ file links here
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 # same folder: the same syntax, help and resume rules
 from hf_layerfusion.cli.run_translation import (  # noqa: E402
     DEFAULT_MAX_LENGTH,
-    HelpFormatter,
     check_training_arguments,
     parse_config_overrides,
     resolve_checkpoint,
+    training_parser,
 )
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
@@ -91,11 +94,9 @@ from hf_layerfusion.modeling.xlmr import backbone_config_from_xlmr, from_xlmr, l
 from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
-from hf_layerfusion.training.evaluation import corpus_bleu  # noqa: E402
 from hf_layerfusion.training.multilingual import (  # noqa: E402
     OPUS100_RESOURCE_THRESHOLDS,
     PIVOT_LANGUAGE,
-    add_language_tags,
     both_directions,
     evaluate_directions,
     format_summary,
@@ -109,6 +110,12 @@ from hf_layerfusion.training.multilingual import (  # noqa: E402
 )
 from hf_layerfusion.training.tokenization import check_vocab_size_holds_characters, train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
+from hf_layerfusion.translation.language_tags import add_language_tags  # noqa: E402
+
+# imported by the training modules above, after they checked that the `train` extra is installed
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +124,11 @@ MULTI30K_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "multi3
 SCORES_FILE = "direction_scores.json"
 
 
+# `--help` lists the options of each argument dataclass under its `_argument_group_name` (HfArgumentParser's rule)
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model: the family, its XLM-R initialisation, fusion knobs (--config_overrides)"
+
     model_type: str = field(default="gtrans", metadata={"help": f"Family: one of {sorted(hf_layerfusion.FAMILIES)}."})
     xlmr: str = field(
         default="FacebookAI/xlm-roberta-base", metadata={"help": "XLM-R checkpoint (Hub id or directory)."}
@@ -149,6 +159,8 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data: languages, sampling, lengths, evaluation"
+
     dataset: str = field(default="opus100", metadata={"help": "'opus100' or 'multi30k' (the offline stand-in)."})
     languages: str | None = field(
         default=None,
@@ -188,6 +200,8 @@ class DataArguments:
 
 @dataclass
 class RunArguments:
+    _argument_group_name = "run: output dir"
+
     overwrite_output_dir: bool = field(
         default=False,
         metadata={
@@ -337,11 +351,7 @@ def check_arguments(
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
+    parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
     model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(
@@ -351,7 +361,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     logger.setLevel(logging.INFO)
     transformers.utils.logging.set_verbosity_warning()
-    datasets.utils.logging.set_verbosity_warning()
+    logging.getLogger("datasets").setLevel(logging.WARNING)  # what `datasets.utils.logging.set_verbosity_warning` sets
     set_seed(training_args.seed)
 
     # ---------------------------------------------------------------------------------------------- data

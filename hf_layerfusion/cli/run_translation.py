@@ -61,10 +61,17 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
-import transformers
-from transformers import (
+# `python examples/run_translation.py` from a checkout without installing: the examples/ file links here
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+# first, before transformers' Trainer modules (which need it too): without the `train` extra, the error names it
+import hf_layerfusion.training  # noqa: E402,F401
+
+# isort: split
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
@@ -74,12 +81,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
     set_seed,
 )
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import sort_checkpoints
-
-# `python examples/run_translation.py` from a checkout without installing: the examples/ file links here
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
+from transformers.trainer_utils import sort_checkpoints  # noqa: E402
 
 import hf_layerfusion  # noqa: E402  (registers the families with the Auto classes)
 from hf_layerfusion.file_checks import (  # noqa: E402
@@ -108,7 +112,7 @@ from hf_layerfusion.training.data import (  # noqa: E402
     preprocess_translation,
 )
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
-from hf_layerfusion.training.evaluation import compute_translation_metrics, corpus_bleu  # noqa: E402
+from hf_layerfusion.training.evaluation import compute_translation_metrics  # noqa: E402
 from hf_layerfusion.training.tokenization import (  # noqa: E402
     BOS_TOKEN,
     EOS_TOKEN,
@@ -116,10 +120,15 @@ from hf_layerfusion.training.tokenization import (  # noqa: E402
     SPECIAL_TOKENS,
     SUBWORD_MODELS,
     check_vocab_size_holds_characters,
-    load_tokenizer,
     train_joint_tokenizer,
 )
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
+from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
+from hf_layerfusion.translation.tokenizer import load_tokenizer  # noqa: E402
+
+# imported by the training modules above, after they checked that the `train` extra is installed
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +141,11 @@ PREDICTIONS_FILE = "generated_predictions_{}.txt"  # per split
 DEFAULT_MAX_LENGTH = 128
 
 
+# `--help` lists the options of each argument dataclass under its `_argument_group_name` (HfArgumentParser's rule)
 @dataclass
 class ModelArguments:
+    _argument_group_name = "model: a family and size, or a checkpoint; fusion knobs (--config_overrides); tokenizer"
+
     model_name_or_path: str | None = field(
         default=None, metadata={"help": "Existing checkpoint to fine-tune (instead of --model_type)."}
     )
@@ -168,6 +180,8 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
+    _argument_group_name = "data: corpus, lengths, BLEU evaluation"
+
     source_lang: str = field(default="en", metadata={"help": "Source language code."})
     target_lang: str = field(default="de", metadata={"help": "Target language code."})
     dataset_name: str | None = field(
@@ -204,6 +218,8 @@ class DataArguments:
 
 @dataclass
 class RunArguments:
+    _argument_group_name = "run: time budget, early stopping, logging, output dir"
+
     max_train_minutes: float | None = field(
         default=None, metadata={"help": "Stop training after this many minutes (kept across resumptions)."}
     )
@@ -242,12 +258,21 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """`--help`: the module docstring as written (its example commands keep their lines) and every default."""
 
 
+class TrainerArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` itself (its fields, defaults and checks), whose options `--help` lists under one
+    heading of their own, after the training command's groups."""
+
+    _argument_group_name = "Trainer: every option of transformers' Seq2SeqTrainingArguments"
+
+
+def training_parser(own_arguments: tuple[type, ...], description: str) -> HfArgumentParser:
+    """The parser of a training command: the groups of its own argument dataclasses, in order, then the Trainer's
+    options (`parse_args_into_dataclasses` returns one instance of each, the `TrainerArguments` last)."""
+    return HfArgumentParser((*own_arguments, TrainerArguments), description=description, formatter_class=HelpFormatter)
+
+
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, RunArguments, Seq2SeqTrainingArguments),
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
+    parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
     # BLEU needs generated translations
     parser.set_defaults(predict_with_generate=True)
     return parser.parse_args_into_dataclasses(args=argv)
@@ -684,7 +709,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
-    datasets.utils.logging.set_verbosity(log_level)
+    logging.getLogger("datasets").setLevel(log_level)  # what `datasets.utils.logging.set_verbosity` sets
     transformers.utils.logging.set_verbosity(log_level)
 
     checkpoint = check_arguments(model_args, data_args, run_args, training_args)

@@ -52,9 +52,9 @@ from hf_layerfusion.file_checks import (  # noqa: E402
     writes_in_place,
 )
 from hf_layerfusion.modeling.input_checks import check_decoder_groups, check_positive_int  # noqa: E402
-from hf_layerfusion.training.language_tags import check_language_tag, check_sources_tagged  # noqa: E402
-from hf_layerfusion.training.tokenization import load_tokenizer  # noqa: E402
-from hf_layerfusion.training.translation import translate  # noqa: E402
+from hf_layerfusion.translation.language_tags import check_language_tag, check_sources_tagged  # noqa: E402
+from hf_layerfusion.translation.tokenizer import load_tokenizer  # noqa: E402
+from hf_layerfusion.translation.translate import translate  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,7 @@ from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
 from ..modeling.input_checks import check_generation_arguments
-from ..training.language_tags import (
+from ..translation.language_tags import (
     check_language_tag,
     check_sources_tagged,
     check_sources_untagged,

@@ -36,7 +36,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 
 from ..file_checks import check_output_dir, check_weight_files, check_write_error, read_utf8
-from .tokenization import load_tokenizer
+from ..translation.tokenizer import load_tokenizer
 
 # a Trainer checkpoint dir: `checkpoint-<step>`; a name that starts like one but is not (`checkpoint-5x`) is refused
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)(.*)$")

@@ -2,7 +2,7 @@
 
 One model translates every direction. The pieces, and the choices where the papers leave room:
 
-- **Target language**: a tag token `<2xx>` (`language_tag`) prepended to the *source* (Johnson et al. 2017), so the
+- **Target language**: a tag token `<2xx>` (`translation.language_tags.language_tag`) prepended to the *source* (Johnson et al. 2017), so the
   source reads `<s> <2de> Hello world </s>` with the XLM-R tokenizer. The encoder sees which language to produce,
   the decoder starts from `decoder_start_token_id` as usual, so any encoder (XLM-R-initialised or not) and
   `generate()` work unchanged. Tags are added to the tokenizer as special tokens (never split, dropped by
@@ -36,10 +36,9 @@ from statistics import mean
 
 from datasets import Dataset, DatasetDict, interleave_datasets
 
+from ..translation.language_tags import check_language_tag, tag_source
+from ..translation.translate import translate
 from .data import load_translation_dataset
-# the tags live in their own module, which `translation` imports too; imported here as part of this module's API
-from .language_tags import add_language_tags, check_language_tag, language_tag, tag_languages, tag_source  # noqa: F401
-from .translation import translate
 
 PIVOT_LANGUAGE = "en"
 OPUS100_HUB_ID = "Helsinki-NLP/opus-100"
@@ -168,7 +167,7 @@ def translate_to(
     model, tokenizer, sources: Sequence[str], target_lang: str, **translate_kwargs
 ) -> list[str]:
     """Translate `sources` into `target_lang` (its tag prepended to each source) with `translate`
-    (`hf_layerfusion.training.translation`); keyword arguments go to it (batch size, beams, generate options)."""
+    (`hf_layerfusion.translation.translate`); keyword arguments go to it (batch size, beams, generate options)."""
     return translate(model, tokenizer, sources, tgt_lang=target_lang, **translate_kwargs)
 
 

@@ -11,9 +11,7 @@ from collections.abc import Iterable
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-from ..file_checks import check_local_or_hub, check_tokenizer_files
+from transformers import PreTrainedTokenizerFast
 
 # Order fixes the ids: bos 0, pad 1, eos 2 (the configs' defaults) and unk 3.
 BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "<pad>", "</s>", "<unk>"
@@ -191,12 +189,3 @@ def train_unigram_model(sentences: Iterable[str], size: int) -> sentencepiece.Se
         minloglevel=2,  # errors only
     )
     return sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
-
-
-def load_tokenizer(name_or_path: str | os.PathLike, what: str = "tokenizer", **kwargs):
-    """`AutoTokenizer.from_pretrained(name_or_path, **kwargs)` after checking a local directory: it exists and holds
-    a tokenizer whose JSON files parse (`check_tokenizer_files`), so that a model saved without its tokenizer, or a
-    `tokenizer.json` cut short, is an error naming the directory or file (`what` names the argument)."""
-    path = check_local_or_hub(name_or_path, what)
-    check_tokenizer_files(path, what)
-    return AutoTokenizer.from_pretrained(path, **kwargs)

@@ -1,5 +1,5 @@
-"""Batched translation of raw sentences with any hf_layerfusion model (used by the examples, the benchmarks and the
-multilingual evaluation)."""
+"""Batched translation of raw sentences with any hf_layerfusion model (used by the `translate` command, the examples,
+the benchmarks and the multilingual evaluation)."""
 
 from __future__ import annotations
 

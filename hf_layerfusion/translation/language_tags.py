@@ -1,8 +1,8 @@
 """Target-language tags of multilingual models (Johnson et al. 2017): a `<2xx>` token prepended to the source tells
 one model which language to produce (`hf_layerfusion.training.multilingual`).
 
-A module of its own because `translation` needs it (a tagged tokenizer's sentences must carry a tag) and
-`multilingual` translates through `translation`. A tokenizer holding tags marks a multilingual model: a source
+A module of its own because `translate` needs it (a tagged tokenizer's sentences must carry a tag) and
+`multilingual` translates through `translate`. A tokenizer holding tags marks a multilingual model: a source
 without a tag would be translated into whatever language the model drifts to, a wrong answer without an error, so
 every translation entry point (`translate`, the pipeline, the `translate` command) refuses it
 (`check_sources_tagged`), and a source that carries a tag of its own when the target language is given as well
