@@ -156,7 +156,7 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     site folders, so that the editable install's import hook stays out), works from a folder outside the checkout:
     every family builds, the fast path gives generate()'s tokens (greedy and beam), models save and reload through the
     Auto classes, and every console script answers --help. It carries the kernels' sources, the card templates and the
-    metric scripts."""
+    metric scripts, and not the study."""
     # built from a copy without the checkout's build outputs: setuptools puts what an earlier build left in build/lib
     # into the wheel, which would hide a module the package lists no more
     sources = tmp_path / "sources"
@@ -171,6 +171,8 @@ def test_the_built_wheel_works_outside_the_checkout(tmp_path):
     for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
         assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+    # the study (study/: its modules and committed results) is the repository's, not the package's
+    assert not [name for name in names if name.startswith("study/")]
 
     environment = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
