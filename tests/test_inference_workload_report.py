@@ -18,6 +18,7 @@ import pytest
 
 from study import bench_inference as bench
 from study import inference_workload_report as report
+from study.common import current_command
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STUDY_README = REPO_ROOT / "study" / "README.md"
@@ -690,3 +691,14 @@ def test_a_broken_processes_file_stops_the_report_naming_it(tmp_path, damage, me
     with pytest.raises(report.UnreadableResult, match=name) as error:
         report.render(tmp_path)
     assert message in str(error.value)
+
+
+def test_a_command_recorded_before_the_study_was_a_package_is_shown_as_it_runs_today(tmp_path):
+    record = processes_file()
+    record["command"] = ("python benchmarks/bench_workload_processes.py runs/plain --rounds 3 "
+                         "--results-dir benchmarks/results/inference")
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(record), encoding="utf-8")
+    assert ("`python -m study.bench_workload_processes runs/plain --rounds 3 --results-dir study/results/inference`"
+            in report.render(tmp_path))
+    assert current_command("python benchmarks/study.py --list") == "python -m study --list"
+    assert current_command("python -m study.report") == "python -m study.report"
