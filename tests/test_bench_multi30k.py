@@ -328,7 +328,8 @@ def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_
             arm, seed, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start_record(start, seed)))
 
     def planned():
-        return sorted((r.arm, r.seed, r.start_test_bleu, r.for_runs) for r in study.queue.reruns_from_one_start(ledger_dir))
+        return sorted((r.arm, r.seed, r.start_test_bleu, r.for_runs)
+                      for r in study.queue.reruns_from_one_start(ledger_dir))
 
     continued = "`plain_transformer_continued` seed 2"
     assert planned() == sorted([
@@ -415,10 +416,12 @@ def test_priority_2_pair_follows_the_depth_probes(tmp_path, probes, pair):
     expected = [] if pair is None else [(f"{family}_{pair[0]}x{pair[1]}", 1000, 400)
                                         for family in ("plain_transformer", "gtrans")]
     assert deep == expected
-    probes_queued = [(run.encoder_layers, run.decoder_layers) for run in queue if isinstance(run, study.queue.DepthProbe)]
+    probes_queued = [(run.encoder_layers, run.decoder_layers) for run in queue
+                     if isinstance(run, study.queue.DepthProbe)]
     assert probes_queued == [(6, 6), *study.queue.DEEP_SHAPES]
     last_probe = queue.index(study.queue.DepthProbe(24, 18))
-    assert all(queue.index(run) > last_probe for run in queue if isinstance(run, study.queue.StudyRun) and run.max_steps == 1000)
+    assert all(queue.index(run) > last_probe for run in queue
+               if isinstance(run, study.queue.StudyRun) and run.max_steps == 1000)
     table = "\n".join(study.queue.depth_probes.report(tmp_path))
     assert "| 6 + 6 | 600 (400) | 4.00 | reference |" in table
     if (18, 12) in probes and probes[(18, 12)][1] == 6.0:
@@ -476,7 +479,8 @@ def test_the_queue_can_be_limited_to_some_arms(tmp_path):
         (arm, seed) for seed in (1, 2, 3, 4, 5) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
     done = study.queue.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
     ledger.write_entry(done, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
-    assert study.queue.StudyRun("re_transformer_2", 1) not in study.queue.pending_runs(ledger_dir, arms=["re_transformer_2"])
+    pending = study.queue.pending_runs(ledger_dir, arms=["re_transformer_2"])
+    assert study.queue.StudyRun("re_transformer_2", 1) not in pending
     unfiltered = {run.arm for run in study.queue.pending_runs(ledger_dir) if isinstance(run, study.queue.ArmRun)}
     assert {"plain_transformer", "re_transformer_2", "re_transformer_4"} < unfiltered
     with pytest.raises(SystemExit):
@@ -512,7 +516,8 @@ def test_a_run_resumes_with_the_script_of_its_commit_from_before_the_study_was_a
     args = study.queue.parse_args(["--data_dir", str(tmp_path)])
     run = study.queue.StudyRun("gtrans", 1)
     old_snapshot = tmp_path / "old"
-    assert run.command(old_snapshot, args)[:2] == [sys.executable, str(old_snapshot / "benchmarks" / "bench_multi30k.py")]
+    old_script = old_snapshot / "benchmarks" / "bench_multi30k.py"
+    assert run.command(old_snapshot, args)[:2] == [sys.executable, str(old_script)]
     assert run.command(package_snapshot(tmp_path), args)[:3] == [sys.executable, "-m", "study.bench_multi30k"]
     assert run.command(old_snapshot, args)[2:] == run.command(package_snapshot(tmp_path), args)[3:]
 
@@ -542,7 +547,8 @@ def test_parallel_runs_never_share_state_and_probes_run_alone(tmp_path, monkeypa
     assert study.queue.startable(pending, [], 1) == [continued]
     assert study.queue.startable([plain_2, deep], [], 2) == [plain_2]  # nor with the starting run itself
     running = [study.queue.RunningRun(continued, None, Path("log"), 0.0)]
-    assert study.queue.startable(pending, running, 3) == [run("gtrans", 2), run("gtrans", 3)]  # running ones are skipped
+    # running ones are skipped
+    assert study.queue.startable(pending, running, 3) == [run("gtrans", 2), run("gtrans", 3)]
     probe = study.queue.DepthProbe(12, 12)
     assert study.queue.startable([probe, run("gtrans", 2)], [], 4) == [probe]  # a probe alone ...
     assert study.queue.startable([run("gtrans", 2), probe, run("gtrans", 3)], [], 4) == [run("gtrans", 2)]  # ... after
@@ -1030,7 +1036,8 @@ def test_the_queue_puts_issue_38_in_order_of_value(tmp_path):
     expected += [(arm, seed) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     expected += [(f"{family}_18x12{long}", 1) for family in ("plain_transformer", "gtrans")]
     expected += [(arm, seed) for seed in (4, 5) for arm in study.queue.FROM_SCRATCH_ARMS]  # priority 8
-    expected += [(run.arm, run.seed) for run in study.queue.converged_and_deep_baselines()]  # priority 9, after the rest
+    # priority 9, after the rest
+    expected += [(run.arm, run.seed) for run in study.queue.converged_and_deep_baselines()]
     assert [(run.arm, run.seed) for run in queue[first:]] == expected
     listed = subprocess_list()
     assert listed.index("`plain_transformer_24x18_2000steps` seed 1") < listed.index("`gtrans_finetuned` seed 1") < (
@@ -1042,7 +1049,8 @@ def test_every_fusion_family_gets_from_scratch_seeds_with_val_translations(tmp_p
     queued, and so does the baseline of each such arm, so that every family's from-scratch verdict gets a val side."""
     import hf_layerfusion
 
-    queue = {(run.arm, run.seed) for run in study.queue.study_queue(ledger_dir=tmp_path) if isinstance(run, study.queue.StudyRun)}
+    queue = {(run.arm, run.seed) for run in study.queue.study_queue(ledger_dir=tmp_path)
+             if isinstance(run, study.queue.StudyRun)}
     fusion_families = set(hf_layerfusion.FAMILIES) - {"plain_transformer"}
     covered = {bench.MODELS[arm].model_type for arm in study.queue.FROM_SCRATCH_ARMS}
     assert fusion_families <= covered
@@ -1067,7 +1075,8 @@ def test_long_depth_runs_are_timed_from_the_same_models_shorter_runs(tmp_path, m
     ledger.write_entry(ledger.ledger_path(ledger_dir, "gtrans_24x18", 1), fake_entry(
         "gtrans_24x18", 1, 30.0, REFERENCES, steps=1000, train_minutes=60.0, evaluation_minutes=5.0))
     args = study.queue.parse_args(["--ledger_dir", str(ledger_dir)])
-    minutes, source = study.queue.expected_minutes(study.queue.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args, ledger.CpuKind("Some CPU", "AVX2"))
+    minutes, source = study.queue.expected_minutes(study.queue.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args,
+                                                   ledger.CpuKind("Some CPU", "AVX2"))
     assert minutes == 125.0 and "`gtrans_24x18`" in source and "scaled to 2000 steps" in source
 
 
@@ -1128,7 +1137,8 @@ def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_pat
     # the rerun replaces it; a readable entry is never replaced
     ledger.write_entry(path, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
     assert "replacing the unreadable" in capsys.readouterr().out
-    assert study.queue.result_state(run, ledger_dir) == ("done", None) and run not in study.queue.pending_runs(ledger_dir)
+    assert study.queue.result_state(run, ledger_dir) == ("done", None)
+    assert run not in study.queue.pending_runs(ledger_dir)
     with pytest.raises(FileExistsError):
         ledger.write_entry(path, fake_entry("re_transformer_2", 1, 31.0, REFERENCES))
 

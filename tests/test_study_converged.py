@@ -308,8 +308,8 @@ def test_hours_times_the_deep_baselines_from_the_same_shapes_post_norm_runs(tmp_
     prenorm = study.queue.StudyRun("plain_transformer_prenorm_24x18_2000steps", 1, **study.queue.DEEP_LONG_BUDGET)
     warmup = study.queue.ConvergedRun("plain_transformer_12x12_warmup4000", 1, warmup_steps=4000)
     assert study.queue.expected_minutes(prenorm, args, cpu)[0] == study.queue.UNTIMED_RUN_MINUTES  # an empty ledger
-    assert study.queue.expected_minutes(warmup, args, cpu)[0] == pytest.approx(
-        study.queue.UNTIMED_RUN_MINUTES * 30 * study.queue.STEPS_PER_EPOCH / 2000)  # 90 min per 2,000 steps, not per run
+    assert study.queue.expected_minutes(warmup, args, cpu)[0] == pytest.approx(  # 90 min per 2,000 steps, not per run
+        study.queue.UNTIMED_RUN_MINUTES * 30 * study.queue.STEPS_PER_EPOCH / 2000)
     cpu_run(ledger_dir, "plain_transformer", 1, train_minutes=30.0, evaluation_minutes=2.0, baseline=None)
     minutes, source = study.queue.expected_minutes(prenorm, args, cpu)
     assert minutes == pytest.approx((30.0 + 2.0) * 42 / 12) and "times 3.5 for its layers" in source
