@@ -1344,7 +1344,7 @@ ROWS = [
         r"could not be built again into \S+\.new \(CalledProcessError: .*/bin/false.*\); \S+ is as it was"),
     # --- issue 73: the ledger and the study queue
     # a BLEU no run produces went into the card and the Hub's model-index (the ledger's own checks, which live in
-    # benchmarks/, are tests/test_bench_multi30k.py's: a row's refusal must come from the package or examples/)
+    # study/, are tests/test_bench_multi30k.py's: a row's refusal must come from the package or examples/)
     Row("card-score-above-100",
         lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite=True,
                                                    bleu_scores={"test": 345.0}),

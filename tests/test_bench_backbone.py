@@ -1,46 +1,39 @@
-"""benchmarks/bench_backbone.py without benchmarking: its memory subprocesses run a bounded number at a time, and a
+"""study/bench_backbone.py without benchmarking: its memory subprocesses run a bounded number at a time, and a
 ratio measured too few times gets no met / NOT met verdict."""
 
-import importlib.util
 import json
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from transformers import MarianConfig, MarianMTModel
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_backbone.py"
-spec = importlib.util.spec_from_file_location("bench_backbone", BENCH)
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # dataclasses look their module up there
-spec.loader.exec_module(bench)
+from study import bench_backbone as bench
 
 
 def test_git_revision_ignores_results_waiting_to_be_committed(monkeypatch, tmp_path):
-    """A results file a benchmark wrote (untracked or changed under benchmarks/results) leaves the revision clean; a
+    """A results file a benchmark wrote (untracked or changed under study/results) leaves the revision clean; a
     changed or new file anywhere else marks it "+uncommitted changes"."""
     def git(*arguments):
         subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True)
 
     git("init", "-q")
-    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "study" / "results").mkdir(parents=True)
     (tmp_path / "code.py").write_text("x = 1\n")
-    (tmp_path / "benchmarks" / "results" / "old.json").write_text("{}")
+    (tmp_path / "study" / "results" / "old.json").write_text("{}")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
     monkeypatch.setattr(bench, "REPO_ROOT", tmp_path)
     commit = bench.git_revision()
     assert len(commit) >= 7 and "+" not in commit
-    (tmp_path / "benchmarks" / "results" / "new.json").write_text("{}")
-    (tmp_path / "benchmarks" / "results" / "old.json").write_text("[]")
+    (tmp_path / "study" / "results" / "new.json").write_text("{}")
+    (tmp_path / "study" / "results" / "old.json").write_text("[]")
     assert bench.git_revision() == commit
-    (tmp_path / "benchmarks" / "new_bench.py").write_text("")
+    (tmp_path / "study" / "new_bench.py").write_text("")
     assert bench.git_revision() == commit + "+uncommitted changes"
-    (tmp_path / "benchmarks" / "new_bench.py").unlink()
+    (tmp_path / "study" / "new_bench.py").unlink()
     (tmp_path / "code.py").write_text("x = 2\n")
     assert bench.git_revision() == commit + "+uncommitted changes"
 

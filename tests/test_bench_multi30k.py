@@ -1,7 +1,6 @@
-"""benchmarks/bench_multi30k.py without training: every arm is a valid config, baselines are added, the paired
+"""study/bench_multi30k.py without training: every arm is a valid config, baselines are added, the paired
 bootstrap is sacreBLEU's, and an output dir refuses other settings."""
 
-import importlib.util
 import json
 import re
 import sys
@@ -9,17 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO_ROOT
 from transformers import CONFIG_MAPPING
 
 import hf_layerfusion
-from helpers import require_shared
-
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multi30k.py"
-spec = importlib.util.spec_from_file_location("bench_multi30k", BENCH)
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench  # dataclasses look their module up there
-spec.loader.exec_module(bench)
-run_translation = sys.modules["run_translation"]  # imported by the benchmark, which trains through it
+import study.queue
+from hf_layerfusion.cli import run_translation  # the benchmark trains through it
+from study import bench_multi30k as bench
 
 
 @pytest.mark.parametrize("arm_name", list(bench.MODELS))
@@ -136,12 +131,6 @@ def test_output_dir_refuses_other_settings(tmp_path):
 # --- the results ledger and the study queue ----------------------------------------------------------------------
 
 ledger = bench.ledger
-STUDY = Path(__file__).resolve().parents[1] / "benchmarks" / "study.py"
-study_spec = importlib.util.spec_from_file_location("study", STUDY)
-study = importlib.util.module_from_spec(study_spec)
-sys.modules[study_spec.name] = study
-study_spec.loader.exec_module(study)
-README = Path(__file__).resolve().parents[1] / "README.md"
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
@@ -206,7 +195,7 @@ def test_report_deltas_p_values_and_verdicts_from_the_ledger(tmp_path):
             "over 2 seeds, p 0.001, 0.001), untested on val (Δ +28.50 ± 0.71; the ledger holds no val translations "
             "of seeds 1, 2): not a win yet") in text
     assert "The paper: claimed +1." in text
-    assert text.rstrip().endswith("Next in the queue (`python benchmarks/study.py --list`): `x` seed 1.")
+    assert text.rstrip().endswith("Next in the queue (`python -m study --list`): `x` seed 1.")
     with pytest.raises(ValueError, match="other test references"):
         ledger.report(tmp_path, {**BOTH, "test": REFERENCES[:-1]}, bench.paired_bootstrap, {}, [])
 
@@ -328,7 +317,7 @@ def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_
     baseline's rerun from each of the arm's starts and the arm's rerun from each of the baseline's, one per arm and
     start, pending only on a machine whose finished starting run is that start; once one has run, the seed is
     paired and its other reruns leave the queue."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
     for seed in (1, 2):
         ledger.write_entry(ledger.ledger_path(ledger_dir, "plain_transformer_continued", seed), fake_entry(
@@ -339,7 +328,8 @@ def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_
             arm, seed, 40.0, REFERENCES, baseline="plain_transformer_continued", init_from=start_record(start, seed)))
 
     def planned():
-        return sorted((r.arm, r.seed, r.start_test_bleu, r.for_runs) for r in study.reruns_from_one_start(ledger_dir))
+        return sorted((r.arm, r.seed, r.start_test_bleu, r.for_runs)
+                      for r in study.queue.reruns_from_one_start(ledger_dir))
 
     continued = "`plain_transformer_continued` seed 2"
     assert planned() == sorted([
@@ -348,23 +338,23 @@ def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_
         ("gtrans_finetuned", 2, 34.09, (continued,)), ("rtal_finetuned", 2, 34.09, (continued,)),
         ("layerwise_coordination_finetuned", 2, 34.09, (continued,)),
     ])
-    reruns = study.reruns_from_one_start(ledger_dir)
+    reruns = study.queue.reruns_from_one_start(ledger_dir)
     # one run however many seeds it serves: a seed joining it while it runs does not make it another (`startable`
     # keeps a running run from starting twice by this equality)
     assert reruns[0] == __import__("dataclasses").replace(reruns[0], for_runs=("`x` seed 2",))
-    queue = study.study_queue(ledger_dir=ledger_dir)
-    first_seed_2 = queue.index(study.StudyRun(study.FINE_TUNING_ARMS[0], 2))
+    queue = study.queue.study_queue(ledger_dir=ledger_dir)
+    first_seed_2 = queue.index(study.queue.StudyRun(study.queue.FINE_TUNING_ARMS[0], 2))
     assert queue[first_seed_2 - 5: first_seed_2] == reruns  # before the fine-tuning arms' seeds 2-3
 
     def pending_reruns():
-        pending = study.pending_runs(ledger_dir, tmp_path / "probes")
-        return [run for run in pending if isinstance(run, study.Rerun)]
+        pending = study.queue.pending_runs(ledger_dir, tmp_path / "probes")
+        return [run for run in pending if isinstance(run, study.queue.Rerun)]
 
     assert pending_reruns() == []  # no start is on this machine
-    assert [r for r in study.pending_runs(ledger_dir, tmp_path / "probes", here=False)
-            if isinstance(r, study.Rerun)] == reruns  # the queue as the ledger alone says (the README's)
+    assert [r for r in study.queue.pending_runs(ledger_dir, tmp_path / "probes", here=False)
+            if isinstance(r, study.queue.Rerun)] == reruns  # the queue as the ledger alone says (the README's)
     # this machine's plain run of seed 2 is the one gtrans_finetuned and rtal_finetuned seed 2 started from
-    start_dir = study.StudyRun("plain_transformer", 2).run_dir()
+    start_dir = study.queue.StudyRun("plain_transformer", 2).run_dir()
     start_dir.mkdir(parents=True)
     (start_dir / "bench_results.json").write_text(json.dumps(
         {"train": {"global_step": 2000}, "validation": {"bleu": 36.0}, "test": {"bleu": 35.16}}))
@@ -372,11 +362,11 @@ def test_the_study_queues_reruns_from_one_start_where_this_machine_holds_it(tmp_
     assert [(r.start_test_bleu, r.label) for r in pending] == [(35.16, (
         "`plain_transformer_continued` seed 2 again, from the start of `gtrans_finetuned` seed 2, `rtal_finetuned` "
         "seed 2 (test 35.16)"))]
-    assert pending[0].run_dir() == study.StudyRun("plain_transformer_continued", 2).run_dir()  # bench_multi30k's
+    assert pending[0].run_dir() == study.queue.StudyRun("plain_transformer_continued", 2).run_dir()  # bench_multi30k's
     rerun = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
                        init_from={**start_record(35.16), "run_dir": str(start_dir)})
     ledger.write_entry(pending[0].result_file(ledger_dir), rerun)
-    assert study.result_state(pending[0], ledger_dir)[0] == "done"
+    assert study.queue.result_state(pending[0], ledger_dir)[0] == "done"
     # layer-wise coordination's seed 2, from 36.00, can now pair with the baseline's rerun: its own rerun from 35.16
     assert [(r.arm, r.start_test_bleu) for r in pending_reruns()] == [("layerwise_coordination_finetuned", 35.16)]
     # gtrans and rtal seed 2 are paired now; layer-wise coordination's seed is not: the baseline from its start, or
@@ -400,7 +390,7 @@ def probe_result(directory, shape, seconds_per_step, final_loss):
     entry = {"family": "plain_transformer", "encoder_layers": shape[0], "decoder_layers": shape[1], "seed": 1,
              "steps": 600, "warmup_steps": 400, "seconds_per_step": seconds_per_step, "commit": "abcdef0123",
              "loss_curve": [{"step": 25 * i, "loss": 9.0 if i < 20 else final_loss} for i in range(1, 25)]}
-    path = study.depth_probes.result_file(directory, "plain_transformer", shape, 1)
+    path = study.queue.depth_probes.result_file(directory, "plain_transformer", shape, 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(entry))
 
@@ -418,19 +408,21 @@ def test_priority_2_pair_follows_the_depth_probes(tmp_path, probes, pair):
     probe_result(tmp_path, (6, 6), 1.0, 4.0)
     for shape, (seconds, loss) in probes.items():
         probe_result(tmp_path, shape, seconds, loss)
-    shape, why = study.deep_post_norm_pair(tmp_path)
+    shape, why = study.queue.deep_post_norm_pair(tmp_path)
     assert shape == pair, why
-    queue = study.study_queue(tmp_path)
-    deep = [(run.arm, run.max_steps, run.warmup_steps) for run in queue if isinstance(run, study.StudyRun)
+    queue = study.queue.study_queue(tmp_path)
+    deep = [(run.arm, run.max_steps, run.warmup_steps) for run in queue if isinstance(run, study.queue.StudyRun)
             and run.max_steps == 1000]
     expected = [] if pair is None else [(f"{family}_{pair[0]}x{pair[1]}", 1000, 400)
                                         for family in ("plain_transformer", "gtrans")]
     assert deep == expected
-    probes_queued = [(run.encoder_layers, run.decoder_layers) for run in queue if isinstance(run, study.DepthProbe)]
-    assert probes_queued == [(6, 6), *study.DEEP_SHAPES]
-    last_probe = queue.index(study.DepthProbe(24, 18))
-    assert all(queue.index(run) > last_probe for run in queue if isinstance(run, study.StudyRun) and run.max_steps == 1000)
-    table = "\n".join(study.depth_probes.report(tmp_path))
+    probes_queued = [(run.encoder_layers, run.decoder_layers) for run in queue
+                     if isinstance(run, study.queue.DepthProbe)]
+    assert probes_queued == [(6, 6), *study.queue.DEEP_SHAPES]
+    last_probe = queue.index(study.queue.DepthProbe(24, 18))
+    assert all(queue.index(run) > last_probe for run in queue
+               if isinstance(run, study.queue.StudyRun) and run.max_steps == 1000)
+    table = "\n".join(study.queue.depth_probes.report(tmp_path))
     assert "| 6 + 6 | 600 (400) | 4.00 | reference |" in table
     if (18, 12) in probes and probes[(18, 12)][1] == 6.0:
         assert f"| 18 + 12 | 600 (400) | 6.00 | fails (+2.00 nats) | {probes[(18, 12)][0]:.2f} |" in table
@@ -438,35 +430,35 @@ def test_priority_2_pair_follows_the_depth_probes(tmp_path, probes, pair):
 
 def test_depth_probe_rejects_bad_shapes_and_schedules():
     with pytest.raises(SystemExit):
-        study.depth_probes.parse_args(["--shapes", "24-18"])
+        study.queue.depth_probes.parse_args(["--shapes", "24-18"])
     with pytest.raises(SystemExit):
-        study.depth_probes.parse_args(["--steps", "300", "--warmup_steps", "400"])
+        study.queue.depth_probes.parse_args(["--steps", "300", "--warmup_steps", "400"])
     with pytest.raises(SystemExit):
-        study.depth_probes.parse_args(["--steps", "99", "--warmup_steps", "10"])
+        study.queue.depth_probes.parse_args(["--steps", "99", "--warmup_steps", "10"])
     with pytest.raises(SystemExit):
-        study.depth_probes.parse_args(["--family", "marian"])
+        study.queue.depth_probes.parse_args(["--family", "marian"])
     with pytest.raises(SystemExit):
-        study.depth_probes.parse_args(["--seed", "0"])
+        study.queue.depth_probes.parse_args(["--seed", "0"])
     with pytest.raises(__import__("argparse").ArgumentTypeError, match="'0x6'"):
-        study.depth_probes.parse_shape("0x6")
+        study.queue.depth_probes.parse_shape("0x6")
 
 
 def test_the_probed_depths_have_their_arms():
-    assert study.DEEP_SHAPES == bench.DEEP_POST_NORM_SHAPES
-    for encoder, decoder in study.DEEP_SHAPES:
+    assert study.queue.DEEP_SHAPES == bench.DEEP_POST_NORM_SHAPES
+    for encoder, decoder in study.queue.DEEP_SHAPES:
         assert bench.MODELS[f"gtrans_{encoder}x{decoder}"].baseline == f"plain_transformer_{encoder}x{decoder}"
         assert bench.MODELS[f"gtrans_{encoder}x{decoder}"].config["encoder_layers"] == encoder
 
 
 def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike(tmp_path):
     # an empty ledger: no baseline reruns (priority 7, the only runs sharing an arm and seed with another)
-    queue = [run for run in study.study_queue(ledger_dir=tmp_path) if isinstance(run, study.StudyRun)]
+    queue = [run for run in study.queue.study_queue(ledger_dir=tmp_path) if isinstance(run, study.queue.StudyRun)]
     assert len({(run.arm, run.seed) for run in queue}) == len(queue)  # one ledger file per arm and seed
     budget = {(run.arm, run.seed): run.budget for run in queue}
     for run in queue:
         assert run.arm in bench.MODELS, run.arm
         # the arms trained to convergence take the converged budget, and no other arm does
-        assert bench.MODELS[run.arm].converged == isinstance(run, study.ConvergedRun), run.arm
+        assert bench.MODELS[run.arm].converged == isinstance(run, study.queue.ConvergedRun), run.arm
         baseline = bench.MODELS[run.arm].baseline
         if baseline is not None:  # the budget of the baseline run of the same seed, queued before it
             assert budget[(baseline, run.seed)] == run.budget, run
@@ -482,16 +474,17 @@ def test_every_study_run_is_a_known_arm_with_its_baseline_queued_alike(tmp_path)
 
 def test_the_queue_can_be_limited_to_some_arms(tmp_path):
     ledger_dir = tmp_path / "ledger"
-    pending = study.pending_runs(ledger_dir, arms=["re_transformer_4", "re_transformer_2"])
+    pending = study.queue.pending_runs(ledger_dir, arms=["re_transformer_4", "re_transformer_2"])
     assert [(run.arm, run.seed) for run in pending] == [
         (arm, seed) for seed in (1, 2, 3, 4, 5) for arm in ("re_transformer_2", "re_transformer_4")]  # queue order
-    done = study.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
+    done = study.queue.StudyRun("re_transformer_2", 1).result_file(ledger_dir)
     ledger.write_entry(done, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
-    assert study.StudyRun("re_transformer_2", 1) not in study.pending_runs(ledger_dir, arms=["re_transformer_2"])
-    unfiltered = {run.arm for run in study.pending_runs(ledger_dir) if isinstance(run, study.ArmRun)}
+    pending = study.queue.pending_runs(ledger_dir, arms=["re_transformer_2"])
+    assert study.queue.StudyRun("re_transformer_2", 1) not in pending
+    unfiltered = {run.arm for run in study.queue.pending_runs(ledger_dir) if isinstance(run, study.queue.ArmRun)}
     assert {"plain_transformer", "re_transformer_2", "re_transformer_4"} < unfiltered
     with pytest.raises(SystemExit):
-        study.parse_args(["--arms", "re_transformer_2", "re_transformer_9"])
+        study.queue.parse_args(["--arms", "re_transformer_2", "re_transformer_9"])
 
 
 @pytest.mark.parametrize("option", ["--ledger_dir", "--probe_dir"])
@@ -499,54 +492,74 @@ def test_list_refuses_a_results_directory_that_does_not_exist(tmp_path, capsys, 
     """Issue 73: a mistyped `--ledger_dir` listed every run as pending (a directory that is not there holds no
     result); it is refused before anything is listed or run."""
     with pytest.raises(SystemExit):
-        study.main(["--list", option, str(tmp_path / "no_such_dir")])
+        study.queue.main(["--list", option, str(tmp_path / "no_such_dir")])
     said = capsys.readouterr()
     assert f"{option} {tmp_path / 'no_such_dir'} is not a directory" in said.err and said.out == ""
 
 
 def test_starting_runs_of_the_queue_are_the_arms_init_from():
-    fine_tuning = {run.arm for run in study.study_queue() if isinstance(run, study.StudyRun)
+    fine_tuning = {run.arm for run in study.queue.study_queue() if isinstance(run, study.queue.StudyRun)
                    and bench.MODELS[run.arm].init_from is not None}
-    assert study.STARTING_RUNS == {arm: bench.MODELS[arm].init_from for arm in fine_tuning}
+    assert study.queue.STARTING_RUNS == {arm: bench.MODELS[arm].init_from for arm in fine_tuning}
+
+
+def package_snapshot(tmp_path: Path) -> Path:
+    """A code snapshot of a commit of the study as a package (`study/__init__.py`), for the queue's commands."""
+    (tmp_path / "snapshot" / "study").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "snapshot" / "study" / "__init__.py").touch()
+    return tmp_path / "snapshot"
+
+
+def test_a_run_resumes_with_the_script_of_its_commit_from_before_the_study_was_a_package(tmp_path):
+    """A run started by a commit whose study scripts lay in benchmarks/ resumes with that snapshot's script; a
+    snapshot of the package runs its module."""
+    args = study.queue.parse_args(["--data_dir", str(tmp_path)])
+    run = study.queue.StudyRun("gtrans", 1)
+    old_snapshot = tmp_path / "old"
+    old_script = old_snapshot / "benchmarks" / "bench_multi30k.py"
+    assert run.command(old_snapshot, args)[:2] == [sys.executable, str(old_script)]
+    assert run.command(package_snapshot(tmp_path), args)[:3] == [sys.executable, "-m", "study.bench_multi30k"]
+    assert run.command(old_snapshot, args)[2:] == run.command(package_snapshot(tmp_path), args)[3:]
 
 
 def test_the_queue_and_the_benchmark_agree_on_each_seeds_starting_run(tmp_path):
-    """Issue 73: the queue's starting run of a fine-tuning arm's seed (`study.starting_run`: what it waits for and
+    """Issue 73: the queue's starting run of a fine-tuning arm's seed (`study.queue.starting_run`: what it waits for and
     times) is the run dir the benchmark's command of that seed fine-tunes, for every seed the queue holds."""
-    args = study.parse_args(["--data_dir", str(tmp_path)])
-    fine_tuning = [run for run in study.study_queue() if isinstance(run, study.StudyRun)
-                   and not isinstance(run, study.Rerun) and run.arm in study.STARTING_RUNS]
-    assert any(isinstance(run, study.ConvergedRun) for run in fine_tuning)
+    args = study.queue.parse_args(["--data_dir", str(tmp_path)])
+    fine_tuning = [run for run in study.queue.study_queue() if isinstance(run, study.queue.StudyRun)
+                   and not isinstance(run, study.queue.Rerun) and run.arm in study.queue.STARTING_RUNS]
+    assert any(isinstance(run, study.queue.ConvergedRun) for run in fine_tuning)
     assert {run.seed for run in fine_tuning} >= {1, 2, 3}
     for run in fine_tuning:
-        parsed = bench.parse_args(run.command(tmp_path / "snapshot", args)[2:])
+        parsed = bench.parse_args(run.command(package_snapshot(tmp_path), args)[3:])
         command = bench.run_translation_command(run.arm, run.seed, parsed, parsed.tokenizer_dir)
-        assert f"--model_name_or_path={study.starting_run(run).run_dir()}" in command, run.label
+        assert f"--model_name_or_path={study.queue.starting_run(run).run_dir()}" in command, run.label
 
 
 def test_parallel_runs_never_share_state_and_probes_run_alone(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")  # no finished run here
-    run = study.StudyRun
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")  # no finished run here
+    run = study.queue.StudyRun
     continued, deep, plain_2 = (run("plain_transformer_continued", 2), run("deep_representations_paper", 2),
                                 run("plain_transformer", 2))
     pending = [continued, deep, run("gtrans", 2), run("gtrans", 3), run("rtal_paper", 2)]
     # the two fine-tuning arms of seed 2 share their starting run: only the first starts
-    assert study.startable(pending, [], 3) == [continued, run("gtrans", 2), run("gtrans", 3)]
-    assert study.startable(pending, [], 1) == [continued]
-    assert study.startable([plain_2, deep], [], 2) == [plain_2]  # nor with the starting run itself
-    running = [study.RunningRun(continued, None, Path("log"), 0.0)]
-    assert study.startable(pending, running, 3) == [run("gtrans", 2), run("gtrans", 3)]  # running ones are skipped
-    probe = study.DepthProbe(12, 12)
-    assert study.startable([probe, run("gtrans", 2)], [], 4) == [probe]  # a probe alone ...
-    assert study.startable([run("gtrans", 2), probe, run("gtrans", 3)], [], 4) == [run("gtrans", 2)]  # ... after
-    assert study.startable([probe], running, 4) == []  # the runs before it
-    assert study.startable([run("gtrans", 2)], [study.RunningRun(probe, None, Path("log"), 0.0)], 4) == []
-    m2m = [study.ManyToManyRun("plain_transformer_m2m", 1), study.ManyToManyRun("gtrans_m2m", 1)]
-    assert study.startable(m2m, [], 4) == m2m[:1]  # they share their tokenizer
+    assert study.queue.startable(pending, [], 3) == [continued, run("gtrans", 2), run("gtrans", 3)]
+    assert study.queue.startable(pending, [], 1) == [continued]
+    assert study.queue.startable([plain_2, deep], [], 2) == [plain_2]  # nor with the starting run itself
+    running = [study.queue.RunningRun(continued, None, Path("log"), 0.0)]
+    # running ones are skipped
+    assert study.queue.startable(pending, running, 3) == [run("gtrans", 2), run("gtrans", 3)]
+    probe = study.queue.DepthProbe(12, 12)
+    assert study.queue.startable([probe, run("gtrans", 2)], [], 4) == [probe]  # a probe alone ...
+    assert study.queue.startable([run("gtrans", 2), probe, run("gtrans", 3)], [], 4) == [run("gtrans", 2)]  # ... after
+    assert study.queue.startable([probe], running, 4) == []  # the runs before it
+    assert study.queue.startable([run("gtrans", 2)], [study.queue.RunningRun(probe, None, Path("log"), 0.0)], 4) == []
+    m2m = [study.queue.ManyToManyRun("plain_transformer_m2m", 1), study.queue.ManyToManyRun("gtrans_m2m", 1)]
+    assert study.queue.startable(m2m, [], 4) == m2m[:1]  # they share their tokenizer
     plain_2.run_dir().mkdir(parents=True)
     (plain_2.run_dir() / "bench_results.json").write_text("{}")  # the starting run finished here: only read now
-    assert study.startable([continued, deep], [], 2) == [continued, deep]
-    assert study.startable([deep, run("deep_representations_paper", 3)], running, 3) == [
+    assert study.queue.startable([continued, deep], [], 2) == [continued, deep]
+    assert study.queue.startable([deep, run("deep_representations_paper", 3)], running, 3) == [
         deep, run("deep_representations_paper", 3)]
 
 
@@ -557,7 +570,7 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
     events.mkdir()
     ledger_dir.mkdir()  # the queue refuses a ledger dir that does not exist
     arms = ["re_transformer_2", "re_transformer_4"]
-    failing = {study.StudyRun("re_transformer_4", 2)}
+    failing = {study.queue.StudyRun("re_transformer_4", 2)}
     at_once = {}
 
     def fake_start(run, args, runs_at_once):
@@ -570,13 +583,13 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
                      f"r = pathlib.Path({str(result)!r}); r.parent.mkdir(parents=True, exist_ok=True); "
                      f"r.write_text({entry!r})")
                   + f"; (e / '{run.arm}_{run.seed}.end').write_text(repr(time.monotonic()))")
-        process = study.subprocess.Popen([sys.executable, "-c", script])
-        return study.RunningRun(run, process, tmp_path / "log", study.time.monotonic())
+        process = study.queue.subprocess.Popen([sys.executable, "-c", script])
+        return study.queue.RunningRun(run, process, tmp_path / "log", study.queue.time.monotonic())
 
-    monkeypatch.setattr(study, "start", fake_start)
-    args = study.parse_args(["--arms", *arms, "--parallel", "2", "--ledger_dir", str(ledger_dir),
+    monkeypatch.setattr(study.queue, "start", fake_start)
+    args = study.queue.parse_args(["--arms", *arms, "--parallel", "2", "--ledger_dir", str(ledger_dir),
                              "--data_dir", str(tmp_path)])
-    assert study.run_queue(args) is False
+    assert study.queue.run_queue(args) is False
     started = sorted(path.stem for path in events.glob("*.start"))
     # seeds 1 of both arms, then seeds 2 of both (re_transformer_4 seed 2 fails); seed 3 never starts
     assert started == ["re_transformer_2_1", "re_transformer_2_2", "re_transformer_4_1", "re_transformer_4_2"]
@@ -588,18 +601,18 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
     assert set(at_once.values()) == {2}  # two at a time, as --parallel 2 allows
     left = [("re_transformer_4", 2), ("re_transformer_2", 3), ("re_transformer_4", 3)] + [
         (arm, seed) for seed in (4, 5) for arm in arms]  # priority 8's seeds 4-5 last
-    assert [(r.arm, r.seed) for r in study.pending_runs(ledger_dir, arms=arms)] == left
+    assert [(r.arm, r.seed) for r in study.queue.pending_runs(ledger_dir, arms=arms)] == left
     # --parallel is a ceiling: with 7 runs left and 8 slots, each run records the 7 that really shared the device
     at_once.clear()
-    args = study.parse_args(["--arms", *arms, "--parallel", "8", "--ledger_dir", str(ledger_dir),
+    args = study.queue.parse_args(["--arms", *arms, "--parallel", "8", "--ledger_dir", str(ledger_dir),
                              "--data_dir", str(tmp_path)])
     failing.clear()
-    assert study.run_queue(args) is True
+    assert study.queue.run_queue(args) is True
     assert at_once == {run: len(left) for run in left}
     with pytest.raises(SystemExit):
-        study.parse_args(["--parallel", "0"])
+        study.queue.parse_args(["--parallel", "0"])
     with pytest.raises(SystemExit):
-        study.parse_args(["--once", "--parallel", "2"])
+        study.queue.parse_args(["--once", "--parallel", "2"])
 
 
 def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
@@ -607,7 +620,7 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     model and instruction set where there are any, else this model's entries that predate the set's record; GPU runs
     never count), 90 without any, plus the starting run's while a fine-tuning arm must train that first; runs that do
     not fit are left for later ones that do, each said once."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
 
     def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None):
@@ -626,104 +639,95 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     run_in_ledger("re_transformer_2", 2, 80.0, "CPU A")  # before the instruction set was recorded
     run_in_ledger("re_transformer_2", 3, 200.0, "CPU A", capability="AVX2")
     run_in_ledger("re_transformer_2", 4, 10.0, "CPU B", capability="AVX512")
-    args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
-    re_transformer = study.StudyRun("re_transformer_2", 5)
-    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 30.0
-    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX2"))[0] == 200.0
+    args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    re_transformer = study.queue.StudyRun("re_transformer_2", 5)
+    assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 30.0
+    assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX2"))[0] == 200.0
     # a kind of CPU A no entry names: its entries from before the record, not those of another kind
-    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "DEFAULT"))[0] == 80.0
-    assert study.expected_minutes(re_transformer, args, ledger.CpuKind("CPU C", "AVX512"))[0] == 55.0  # all CPUs
-    continued, untimed = study.StudyRun("plain_transformer_continued", 3), study.StudyRun("gtrans_12x6", 2)
-    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU A", None))[0] == 100.0 + 60.0  # its starting run must train first
-    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU C", None))[0] == 60.0 + 60.0  # no run on this model: all CPUs
-    starting_run = study.StudyRun("plain_transformer", 3)
+    assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "DEFAULT"))[0] == 80.0
+    assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU C", "AVX512"))[0] == 55.0  # all CPUs
+    continued, untimed = study.queue.StudyRun("plain_transformer_continued", 3), study.queue.StudyRun("gtrans_12x6", 2)
+    assert study.queue.expected_minutes(continued, args, ledger.CpuKind("CPU A", None))[0] == 100.0 + 60.0  # its starting run must train first
+    assert study.queue.expected_minutes(continued, args, ledger.CpuKind("CPU C", None))[0] == 60.0 + 60.0  # no run on this model: all CPUs
+    starting_run = study.queue.StudyRun("plain_transformer", 3)
     starting_run.run_dir().mkdir(parents=True)
     (starting_run.run_dir() / "bench_results.json").write_text("{}")  # finished here: bench_multi30k reuses it
-    assert study.expected_minutes(continued, args, ledger.CpuKind("CPU A", None)) == (100.0, "the median of its arm's 1 CPU run(s) in the ledger")
-    assert study.expected_minutes(untimed, args, ledger.CpuKind("CPU A", None))[0] == study.UNTIMED_RUN_MINUTES
+    assert study.queue.expected_minutes(continued, args, ledger.CpuKind("CPU A", None)) == (100.0, "the median of its arm's 1 CPU run(s) in the ledger")
+    assert study.queue.expected_minutes(untimed, args, ledger.CpuKind("CPU A", None))[0] == study.queue.UNTIMED_RUN_MINUTES
     skipped = set()
     for _ in range(2):
-        assert study.fitting_runs([continued, untimed], 95.0, args, ledger.CpuKind("CPU A", None), skipped) == [untimed]
+        assert study.queue.fitting_runs([continued, untimed], 95.0, args, ledger.CpuKind("CPU A", None), skipped) == [untimed]
     said = capsys.readouterr().out
     assert said.count("not starting `plain_transformer_continued` seed 3: expected 100 min") == 1
-    assert study.fitting_runs([continued, untimed], 60.0, args, ledger.CpuKind("CPU A", None), skipped) == []
+    assert study.queue.fitting_runs([continued, untimed], 60.0, args, ledger.CpuKind("CPU A", None), skipped) == []
     for hours in ("0", "-1", "nan", "inf"):
         with pytest.raises(SystemExit):
-            study.parse_args(["--hours", hours])
+            study.queue.parse_args(["--hours", hours])
 
 
 def test_hours_counts_only_the_steps_a_resumed_run_has_left(tmp_path, monkeypatch, capsys):
     """A run a stop interrupted resumes from its latest checkpoint: `--hours` expects only the training of the steps
     after it (the evaluation in full), so a run longer than a session is carried across sessions instead of being
     refused each time for its full length."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
     ledger.write_entry(ledger.ledger_path(ledger_dir, "re_transformer_2", 1), fake_entry(
         "re_transformer_2", 1, 30.0, REFERENCES, train_minutes=200.0, evaluation_minutes=10.0,
         device={"cpu": "CPU A", "gpu": None, "torch_threads": 1}))
-    args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
-    run, cpu = study.StudyRun("re_transformer_2", 2), ledger.CpuKind("CPU A", None)
-    assert study.expected_minutes(run, args, cpu)[0] == 210.0
+    args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    run, cpu = study.queue.StudyRun("re_transformer_2", 2), ledger.CpuKind("CPU A", None)
+    assert study.queue.expected_minutes(run, args, cpu)[0] == 210.0
     run.run_dir().mkdir(parents=True)
-    (run.run_dir() / "STUDY_COMMIT").write_text(study.git("rev-parse", "HEAD") + "\n")
+    (run.run_dir() / "STUDY_COMMIT").write_text(study.queue.git("rev-parse", "HEAD") + "\n")
     for step in (500, 1500):
         (run.run_dir() / f"checkpoint-{step}").mkdir()
         (run.run_dir() / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     (run.run_dir() / "checkpoint-2000").mkdir()  # interrupted while saving: no trainer state, not resumed from
-    minutes, source = study.expected_minutes(run, args, cpu)
+    minutes, source = study.queue.expected_minutes(run, args, cpu)
     assert minutes == 200.0 * 500 / 2000 + 10.0
     assert "the 500 steps left after its checkpoint at step 1500" in source
-    assert study.fitting_runs([run], 70.0, args, cpu, set()) == [run]
+    assert study.queue.fitting_runs([run], 70.0, args, cpu, set()) == [run]
     (run.run_dir() / "STUDY_COMMIT").write_text("f" * 40 + "\n")  # an unknown commit: starts over, in full
-    assert study.expected_minutes(run, args, cpu)[0] == 210.0
+    assert study.queue.expected_minutes(run, args, cpu)[0] == 210.0
 
 
 def test_an_exported_tree_without_git_runs_its_own_code(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "REPO_ROOT", tmp_path)
-    (tmp_path / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
-    assert study.code_to_run() == ("0123abcd", tmp_path)
+    monkeypatch.setattr(study.queue, "REPO_ROOT", tmp_path)
+    (tmp_path / study.queue.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
+    assert study.queue.code_to_run() == ("0123abcd", tmp_path)
 
 
 def test_an_interrupted_run_resumes_with_the_code_of_its_own_commit(tmp_path, monkeypatch):
     """A run dir with a checkpoint, left unfinished by a commit the repository has, resumes with that commit's code
     whatever HEAD is now; without a checkpoint, finished, or of an unknown commit, it does not."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
-    run = study.StudyRun("plain_transformer_continued", 2)
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
+    run = study.queue.StudyRun("plain_transformer_continued", 2)
     run_dir = run.run_dir()
-    assert study.resumable_commit(run) is None  # no run dir
+    assert study.queue.resumable_commit(run) is None  # no run dir
     run_dir.mkdir(parents=True)
-    older = study.git("rev-parse", "HEAD")  # any commit the repository has (a shallow clone has HEAD)
+    older = study.queue.git("rev-parse", "HEAD")  # any commit the repository has (a shallow clone has HEAD)
     (run_dir / "STUDY_COMMIT").write_text(older + "\n")
-    assert study.resumable_commit(run) is None  # nothing to resume from: starts over with HEAD
+    assert study.queue.resumable_commit(run) is None  # nothing to resume from: starts over with HEAD
     (run_dir / "checkpoint-500").mkdir()
-    assert study.resumable_commit(run) == older  # in the repository, not exported yet
-    exported = study.WORK_DIR / "code" / "0123abcd"
+    assert study.queue.resumable_commit(run) == older  # in the repository, not exported yet
+    exported = study.queue.WORK_DIR / "code" / "0123abcd"
     exported.mkdir(parents=True)
-    (exported / study.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
+    (exported / study.queue.SNAPSHOT_COMMIT_FILE).write_text("0123abcd\n")
     (run_dir / "STUDY_COMMIT").write_text("0123abcd\n")
-    assert study.resumable_commit(run) == "0123abcd"  # exported before (its commit maybe gone since)
-    assert study.code_to_run("0123abcd") == ("0123abcd", exported)
-    study.discard_stale_run(run, "0123abcd")  # resumed: the checkpoint stays
+    assert study.queue.resumable_commit(run) == "0123abcd"  # exported before (its commit maybe gone since)
+    assert study.queue.code_to_run("0123abcd") == ("0123abcd", exported)
+    study.queue.discard_stale_run(run, "0123abcd")  # resumed: the checkpoint stays
     assert (run_dir / "checkpoint-500").is_dir()
     (run_dir / "STUDY_COMMIT").write_text("f" * 40 + "\n")
-    assert study.resumable_commit(run) is None  # neither exported nor in the repository: starts over
+    assert study.queue.resumable_commit(run) is None  # neither exported nor in the repository: starts over
     (run_dir / "STUDY_COMMIT").write_text(older + "\n")
     (run_dir / "bench_results.json").write_text("{}")
-    assert study.resumable_commit(run) is None  # finished
-
-
-def test_readme_results_section_is_the_report_of_the_committed_ledger():
-    require_shared(MULTI30K, "Multi30k data")
-    expected = bench.report_text(ledger.DEFAULT_LEDGER, MULTI30K)
-    assert ledger.readme_section(README.read_text(encoding="utf-8")) == expected, (
-        "README's Multi30k section differs from the ledger: run "
-        "`python benchmarks/bench_multi30k.py --report --update_readme`"
-    )
+    assert study.queue.resumable_commit(run) is None  # finished
 
 
 # --- fine-tuning arms (init_from) -------------------------------------------------------------------------------
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "multi30k" / "tokenizer"
+TOKENIZER_DIR = ledger.DEFAULT_LEDGER / "tokenizer"
 
 
 def tiny_corpus(directory):
@@ -971,7 +975,7 @@ def test_fine_tuning_arms_of_every_family_load_a_plain_checkpoint(tmp_path):
     arms = ("gtrans_finetuned", "rtal_finetuned", "layerwise_coordination_finetuned")
     assert {name: (bench.MODELS[name].init_from, bench.MODELS[name].baseline) for name in arms} == {
         name: ("plain_transformer", "plain_transformer_continued") for name in arms}
-    assert tuple(study.FINE_TUNING_ARMS) == arms
+    assert tuple(study.queue.FINE_TUNING_ARMS) == arms
     rtal = arm_config("rtal_finetuned")
     assert (rtal.aggregation_function, rtal.tree_residual, rtal.normalize_before) == ("ewp_ffn", "children", False)
     gtrans = arm_config("gtrans_finetuned")
@@ -1001,14 +1005,14 @@ def test_fine_tuning_arms_of_every_family_load_a_plain_checkpoint(tmp_path):
 
 
 def test_long_depth_arms_keep_the_1000_step_ledger_apart():
-    assert study.LONG_DEPTH_SUFFIX == bench.LONG_DEPTH_SUFFIX
-    for encoder, decoder in study.DEEP_SHAPES:
+    assert study.queue.LONG_DEPTH_SUFFIX == bench.LONG_DEPTH_SUFFIX
+    for encoder, decoder in study.queue.DEEP_SHAPES:
         plain, gtrans = (f"{family}_{encoder}x{decoder}{bench.LONG_DEPTH_SUFFIX}"
                          for family in ("plain_transformer", "gtrans"))
         assert bench.MODELS[gtrans].baseline == plain and bench.MODELS[plain].show_loss_curve
         assert bench.MODELS[gtrans].config == bench.MODELS[f"gtrans_{encoder}x{decoder}"].config
-    long_runs = [run for run in study.study_queue() if isinstance(run, study.StudyRun)
-                 and run.arm.endswith(study.LONG_DEPTH_SUFFIX)]
+    long_runs = [run for run in study.queue.study_queue() if isinstance(run, study.queue.StudyRun)
+                 and run.arm.endswith(study.queue.LONG_DEPTH_SUFFIX)]
     assert {(run.max_steps, run.warmup_steps) for run in long_runs} == {(2000, 400)}
 
 
@@ -1016,23 +1020,24 @@ def test_the_queue_puts_issue_38_in_order_of_value(tmp_path):
     """Issue 38 item 5: 24 + 18 with 3 seeds first, then seed 1 of every family's fine-tuning arm, then the seeds
     4-5 of deep representations' recipe (and the runs it needs) and the many-to-many pair, then the rest, 18 + 12
     last (an empty ledger: no baseline reruns, whose place `test_the_study_queues_a_baseline_rerun...` checks)."""
-    queue = study.study_queue(ledger_dir=tmp_path)
-    first = next(i for i, run in enumerate(queue) if isinstance(run, study.ArmRun)
-                 and run.arm.endswith(study.LONG_DEPTH_SUFFIX))
-    assert all(isinstance(run, (study.StudyRun, study.DepthProbe)) and
-               (not isinstance(run, study.StudyRun) or run.seed <= 3) for run in queue[:first])
-    long = study.LONG_DEPTH_SUFFIX
+    queue = study.queue.study_queue(ledger_dir=tmp_path)
+    first = next(i for i, run in enumerate(queue) if isinstance(run, study.queue.ArmRun)
+                 and run.arm.endswith(study.queue.LONG_DEPTH_SUFFIX))
+    assert all(isinstance(run, (study.queue.StudyRun, study.queue.DepthProbe)) and
+               (not isinstance(run, study.queue.StudyRun) or run.seed <= 3) for run in queue[:first])
+    long = study.queue.LONG_DEPTH_SUFFIX
     expected = [(f"{family}_24x18{long}", seed) for seed in (1, 2, 3) for family in ("plain_transformer", "gtrans")]
-    expected += [(arm, 1) for arm in study.FINE_TUNING_ARMS]
+    expected += [(arm, 1) for arm in study.queue.FINE_TUNING_ARMS]
     expected += [(arm, seed) for seed in (4, 5)
                  for arm in ("plain_transformer", "plain_transformer_continued", "deep_representations_paper")]
     expected += [(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
-    expected += [(arm, seed) for seed in (2, 3) for arm in study.FINE_TUNING_ARMS]
+    expected += [(arm, seed) for seed in (2, 3) for arm in study.queue.FINE_TUNING_ARMS]
     expected += [(f"{family}_12x12{long}", seed) for seed in (1, 2, 3) for family in ("plain_transformer", "gtrans")]
     expected += [(arm, seed) for seed in (1, 2) for arm in ("plain_transformer_12x6", "gtrans_12x6")]
     expected += [(f"{family}_18x12{long}", 1) for family in ("plain_transformer", "gtrans")]
-    expected += [(arm, seed) for seed in (4, 5) for arm in study.FROM_SCRATCH_ARMS]  # priority 8
-    expected += [(run.arm, run.seed) for run in study.converged_and_deep_baselines()]  # priority 9, after the rest
+    expected += [(arm, seed) for seed in (4, 5) for arm in study.queue.FROM_SCRATCH_ARMS]  # priority 8
+    # priority 9, after the rest
+    expected += [(run.arm, run.seed) for run in study.queue.converged_and_deep_baselines()]
     assert [(run.arm, run.seed) for run in queue[first:]] == expected
     listed = subprocess_list()
     assert listed.index("`plain_transformer_24x18_2000steps` seed 1") < listed.index("`gtrans_finetuned` seed 1") < (
@@ -1044,11 +1049,12 @@ def test_every_fusion_family_gets_from_scratch_seeds_with_val_translations(tmp_p
     queued, and so does the baseline of each such arm, so that every family's from-scratch verdict gets a val side."""
     import hf_layerfusion
 
-    queue = {(run.arm, run.seed) for run in study.study_queue(ledger_dir=tmp_path) if isinstance(run, study.StudyRun)}
+    queue = {(run.arm, run.seed) for run in study.queue.study_queue(ledger_dir=tmp_path)
+             if isinstance(run, study.queue.StudyRun)}
     fusion_families = set(hf_layerfusion.FAMILIES) - {"plain_transformer"}
-    covered = {bench.MODELS[arm].model_type for arm in study.FROM_SCRATCH_ARMS}
+    covered = {bench.MODELS[arm].model_type for arm in study.queue.FROM_SCRATCH_ARMS}
     assert fusion_families <= covered
-    for arm in study.FROM_SCRATCH_ARMS:
+    for arm in study.queue.FROM_SCRATCH_ARMS:
         assert bench.MODELS[arm].init_from is None and not bench.MODELS[arm].show_loss_curve, arm
         for seed in (4, 5):
             assert (arm, seed) in queue
@@ -1059,17 +1065,18 @@ def test_every_fusion_family_gets_from_scratch_seeds_with_val_translations(tmp_p
 def subprocess_list(*extra) -> str:
     import subprocess
 
-    return subprocess.run([sys.executable, str(STUDY), "--list", *extra], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run([sys.executable, "-m", "study", "--list", *extra], capture_output=True, text=True,
+                          check=True, cwd=REPO_ROOT).stdout
 
 
 def test_long_depth_runs_are_timed_from_the_same_models_shorter_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
     ledger.write_entry(ledger.ledger_path(ledger_dir, "gtrans_24x18", 1), fake_entry(
         "gtrans_24x18", 1, 30.0, REFERENCES, steps=1000, train_minutes=60.0, evaluation_minutes=5.0))
-    args = study.parse_args(["--ledger_dir", str(ledger_dir)])
-    minutes, source = study.expected_minutes(study.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args, ledger.CpuKind("Some CPU", "AVX2"))
+    args = study.queue.parse_args(["--ledger_dir", str(ledger_dir)])
+    minutes, source = study.queue.expected_minutes(study.queue.StudyRun("gtrans_24x18_2000steps", 1, 2000, 400), args,
+                                                   ledger.CpuKind("Some CPU", "AVX2"))
     assert minutes == 125.0 and "`gtrans_24x18`" in source and "scaled to 2000 steps" in source
 
 
@@ -1122,15 +1129,16 @@ def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_pat
     assert str(path) in str(error.value) and "the rerun replaces it" in str(error.value)
     with pytest.raises(SystemExit, match=str(path)):
         bench.main(["--report", "--ledger_dir", str(ledger_dir), "--data_dir", str(tiny_corpus(tmp_path))])
-    run = study.StudyRun("re_transformer_2", 1)
-    assert study.result_state(run, ledger_dir)[0] == "unreadable" and run in study.pending_runs(ledger_dir)
-    study.main(["--list", "--ledger_dir", str(ledger_dir)])
+    run = study.queue.StudyRun("re_transformer_2", 1)
+    assert study.queue.result_state(run, ledger_dir)[0] == "unreadable" and run in study.queue.pending_runs(ledger_dir)
+    study.queue.main(["--list", "--ledger_dir", str(ledger_dir)])
     listed = capsys.readouterr().out
     assert " BAD  `re_transformer_2` seed 1 " in listed and f"unreadable result {path}: {problem}" in listed
     # the rerun replaces it; a readable entry is never replaced
     ledger.write_entry(path, fake_entry("re_transformer_2", 1, 30.0, REFERENCES))
     assert "replacing the unreadable" in capsys.readouterr().out
-    assert study.result_state(run, ledger_dir) == ("done", None) and run not in study.pending_runs(ledger_dir)
+    assert study.queue.result_state(run, ledger_dir) == ("done", None)
+    assert run not in study.queue.pending_runs(ledger_dir)
     with pytest.raises(FileExistsError):
         ledger.write_entry(path, fake_entry("re_transformer_2", 1, 31.0, REFERENCES))
 
@@ -1155,18 +1163,18 @@ def test_values_no_run_produces_are_never_written_and_name_their_many_to_many_fi
 def test_unreadable_probe_and_many_to_many_results_are_named(tmp_path):
     probe_dir, ledger_dir = tmp_path / "probes", tmp_path / "ledger"
     probe_result(probe_dir, (6, 6), 1.0, 4.0)
-    bad_probe = study.depth_probes.result_file(probe_dir, "plain_transformer", (12, 12), 1)
+    bad_probe = study.queue.depth_probes.result_file(probe_dir, "plain_transformer", (12, 12), 1)
     bad_probe.write_text('{"encoder_layers": 12')
     with pytest.raises(ledger.UnreadableResult, match="cannot be read as JSON") as error:
-        study.depth_probes.read_results(probe_dir)
+        study.queue.depth_probes.read_results(probe_dir)
     assert str(bad_probe) in str(error.value)
-    assert study.result_state(study.DepthProbe(12, 12), ledger_dir, probe_dir)[0] == "unreadable"
-    assert study.result_state(study.DepthProbe(6, 6), ledger_dir, probe_dir) == ("done", None)
-    m2m = study.ManyToManyRun("gtrans_m2m", 1)
+    assert study.queue.result_state(study.queue.DepthProbe(12, 12), ledger_dir, probe_dir)[0] == "unreadable"
+    assert study.queue.result_state(study.queue.DepthProbe(6, 6), ledger_dir, probe_dir) == ("done", None)
+    m2m = study.queue.ManyToManyRun("gtrans_m2m", 1)
     m2m.result_file(ledger_dir).parent.mkdir(parents=True)
     m2m.result_file(ledger_dir).write_text(json.dumps({"ledger_version": ledger.LEDGER_VERSION, "arm": "gtrans_m2m",
                                                        "seed": 1}))
-    state, problem = study.result_state(m2m, ledger_dir)
+    state, problem = study.queue.result_state(m2m, ledger_dir)
     assert state == "unreadable" and "'directions'" in problem
 
 

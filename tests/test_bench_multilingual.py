@@ -3,20 +3,16 @@ entry (run_multilingual replaced by a stand-in), its report from fake ledger ent
 hand), the study queue's many-to-many runs, and an interrupted run_multilingual.py run resumed (4 steps of a tiny
 model)."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from test_bench_multi30k import package_snapshot
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_multilingual.py"
-spec = importlib.util.spec_from_file_location("bench_multilingual", BENCH)
-bench = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bench
-spec.loader.exec_module(bench)
-run_multilingual = sys.modules["run_multilingual"]  # imported by the benchmark, which trains through it
-import study  # noqa: E402  (benchmarks/ is on sys.path now)
+import study.queue
+from hf_layerfusion.cli import run_multilingual  # the benchmark trains through it
+from study import bench_multilingual as bench
 
 ledger = bench.ledger
 LANGUAGES = ("en", "de", "fr", "cs")
@@ -112,7 +108,7 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert en_de["bleu"] == 1.5 and en_de["hypotheses"] == ["de hypothesis"] * 4 and en_de["sentences"] == 4
     assert en_de["references_sha256"] == ledger.sha256_lines([f"de test_2016_flickr sentence number {i}"
                                                               for i in range(4)])
-    assert (run_dir / "bench_results.json").is_file()  # study.py's marker of a finished run
+    assert (run_dir / "bench_results.json").is_file()  # study/queue.py's marker of a finished run
     config = json.loads((xlmr / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["intermediate_size"]) == (256, 6, 1024)
     assert entry["starting_model"] == {"dir": str(xlmr), "tokenizer_sha256": ledger.file_sha256(xlmr / "tokenizer.json"),
@@ -213,24 +209,24 @@ def test_report_without_both_arms_shows_bleu_only(tmp_path):
 def test_priority_5_runs_come_after_issue_38s_first_runs_plain_before_gtrans():
     """Issue 38 item 5 queues the many-to-many pair after the 24 + 18 seeds, the fine-tuning arms' seed 1 and the
     recipe's seeds 4-5 (tests/test_bench_multi30k.py checks the whole order), in one block."""
-    queue = study.study_queue()
-    many_to_many = [run for run in queue if isinstance(run, study.ManyToManyRun)]
+    queue = study.queue.study_queue()
+    many_to_many = [run for run in queue if isinstance(run, study.queue.ManyToManyRun)]
     first = queue.index(many_to_many[0])
     assert queue[first:first + 6] == many_to_many == [
-        study.ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
-    assert queue[first - 1] == study.StudyRun("deep_representations_paper", 5)
+        study.queue.ManyToManyRun(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_m2m", "gtrans_m2m")]
+    assert queue[first - 1] == study.queue.StudyRun("deep_representations_paper", 5)
     assert all((run.max_steps, run.warmup_steps) == (2000, 1000) for run in many_to_many)
     assert set(bench.ARMS) == {run.arm for run in many_to_many}
-    assert study.m2m_ledger_dir(study.LEDGER_DIR) == bench.DEFAULT_LEDGER
+    assert ledger.m2m_ledger_dir(study.queue.LEDGER_DIR) == bench.DEFAULT_LEDGER
 
 
 def test_priority_5_commands_are_bench_multilingual_runs(tmp_path):
     (tmp_path / "multi30k").mkdir()  # the queue refuses a ledger dir that does not exist
-    args = study.parse_args(["--ledger_dir", str(tmp_path / "multi30k"), "--data_dir", str(tmp_path / "data")])
-    for run in [run for run in study.study_queue() if isinstance(run, study.ManyToManyRun)]:
-        command = run.command(tmp_path / "snapshot", args)
-        assert command[:2] == [sys.executable, str(tmp_path / "snapshot" / "benchmarks" / "bench_multilingual.py")]
-        parsed = bench.parse_args(command[2:])
+    args = study.queue.parse_args(["--ledger_dir", str(tmp_path / "multi30k"), "--data_dir", str(tmp_path / "data")])
+    for run in [run for run in study.queue.study_queue() if isinstance(run, study.queue.ManyToManyRun)]:
+        command = run.command(package_snapshot(tmp_path), args)
+        assert command[:3] == [sys.executable, "-m", "study.bench_multilingual"]
+        parsed = bench.parse_args(command[3:])
         assert (parsed.arm, parsed.seed, parsed.max_steps, parsed.warmup_steps) == (run.arm, run.seed, 2000, 1000)
         assert parsed.output_dir / run.arm / f"seed_{run.seed}" == run.run_dir()
         assert parsed.ledger_dir == tmp_path / "multi30k_m2m" and parsed.data_dir == tmp_path / "data"
@@ -239,25 +235,25 @@ def test_priority_5_commands_are_bench_multilingual_runs(tmp_path):
 
 def test_finished_priority_5_runs_leave_the_queue_stale_ones_start_over_interrupted_ones_resume(tmp_path, monkeypatch):
     ledger_dir = tmp_path / "multi30k"
-    first = study.ManyToManyRun("plain_transformer_m2m", 1)
-    assert first in study.pending_runs(ledger_dir, tmp_path / "probes")
+    first = study.queue.ManyToManyRun("plain_transformer_m2m", 1)
+    assert first in study.queue.pending_runs(ledger_dir, tmp_path / "probes")
     ledger.write_entry(first.result_file(ledger_dir), m2m_entry("plain_transformer_m2m", 1, PLAIN_BLEU, REFERENCES))
-    pending = study.pending_runs(ledger_dir, tmp_path / "probes")
-    assert first not in pending and study.ManyToManyRun("gtrans_m2m", 1) in pending
+    pending = study.queue.pending_runs(ledger_dir, tmp_path / "probes")
+    assert first not in pending and study.queue.ManyToManyRun("gtrans_m2m", 1) in pending
 
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     run_dir = first.run_dir()
     (run_dir / "model").mkdir(parents=True)
     (run_dir / "STUDY_COMMIT").write_text("old\n")
-    study.discard_stale_run(first, "new")  # unfinished, another commit: discarded
+    study.queue.discard_stale_run(first, "new")  # unfinished, another commit: discarded
     assert not (run_dir / "model").exists() and (run_dir / "STUDY_COMMIT").read_text() == "new\n"
-    older = study.git("rev-parse", "HEAD")
+    older = study.queue.git("rev-parse", "HEAD")
     (run_dir / "STUDY_COMMIT").write_text(older + "\n")
-    assert study.resumable_commit(first) is None  # no checkpoint
+    assert study.queue.resumable_commit(first) is None  # no checkpoint
     (run_dir / "model" / "checkpoint-500").mkdir(parents=True)  # run_multilingual.py's output dir holds them
-    assert study.resumable_commit(first) == older
+    assert study.queue.resumable_commit(first) == older
     (run_dir / "bench_results.json").write_text("{}")
-    study.discard_stale_run(first, "newer")  # finished: kept
+    study.queue.discard_stale_run(first, "newer")  # finished: kept
     assert (run_dir / "bench_results.json").is_file()
 
 

@@ -11,6 +11,7 @@ import re
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,13 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(
     path.relative_to(REPO_ROOT)
-    for folder in ("examples", "benchmarks", "tools")
+    for folder in ("examples", "tools")
     for path in (REPO_ROOT / folder).glob("*.py")
+    if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
+)
+# the study's modules that run as `python -m study.<name>` (study/README.md)
+STUDY_MODULES = sorted(
+    f"study.{path.stem}" for path in (REPO_ROOT / "study").glob("*.py")
     if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8")
 )
 
@@ -34,7 +40,8 @@ def has_example(help_text: str, command: str) -> bool:
 
 
 def test_every_script_is_checked():
-    assert {path.parts[0] for path in SCRIPTS} == {"examples", "benchmarks", "tools"} and len(SCRIPTS) >= 10
+    assert {path.parts[0] for path in SCRIPTS} == {"examples", "tools"} and len(SCRIPTS) >= 5
+    assert {"study.queue", "study.report", "study.bench_multi30k"} <= set(STUDY_MODULES) and len(STUDY_MODULES) >= 15
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=str)
@@ -50,6 +57,23 @@ def test_help_has_a_description_and_an_example(script, monkeypatch, capsys):
     help_text = capsys.readouterr().out
     assert first_docstring_line(REPO_ROOT / script) in help_text
     assert has_example(help_text, f"python {script}"), help_text[:3000]
+
+
+@pytest.mark.parametrize("module", STUDY_MODULES)
+def test_study_module_help_has_a_description_and_an_example(module, monkeypatch, capsys):
+    # run as `python -m <module> --help` would, in this process (imports are shared: seconds instead of minutes)
+    monkeypatch.setattr(sys, "argv", [module, "--help"])
+    monkeypatch.chdir(REPO_ROOT)
+    with pytest.raises(SystemExit) as exit_info, warnings.catch_warnings():
+        # a module another study module imported is in sys.modules already: runpy warns, and runs it anew
+        warnings.filterwarnings("ignore", "'study.", RuntimeWarning)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    assert exit_info.value.code in (0, None)
+    help_text = capsys.readouterr().out
+    assert first_docstring_line(REPO_ROOT / "study" / f"{module.removeprefix('study.')}.py") in help_text
+    # `python -m study` runs the queue (study/__main__.py)
+    command = "python -m study" if module == "study.queue" else f"python -m {module}"
+    assert has_example(help_text, command), help_text[:3000]
 
 
 def test_checkpoint_averaging_module_help_without_runpy_warning():

@@ -8,6 +8,7 @@ BLEU cost), `--bleu-corpus quickstart` (the quickstart's own test split), `probe
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -16,20 +17,27 @@ import pytest
 import torch
 from helpers import tiny_model, tiny_tokenizer
 
-from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search
+from hf_layerfusion.inference import (
+    decoding,
+    decoding_attention,
+    fast_generation,
+    inference_copies,
+    search,
+)
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+from study import (
+    bench_ctranslate2_shapes,
+    bench_inference,
+    bench_layers_in_one_call,
+    bench_workload_processes,
+    inference_workload_report,
+    probe_amx_rows,
+    probe_inference_kernels,
+    probe_int8_schemes,
+    profile_workload,
+)
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import bench_ctranslate2_shapes  # noqa: E402
-import bench_inference  # noqa: E402
-import bench_layers_in_one_call  # noqa: E402
-import bench_workload_processes  # noqa: E402
-import probe_amx_rows  # noqa: E402
-import probe_inference_kernels  # noqa: E402
-import probe_int8_schemes  # noqa: E402
-import profile_workload  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 SENTENCES = ["ab ba abba", "baab ab", "b a", "abab baba aa bb", "ab", "ba ab ba ab"]
 
@@ -118,9 +126,9 @@ def test_bench_inference_times_a_fusion_model_beside_the_plain_reference_with_bo
     target line, and the numbers in the results file; a plain reference that is not a plain Transformer, or has
     another vocabulary, is refused before anything is timed."""
     from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForSeq2SeqLM
 
     from hf_layerfusion import translate
-    from transformers import AutoModelForSeq2SeqLM
 
     directories, data = saved_models
     argv = ["--speed", "none", "--threads", "1", "--bleu-beams", "1", "--flops-every", "2", "--data", str(data),
@@ -171,7 +179,11 @@ def test_the_quickstart_corpus_is_the_quickstarts_test_split():
 
     args = bench_inference.parse_args(["--bleu-corpus", "quickstart", "--bleu-sentences", "5", "--speed", "none"])
     name, sources, references = bench_inference.workload_corpus(args)
-    from quickstart import CORPUS, SOURCE_LANG, TARGET_LANG  # examples/, put on the path by workload_corpus
+    # the quickstart's own values (run as a module, not as __main__), against which its setting read from the source
+    quickstart = runpy.run_path(str(REPO_ROOT / "examples" / "quickstart.py"))
+    CORPUS, SOURCE_LANG, TARGET_LANG = quickstart["CORPUS"], quickstart["SOURCE_LANG"], quickstart["TARGET_LANG"]
+    assert bench_inference.quickstart_setting() == {"SOURCE_LANG": SOURCE_LANG, "TARGET_LANG": TARGET_LANG,
+                                                    "CORPUS": CORPUS}
 
     test = builtin_number_corpus(SOURCE_LANG, TARGET_LANG, CORPUS["builtin_num_train"], CORPUS["builtin_num_valid"],
                                  CORPUS["builtin_num_test"])["test"]
@@ -243,9 +255,7 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
                                           "--beams", "1", "--rounds", "1", "--sentences", "4",
                                           "--results-dir", str(tmp_path / "results")])
     output = capsys.readouterr().out
-    # the run's file reads back into the README's report, with the target ratios the run printed
-    import inference_workload_report
-
+    # the run's file reads back into the report, with the target ratios the run printed
     (path, record), = inference_workload_report.read_processes_results(tmp_path / "results")
     assert path == bench_inference.workload_results_path(tmp_path / "results", kind="processes")
     assert f"results written to {path}" in output and record["rows"] == json.loads(json.dumps(rows))
@@ -280,8 +290,8 @@ def test_bench_workload_processes_engines_wait_policy_is_the_environments_else_a
     if environment is not None:
         env["OMP_WAIT_POLICY"] = environment
     completed = subprocess.run(
-        [sys.executable, "-c", "import bench_workload_processes as b, os; print(b.ENGINE_WAIT_POLICY)"],
-        cwd=BENCHMARKS, env=env, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", "from study import bench_workload_processes as b; print(b.ENGINE_WAIT_POLICY)"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split()[-1] == policy
@@ -364,8 +374,9 @@ def test_simulated_int8_schemes_compute_the_formats_reference_arithmetic(code_bi
 def test_probe_int8_schemes_translates_as_the_int8_copies(saved_models, capsys, kernels):
     """The probe's 8- and 7-bit schemes translate as the int8 copies of those formats (the compiled products) do,
     and its table counts each scheme's translations identical to float32's; bad schemes are named."""
-    import hf_layerfusion
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_layerfusion
 
     directories, data = saved_models
     model_dir = directories["gtrans"]

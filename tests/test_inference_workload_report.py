@@ -1,14 +1,14 @@
-"""benchmarks/inference_workload_report.py and bench_inference.py's `--results-dir` without measuring anything:
+"""study/inference_workload_report.py and bench_inference.py's `--results-dir` without measuring anything:
 synthetic results files of two CPU types render to the ratios their chunk seconds give (medians of per-chunk
-ratios, computed here independently), a broken file stops the report with its name, `--update-readme` replaces only
-its section, bench_inference refuses a `--results-dir` it could not honour before it measures, a run's file reads
-back into the report, and the committed README section is the report of the committed results; the same for
+ratios, computed here independently), a broken file stops the report with its name, writing the section replaces only
+its block, bench_inference refuses a `--results-dir` it could not honour before it measures, a run's file reads
+back into the report, and the committed section of study/README.md is the report of the committed results; the same for
 `bench_workload_processes.py`'s files (medians of rounds, the target's ratio, a broken file named)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -16,13 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from study import bench_inference as bench
+from study import inference_workload_report as report
+from study.common import current_command
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-REPORT = REPO_ROOT / "benchmarks" / "inference_workload_report.py"
-spec = importlib.util.spec_from_file_location("inference_workload_report", REPORT)
-report = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = report
-spec.loader.exec_module(report)
-bench = sys.modules["bench_inference"]  # imported by the report (its ratio_cell), as a script would
+STUDY_README = REPO_ROOT / "study" / "README.md"
 
 MARIAN, CT2_F32, CT2_INT8 = "MarianMTModel generate()", "CTranslate2 float32", "CTranslate2 int8"
 FORMAT_ROW = "fast int8 8-bit (AMX tiles)"
@@ -59,7 +58,7 @@ GTRANS_BLEU = {1: {"generate()": 30.89, "fast float32": 30.89, "fast int8": 30.8
 def record(cpu: str, machine: str, revision: str, threads: list[int], rows: list[dict]) -> dict:
     return {
         "format_version": bench.WORKLOAD_RESULTS_VERSION,
-        "command": f"python benchmarks/bench_inference.py --speed none --threads {' '.join(map(str, threads))} "
+        "command": f"python -m study.bench_inference --speed none --threads {' '.join(map(str, threads))} "
                    "--bleu-beams 1 4 --results-dir out --bleu runs/plain",
         "git_revision": revision, "versions": {"torch": "2.13.0", "transformers": "5.0", "hf_layerfusion": "0.1",
                                                "python": "3.11.7"},
@@ -179,7 +178,7 @@ def test_rendered_ratios_are_the_medians_of_per_chunk_ratios(tmp_path):
     # one heading per CPU type, each run headed by its commit and command
     assert section.count("#### AMD EPYC 7B12") == 1 and section.count("#### Intel(R) Xeon(R) Processor") == 1
     assert "`x86_64 amx_tile avx avx2 avx512f fma`" in section
-    assert "git def5678+uncommitted changes: `python benchmarks/bench_inference.py --speed none --threads 1 " in section
+    assert "git def5678+uncommitted changes: `python -m study.bench_inference --speed none --threads 1 " in section
     # the OpenMP wait policy of each run (passive waits make every engine slower at two threads)
     assert section.count("; OMP_WAIT_POLICY=PASSIVE; load average at start") == 2
 
@@ -281,32 +280,32 @@ def test_no_results_and_a_missing_folder(tmp_path):
         report.render(tmp_path / "nowhere")
 
 
-def test_update_readme_replaces_only_its_section(tmp_path, capsys):
+def test_writing_the_section_replaces_only_its_block(tmp_path, capsys):
     results = tmp_path / "results"
     write_results(results)
-    before = "# Title\n\nThe real workload (`...`): text.\n\n" + report.README_START + "\n"
-    after = report.README_END + "\n\n## Next section\n\ntext <!-- inference-workload-report:end --> again\n"
-    readme = tmp_path / "README.md"
-    readme.write_text(before + "an old table\n| a | b |\n" + after, encoding="utf-8")
-    report.main(["--results-dir", str(results), "--update-readme", "--readme", str(readme)])
-    text = readme.read_text(encoding="utf-8")
+    block = report.INFERENCE_REPORT
+    before = "# Title\n\nThe real workload (`...`): text.\n\n" + block.start + "\n"
+    after = block.end + "\n\n## Next section\n\ntext <!-- inference-workload-report:end --> again\n"
+    page = tmp_path / "README.md"
+    page.write_text(before + "an old table\n| a | b |\n" + after, encoding="utf-8")
+    block.write(page, report.render(results))
+    text = page.read_text(encoding="utf-8")
     assert text == before + report.render(results) + after
-    assert report.readme_section(text, readme) == report.render(results)
+    assert block.read(text, page) == report.render(results)
     assert [path.name for path in tmp_path.iterdir() if path.is_file()] == ["README.md"]  # no temporary file left
-    report.main(["--results-dir", str(results)])  # without --update-readme: printed, the README untouched
-    assert capsys.readouterr().out.endswith(report.render(results))
+    report.main(["--results-dir", str(results)])  # printed, the page untouched
+    assert capsys.readouterr().out.endswith(report.render(results)) and page.read_text(encoding="utf-8") == text
 
-    readme.write_text("# no markers\n", encoding="utf-8")
-    with pytest.raises(SystemExit) as exit_info:
-        report.main(["--results-dir", str(results), "--update-readme", "--readme", str(readme)])
-    assert str(readme) in str(exit_info.value.code) and readme.read_text(encoding="utf-8") == "# no markers\n"
+    page.write_text("# no markers\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=str(page)):
+        block.write(page, report.render(results))
+    assert page.read_text(encoding="utf-8") == "# no markers\n"
 
 
-def test_the_committed_readme_section_is_the_report_of_the_committed_results():
+def test_the_committed_section_is_the_report_of_the_committed_results():
     expected = report.render(report.DEFAULT_RESULTS)
-    assert report.readme_section(report.README.read_text(encoding="utf-8")) == expected, (
-        "README's real-workload section differs from benchmarks/results/inference: run "
-        "`python benchmarks/inference_workload_report.py --update-readme`"
+    assert report.INFERENCE_REPORT.read(STUDY_README.read_text(encoding="utf-8"), STUDY_README) == expected, (
+        "study/README.md's real-workload section differs from study/results/inference: run `python -m study.report`"
     )
 
 
@@ -536,9 +535,11 @@ def test_a_run_under_max_cpu_isa_caps_every_engine_and_is_reported_as_its_own_ma
     monkeypatch.setattr(bench, "measure_workload", fail_if_measured)
     with pytest.raises(Reexecuted):  # every library reads its cap when it loads: the run starts again with them
         bench.main(argv)
-    assert executed["arguments"][1:] == [str(Path(bench.__file__).resolve()), *argv]
+    assert executed["arguments"][1:] == ["-m", "study.bench_inference", *argv]
     caps = bench.INSTRUCTION_SET_CAPS["avx2"]
     assert {name: executed["environment"][name] for name in caps} == caps
+    # the new process imports this checkout's study, whatever its working directory
+    assert executed["environment"]["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
     assert caps["HF_LAYERFUSION_MAX_CPU_ISA"] == "avx2" and caps["CT2_FORCE_CPU_ISA"] == "AVX2"
 
     for name, value in caps.items():  # the re-executed run
@@ -614,7 +615,7 @@ def processes_file(revision: str = "def5678") -> dict:
                      "median_seconds": statistics.median(seconds), "threads_used": threads, "process_threads": 3,
                      "context_switches_per_second": [10.0, 12.0, 11.0],
                      "bleu": PROCESS_BLEU[engine] + (0.5 if num_beams == 4 else 0.0)})
-    return {"format_version": 1, "command": "python benchmarks/bench_workload_processes.py runs/plain --rounds 3",
+    return {"format_version": 1, "command": "python -m study.bench_workload_processes runs/plain --rounds 3",
             "git_revision": revision, "versions": {"torch": "2.13.0", "transformers": "5.24.0",
                                                    "ctranslate2": "4.6.0", "hf_layerfusion": "0.1.0",
                                                    "python": "3.11.7"},
@@ -690,3 +691,14 @@ def test_a_broken_processes_file_stops_the_report_naming_it(tmp_path, damage, me
     with pytest.raises(report.UnreadableResult, match=name) as error:
         report.render(tmp_path)
     assert message in str(error.value)
+
+
+def test_a_command_recorded_before_the_study_was_a_package_is_shown_as_it_runs_today(tmp_path):
+    record = processes_file()
+    record["command"] = ("python benchmarks/bench_workload_processes.py runs/plain --rounds 3 "
+                         "--results-dir benchmarks/results/inference")
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(record), encoding="utf-8")
+    assert ("`python -m study.bench_workload_processes runs/plain --rounds 3 --results-dir study/results/inference`"
+            in report.render(tmp_path))
+    assert current_command("python benchmarks/study.py --list") == "python -m study --list"
+    assert current_command("python -m study.report") == "python -m study.report"

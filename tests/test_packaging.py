@@ -224,12 +224,15 @@ def run_outside_the_checkout(python: Path, code: str, directory: Path) -> dict:
 def test_the_built_wheel_works_outside_the_checkout(wheel, tmp_path):
     """The wheel, installed into a fresh environment, works from a folder outside the checkout: every family builds,
     the fast path gives generate()'s tokens (greedy and beam), models save and reload through the Auto classes, and
-    every console script answers --help. It carries the kernels' sources, the card templates and the metric scripts."""
+    every console script answers --help. It carries the kernels' sources, the card templates and the metric scripts,
+    and not the study."""
     names = zipfile.ZipFile(wheel).namelist()
     package = REPO_ROOT / "hf_layerfusion"
     for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
         assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+    # the study (study/: its modules and committed results) is the repository's, not the package's
+    assert not [name for name in names if name.startswith("study/")]
 
     python = install_wheel(wheel, tmp_path / "env")
     code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))

@@ -1,20 +1,14 @@
-"""benchmarks/probe_training.py: argument checks and a two-step run on real Multi30k whose first memory norm must be
+"""study/probe_training.py: argument checks and a two-step run on real Multi30k whose first memory norm must be
 sqrt(d_model), the unit-gain root LayerNorm's output (a raw FFN root, as before RTAL's root LayerNorm, gives about 1/7
 of it). Its spread measure is `position_spread`, tested in tests/test_deep_representations.py."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from hf_layerfusion import RTALConfig
 from hf_layerfusion.training.tokenization import train_joint_tokenizer
-
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "probe_training.py"
-spec = importlib.util.spec_from_file_location("probe_training", PROBE)
-probe_training = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(probe_training)
+from study import probe_training
 
 
 @pytest.mark.parametrize(

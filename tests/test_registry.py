@@ -15,7 +15,10 @@ import hf_layerfusion
 from hf_layerfusion import models
 from hf_layerfusion.hub.model_card import TEMPLATE_DIR, family_sections
 from hf_layerfusion.modeling.configuration import LayerFusionConfig
-from hf_layerfusion.modeling.model import LayerFusionForConditionalGeneration, LayerFusionModel
+from hf_layerfusion.modeling.model import (
+    LayerFusionForConditionalGeneration,
+    LayerFusionModel,
+)
 from hf_layerfusion.modeling.registry import FAMILIES, register_family
 
 FAMILY_BASES = (LayerFusionConfig, LayerFusionModel, LayerFusionForConditionalGeneration)
@@ -105,10 +108,7 @@ def test_register_family_refuses_classes_that_do_not_fit_together():
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_backbone_benchmark_measures_every_registered_family(model_type):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import bench_backbone
+    from study import bench_backbone
 
     measured = {spec.model_type for name, spec in bench_backbone.MODELS.items() if name in bench_backbone.available_models()}
     assert model_type in measured

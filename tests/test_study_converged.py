@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from helpers import require_shared
 from safetensors.torch import load_file
 from test_bench_multi30k import (
     BOTH,
@@ -20,12 +21,12 @@ from test_bench_multi30k import (
     bench,
     fake_entry,
     ledger,
+    package_snapshot,
     run_translation,
-    study,
     tiny_corpus,
 )
 
-from helpers import require_shared
+import study.queue
 
 CONVERGED_OPTIONS = ["--max_epochs_per_model", "30", "--early_stopping_patience", "3"]
 
@@ -199,7 +200,7 @@ def test_a_converged_entry_is_read_and_written_only_with_values_a_run_produces(t
     path.write_text(json.dumps({"ledger_version": ledger.LEDGER_VERSION, **bad}).replace("Infinity", "1e400"))
     with pytest.raises(ledger.UnreadableResult, match=re.escape(problem)):
         ledger.read_ledger(tmp_path)
-    assert study.result_state(study.ConvergedRun("gtrans_converged", 1), tmp_path)[0] == "unreadable"
+    assert study.queue.result_state(study.queue.ConvergedRun("gtrans_converged", 1), tmp_path)[0] == "unreadable"
 
 
 # --- the queue: priority 9 and its time estimates ------------------------------------------------------------------
@@ -209,15 +210,15 @@ def test_priority_9_follows_everything_else_in_the_issues_order(tmp_path):
     """Item 1 first: the converged plain / GTrans pair with 3 seeds, then seed 1 of every other family trained to
     convergence (each after its baseline), then their seeds 2-3; then item 2: the deep baselines with 3 seeds (pre-norm
     24 + 18 with 1 seed among them, its seeds 2-3 last)."""
-    assert study.CONVERGED_SUFFIX == bench.CONVERGED_SUFFIX
-    queue = study.study_queue(ledger_dir=tmp_path)
-    priority_9 = study.converged_and_deep_baselines()
+    assert study.queue.CONVERGED_SUFFIX == bench.CONVERGED_SUFFIX
+    queue = study.queue.study_queue(ledger_dir=tmp_path)
+    priority_9 = study.queue.converged_and_deep_baselines()
     assert queue[-len(priority_9):] == priority_9
-    assert not any(isinstance(run, study.ConvergedRun) for run in queue[:-len(priority_9)])
+    assert not any(isinstance(run, study.queue.ConvergedRun) for run in queue[:-len(priority_9)])
     families = ["layerwise_coordination_14_converged", "plain_transformer_prenorm_converged", "rtal_paper_converged",
                 "re_transformer_2_converged", "plain_transformer_continued_converged",
                 "deep_representations_paper_converged"]
-    prenorm_12x12, prenorm_24x18 = study.PRE_NORM_DEEP_ARMS
+    prenorm_12x12, prenorm_24x18 = study.queue.PRE_NORM_DEEP_ARMS
     warmup_4000 = ["plain_transformer_12x12_warmup4000", "gtrans_12x12_warmup4000"]
     expected = [(arm, seed) for seed in (1, 2, 3) for arm in ("plain_transformer_converged", "gtrans_converged")]
     expected += [(arm, seed) for seed in (1, 2, 3) for arm in families]
@@ -226,34 +227,34 @@ def test_priority_9_follows_everything_else_in_the_issues_order(tmp_path):
     expected += [(prenorm_24x18, 2), (prenorm_24x18, 3)]
     assert [(run.arm, run.seed) for run in priority_9] == expected
     for run in priority_9:
-        assert bench.MODELS[run.arm].converged == isinstance(run, study.ConvergedRun), run.arm
+        assert bench.MODELS[run.arm].converged == isinstance(run, study.queue.ConvergedRun), run.arm
         budget = (run.max_steps, run.warmup_steps)
         if run.arm in warmup_4000:
-            assert budget == (study.CONVERGED_BUDGET["max_epochs"] * study.STEPS_PER_EPOCH, 4000)
-        elif isinstance(run, study.ConvergedRun):
-            assert budget == (30 * study.STEPS_PER_EPOCH, 1000)  # the study's warm-up: only the budget differs
+            assert budget == (study.queue.CONVERGED_BUDGET["max_epochs"] * study.queue.STEPS_PER_EPOCH, 4000)
+        elif isinstance(run, study.queue.ConvergedRun):
+            assert budget == (30 * study.queue.STEPS_PER_EPOCH, 1000)  # the study's warm-up: only the budget differs
         else:
             assert budget == (2000, 400)  # the post-norm depth arms' recipe
-    assert study.STARTING_RUNS["deep_representations_paper_converged"] == "plain_transformer_converged"
+    assert study.queue.STARTING_RUNS["deep_representations_paper_converged"] == "plain_transformer_converged"
     assert bench.MODELS["deep_representations_paper_converged"].baseline == "plain_transformer_continued_converged"
     assert bench.MODELS["gtrans_12x12_warmup4000"].baseline == "plain_transformer_12x12_warmup4000"
     for arm in (prenorm_12x12, prenorm_24x18):
         assert bench.MODELS[arm].config["normalize_before"] and bench.MODELS[arm].show_loss_curve
     # the run's command is bench_multi30k.py's converged budget, in an output dir of its own
-    args = study.parse_args(["--data_dir", str(tmp_path)])
-    run = study.ConvergedRun("gtrans_12x12_warmup4000", 2, warmup_steps=4000)
-    parsed = bench.parse_args(run.command(tmp_path / "snapshot", args)[2:])
+    args = study.queue.parse_args(["--data_dir", str(tmp_path)])
+    run = study.queue.ConvergedRun("gtrans_12x12_warmup4000", 2, warmup_steps=4000)
+    parsed = bench.parse_args(run.command(package_snapshot(tmp_path), args)[3:])
     assert (parsed.max_epochs_per_model, parsed.early_stopping_patience, parsed.warmup_steps) == (30, 3, 4000)
     assert run.run_dir().parent.parent.name == "epochs_30_patience_3_warmup_4000"
     with pytest.raises(ValueError, match="cap of 30 epochs in steps"):
-        study.ConvergedRun("gtrans_converged", 1, max_steps=2000)
+        study.queue.ConvergedRun("gtrans_converged", 1, max_steps=2000)
 
 
 def test_an_epoch_of_multi30k_is_the_steps_the_study_counts():
     require_shared(MULTI30K, "Multi30k data")
     pairs = len((MULTI30K / "train.en").read_text(encoding="utf-8").splitlines())
     batch = bench.TRAINING_OPTIONS["per_device_train_batch_size"]
-    assert study.STEPS_PER_EPOCH == -(-pairs // batch)
+    assert study.queue.STEPS_PER_EPOCH == -(-pairs // batch)
 
 
 def cpu_run(ledger_dir, arm, seed, train_minutes, evaluation_minutes, steps=2000, **extra):
@@ -266,61 +267,61 @@ def test_hours_expects_a_converged_run_to_reach_its_cap_timed_from_its_shorter_r
     """No converged run in the ledger yet: its arm's 2,000-step runs, scaled to the cap of 30 epochs, with a val
     evaluation every epoch (half a val + test one) and the final two (best and averaged); a resumed run from its
     checkpoint on; once converged runs exist, theirs (evaluations during training are in their training minutes)."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir, cpu = tmp_path / "ledger", ledger.CpuKind("CPU A", None)
     cpu_run(ledger_dir, "gtrans", 1, train_minutes=40.0, evaluation_minutes=2.0)
-    args = study.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
-    run = study.ConvergedRun("gtrans_converged", 1)
-    cap = 30 * study.STEPS_PER_EPOCH
-    minutes, source = study.expected_minutes(run, args, cpu)
+    args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
+    run = study.queue.ConvergedRun("gtrans_converged", 1)
+    cap = 30 * study.queue.STEPS_PER_EPOCH
+    minutes, source = study.queue.expected_minutes(run, args, cpu)
     assert minutes == pytest.approx(40.0 * cap / 2000 + 2.0 * (2 + 30 / 2))
     assert "`gtrans`'s 1 CPU run(s)" in source and f"scaled to {cap} steps and 17 val + test evaluations" in source
-    assert study.fitting_runs([run], 300.0, args, cpu, set()) == []  # not the flat 90 minutes
-    assert study.fitting_runs([run], 310.0, args, cpu, set()) == [run]
+    assert study.queue.fitting_runs([run], 300.0, args, cpu, set()) == []  # not the flat 90 minutes
+    assert study.queue.fitting_runs([run], 310.0, args, cpu, set()) == [run]
     # resumed after 10 epochs: 20 left
     run.run_dir().mkdir(parents=True)
-    (run.run_dir() / "STUDY_COMMIT").write_text(study.git("rev-parse", "HEAD") + "\n")
-    checkpoint = run.run_dir() / f"checkpoint-{10 * study.STEPS_PER_EPOCH}"
+    (run.run_dir() / "STUDY_COMMIT").write_text(study.queue.git("rev-parse", "HEAD") + "\n")
+    checkpoint = run.run_dir() / f"checkpoint-{10 * study.queue.STEPS_PER_EPOCH}"
     checkpoint.mkdir()
     (checkpoint / "trainer_state.json").write_text("{}")
-    left = 20 * study.STEPS_PER_EPOCH
-    assert study.expected_minutes(run, args, cpu)[0] == pytest.approx(40.0 * left / 2000 + 2.0 * (2 + 20 / 2))
+    left = 20 * study.queue.STEPS_PER_EPOCH
+    assert study.queue.expected_minutes(run, args, cpu)[0] == pytest.approx(40.0 * left / 2000 + 2.0 * (2 + 20 / 2))
     # the arm's own converged runs: their minutes per step, to the steps left
     cpu_run(ledger_dir, "gtrans_converged", 2, train_minutes=300.0, evaluation_minutes=6.0, steps=15 * 454)
-    assert study.expected_minutes(run, args, cpu)[0] == pytest.approx(300.0 * left / (15 * 454) + 6.0)
+    assert study.queue.expected_minutes(run, args, cpu)[0] == pytest.approx(300.0 * left / (15 * 454) + 6.0)
     # a fine-tuning arm trained to convergence: its converged starting run first, timed alike
-    continued = study.ConvergedRun("plain_transformer_continued_converged", 1)
+    continued = study.queue.ConvergedRun("plain_transformer_continued_converged", 1)
     cpu_run(ledger_dir, "plain_transformer", 1, train_minutes=50.0, evaluation_minutes=2.0, baseline=None)
     cpu_run(ledger_dir, "plain_transformer_continued", 1, train_minutes=50.0, evaluation_minutes=2.0, baseline=None)
     one_run = 50.0 * cap / 2000 + 2.0 * 17
-    minutes, source = study.expected_minutes(continued, args, cpu)
+    minutes, source = study.queue.expected_minutes(continued, args, cpu)
     assert minutes == pytest.approx(2 * one_run) and "`plain_transformer_converged` seed 1 first" in source
 
 
 def test_hours_times_the_deep_baselines_from_the_same_shapes_post_norm_runs(tmp_path, monkeypatch):
     """Pre-norm at depth and the 4,000-step warm-up have no runs of their own model: the post-norm model of their
     shape times them (its 2,000-step runs, else its 1,000-step ones), else the 6 + 6 plain model by the layers."""
-    monkeypatch.setattr(study, "WORK_DIR", tmp_path / "work")
+    monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir, cpu = tmp_path / "ledger", ledger.CpuKind("CPU A", None)
     ledger_dir.mkdir()
-    args = study.parse_args(["--ledger_dir", str(ledger_dir)])
-    prenorm = study.StudyRun("plain_transformer_prenorm_24x18_2000steps", 1, **study.DEEP_LONG_BUDGET)
-    warmup = study.ConvergedRun("plain_transformer_12x12_warmup4000", 1, warmup_steps=4000)
-    assert study.expected_minutes(prenorm, args, cpu)[0] == study.UNTIMED_RUN_MINUTES  # an empty ledger
-    assert study.expected_minutes(warmup, args, cpu)[0] == pytest.approx(
-        study.UNTIMED_RUN_MINUTES * 30 * study.STEPS_PER_EPOCH / 2000)  # 90 min per 2,000 steps, not per run
+    args = study.queue.parse_args(["--ledger_dir", str(ledger_dir)])
+    prenorm = study.queue.StudyRun("plain_transformer_prenorm_24x18_2000steps", 1, **study.queue.DEEP_LONG_BUDGET)
+    warmup = study.queue.ConvergedRun("plain_transformer_12x12_warmup4000", 1, warmup_steps=4000)
+    assert study.queue.expected_minutes(prenorm, args, cpu)[0] == study.queue.UNTIMED_RUN_MINUTES  # an empty ledger
+    assert study.queue.expected_minutes(warmup, args, cpu)[0] == pytest.approx(  # 90 min per 2,000 steps, not per run
+        study.queue.UNTIMED_RUN_MINUTES * 30 * study.queue.STEPS_PER_EPOCH / 2000)
     cpu_run(ledger_dir, "plain_transformer", 1, train_minutes=30.0, evaluation_minutes=2.0, baseline=None)
-    minutes, source = study.expected_minutes(prenorm, args, cpu)
+    minutes, source = study.queue.expected_minutes(prenorm, args, cpu)
     assert minutes == pytest.approx((30.0 + 2.0) * 42 / 12) and "times 3.5 for its layers" in source
     cpu_run(ledger_dir, "plain_transformer_24x18", 1, train_minutes=60.0, evaluation_minutes=4.0, steps=1000,
             baseline=None)
-    assert study.expected_minutes(prenorm, args, cpu)[0] == pytest.approx(60.0 * 2 + 4.0)
+    assert study.queue.expected_minutes(prenorm, args, cpu)[0] == pytest.approx(60.0 * 2 + 4.0)
     cpu_run(ledger_dir, "plain_transformer_24x18_2000steps", 1, train_minutes=100.0, evaluation_minutes=4.0,
             baseline=None)
-    minutes, source = study.expected_minutes(prenorm, args, cpu)
+    minutes, source = study.queue.expected_minutes(prenorm, args, cpu)
     assert minutes == pytest.approx(104.0) and "`plain_transformer_24x18_2000steps`'s 1 CPU run(s)" in source
-    cap = 30 * study.STEPS_PER_EPOCH
-    assert study.expected_minutes(warmup, args, cpu)[0] == pytest.approx((30.0 * cap / 2000 + 2.0 * 17) * 2)
+    cap = 30 * study.queue.STEPS_PER_EPOCH
+    assert study.queue.expected_minutes(warmup, args, cpu)[0] == pytest.approx((30.0 * cap / 2000 + 2.0 * 17) * 2)
 
 
 # --- the report ----------------------------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ def test_the_epoch_curves_plot_is_drawn_from_the_ledger_and_only_with_converged_
 
 
 def test_the_committed_epoch_curves_plot_is_the_committed_ledgers():
-    """`--report --update_readme` draws the plot beside the README's section: none while the ledger holds no run
+    """`python -m study.report` draws the plot beside the ledger report: none while the ledger holds no run
     trained to convergence, else one naming the ledger's curves."""
     from PIL import Image
 
@@ -402,7 +403,7 @@ def test_the_committed_epoch_curves_plot_is_the_committed_ledgers():
         return
     with Image.open(path) as image:
         assert image.text.get(ledger.CURVES_DIGEST_KEY) == ledger.curves_digest(runs), (
-            f"{path} is not the ledger's: run `python benchmarks/bench_multi30k.py --report --update_readme`")
+            f"{path} is not the ledger's: run `python -m study.report`")
 
 
 def deep_entry(arm, seed, bleu, hypotheses, baseline=None, val_bleu=None):
@@ -419,7 +420,7 @@ def test_the_depth_conclusion_waits_for_the_deep_baselines_that_train_then_answe
     lines = conclusion()
     assert lines[0] == ("**Does GTrans beat a deep baseline that trains?** No data yet: "
                         "`plain_transformer_prenorm_12x12_2000steps` and `plain_transformer_12x12_warmup4000`, the "
-                        "12 + 12 baselines that should train, have not run (`benchmarks/study.py` priority 9).")
+                        "12 + 12 baselines that should train, have not run (`study/queue.py` priority 9).")
     assert lines[2] == "**Does depth pay at all at this data size?** No data yet: no deep run has finished."
     # the study's 2,000-step post-norm pair: plain fails, GTrans trains; the 6 + 6 models
     for seed in (1, 2):

@@ -23,7 +23,7 @@ tokenizer is trained on the stand-in's training text (`--tiny_random_xlmr DIR` b
         --learning_rate 1e-3 --warmup_steps 50 --lr_scheduler_type inverse_sqrt --max_eval_samples 100 --num_beams 1
 
 `--english_centric` keeps only the pairs with English (en-de, en-fr, en-cs: six directions, the shape of OPUS-100;
-with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `benchmarks/bench_multilingual.py` runs it.
+with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `study/bench_multilingual.py` runs it.
 
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
 BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
@@ -440,7 +440,7 @@ def train_and_evaluate(
         logger.info("Training: %s", train_result.metrics)
         trainer.save_model()
         trainer.save_metrics("train", train_result.metrics)
-        trainer.save_state()  # trainer_state.json: steps and loss curve, for benchmarks/bench_multilingual.py
+        trainer.save_state()  # trainer_state.json: steps and loss curve, for study/bench_multilingual.py
         tokenizer.save_pretrained(training_args.output_dir)
 
     # ---------------------------------------------------------------------------------------------- evaluation

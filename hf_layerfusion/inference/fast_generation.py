@@ -41,7 +41,7 @@ copy whose linear layers and decoding attention are compiled kernels (`Float32Li
 In float32 the numbers are `generate()`'s except for the order of sums (the kernels', an encoder group's attention
 over fewer masked keys, and beam search attends a sentence's beams together), so the tokens are the same unless two candidates tie to the last bits;
 tests/test_fast_generation.py checks the tokens against `generate()` for every family, greedy and beam, and
-`benchmarks/bench_inference.py` on every run.
+`study/bench_inference.py` on every run.
 
 Anything the loop does not cover (sampling, `return_dict_in_generate`, streamers, assistant models, custom stopping
 criteria, a prompt for the decoder, attention implementations other than eager and SDPA (and the copies'), ...) runs

@@ -630,7 +630,7 @@ def mixture_kernel(group_logits: torch.Tensor, psi: torch.Tensor) -> torch.Tenso
 
 def int8_copy(model, code_bits: int | None = None):
     """`kernel_copy` with `Int8Linear` layers in the format `code_bits` (default: this CPU's, `Int8Linear`'s), e.g.
-    to measure another format's BLEU on this CPU (benchmarks/bench_inference.py `--int8-formats`); given to
+    to measure another format's BLEU on this CPU (study/bench_inference.py `--int8-formats`); given to
     `fast_generate(..., quantization="int8")` or `hf_layerfusion.translate(..., quantization="int8")`, the copy is run
     as it is."""
     linear_class = Int8Linear if code_bits is None else functools.partial(Int8Linear, code_bits=check_code_bits(code_bits))

@@ -8,8 +8,8 @@ the tiles' sums pass through memory before they are dequantized, where VNNI's ke
 Both ways give the same numbers (checked on every product). On a CPU without AMX and VNNI there is nothing to compare
 and the probe says so.
 
-    python benchmarks/probe_amx_rows.py
-    python benchmarks/probe_amx_rows.py --threads 2 --rows 1 4 8 32
+    python -m study.probe_amx_rows
+    python -m study.probe_amx_rows --threads 2 --rows 1 4 8 32
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_backbone as backbone  # noqa: E402
-
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.inference.inference_copies import Int8Linear  # noqa: E402
+from study import bench_backbone as backbone  # noqa: E402
 
 # (in, out, ReLU folded in): a decoder layer's products (fused query/key/value, attention output, FFN in and out)
 # and the output projection
@@ -63,7 +61,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print("#### AMX tiles against VNNI's kernels on the same weights, by rows")
-    print(f"- command: `python benchmarks/probe_amx_rows.py {shlex.join(argv if argv is not None else sys.argv[1:])}`"
+    print(f"- command: `python -m study.probe_amx_rows {shlex.join(argv if argv is not None else sys.argv[1:])}`"
           .rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
           f"{backbone.cpu_model()} (int8 product: {kernels.int8_product(8)}), {args.threads} thread(s), "

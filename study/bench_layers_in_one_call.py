@@ -7,7 +7,7 @@ For 1 and 32 Multi30k test sentences, float32 and int8, greedy and beam-4, exact
 untimed); the table gives each median call divided by the steps (encoder and per-call work included) and the
 ratio. Both give the same tokens (checked).
 
-    python benchmarks/bench_layers_in_one_call.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+    python -m study.bench_layers_in_one_call runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
@@ -29,11 +29,9 @@ from transformers.utils import logging as transformers_logging  # noqa: E402
 
 import hf_layerfusion  # noqa: E402,F401  (registers the families with the Auto classes)
 from hf_layerfusion.inference import fast_generation  # noqa: E402
-from bench_backbone import loadavg  # noqa: E402
-from multi30k_ledger import cpu_model  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+from study.bench_backbone import loadavg  # noqa: E402
+from study.common import DEFAULT_DATA, REPO_ROOT  # noqa: E402
+from study.multi30k_ledger import cpu_model  # noqa: E402
 
 
 def median_call_seconds(calls: dict, repeats: int) -> dict:

@@ -33,7 +33,7 @@ decoder-step-sized product (32 rows), where the data stays in cache, beside the 
 the int8 copy's decoding-attention kernel beside SDPA on the attention calls of a decoding step. Every int8 candidate
 runs in the int8 copy, whose attention is that kernel.
 
-    python benchmarks/probe_inference_kernels.py [--repeats 5]
+    python -m study.probe_inference_kernels [--repeats 5]
 
 `--workload MODEL_DIR` (a trained model, e.g. a study run directory) asks the same question on the real workload
 (issue 39, item 5: keep a hand kernel only where no library primitive comes within ~10% of it there): the Multi30k
@@ -43,7 +43,7 @@ blocks, oneDNN `qlinear_pointwise`, `linear_dynamic`, the 7-bit format where the
 package's VNNI kernel where the default product is oneDNN's), alternated on chunks of sentences (`bench_inference.alternate_on_chunks`), greedy and beam-4:
 seconds, the ratio to the package's kernel of the same precision, BLEU and translations identical to the package's.
 
-    python benchmarks/probe_inference_kernels.py --workload runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+    python -m study.probe_inference_kernels --workload runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
@@ -64,15 +64,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import bench_backbone as backbone  # noqa: E402
-import bench_inference  # noqa: E402
-
-from hf_layerfusion.inference import fast_decoding_loop, fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference import (  # noqa: E402
+    fast_decoding_loop,
+    fast_generate,
+    prepare_for_inference,
+)
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
-from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear, int8_copy, kernel_copy  # noqa: E402
+from hf_layerfusion.inference.inference_copies import (  # noqa: E402
+    Float32Linear,
+    Int8Linear,
+    int8_copy,
+    kernel_copy,
+)
+from study import bench_backbone as backbone  # noqa: E402
+from study import bench_inference  # noqa: E402
 
 FLOAT32 = "plain: fast float32 (Float32Linear, compiled)"
 INT8 = "plain: fast int8 (Int8Linear, compiled)"
@@ -385,7 +390,7 @@ def main(argv=None) -> None:
     kernel = compiled_kernels()
     int8_product = "not compiled" if kernel is None else kernel.int8_product(kernel.int8_code_bits())
     print("## Candidate kernels for the fast CPU path (issues 19 and 39)\n")
-    print(f"- command: `python benchmarks/probe_inference_kernels.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
+    print(f"- command: `python -m study.probe_inference_kernels {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
           f"{backbone.cpu_model()} (int8 kernel: {int8_product}), 1 thread, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, load average at start "
           f"{backbone.loadavg()}")

@@ -20,8 +20,8 @@ Then `torch.profiler`'s operators with the most self CPU time over a second pass
 Python appear as `hf_layerfusion_cpu_kernels` functions; calls made inside the compiled decoding steps do not).
 The timers cost a few microseconds per call; totals are compared with an untimed pass.
 
-    python benchmarks/profile_workload.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
-    python benchmarks/profile_workload.py MODEL_DIR --num-beams 4 --quantization int8 --sentences 500
+    python -m study.profile_workload runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+    python -m study.profile_workload MODEL_DIR --num-beams 4 --quantization int8 --sentences 500
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import collections
 import os
 import platform
 import resource
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -39,19 +38,22 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import bench_backbone as backbone  # noqa: E402
 import transformers  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
-from hf_layerfusion.inference import decoding, decoding_attention, fast_generation, inference_copies, search  # noqa: E402
+from hf_layerfusion.inference import (  # noqa: E402
+    decoding,
+    decoding_attention,
+    fast_generation,
+    inference_copies,
+    search,
+)
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.translation import translate as translation_module  # noqa: E402
+from study import bench_backbone as backbone  # noqa: E402
+from study.common import reproduction_command  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # a step computing r rows falls in the first bucket >= r
 
@@ -235,7 +237,7 @@ def main(argv=None) -> dict:
         parser.error(f"{args.model_dir} holds no config.json: give a saved model's directory")
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
+    command = reproduction_command(__spec__.name, sys.argv[1:])
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     sources = backbone.read_lines(args.data / "test_2016_flickr.en")[: args.sentences]

@@ -15,7 +15,7 @@ Multiply-adds per cycle = multiply-adds per instruction / cycles per instruction
 (its numbers are cycles of this core, so a busy sibling core changes them little; frequency scaling can, the clock
 is measured next to each loop).
 
-    python benchmarks/probe_int8_instructions.py
+    python -m study.probe_int8_instructions
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import sys
 
 from torch.utils.cpp_extension import load_inline
 
-import bench_backbone as backbone  # benchmarks/ is on sys.path when this script runs
+from study import bench_backbone as backbone
 
 SOURCE = r"""
 #include <chrono>

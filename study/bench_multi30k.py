@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Real-data benchmark and GTrans study: models ("arms") on Multi30k en->de, several seeds each, compared with their
 baseline by sacreBLEU's paired bootstrap resampling.
 
@@ -23,7 +22,7 @@ study's 2,000 steps: 2,000 + 2,000). Their baseline is the starting run trained 
 what it started from (`init_from`: arm, seed, steps, BLEU and directory of the starting run).
 
 Trained to convergence (issue 76: `--max_epochs_per_model 30 --early_stopping_patience 3`, the budget of the arms
-with `Arm.converged`, which `benchmarks/study.py` passes them): val BLEU is evaluated at the end of every epoch (beam
+with `Arm.converged`, which `study/queue.py` passes them): val BLEU is evaluated at the end of every epoch (beam
 as `--num_beams`) and training stops once it has not improved for `--early_stopping_patience` evaluations, or after
 `--max_epochs_per_model` epochs (transformers' `EarlyStoppingCallback`, `load_best_model_at_end` on the metric
 `bleu`); the val-best checkpoint becomes the run's model, whose val and test BLEU are the run's, and the average of
@@ -49,13 +48,13 @@ same command after an interruption continues where it stopped (finished runs and
 output dir remembers the settings that change results (budget, schedule, vocabulary, evaluation sets, beam) and
 refuses to be continued with other ones.
 
-    python benchmarks/bench_multi30k.py                                  # plain vs GTrans, 35 min each, seed 1
-    python benchmarks/bench_multi30k.py --list_models                    # the arms of the study
-    # steps-matched study arms, 3 seeds (see benchmarks/README.md for the whole study and its cost)
-    python benchmarks/bench_multi30k.py --models gtrans gtrans_init_w1 --seeds 1 2 3 --max_steps_per_model 2000 \\
+    python -m study.bench_multi30k                                  # plain vs GTrans, 35 min each, seed 1
+    python -m study.bench_multi30k --list_models                    # the arms of the study
+    # steps-matched study arms, 3 seeds (see study/README.md for the whole study and its cost)
+    python -m study.bench_multi30k --models gtrans gtrans_init_w1 --seeds 1 2 3 --max_steps_per_model 2000 \\
         --output_dir runs/gtrans_study
     # end-to-end smoke run (tiny budget and evaluation sets; its BLEU means nothing)
-    python benchmarks/bench_multi30k.py --models plain_transformer gtrans --seeds 1 2 --max_steps_per_model 30 \\
+    python -m study.bench_multi30k --models plain_transformer gtrans --seeds 1 2 --max_steps_per_model 30 \\
         --warmup_steps 10 --max_eval_samples 50 --max_predict_samples 50 --max_new_tokens 24 --output_dir /tmp/smoke
 """
 
@@ -64,7 +63,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -72,46 +70,41 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-from sacrebleu.metrics import BLEU
-from sacrebleu.significance import PairedTest
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import sort_checkpoints
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "examples"))
-from run_translation import main as run_translation  # noqa: E402  (also puts the repo on sys.path)
-from transformers.trainer import TRAINER_STATE_NAME  # noqa: E402
-from transformers.trainer_utils import sort_checkpoints  # noqa: E402
+import hf_layerfusion
+from hf_layerfusion.cli.run_translation import PREDICTIONS_FILE, RESULTS_FILE
+from hf_layerfusion.cli.run_translation import main as run_translation
+from hf_layerfusion.modeling.presets import BACKBONE_PRESETS
+from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING
+from hf_layerfusion.training.checkpoint_averaging import (
+    AVERAGE_RECORD,
+    average_last_checkpoints,
+)
+from hf_layerfusion.training.data import load_parallel_text
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
+from hf_layerfusion.translation.bleu import corpus_bleu
+from hf_layerfusion.translation.translate import translate
+from study import bench_multilingual, queue
+from study import multi30k_ledger as ledger
+from study.common import (
+    BOOTSTRAP_SAMPLES,
+    DEFAULT_DATA,
+    GTRANS,
+    REPO_ROOT,
+    SOURCE_LANG,
+    TARGET_LANG,
+    TRAINING_OPTIONS,
+    format_value,
+    paired_bootstrap,
+    positive_int,
+    reproduction_command,
+)
 
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import multi30k_ledger as ledger  # noqa: E402
-
-import hf_layerfusion  # noqa: E402
-from hf_layerfusion.cli.run_translation import PREDICTIONS_FILE, RESULTS_FILE  # noqa: E402
-from hf_layerfusion.models.rtal import RTAL_PAPER_SETTING  # noqa: E402
-from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
-from hf_layerfusion.training.checkpoint_averaging import AVERAGE_RECORD, average_last_checkpoints  # noqa: E402
-from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
-from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
-from hf_layerfusion.translation.translate import translate  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-SOURCE_LANG, TARGET_LANG = "en", "de"
 BASE_ARM = "plain_transformer"
 DEFAULT_MINUTES = 35.0
-BOOTSTRAP_SAMPLES = 1000
 SIGNIFICANCE_LEVEL = 0.05
-
-# training options of every run (run_translation / Seq2SeqTrainingArguments); an arm may override some
-TRAINING_OPTIONS = {
-    "per_device_train_batch_size": 64,
-    "per_device_eval_batch_size": 64,
-    "optim": "adamw_torch",
-    "learning_rate": 1e-3,
-    "weight_decay": 0.0,
-    "lr_scheduler_type": "inverse_sqrt",
-    "label_smoothing_factor": 0.1,
-    "train_sampling_strategy": "group_by_length",
-}
 
 
 @dataclass(frozen=True)
@@ -132,9 +125,8 @@ class Arm:
     converged: bool = False
 
 
-GTRANS = dict(encoder_group_size=3, decoder_group_size=2)  # the paper's group sizes for every task
 SHAPE_12X6 = dict(encoder_layers=12, decoder_layers=6)  # the OPUS-100 shape (12-layer encoder)
-# post-norm depths of the study's priority 2 (benchmarks/study.py DEEP_SHAPES); paper Table VIII: at 24 + 18 the
+# post-norm depths of the study's priority 2 (study/queue.py DEEP_SHAPES); paper Table VIII: at 24 + 18 the
 # model without fusion "failed to train"
 DEEP_POST_NORM_SHAPES = ((12, 12), (18, 12), (24, 18))
 # Table VI for at most 6 decoder groups (11 beam passes over test): 24 + 18's 9 groups take 17, longer than its
@@ -202,7 +194,7 @@ MODELS: dict[str, Arm] = {
 }
 
 
-# the suffix of the depth arms of issue 38 (benchmarks/study.py runs them for 2,000 steps, warm-up 400): the
+# the suffix of the depth arms of issue 38 (study/queue.py runs them for 2,000 steps, warm-up 400): the
 # 1,000-step pair of priority 2 keeps its arm names, so that its ledger entries stay one budget per arm
 LONG_DEPTH_SUFFIX = "_2000steps"
 
@@ -308,7 +300,7 @@ MODELS.update({
 })
 
 # --- issue 76: do the verdicts hold trained to convergence, and against deep baselines that train?
-# (benchmarks/study.py's priority 9)
+# (study/queue.py's priority 9)
 # The arms trained to convergence: each is the arm of its name without the suffix under the converged budget (see the
 # module docstring), compared with its baseline's converged run; a fine-tuning arm starts from its starting arm's
 # converged run. plain_transformer_continued_converged (the converged plain run trained on until early stopping
@@ -352,7 +344,7 @@ for encoder_layers, decoder_layers in PRE_NORM_DEEP_SHAPES:
 # on val lets the model train as long as val BLEU improves (up to 30 epochs, ~13,600 steps: 9 epochs of warm-up and
 # 21 after the peak) and reports its val-best checkpoint, so a model that trains and then diverges at the peak rate is
 # reported at its best, as the papers select theirs (one whose val BLEU stalls for 3 epochs inside the warm-up stops
-# there, before the peak rate: its entry's epoch curve shows it). study.py passes --warmup_steps 4000.
+# there, before the peak rate: its entry's epoch curve shows it). study/queue.py passes --warmup_steps 4000.
 WARMUP_4000_SUFFIX = "_warmup4000"
 for name, arm in deep_post_norm_arms(12, 12, suffix=WARMUP_4000_SUFFIX).items():
     MODELS[name] = replace(arm, question=f"{arm.question}; warm-up 4,000 steps, trained to convergence",
@@ -364,10 +356,6 @@ RESULT_SETTINGS = (
     "data_dir", "minutes_per_model", "max_steps_per_model", "warmup_steps", "vocab_size", "max_eval_samples",
     "max_predict_samples", "num_beams", "max_new_tokens", "max_epochs_per_model", "early_stopping_patience",
 )
-
-
-def format_value(value) -> str:
-    return "None" if value is None else str(value)
 
 
 def run_dir(args, arm_name: str, seed: int) -> Path:
@@ -526,33 +514,6 @@ def translations(model_dir: Path, split: str) -> list[str]:
     return (model_dir / PREDICTIONS_FILE.format(split)).read_text(encoding="utf-8").splitlines()
 
 
-def paired_bootstrap(baseline: list[str], system: list[str], references: list[str]) -> dict:
-    """sacreBLEU's paired bootstrap resampling (Koehn 2004, as Moses' script): BLEU of both systems, the
-    two-sided p-value of their difference, and the system's bootstrap mean and 95% confidence half-width."""
-    if not len(baseline) == len(system) == len(references):
-        raise ValueError(
-            f"Paired test needs aligned outputs: {len(baseline)} baseline, {len(system)} system, "
-            f"{len(references)} reference lines."
-        )
-    signatures, scores = PairedTest(
-        [("baseline", baseline), ("system", system)],
-        {"BLEU": BLEU()},
-        references=[references],
-        test_type="bs",
-        n_samples=BOOTSTRAP_SAMPLES,
-    )()
-    (name,) = signatures  # sacreBLEU names the metric itself ("BLEU")
-    baseline_result, system_result = scores[name]
-    return {
-        "baseline_bleu": baseline_result.score,
-        "bleu": system_result.score,
-        "p_value": system_result.p_value,
-        "bootstrap_mean": system_result.mean,
-        "bootstrap_ci95": system_result.ci,
-        "signature": str(signatures[name]),
-    }
-
-
 def decoder_group_table(model_dir: Path, test_pairs: list[dict]) -> list[dict]:
     """GTrans Table VI on the test set: BLEU of each decoder group alone and of the mixture of groups k..N."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -586,7 +547,7 @@ def decoder_group_table(model_dir: Path, test_pairs: list[dict]) -> list[dict]:
 
 def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: Path, references: dict,
                  table_vi: list[dict] | None) -> dict:
-    """The ledger's record of one finished run (see benchmarks/multi30k_ledger.py)."""
+    """The ledger's record of one finished run (see study/multi30k_ledger.py)."""
     arm = MODELS[arm_name]
     directory = run_dir(args, arm_name, seed)
     state = json.loads((directory / "trainer_state.json").read_text())
@@ -635,7 +596,7 @@ def scored(result: dict, references: list[str], hypotheses: list[str]) -> dict:
 
 
 def converged_record(averaged: dict, state: dict, references: dict, averaged_dir: Path) -> dict:
-    """What an entry trained to convergence adds (see benchmarks/multi30k_ledger.py): the val BLEU of every epoch, its
+    """What an entry trained to convergence adds (see study/multi30k_ledger.py): the val BLEU of every epoch, its
     val-best checkpoint, and its last checkpoints' average scored on val and test (`averaged`, from
     `averaged_checkpoints`)."""
     return {
@@ -771,7 +732,7 @@ def check_settings(args) -> None:
                              "--output_dir (and --tokenizer_dir to share the tokenizer).")
     else:
         args.output_dir.mkdir(parents=True, exist_ok=True)
-        # atomically: runs started together (study.py --parallel) may write it at once and read it meanwhile
+        # atomically: runs started together (study/queue.py --parallel) may write it at once and read it meanwhile
         temporary = settings_file.with_name(f"settings.json.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(settings, indent=2) + "\n")
         os.replace(temporary, settings_file)
@@ -793,13 +754,6 @@ def with_prerequisites(arm_names: list[str], baselines: bool = True) -> list[str
     for name in arm_names:
         add(name, baselines)
     return ordered
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def positive_float(text: str) -> float:
@@ -848,27 +802,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max_predict_samples", type=positive_int, default=None, help="Test sentences (default: all).")
     parser.add_argument("--num_beams", type=positive_int, default=4)
     parser.add_argument("--runs_at_once", type=positive_int, default=1,
-                        help="How many runs share the device as this one starts, itself included (study.py passes it); "
+                        help="How many runs share the device as this one starts, itself included (study/queue.py passes it); "
                         "the ledger records it beside the throughput, which is then a share of the device.")
     parser.add_argument("--max_new_tokens", type=positive_int, default=None,
                         help="Longest translation (default: run_translation's, 128 tokens); for smoke runs.")
     parser.add_argument(
         "--ledger_dir", type=Path, default=None,
-        help="Write every finished run into this results ledger (benchmarks/results/multi30k: one committed JSON "
-        "file per arm and seed); with --report, the ledger to read (default: benchmarks/results/multi30k).",
+        help="Write every finished run into this results ledger (study/results/multi30k: one committed JSON "
+        "file per arm and seed); with --report, the ledger to read (default: study/results/multi30k).",
     )
     parser.add_argument("--run_only", action="store_true",
                         help="Train and evaluate only the listed arms and seeds (no baselines, no summary; a "
-                        "fine-tuning arm's starting run too): one study run, as benchmarks/study.py does.")
+                        "fine-tuning arm's starting run too): one study run, as study/queue.py does.")
     parser.add_argument("--report", action="store_true",
-                        help="Print the README's Multi30k results tables from the ledger alone and exit.")
-    parser.add_argument("--update_readme", action="store_true",
-                        help="With --report: write them into the README's generated section instead of printing, and "
-                        "draw the epoch curves of the runs trained to convergence beside the ledger "
-                        "(benchmarks/results/multi30k_epoch_curves.png; none without such runs).")
+                        help="Print the Multi30k results tables from the ledger alone and exit (`python -m "
+                        "study.report` writes them into study/README.md and docs/results.md).")
     args = parser.parse_args(argv)
-    if args.update_readme and not args.report:
-        parser.error("--update_readme only goes with --report")
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds must differ, got {args.seeds}")
     converged = args.max_epochs_per_model is not None
@@ -915,27 +864,25 @@ def report_references(data_dir: Path, max_predict_samples: int | None = None) ->
 
 
 def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None) -> str:
-    """The README's Multi30k results section, computed from the ledger (and the test references)."""
-    import bench_multilingual  # priority 5 (it imports this module: imported here, not at the top)
-    import study  # benchmarks/study.py: the queue's next runs
-
-    pending = [run.label for run in study.pending_runs(ledger_dir, here=False)[:3]]  # not this machine's runs/
+    """The Multi30k results section of study/README.md and docs/results.md, computed from the ledger (and the test
+    references)."""
+    pending = [run.label for run in queue.pending_runs(ledger_dir, here=False)[:3]]  # not this machine's runs/
     references = report_references(data_dir, max_predict_samples)
     runs = ledger.read_ledger(ledger_dir)
     depth_probes = [
         "",
-        "Deep post-norm, priority 2 (`benchmarks/probe_post_norm_depth.py`, 600 steps, warm-up 400): does the plain "
+        "Deep post-norm, priority 2 (`study/probe_post_norm_depth.py`, 600 steps, warm-up 400): does the plain "
         "post-norm model train at this depth, and how long would a 1,000-step run take on one core?",
         "",
-        *study.depth_probes.report(study.PROBE_DIR),
+        *queue.depth_probes.report(queue.PROBE_DIR),
         "",
-        f"Priority 2's pair (plain vs GTrans, 1,000 steps): {study.deep_post_norm_pair()[1]}.",
+        f"Priority 2's pair (plain vs GTrans, 1,000 steps): {queue.deep_post_norm_pair()[1]}.",
         "",
         *depth_runs(runs),
         "",
         *depth_conclusion(runs, references),
     ]
-    many_to_many = ["", *bench_multilingual.report_lines(study.m2m_ledger_dir(ledger_dir),
+    many_to_many = ["", *bench_multilingual.report_lines(ledger.m2m_ledger_dir(ledger_dir),
                                                          bench_multilingual.test_references(data_dir))]
     return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending,
                          depth_probes + many_to_many, STEP_BUDGET_ARMS)
@@ -1021,7 +968,7 @@ def depth_conclusion(runs: dict, references: dict) -> list[str]:
     if len(waiting) == len(TRAINING_DEEP_BASELINES) or gtrans is None:
         lines[0] += ("No data yet: " + (f"{' and '.join(waiting)}, the 12 + 12 baselines that should train, "
                                          "have not run" if waiting else "no GTrans 12 + 12 run has finished")
-                     + " (`benchmarks/study.py` priority 9).")
+                     + " (`study/queue.py` priority 9).")
     else:
         lines[0] += (f"The best-trained 12 + 12 baseline (on val) is {described(baseline)}; the best GTrans 12 + 12 "
                      f"is {described(gtrans)}: {verdicts(gtrans, baseline)}."
@@ -1074,16 +1021,7 @@ def main(argv: list[str] | None = None) -> None:
             section = report_text(args.ledger_dir or ledger.DEFAULT_LEDGER, args.data_dir, args.max_predict_samples)
         except ledger.UnreadableResult as error:  # names the file and what to do: no traceback to read through
             raise SystemExit(f"--report: {error}") from None
-        if args.update_readme:
-            readme = REPO_ROOT / "README.md"
-            readme.write_text(ledger.replace_readme_section(readme.read_text(encoding="utf-8"), section),
-                              encoding="utf-8")
-            print(f"Updated the Multi30k results section of {readme}.")
-            plot = ledger.plot_epoch_curves(args.ledger_dir or ledger.DEFAULT_LEDGER)  # the section links to it
-            print(f"Drew the epoch curves of the runs trained to convergence: {plot}." if plot else
-                  "No run trained to convergence in the ledger yet: no epoch curves to draw.")
-        else:
-            print(section, end="")
+        print(section, end="")
         return
     check_settings(args)
     corpus = load_parallel_text(args.data_dir, SOURCE_LANG, TARGET_LANG)
@@ -1119,7 +1057,7 @@ def main(argv: list[str] | None = None) -> None:
         + "\n"
     )
     print_summary(args, summary, signature, table_vi)
-    print(f"\nReproduce: python benchmarks/bench_multi30k.py {shlex.join(sys.argv[1:] if argv is None else argv)}")
+    print(f"\nReproduce: {reproduction_command(__spec__.name, sys.argv[1:] if argv is None else argv)}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ ratios are medians of per-repeat ratios, so they hold up under other load on sha
 passively (`OMP_WAIT_POLICY=PASSIVE` unless set): spin-waiting threads on oversubscribed cores are ~30x slower.
 Peak memory is measured in a fresh subprocess per model: see `memory_worker`.
 
-    python benchmarks/bench_backbone.py            # full run (~8 min with --repeats 3 on 2 cores, all 16 models)
-    python benchmarks/bench_backbone.py --quick    # smoke run: 146 s (75 s of CPU) on 2 busy cores, see --quick
-    python benchmarks/bench_backbone.py --models gtrans_td2 gtrans_td1   # a subset (marian and plain always run)
+    python -m study.bench_backbone            # full run (~8 min with --repeats 3 on 2 cores, all 16 models)
+    python -m study.bench_backbone --quick    # smoke run: 146 s (75 s of CPU) on 2 busy cores, see --quick
+    python -m study.bench_backbone --models gtrans_td2 gtrans_td1   # a subset (marian and plain always run)
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import gc
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -43,21 +42,23 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-
 import transformers  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import PlainTransformerConfig, from_marian  # noqa: E402
 from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
-from multi30k_ledger import cpu_model  # noqa: E402
+from study.common import (  # noqa: E402
+    DEFAULT_DATA,
+    REPO_ROOT,
+    module_command,
+    read_lines,
+    reproduction_command,
+    study_environment,
+)
+from study.multi30k_ledger import cpu_model  # noqa: E402
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 # a target's verdict (met / NOT met) needs at least this many samples of its ratio: from one or two noisy samples (a
 # --quick run) the verdict flips from run to run
 MIN_SAMPLES_FOR_VERDICT = 3
@@ -170,12 +171,6 @@ def available_models() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ data
-def read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        raise FileNotFoundError(f"Multi30k file {path} not found; pass --data DIR holding train.en/train.de/...")
-    return path.read_text(encoding="utf-8").splitlines()
-
-
 def train_tokenizer(data_dir: Path, vocab_size: int):
     """Joint en+de BPE tokenizer trained on the train split (the package's `train_joint_tokenizer`)."""
     texts = read_lines(data_dir / "train.en") + read_lines(data_dir / "train.de")
@@ -381,10 +376,10 @@ def measure_peak_memory(args, names, marian, training_batches) -> dict[str, list
     with tempfile.TemporaryDirectory() as work:
         marian.save_pretrained(Path(work) / "marian")
         torch.save(training_batches, Path(work) / "train_batches.pt")
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        env = study_environment({**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
 
         def run_worker(group: list[str]) -> dict[str, list[float]]:
-            command = [sys.executable, __file__, "--threads", str(args.threads), "--seed", str(args.seed)]
+            command = [*module_command(__spec__.name), "--threads", str(args.threads), "--seed", str(args.seed)]
             command += ["--memory-worker", work, "--worker-model", *group]
             result = subprocess.run(command, env=env, capture_output=True, text=True)
             if result.returncode:
@@ -429,12 +424,12 @@ def loadavg() -> str:
 
 # what the benchmarks themselves write into the repository: results not yet committed there do not make the code
 # that measures "uncommitted" (a run right after another would otherwise name no commit)
-RESULTS_PATHSPEC = ":(exclude)benchmarks/results"
+RESULTS_PATHSPEC = ":(exclude)study/results"
 
 
 def git_revision() -> str:
     """The short commit of the checkout, with "+uncommitted changes" where a file differs from it or an untracked
-    file lies outside `benchmarks/results` (results of earlier runs waiting to be committed do not count)."""
+    file lies outside `study/results` (results of earlier runs waiting to be committed do not count)."""
     def git(*arguments):
         result = subprocess.run(["git", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
         return result.stdout.strip()
@@ -626,7 +621,7 @@ def main(argv=None):
     if args.memory_worker:
         memory_worker(args)
         return
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
+    command = reproduction_command(__spec__.name, sys.argv[1:])
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

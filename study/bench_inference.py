@@ -44,40 +44,40 @@ at or above 0.8x the plain fast loop times the FLOPs ratio (plain / family), flo
 corpus, German -> English) instead of Multi30k's, for the quickstart's models. `--results-dir DIR` (with `--bleu`)
 also keeps the workload's numbers (no translations) in `DIR/workload_<cpu>_<commit>.json`, refused if that file
 exists unless `--overwrite-results`: the README's real-workload tables are rendered from those files
-(`benchmarks/inference_workload_report.py`), so they quote only what a run printed. `--max-cpu-isa avx2` (or `avx512`:
+(`study/inference_workload_report.py`), so they quote only what a run printed. `--max-cpu-isa avx2` (or `avx512`:
 with VNNI, without AMX) runs every engine with at most those instructions, as on a CPU that has only them: the
 package's kernels (`HF_LAYERFUSION_MAX_CPU_ISA`), CTranslate2 (`CT2_FORCE_CPU_ISA`), torch (`ATEN_CPU_CAPABILITY`),
 oneDNN and MKL (`INSTRUCTION_SET_CAPS`; the run re-executes itself with them set); its results file is
 `workload_<cpu>-max-<isa>_<commit>.json`. That is the code such a CPU runs, on this CPU's cores and caches.
 
-    python benchmarks/bench_inference.py                     # full run: every family, 1 and 2 threads
-    python benchmarks/bench_inference.py --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
-    python benchmarks/bench_inference.py --models plain gtrans_td2 --threads 1 --repeats 7
+    python -m study.bench_inference                     # full run: every family, 1 and 2 threads
+    python -m study.bench_inference --quick             # smoke run (one repeat, 8 new tokens, 1 thread)
+    python -m study.bench_inference --models plain gtrans_td2 --threads 1 --repeats 7
     # BLEU of generate(), the fast loop and int8 for a trained model (e.g. a bench_multi30k.py run directory)
-    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 \
+    python -m study.bench_inference --speed none --threads 1 --bleu-beams 1 4 \
         --bleu runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
     # the BLEU cost of both int8 formats with the quickstart's models
-    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 --int8-formats 7 8 \
+    python -m study.bench_inference --speed none --threads 1 --bleu-beams 1 4 --int8-formats 7 8 \
         --bleu-corpus quickstart --bleu runs/quickstart/gtrans runs/quickstart/plain_transformer
     # fusion families against the plain fast loop, FLOPs-normalised (the study's fine-tuned models share its tokenizer)
-    python benchmarks/bench_inference.py --speed none --threads 1 --bleu-beams 1 4 \
+    python -m study.bench_inference --speed none --threads 1 --bleu-beams 1 4 \
         --plain-reference runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1 \
         --bleu runs/study/runs/steps_2000_warmup_1000/gtrans_finetuned/seed_1
-    # the real workload kept for the README (then: python benchmarks/inference_workload_report.py --update-readme)
-    python benchmarks/bench_inference.py --speed none --threads 1 2 --bleu-beams 1 4 \
-        --results-dir benchmarks/results/inference \
+    # the real workload kept for study/README.md (then: python -m study.report)
+    python -m study.bench_inference --speed none --threads 1 2 --bleu-beams 1 4 \
+        --results-dir study/results/inference \
         --bleu runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
 import platform
 import re
-import shlex
 import statistics
 import sys
 import tempfile
@@ -88,24 +88,31 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # run from a checkout without installing
-
-import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer, Marian, family settings)
-from multi30k_ledger import cpu_family_model  # noqa: E402
 import transformers  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
-from hf_layerfusion.inference import export_ctranslate2, fast_generate, prepare_for_inference  # noqa: E402
+from hf_layerfusion.inference import (  # noqa: E402
+    export_ctranslate2,
+    fast_generate,
+    prepare_for_inference,
+)
 from hf_layerfusion.inference.cpu_kernels import (  # noqa: E402
     compiled_kernels,
     instruction_set_summary,
     machine_type,
 )
 from hf_layerfusion.inference.inference_copies import int8_copy  # noqa: E402
+from study import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer, Marian, family settings)
+from study.common import (  # noqa: E402
+    REPO_ROOT,
+    module_command,
+    read_lines,
+    reproduction_command,
+    study_environment,
+)
+from study.multi30k_ledger import cpu_family_model  # noqa: E402
 
 # one setting per family (names of bench_backbone.MODELS); `--models` picks others
 DEFAULT_MODELS = ["plain", "gtrans_td2", "dr_hierarchical", "rtal_ewp", "lc_14", "re_transformer_2"]
@@ -333,28 +340,45 @@ def marian_of(model, model_dir) -> object | None:
         return None
 
 
+QUICKSTART = REPO_ROOT / "examples" / "quickstart.py"
+
+
+def quickstart_setting() -> dict:
+    """The quickstart's corpus setting (`SOURCE_LANG`, `TARGET_LANG`, `CORPUS`), read from the constants in its
+    source: examples/quickstart.py is a script to run, not a module of a package to import."""
+    tree = ast.parse(QUICKSTART.read_text(encoding="utf-8"), str(QUICKSTART))
+    setting = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            names = [element.id for element in target.elts] if isinstance(target, ast.Tuple) else [target.id]
+            if {"SOURCE_LANG", "CORPUS"} & set(names):
+                value = ast.literal_eval(node.value) if not isinstance(node.value, ast.Call) else {
+                    keyword.arg: ast.literal_eval(keyword.value) for keyword in node.value.keywords}  # dict(...)
+                setting.update(zip(names, value) if len(names) > 1 else [(names[0], value)])
+    return setting
+
+
 def workload_corpus(args) -> tuple[str, list[str], list[str]]:
     """(name, sources, references) of the test set `--bleu-corpus` names, its first `--bleu-sentences`: Multi30k
     test (en -> de), or the quickstart's test split (examples/quickstart.py's built-in number corpus, de -> en,
     generated as its training run generates it)."""
     if args.bleu_corpus == "quickstart":
-        sys.path.insert(0, str(REPO_ROOT / "examples"))
-        import quickstart
-
         from hf_layerfusion.training.data import builtin_number_corpus
 
-        corpus = quickstart.CORPUS
+        setting = quickstart_setting()
+        source_lang, target_lang, corpus = setting["SOURCE_LANG"], setting["TARGET_LANG"], setting["CORPUS"]
         test = builtin_number_corpus(
-            quickstart.SOURCE_LANG, quickstart.TARGET_LANG, corpus["builtin_num_train"], corpus["builtin_num_valid"],
+            source_lang, target_lang, corpus["builtin_num_train"], corpus["builtin_num_valid"],
             corpus["builtin_num_test"],
         )["test"]
         pairs = [example["translation"] for example in test]
-        sources = [pair[quickstart.SOURCE_LANG] for pair in pairs]
-        references = [pair[quickstart.TARGET_LANG] for pair in pairs]
+        sources = [pair[source_lang] for pair in pairs]
+        references = [pair[target_lang] for pair in pairs]
         name = "the quickstart's test split"
     else:
-        sources = backbone.read_lines(args.data / "test_2016_flickr.en")
-        references = backbone.read_lines(args.data / "test_2016_flickr.de")
+        sources = read_lines(args.data / "test_2016_flickr.en")
+        references = read_lines(args.data / "test_2016_flickr.de")
         name = "Multi30k test"
     return name, sources[: args.bleu_sentences], references[: args.bleu_sentences]
 
@@ -731,7 +755,7 @@ def print_pooled_int8_costs(pooled: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ results file
-# the layout of a `--results-dir` file; benchmarks/inference_workload_report.py reads this version only
+# the layout of a `--results-dir` file; study/inference_workload_report.py reads this version only
 WORKLOAD_RESULTS_VERSION = 1
 
 
@@ -762,7 +786,7 @@ def run_under_instruction_set_cap(max_cpu_isa: str, argv: list[str]) -> None:
     if instruction_set_caps() == caps:
         return
     sys.stdout.flush()
-    os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *argv], {**os.environ, **caps})
+    os.execve(sys.executable, [*module_command(__spec__.name), *argv], study_environment({**os.environ, **caps}))
 
 
 def workload_record(args, command: str, revision: str, loadavg_start, rows: list[dict],
@@ -847,7 +871,7 @@ def parse_args(argv=None):
                         help="with --plain-reference: count FLOPs on every N-th workload sentence (default 5)")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="with --bleu: also write the real workload's results to DIR/workload_<cpu>_<commit>.json "
-                             "(for benchmarks/inference_workload_report.py, e.g. benchmarks/results/inference)")
+                             "(for study/inference_workload_report.py, e.g. study/results/inference)")
     parser.add_argument("--overwrite-results", action="store_true",
                         help="let --results-dir replace an existing file of the same CPU and commit")
     parser.add_argument("--max-cpu-isa", choices=sorted(INSTRUCTION_SET_CAPS), default=None,
@@ -924,7 +948,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.max_cpu_isa is not None:
         run_under_instruction_set_cap(args.max_cpu_isa, sys.argv[1:] if argv is None else list(argv))
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]])
+    command = reproduction_command(__spec__.name, sys.argv[1:])
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     start, loadavg_start, loadavg_numbers = time.perf_counter(), backbone.loadavg(), os.getloadavg()
@@ -985,7 +1009,7 @@ def main(argv=None):
         record = workload_record(args, command, revision, loadavg_numbers, bleu_rows, pooled)
         write_workload_results(args.results_path, record, args.overwrite_results)
         print(f"\n- results written to {args.results_path} "
-              "(`python benchmarks/inference_workload_report.py` renders them)")
+              "(`python -m study.inference_workload_report` renders them)")
     print(f"\n(load average at end {backbone.loadavg()}; total wall time {time.perf_counter() - start:.0f}s)")
 
 

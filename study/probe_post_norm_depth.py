@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Does a deep post-norm plain Transformer train on Multi30k, and how deep can a study run be on one core?
 
 The quality-ledger issue's priority 2 pairs the plain model with GTrans at the depth where GTrans Table VIII says
@@ -7,7 +6,7 @@ at the shallowest post-norm depth at which the plain model fails here. This prob
 of shapes: it trains the plain post-norm model of the study (the `multi30k` preset, `bench_multi30k.py`'s training
 options, one thread) for `--steps` steps with the priority-2 schedule (warm-up 400: the learning rate peaks at
 1e-3 inside the budget), logs the training loss every 25 steps, and writes one committed result file per shape
-(`benchmarks/results/post_norm_depth/<family>_<E>x<D>_seed_<s>.json`, written once, never overwritten).
+(`study/results/post_norm_depth/<family>_<E>x<D>_seed_<s>.json`, written once, never overwritten).
 
 A shape *fails to train* when its loss is not finite or when the mean of its last four logged losses stays more
 than `FAILURE_MARGIN` (1 nat) above the 6 + 6 model's under the same schedule: a stall of that size after the
@@ -17,8 +16,8 @@ The rule only chose the depth of priority 2's 1,000-step pair: its plain 24 + 18
 translated at 2 BLEU after 1,000 steps, so whether the plain model trains at a depth is read from the 2,000-step
 study runs (issue 38; `bench_multi30k.depth_runs` in the README's report), not from this rule.
 
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE nice -n 19 python benchmarks/probe_post_norm_depth.py --shapes 6x6 24x18 18x12 12x12   # resumable
-    python benchmarks/probe_post_norm_depth.py --report
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE nice -n 19 python -m study.probe_post_norm_depth --shapes 6x6 24x18 18x12 12x12   # resumable
+    python -m study.probe_post_norm_depth --report
 """
 
 from __future__ import annotations
@@ -28,17 +27,21 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import multi30k_ledger as ledger  # noqa: E402  (no torch at import)
+from study import multi30k_ledger as ledger  # no torch at import
+from study.common import (
+    DEFAULT_DATA,
+    REPO_ROOT,
+    SOURCE_LANG,
+    STUDY_RESULTS,
+    TARGET_LANG,
+    TRAINING_OPTIONS,
+)
 
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results" / "post_norm_depth"
-TOKENIZER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k" / "tokenizer"
+RESULTS_DIR = STUDY_RESULTS / "post_norm_depth"
+TOKENIZER_DIR = ledger.DEFAULT_LEDGER / "tokenizer"
 REFERENCE_SHAPE = (6, 6)
 FAILURE_MARGIN = 1.0  # nats above the 6 + 6 model's loss at the end of the probe
 LOGGING_STEPS = 25
@@ -58,8 +61,8 @@ def result_file(results_dir: Path, family: str, shape: tuple[int, int], seed: in
 
 def probe(shape: tuple[int, int], args) -> dict:
     """Train one shape (resuming its checkpoints) and return its result entry."""
-    # imported here, not at the top: benchmarks/study.py reads the verdicts of this module without torch
-    from bench_multi30k import SOURCE_LANG, TARGET_LANG, TRAINING_OPTIONS, run_translation
+    # imported here, not at the top: study/queue.py reads the verdicts of this module without torch
+    from hf_layerfusion.cli.run_translation import main as run_translation
 
     encoder_layers, decoder_layers = shape
     output_dir = args.output_dir / f"{args.family}_{encoder_layers}x{decoder_layers}_seed_{args.seed}"
@@ -167,7 +170,7 @@ def report(results_dir: Path, family: str = "plain_transformer", seed: int = 1) 
         "",
         f"{family}, seed {seed}, one thread, `nice`d beside other jobs (s / step as measured; a study run adds its "
         f"evaluation). A shape fails to train when its loss is not finite or its last 100 steps end more than "
-        f"{FAILURE_MARGIN:g} nat above the 6 + 6 model's. Reproduce: `python benchmarks/probe_post_norm_depth.py "
+        f"{FAILURE_MARGIN:g} nat above the 6 + 6 model's. Reproduce: `python -m study.probe_post_norm_depth "
         "--shapes " + " ".join(f"{e}x{d}" for e, d in sorted(results, key=sum)) + "`.",
     ]
     return lines
@@ -191,7 +194,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("steps", "warmup_steps", "threads", "seed"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
-    from hf_layerfusion.modeling.registry import check_model_type  # the package imports torch: not at the top
+    from hf_layerfusion.modeling.registry import (
+        check_model_type,  # the package imports torch: not at the top
+    )
 
     try:
         check_model_type(args.family, "--family")

@@ -1,24 +1,23 @@
-#!/usr/bin/env python
 """The Multi30k study queue: runs, one at a time (or `--parallel N` at a time), the next runs the results ledger lacks.
 
 Start it first whenever you work on the project, and commit the new ledger files before you stop:
 
-    python benchmarks/study.py &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
-    python benchmarks/study.py --list     # the queue, in priority order, with what is done
-    python benchmarks/study.py --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
-    python benchmarks/study.py --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
-    python benchmarks/study.py --parallel 8   # on a GPU: 8 runs share it
-    python benchmarks/bench_multi30k.py --report --update_readme
-    git add benchmarks/results README.md && git commit -m "ledger: ..."
+    python -m study &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
+    python -m study --list     # the queue, in priority order, with what is done
+    python -m study --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
+    python -m study --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
+    python -m study --parallel 8   # on a GPU: 8 runs share it
+    python -m study.report   # the ledger's tables in study/README.md, the summary in README.md, docs/results.md
+    git add study/results study/README.md README.md docs/results.md && git commit -m "ledger: ..."
 
 Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 2's depth probes: `probe_post_norm_depth.py`;
 priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of the commit at HEAD when the
 run starts, exported into `runs/study/code/<commit>` (so that editing the working tree cannot change a run midway, and
 the ledger's commit is the code that ran; uncommitted changes are not part of a run). Finished runs stay in
 `runs/study/runs/` whatever commit made them (fine-tuning arms start from them). Every en->de run uses the committed
-tokenizer `benchmarks/results/multi30k/tokenizer`, the one every ledger run used (it came from `tokenizers`' unigram
+tokenizer `study/results/multi30k/tokenizer`, the one every ledger run used (it came from `tokenizers`' unigram
 trainer, which was not deterministic; a retrained one would differ and make new runs incomparable). When it finishes, `bench_multi30k.py` writes
-`benchmarks/results/multi30k/<arm>/seed_<s>.json`. A run interrupted (killed, machine gone, a session's stop) resumes
+`study/results/multi30k/<arm>/seed_<s>.json`. A run interrupted (killed, machine gone, a session's stop) resumes
 from its last checkpoint (every 500 steps; every epoch trained to convergence, priority 9) with the code of the commit
 that started it, whatever was committed since
 (delete its run dir to start it over with HEAD); an unfinished run dir without a checkpoint starts over with HEAD.
@@ -51,7 +50,7 @@ Priority order (from the quality-ledger issue; steps-matched, selection on val, 
    choices of docs/gtrans_study.md (2 seeds each, with their own baselines), then the 12 + 6 shape.
 5. Many-to-many, the stand-in for GTrans' OPUS-100 setting (Table V): en<->de, en<->fr, en<->cs of Multi30k, target
    tags, temperature sampling, plain vs GTrans, 2,000 steps, seeds 1-3 (`bench_multilingual.py` through
-   `examples/run_multilingual.py`; its ledger is `benchmarks/results/multi30k_m2m/<arm>/seed_<s>.json`, beside the
+   `examples/run_multilingual.py`; its ledger is `study/results/multi30k_m2m/<arm>/seed_<s>.json`, beside the
    en->de one; BLEU per direction and the win ratio).
 6. Issue 38, where fusion pays, queued by value ahead of what priorities 4-5 left: plain vs GTrans post-norm at
    24 + 18 layers for 2,000 steps (warm-up 400, the `_2000steps` arms: the 1,000-step pair could not tell a plain
@@ -116,15 +115,14 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import multi30k_ledger as ledger  # noqa: E402  (no torch at import)
-import probe_post_norm_depth as depth_probes  # noqa: E402  (no torch at import)
+from study import multi30k_ledger as ledger  # no torch at import
+from study import probe_post_norm_depth as depth_probes  # no torch at import
+from study.common import DEFAULT_DATA, REPO_ROOT
+from study.multi30k_ledger import m2m_ledger_dir
 
-LEDGER_DIR = REPO_ROOT / "benchmarks" / "results" / "multi30k"
+LEDGER_DIR = ledger.DEFAULT_LEDGER
 PROBE_DIR = depth_probes.RESULTS_DIR
 WORK_DIR = REPO_ROOT / "runs" / "study"
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 SNAPSHOT_COMMIT_FILE = ledger.SNAPSHOT_COMMIT_FILE
 STANDARD_BUDGET = dict(max_steps=2000, warmup_steps=1000)  # the budget all 6 + 6 comparisons share
 # priority 2: a shorter warm-up, so that the learning rate peaks inside the budget (and inside the probes' 600 steps)
@@ -140,7 +138,6 @@ FINE_TUNING_ARMS = ("gtrans_finetuned", "rtal_finetuned", "layerwise_coordinatio
 # training minutes a deep run may take at the probe's speed: with its evaluation (beam 4 over val and test, the
 # GTrans decoder-group grid) it must fit ~90 minutes on one core
 MAX_DEEP_TRAIN_MINUTES = 60
-M2M_LEDGER_NAME = "multi30k_m2m"  # priority 5's ledger, a sibling of the en->de ledger dir
 # the fine-tuning arms of the queue and the arm whose run of the same seed they start from (bench_multi30k.MODELS'
 # `init_from`, not imported: it needs torch); bench_multi30k.py trains that run first when it is missing
 STARTING_RUNS = {"plain_transformer_continued": "plain_transformer", "deep_representations_paper": "plain_transformer",
@@ -169,6 +166,16 @@ FROM_SCRATCH_ARMS = ("gtrans", "layerwise_coordination_14", "re_transformer_2", 
                      "deep_representations_no_diversity", "plain_transformer_prenorm", "rtal_paper")
 # what `--hours` expects of a run whose arm has no CPU run in the ledger yet: the issue's bound for one run on one core
 UNTIMED_RUN_MINUTES = 90
+
+
+def module_command(snapshot: Path, module: str) -> list[str]:
+    """The command that runs the study's module `module` with the code of `snapshot` (the run's process starts in
+    the snapshot, with it first on PYTHONPATH): `python -m study.<module>`, or the script of that name under
+    benchmarks/ in a snapshot of a commit from before the study was a package, so that a run started then resumes
+    with its own code."""
+    if (snapshot / "study" / "__init__.py").is_file():
+        return [sys.executable, "-m", f"study.{module}"]
+    return [sys.executable, str(snapshot / "benchmarks" / f"{module}.py")]
 
 
 @dataclass(frozen=True)
@@ -210,7 +217,7 @@ class StudyRun(ArmRun):
 
     def command(self, snapshot: Path, args) -> list[str]:
         return [
-            sys.executable, str(snapshot / "benchmarks" / "bench_multi30k.py"),
+            *module_command(snapshot, "bench_multi30k"),
             "--models", self.arm, "--seeds", str(self.seed), "--run_only", *self.budget_options(),
             "--warmup_steps", str(self.warmup_steps),
             "--output_dir", str(self.run_dir().parents[1]), "--tokenizer_dir", str(args.ledger_dir / "tokenizer"),
@@ -350,17 +357,12 @@ class DepthProbe:
 
     def command(self, snapshot: Path, args) -> list[str]:
         return [
-            sys.executable, str(snapshot / "benchmarks" / "probe_post_norm_depth.py"),
+            *module_command(snapshot, "probe_post_norm_depth"),
             "--shapes", f"{self.encoder_layers}x{self.decoder_layers}", "--threads", str(args.threads),
             "--steps", "600", "--warmup_steps", str(DEEP_BUDGET["warmup_steps"]),
             "--output_dir", str(self.run_dir().parent), "--results_dir", str(args.probe_dir),
             "--tokenizer_dir", str(args.ledger_dir / "tokenizer"), "--data_dir", str(args.data_dir),
         ]
-
-
-def m2m_ledger_dir(ledger_dir: Path = LEDGER_DIR) -> Path:
-    """Priority 5's ledger beside the en->de ledger `ledger_dir` (so that another --ledger_dir moves both)."""
-    return Path(ledger_dir).parent / M2M_LEDGER_NAME
 
 
 @dataclass(frozen=True)
@@ -389,7 +391,7 @@ class ManyToManyRun(ArmRun):
 
     def command(self, snapshot: Path, args) -> list[str]:
         return [
-            sys.executable, str(snapshot / "benchmarks" / "bench_multilingual.py"),
+            *module_command(snapshot, "bench_multilingual"),
             "--arm", self.arm, "--seed", str(self.seed),
             "--max_steps", str(self.max_steps), "--warmup_steps", str(self.warmup_steps),
             "--output_dir", str(self.run_dir().parents[1]), "--ledger_dir", str(m2m_ledger_dir(args.ledger_dir)),
@@ -692,7 +694,7 @@ def code_to_run(resume: str | None = None) -> tuple[str, Path]:
     if resume is not None:
         return resume, code_snapshot(resume)
     commit = git("rev-parse", "HEAD")
-    if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "benchmarks"):
+    if git("status", "--porcelain", "--untracked-files=no", "--", "hf_layerfusion", "examples", "study"):
         print(f"study: uncommitted changes in the working tree are not part of this run (it runs {commit[:12]})",
               flush=True)
     return commit, code_snapshot(commit)
@@ -830,7 +832,8 @@ def run_queue(args) -> bool:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m study", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="Print the queue with what is done, and exit.")
     parser.add_argument("--once", action="store_true", help="Run only the next pending run.")
     parser.add_argument(
@@ -914,7 +917,7 @@ def main(argv=None) -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise SystemExit("study: another study.py is running in this checkout (runs/study/lock)") from None
+        raise SystemExit("study: another study queue is running in this checkout (runs/study/lock)") from None
     if not run_queue(args):
         raise SystemExit(1)
     if args.once:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Many-to-many benchmark, the study's priority 5: Multi30k's four languages as the stand-in for GTrans' OPUS-100
 setting (Table V), plain Transformer vs GTrans, BLEU per direction and the win ratio.
 
@@ -12,7 +11,7 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   `XLMRobertaModel` with random weights and an 8k unigram XLM-R-style tokenizer trained on the stand-in's training
   text), i.e. it is trained from scratch with XLM-R's conventions (special ids, learned positions offset by the
   padding id, embedding LayerNorm, GELU). Its tokenizer is committed with the ledger
-  (`benchmarks/results/multi30k_m2m/tokenizer`: it came from a unigram trainer that was not deterministic) and its weights are drawn
+  (`study/results/multi30k_m2m/tokenizer`: it came from a unigram trainer that was not deterministic) and its weights are drawn
   under the run's seed, so both arms of a seed, on any machine, start from the same model (built once per output
   dir in `<output_dir>/xlmr/seed_<s>`, passed as `--xlmr`; the ledger records its hashes). `plain_transformer_m2m`
   has fusion off, `gtrans_m2m` is GTrans with T_e = 3, T_d = 2 (bench_multi30k's `GTRANS`);
@@ -20,19 +19,19 @@ One run = one arm and one seed, trained and evaluated by `examples/run_multiling
   sentences per batch grouped by length), 1,000 warm-up steps, 2,000 steps (steps-matched);
 - evaluation: beam 4, every test sentence (test_2016_flickr) of each direction, sacreBLEU.
 
-A finished run is written once into the ledger, `benchmarks/results/multi30k_m2m/<arm>/seed_<s>.json`
+A finished run is written once into the ledger, `study/results/multi30k_m2m/<arm>/seed_<s>.json`
 (`multi30k_ledger.write_entry`: atomic, never overwritten), with the provenance of the en->de entries plus BLEU and
 the test translations per direction and the training sizes. `--report` prints the README's many-to-many table from
 the ledger alone (`report_lines`): mean BLEU per direction, GTrans minus plain, sacreBLEU's paired bootstrap p per
-direction and seed, and the win ratio (Table V's WR). `benchmarks/study.py` runs the six runs (seeds 1-3) after its
+direction and seed, and the win ratio (Table V's WR). `study/queue.py` runs the six runs (seeds 1-3) after its
 priority 4.
 
 A run saves a checkpoint every 500 steps (the newest kept), and an interrupted run continues from it
-(`--resume_from_checkpoint last`; `benchmarks/study.py` resumes it with the code of the commit that started it): on
+(`--resume_from_checkpoint last`; `study/queue.py` resumes it with the code of the commit that started it): on
 one CPU core a run takes longer than what a working session may have left. Smoke test (a few steps, 5 test sentences
 per direction; its BLEU means nothing):
 
-    python benchmarks/bench_multilingual.py --arm gtrans_m2m --seed 1 --max_steps 3 --warmup_steps 1 \\
+    python -m study.bench_multilingual --arm gtrans_m2m --seed 1 --max_steps 3 --warmup_steps 1 \\
         --standin_train_size 64 --max_eval_samples 5 --max_new_tokens 8 --tiny_vocab_size 300 \\
         --output_dir /tmp/m2m_smoke/runs --ledger_dir /tmp/m2m_smoke/ledger --tokenizer_dir /tmp/m2m_smoke/tokenizer
 """
@@ -43,17 +42,13 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import XLMRobertaTokenizer, set_seed
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "examples"))
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-from run_multilingual import (  # noqa: E402  (also puts the repo on sys.path)
+from hf_layerfusion.cli.run_multilingual import (
     DataArguments,
     ModelArguments,
     multi30k_standin,
@@ -61,16 +56,25 @@ from run_multilingual import (  # noqa: E402  (also puts the repo on sys.path)
     train_xlmr_tokenizer,
     training_texts,
 )
-from run_multilingual import main as run_multilingual  # noqa: E402
+from hf_layerfusion.cli.run_multilingual import main as run_multilingual
+from hf_layerfusion.training.data import load_parallel_text
+from hf_layerfusion.training.multilingual import (
+    both_directions,
+    split_direction,
+    win_ratio,
+)
+from study import multi30k_ledger as ledger
+from study.common import (
+    DEFAULT_DATA,
+    GTRANS,
+    REPO_ROOT,
+    TRAINING_OPTIONS,
+    format_value,
+    paired_bootstrap,
+    positive_int,
+)
 
-import multi30k_ledger as ledger  # noqa: E402
-from bench_multi30k import GTRANS, TRAINING_OPTIONS, format_value, paired_bootstrap, positive_int  # noqa: E402
-
-from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
-from hf_layerfusion.training.multilingual import both_directions, split_direction, win_ratio  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
-DEFAULT_LEDGER = REPO_ROOT / "benchmarks" / "results" / "multi30k_m2m"
+DEFAULT_LEDGER = ledger.M2M_LEDGER
 BASE_ARM = "plain_transformer_m2m"
 # arm: (family, config overrides on top of MODEL_SHAPE)
 ARMS = {BASE_ARM: ("plain_transformer", {}), "gtrans_m2m": ("gtrans", GTRANS)}
@@ -161,7 +165,7 @@ def build_starting_model(args) -> Path:
 
 def train_and_evaluate(args) -> dict:
     """Train and evaluate one run (the expensive call), or read back its finished results: run_multilingual's
-    `direction_scores.json` plus the wall clock, cached in `<run dir>/bench_results.json` (study.py's marker of a
+    `direction_scores.json` plus the wall clock, cached in `<run dir>/bench_results.json` (study/queue.py's marker of a
     finished run)."""
     directory = run_dir(args, args.arm, args.seed)
     finished = directory / "bench_results.json"
@@ -239,7 +243,7 @@ def report_lines(ledger_dir: Path, references: dict[str, list[str]]) -> list[str
     runs = ledger.read_ledger(ledger_dir, ledger.MANY_TO_MANY_REQUIRED_KEYS) if Path(ledger_dir).is_dir() else {}
     if not runs:
         return ["No many-to-many run (priority 5) has finished yet."]
-    title = ("Many-to-many, priority 5 (`benchmarks/bench_multilingual.py`: en<->de, en<->fr, en<->cs of Multi30k "
+    title = ("Many-to-many, priority 5 (`study/bench_multilingual.py`: en<->de, en<->fr, en<->cs of Multi30k "
              "as the stand-in for OPUS-100, target tags, temperature sampling T = 5), plain vs GTrans, test BLEU "
              "per direction:")
     arms = [arm for arm in ARMS if arm in runs]

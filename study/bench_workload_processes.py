@@ -22,16 +22,15 @@ precision, at every thread count and search.
 an existing one is refused before any work unless `--overwrite-results`), from which
 `inference_workload_report.py` renders the README's table of these runs.
 
-    python benchmarks/bench_workload_processes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
-    python benchmarks/bench_workload_processes.py MODEL_DIR --threads 1 2 --beams 1 4 --rounds 3 --sentences 500
-    python benchmarks/bench_workload_processes.py MODEL_DIR --rounds 2 --results-dir benchmarks/results/inference
+    python -m study.bench_workload_processes runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
+    python -m study.bench_workload_processes MODEL_DIR --threads 1 2 --beams 1 4 --rounds 3 --sentences 500
+    python -m study.bench_workload_processes MODEL_DIR --rounds 2 --results-dir study/results/inference
 """
 
 import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import subprocess
 import sys
@@ -47,15 +46,24 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import hf_layerfusion  # noqa: E402
-from bench_backbone import cpu_model, git_revision, loadavg, read_lines  # noqa: E402
-from bench_inference import search_label, workload_results_path, write_workload_results  # noqa: E402
-from bench_multi30k import positive_int  # noqa: E402
-from multi30k_ledger import cpu_family_model  # noqa: E402
-
 from hf_layerfusion.inference.cpu_kernels import machine_type  # noqa: E402
+from study.bench_backbone import cpu_model, git_revision, loadavg  # noqa: E402
+from study.bench_inference import (  # noqa: E402
+    ctranslate2_translate,
+    search_label,
+    workload_results_path,
+    write_workload_results,
+)
+from study.common import (  # noqa: E402
+    DEFAULT_DATA,
+    module_command,
+    positive_int,
+    read_lines,
+    reproduction_command,
+    study_environment,
+)
+from study.multi30k_ledger import cpu_family_model  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 ENGINES = ("fast float32", "CTranslate2 float32", "fast int8", "CTranslate2 int8")
 SAME_PRECISION = {"fast float32": "CTranslate2 float32", "fast int8": "CTranslate2 int8"}
 TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
@@ -73,7 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sentences", type=positive_int, default=None, help="the first N test sentences (default: all)")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="also write the run to DIR/processes_<cpu>_<commit>.json (for "
-                             "inference_workload_report.py, e.g. benchmarks/results/inference)")
+                             "inference_workload_report.py, e.g. study/results/inference)")
     parser.add_argument("--overwrite-results", action="store_true",
                         help="let --results-dir replace an existing file of the same CPU and commit")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # a job file of `run_child`
@@ -138,7 +146,6 @@ def run_child(job_file: Path) -> None:
     engine = job["engine"]
     if engine.startswith("CTranslate2"):
         import ctranslate2
-        from bench_inference import ctranslate2_translate
 
         torch.set_num_threads(1)  # no torch worker threads beside CTranslate2's
         translator = ctranslate2.Translator(job["ctranslate2_dir"], device="cpu", intra_threads=job["threads"],
@@ -173,8 +180,9 @@ def run_engine_process(work: Path, job: dict) -> dict:
     """`run_child`'s result for `job`, in a fresh Python process (`ENGINE_WAIT_POLICY`)."""
     job_file = work / f"job_{time.monotonic_ns()}.json"
     job_file.write_text(json.dumps(job), encoding="utf-8")
-    completed = subprocess.run([sys.executable, __file__, job["model_dir"], "--child", str(job_file)], capture_output=True, text=True,
-                               cwd=REPO_ROOT, env={**os.environ, "OMP_WAIT_POLICY": ENGINE_WAIT_POLICY})
+    completed = subprocess.run([*module_command(__spec__.name), job["model_dir"], "--child", str(job_file)],
+                               capture_output=True, text=True,
+                               env=study_environment({**os.environ, "OMP_WAIT_POLICY": ENGINE_WAIT_POLICY}))
     if completed.returncode != 0:
         raise SystemExit(f"error: the {job['engine']} process ({job['threads']} thread(s), beam {job['num_beams']}) "
                          f"failed:\n{completed.stderr[-3000:]}")
@@ -320,8 +328,7 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     transformers.logging.set_verbosity_error()
     sources = read_lines(args.data / "test_2016_flickr.en")[: args.sentences]
     references = read_lines(args.data / "test_2016_flickr.de")[: args.sentences]
-    command = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(__file__, REPO_ROOT),
-                                                            *(sys.argv[1:] if argv is None else argv)])
+    command = reproduction_command(__spec__.name, sys.argv[1:] if argv is None else argv)
     args.sentences_read = len(sources)
     start, loadavg_start = time.perf_counter(), os.getloadavg()
     revision = git_revision()  # the code that runs: files edited during the run do not change it
@@ -339,8 +346,7 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     if args.results_path is not None:
         write_workload_results(args.results_path, processes_record(args, command, revision, ctranslate2_version,
                                                                    loadavg_start, rows), args.overwrite_results)
-        print(f"\n- results written to {args.results_path} (`python benchmarks/inference_workload_report.py "
-              "--update-readme` renders them)")
+        print(f"\n- results written to {args.results_path} (`python -m study.report` renders them)")
     return rows
 
 

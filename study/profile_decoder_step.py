@@ -15,8 +15,8 @@ backbone (or `--model`, a model name of `bench_backbone.py`) in greedy search (o
 - the copy's linear layers by product shape (one more translation, each call timed): in the encoder (its groups of
   sentences of similar length), for the cross-attention keys/values (once per input) or at decoding steps.
 
-    python benchmarks/profile_decoder_step.py [--repeats 5] [--rows 12]
-    python benchmarks/profile_decoder_step.py --model lc_14 --num-beams 4
+    python -m study.profile_decoder_step [--repeats 5] [--rows 12]
+    python -m study.profile_decoder_step --model lc_14 --num-beams 4
 """
 
 from __future__ import annotations
@@ -34,20 +34,16 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-import bench_backbone as backbone  # noqa: E402
-import bench_inference  # noqa: E402
 import transformers  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from hf_layerfusion import LayerFusionForConditionalGeneration  # noqa: E402
 from hf_layerfusion.inference import fast_generate, prepare_for_inference  # noqa: E402
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels  # noqa: E402
 from hf_layerfusion.inference.decoding import DecoderSteps  # noqa: E402
 from hf_layerfusion.inference.inference_copies import Float32Linear, Int8Linear  # noqa: E402
+from study import bench_backbone as backbone  # noqa: E402
+from study import bench_inference  # noqa: E402
 
 NEW_TOKENS = 32
 
@@ -139,7 +135,7 @@ def main(argv=None) -> None:
     transformers.logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*quantized.*")
     print("## Where the fast decoding loop spends its time (issue 19)\n")
-    print(f"- command: `python benchmarks/profile_decoder_step.py {shlex.join(argv or sys.argv[1:])}`".rstrip())
+    print(f"- command: `python -m study.profile_decoder_step {shlex.join(argv or sys.argv[1:])}`".rstrip())
     print(f"- torch {torch.__version__}, Python {platform.python_version()}, git {backbone.git_revision()}; CPU: "
           f"{backbone.cpu_model()}, 1 thread, load average at start {backbone.loadavg()}")
     tokenizer = backbone.train_tokenizer(args.data, 8000)

@@ -10,8 +10,8 @@ its cost against float32, and how many translations stay float32's. For the two 
 computes `int8_linear_reference`'s numbers to float rounding (tests/test_inference_benchmarks.py), so its counts are
 those of the kernels' arithmetic; for the others it answers "would this format be worth a kernel?".
 
-    python benchmarks/probe_int8_schemes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
-    python benchmarks/probe_int8_schemes.py RUN_DIR --schemes 8:127 7:63 7:127 8:63 --num-beams 4 --sentences 500
+    python -m study.probe_int8_schemes runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
+    python -m study.probe_int8_schemes RUN_DIR --schemes 8:127 7:63 7:127 8:63 --num-beams 4 --sentences 500
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
+from study.common import DEFAULT_DATA
+
 DEFAULT_SCHEMES = ("8:127", "7:63", "7:127", "8:63")  # the two formats, then each with the other's weights
 
 
@@ -126,16 +126,14 @@ def main(argv=None) -> None:
 
     import hf_layerfusion
     from hf_layerfusion.translation.bleu import corpus_bleu
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_backbone as backbone
+    from study import bench_backbone as backbone
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     sources = (args.data / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()[: args.sentences]
     references = (args.data / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()[: args.sentences]
     print("## int8 schemes simulated in float32 (issue 39, item 4)\n")
-    print(f"- command (from the repository root): `python benchmarks/probe_int8_schemes.py "
+    print(f"- command (from the repository root): `python -m study.probe_int8_schemes "
           f"{shlex.join(sys.argv[1:] if argv is None else argv)}`")
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, hf_layerfusion "
           f"{hf_layerfusion.__version__} (git {backbone.git_revision()}), Python {platform.python_version()}")

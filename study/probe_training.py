@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Early-training probe: does a model learn to read the source, or do its encoder states collapse?
 
 Trains one model for a few hundred steps on Multi30k en->de with the recipe of `bench_multi30k.py` (the `multi30k`
@@ -16,10 +15,10 @@ grouped by length, gradient clipping 1.0) and every `--log_every` steps prints, 
 The probe found the Multi30k collapses of RTAL (`concat_ffn`, raw FFN root) and of deep representations (the
 diversity term trained from scratch); the family docstrings quote it. Examples:
 
-    python benchmarks/probe_training.py --model_type rtal --config '{"aggregation_function": "concat_ffn"}'
-    python benchmarks/probe_training.py --model_type deep_representations --config '{"diversity_weight": 0.0}'
+    python -m study.probe_training --model_type rtal --config '{"aggregation_function": "concat_ffn"}'
+    python -m study.probe_training --model_type deep_representations --config '{"diversity_weight": 0.0}'
     # the paper's recipe for the diversity term: start from a trained plain checkpoint (and its tokenizer)
-    python benchmarks/probe_training.py --model_type deep_representations --init_from runs/plain \\
+    python -m study.probe_training --model_type deep_representations --init_from runs/plain \\
         --config '{"encoder_aggregation": "hierarchical", "decoder_aggregation": "hierarchical", "diversity_weight": 1.0}'
 """
 
@@ -35,17 +34,13 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoTokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import hf_layerfusion
+from hf_layerfusion.models.deep_representations import position_spread
+from hf_layerfusion.training.tokenization import train_joint_tokenizer
+from study.common import DEFAULT_DATA, read_lines
 
-from transformers import AutoTokenizer  # noqa: E402
-
-import hf_layerfusion  # noqa: E402
-from hf_layerfusion.models.deep_representations import position_spread  # noqa: E402
-from hf_layerfusion.training.tokenization import train_joint_tokenizer  # noqa: E402
-
-DEFAULT_DATA = REPO_ROOT.parent / "shared" / "data" / "multi30k"
 PROBE_PAIRS = 128
 BATCH_SIZE = 64
 LENGTH_GROUP = 50  # batches per length-sorted chunk, as the Trainer's group_by_length
@@ -82,10 +77,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, option) < 1:
             parser.error(f"--{option} must be a positive integer, got {getattr(args, option)}")
     return args
-
-
-def read_lines(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").splitlines()
 
 
 def load_tokenizer(args, train_texts: list[str]):
@@ -151,7 +142,7 @@ def probe(model, batch: dict) -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    print("# python benchmarks/probe_training.py " + shlex.join(sys.argv[1:] if argv is None else argv), flush=True)
+    print("# python -m study.probe_training " + shlex.join(sys.argv[1:] if argv is None else argv), flush=True)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     sources, targets = read_lines(args.data / "train.en"), read_lines(args.data / "train.de")

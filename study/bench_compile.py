@@ -7,7 +7,7 @@ both runs do the same work). The compiled run uses transformers' own path: `cach
 (compilation included) are not timed; the two settings then alternate, and the medians are reported. The outputs
 must be token-identical (asserted).
 
-    python benchmarks/bench_compile.py [--repeats 5] [--threads 2]
+    python -m study.bench_compile [--repeats 5] [--threads 2]
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import CompileConfig  # noqa: E402
 
-from hf_layerfusion import PlainTransformerConfig, PlainTransformerForConditionalGeneration  # noqa: E402
+from hf_layerfusion import (  # noqa: E402
+    PlainTransformerConfig,
+    PlainTransformerForConditionalGeneration,
+)
 
 NUM_SENTENCES = 32
 NEW_TOKENS = 32

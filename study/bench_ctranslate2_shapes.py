@@ -7,7 +7,7 @@ The one-token call is each engine's fixed cost per call (preparation, encoder, f
 between the two calls over the steps between them is its cost per further decoder step at that batch shape. The
 real workload (`bench_inference.py --bleu`) mixes both: length-sorted batches of 32 whose last steps compute few rows.
 
-    python benchmarks/bench_ctranslate2_shapes.py runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
+    python -m study.bench_ctranslate2_shapes runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_1
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bench_backbone import loadavg  # noqa: E402
-from bench_layers_in_one_call import load_trained_model, median_call_seconds  # noqa: E402
 from hf_layerfusion.inference import export_ctranslate2, fast_generate  # noqa: E402
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+from study.bench_backbone import loadavg  # noqa: E402
+from study.bench_layers_in_one_call import load_trained_model, median_call_seconds  # noqa: E402
+from study.common import DEFAULT_DATA  # noqa: E402
 
 
 def main(argv=None) -> list[dict]:

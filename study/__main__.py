@@ -1,0 +1,5 @@
+"""`python -m study`: the study queue (`python -m study.queue`), with the same options."""
+
+from study.queue import main
+
+main()

@@ -1,0 +1,83 @@
+"""`python -m study.report`: the committed generated texts (study/README.md's full tables, README.md's summary,
+docs/results.md) are what the committed results give; the summary's verdicts and speeds come from the ledger and
+the results files; `--check` fails on a stale text and the command rewrites exactly the generated parts."""
+
+import json
+
+import pytest
+from helpers import require_shared
+from test_bench_multi30k import BOTH, MULTI30K, REFERENCES, WRONG, fake_entry, ledger
+from test_inference_workload_report import processes_file
+
+from study import report
+
+
+def test_the_committed_generated_texts_are_what_the_committed_results_give():
+    require_shared(MULTI30K, "Multi30k data")
+    files = report.generated_files(ledger.DEFAULT_LEDGER, report.inference.DEFAULT_RESULTS, MULTI30K)
+    stale = report.stale_files(files)
+    assert stale == [], f"not what the committed results generate: {stale}; run `python -m study.report`"
+
+
+def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_path):
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", seed),
+                           fake_entry("plain_transformer", seed, 10.0 + seed, WRONG, baseline=None))
+        ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", seed), fake_entry("gtrans", seed, 40.0, REFERENCES))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_converged", 1),
+                       fake_entry("gtrans_converged", 1, 40.0, REFERENCES, baseline="plain_transformer_converged"))
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.quality_summary(tmp_path, BOTH)[2:]}
+    assert list(rows) == ["gtrans", "layerwise_coordination", "rtal", "re_transformer", "deep_representations"]
+    assert rows["gtrans"] == ("| gtrans | `gtrans` against `plain_transformer` | wins / untested (test Δ +28.50 "
+                              "± 0.71, 2 seeds) | `plain_transformer_converged` not run yet |")
+    assert rows["rtal"].endswith("| `rtal_paper` against `plain_transformer_prenorm` | not run yet | not run yet |")
+
+
+def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
+    assert report.speed_summary(tmp_path) == [
+        "- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(processes_file()), encoding="utf-8")
+    lines = report.speed_summary(tmp_path)  # CTranslate2's median seconds over the fast loop's (PROCESS_MEDIANS)
+    assert lines[0] == ("- AMD EPYC (family 25, model 17), 1 thread (`processes_amd-epyc_def5678.json`): fast float32 "
+                        "1.35x greedy / 1.27x beam-4 CTranslate2 float32's speed; fast int8 0.94x greedy / 1.27x "
+                        "beam-4 CTranslate2 int8's speed.")
+    assert len(lines) == 2 and lines[1].startswith("- AMD EPYC (family 25, model 17), 2 threads ")
+
+
+def study_page(ledger_section: str, inference_section: str) -> str:
+    """A study/README.md with its two generated blocks holding these sections, between text of its own."""
+    ledger_block, inference_block = ledger.LEDGER_REPORT, report.inference.INFERENCE_REPORT
+    return (f"# Study\n\n{ledger_block.start}\n{ledger_section}{ledger_block.end}\n\n"
+            f"{inference_block.start}\n{inference_section}{inference_block.end}\n\nafter\n")
+
+
+@pytest.fixture
+def pages(tmp_path, monkeypatch):
+    """The three generated files as copies in `tmp_path`, generated from fixed sections (no ledger, no data)."""
+    study_readme, main_readme, results_page = (tmp_path / "study_README.md", tmp_path / "README.md",
+                                               tmp_path / "results.md")
+    study_readme.write_text(study_page("old ledger\n", ""), encoding="utf-8")
+    main_readme.write_text(f"# Title\n\n{report.SUMMARY.start}\nold\n{report.SUMMARY.end}\n\nrest\n", encoding="utf-8")
+    for name, path in (("STUDY_README", study_readme), ("MAIN_README", main_readme), ("RESULTS_PAGE", results_page),
+                       ("REPO_ROOT", tmp_path)):
+        monkeypatch.setattr(report, name, path)
+    monkeypatch.setattr(report.bench_multi30k, "report_text", lambda ledger_dir, data_dir: "LEDGER TABLES\n")
+    monkeypatch.setattr(report.bench_multi30k, "report_references", lambda data_dir: BOTH)
+    monkeypatch.setattr(report.inference, "render", lambda results_dir: "INFERENCE TABLES\n")
+    monkeypatch.setattr(report, "summary_block", lambda ledger_dir, results_dir, references: "SUMMARY\n")
+    return study_readme, main_readme, results_page
+
+
+def test_check_fails_on_stale_texts_and_the_report_rewrites_only_the_generated_parts(pages, tmp_path):
+    study_readme, main_readme, results_page = pages
+    arguments = ["--ledger_dir", str(tmp_path), "--results_dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="study_README.md, README.md, results.md"):
+        report.main([*arguments, "--check"])
+    report.main(arguments)
+    assert study_readme.read_text(encoding="utf-8") == study_page("LEDGER TABLES\n", "INFERENCE TABLES\n")
+    summary = report.SUMMARY
+    assert main_readme.read_text(encoding="utf-8") == f"# Title\n\n{summary.start}\nSUMMARY\n{summary.end}\n\nrest\n"
+    page = results_page.read_text(encoding="utf-8")
+    assert page.splitlines()[0] == report.RESULTS_PAGE_HEADER and "generated by `python -m study.report`" in page
+    assert "LEDGER TABLES" in page and "INFERENCE TABLES" in page
+    report.main([*arguments, "--check"])  # up to date now
