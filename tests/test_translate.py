@@ -181,3 +181,63 @@ def test_the_translate_command_appends_to_the_file_its_stdout_is_appended_to(tok
                                     "--output=/dev/stdout", *overwrite, *COMMAND_SETTINGS])
     expected = hf_layerfusion.translate(model, tokenizer, ["ab ba", "b"], fast=False, num_beams=1, max_new_tokens=4)
     assert log.read_text(encoding="utf-8") == "an earlier run\n" + "".join(f"{line}\n" for line in expected) * 2
+
+
+@pytest.mark.parametrize(
+    "engine", [dict(fast=True), dict(fast=True, quantization="int8"), dict(fast=False)], ids=["fast", "int8", "generate"]
+)
+def test_batches_translated_side_by_side_give_the_translations_of_one_at_a_time(tokenizer, engine):
+    """`inter_threads=3`: 6 batches of one sentence in 3 threads at once, each with one of torch's 3 threads (the same
+    thread count as one at a time with `torch.set_num_threads(1)`): the same translations, in input order, and
+    torch's thread count set back afterwards."""
+    model = tiny_model("gtrans")
+    sources = SOURCES + ["ba ab", "aab b"]
+    settings = dict(batch_size=1, num_beams=2, max_new_tokens=6, **engine)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_at_a_time = hf_layerfusion.translate(model, tokenizer, sources, **settings)
+        torch.set_num_threads(3)
+        side_by_side = hf_layerfusion.translate(model, tokenizer, sources, inter_threads=3, **settings)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert len(set(one_at_a_time)) > 1  # the sentences' translations differ: a shuffle would show
+    assert side_by_side == one_at_a_time
+
+
+@pytest.mark.parametrize("inter_threads", [0, -1, 1.5, True])
+def test_inter_threads_must_be_a_positive_int(tokenizer, inter_threads):
+    with pytest.raises((TypeError, ValueError), match="inter_threads"):
+        hf_layerfusion.translate(tiny_model("plain_transformer"), tokenizer, SOURCES, inter_threads=inter_threads)
+
+
+def test_the_kernels_release_the_gil_while_they_compute(kernels):
+    """A Python thread runs while the kernels compute (`translate(..., inter_threads=N)` needs it): it counts during
+    one long int8 product on one thread; a kernel holding the GIL would let it count nothing."""
+    import threading
+
+    from hf_layerfusion.inference.inference_copies import Int8Linear
+
+    linear, x = Int8Linear(torch.randn(2048, 1024), torch.randn(2048)), torch.randn(4096, 1024)
+    started, done, counted = threading.Event(), threading.Event(), [0]
+
+    def count():
+        started.set()
+        while not done.is_set():
+            counted[0] += 1
+
+    before = torch.get_num_threads()
+    counter = threading.Thread(target=count)
+    try:
+        torch.set_num_threads(1)
+        counter.start()
+        started.wait()
+        at_start = counted[0]
+        linear(x)
+        during = counted[0] - at_start
+    finally:
+        done.set()
+        counter.join()
+        torch.set_num_threads(before)
+    assert during > 1000, during

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
                         "--overwrite; a special file (/dev/stdout, a FIFO, a terminal) is written in place.")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it is an existing file.")
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--inter_threads", type=int, default=1, help="Batches translated side by side, each with an "
+                        "equal share of torch's threads (translate()'s inter_threads).")
     parser.add_argument("--num_beams", type=int, default=None, help="Default: the model's generation config.")
     parser.add_argument("--max_new_tokens", type=int, default=None, help="Default: the model's generation config.")
     parser.add_argument(
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file
     model_dir = check_local_or_hub(args.model_dir, "model_dir")
     check_not_an_adapter(model_dir, "model_dir")
-    for name in ("batch_size", "num_beams", "max_new_tokens"):
+    for name in ("batch_size", "inter_threads", "num_beams", "max_new_tokens"):
         check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
     input_file = check_input_file(args.input, "--input") if args.input else None
     if args.output:
@@ -131,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         fast=not args.generate,
         quantization=args.quantization,
         tgt_lang=args.tgt_lang,
+        inter_threads=args.inter_threads,
     )
     text = "".join(f"{line}\n" for line in translations)
     if args.output:

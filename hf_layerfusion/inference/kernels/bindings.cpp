@@ -82,6 +82,9 @@ int64_t team_threads(int64_t tasks, int64_t rounds, int64_t failing_task) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // the kernels that compute release the GIL, as torch's own operators do: batches translated side by side in Python
+  // threads (`translate(..., inter_threads=N)`) run their kernels at the same time
+  const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("parallel_for_threads", &parallel_for_threads,
         "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
         pybind11::arg("tasks"));
@@ -111,7 +114,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "int8 weights (in, out) in the layout of a product (AMX tiles, VNNI panels for VNNI and oneDNN, AVX2 "
         "panels; by default this CPU's fastest); empty for the float32 blocks.",
         pybind11::arg("weight_t"), pybind11::arg("code_bits"), pybind11::arg("product") = "");
-  m.def("int8_linear", &int8_linear,
+  m.def("int8_linear", &int8_linear, without_gil,
         "Per-row asymmetric quantization to code_bits codes, exact int32 product, float dequantization + bias (and ReLU).",
         pybind11::arg("x"), pybind11::arg("weight_t"), pybind11::arg("packed_weights"), pybind11::arg("column_sums"),
         pybind11::arg("weight_scale"), pybind11::arg("bias"), pybind11::arg("relu"), pybind11::arg("code_bits"),
@@ -120,16 +123,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("AMX_MINIMUM_ROWS") = kAmxMinimumRows;
   m.attr("ONEDNN_MINIMUM_ROWS") = kOneDnnMinimumRows;
   m.def("float32_linear_available", &float32_linear_available, "Whether this CPU runs float32_linear (AVX-512, or AVX2 with FMA).");
-  m.def("float32_linear", &float32_linear, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
+  m.def("float32_linear", &float32_linear, without_gil, "x W^T + b (and ReLU) with W packed into panels of 16 output features.",
         pybind11::arg("x"), pybind11::arg("panels"), pybind11::arg("out_features"), pybind11::arg("bias"),
         pybind11::arg("relu") = false, pybind11::arg("out") = pybind11::none());
-  m.def("decode_attention", &decode_attention, "Attention of a few query positions over cached keys/values.",
+  m.def("decode_attention", &decode_attention, without_gil, "Attention of a few query positions over cached keys/values.",
         pybind11::arg("query"), pybind11::arg("key"), pybind11::arg("value"), pybind11::arg("mask"),
         pybind11::arg("scaling"), pybind11::arg("key_rows") = pybind11::none(),
         pybind11::arg("buffer_rows") = pybind11::none());
-  m.def("mixture_log_probs", &mixture_log_probs, "GTrans' log sum_g psi_g softmax(z_g), clamped at FLT_MIN (Eq. 5).",
+  m.def("mixture_log_probs", &mixture_log_probs, without_gil, "GTrans' log sum_g psi_g softmax(z_g), clamped at FLT_MIN (Eq. 5).",
         pybind11::arg("group_logits"), pybind11::arg("psi"));
-  m.def("add_layer_norm", &add_layer_norm, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
+  m.def("add_layer_norm", &add_layer_norm, without_gil, "LayerNorm(x + y), or LayerNorm(x) without y, in one call.",
         pybind11::arg("x"), pybind11::arg("y"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"));
   // pybind11 registers a C++ class once per process, but torch's `load` imports this module anew when called again
   // (after `compiled_kernels.cache_clear()`): a later import binds the class registered by the first
@@ -148,7 +151,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def_static("concatenate", &KernelLinear::concatenate,
                     "One layer computing these layers' outputs side by side, each exactly as its own layer.",
                     pybind11::arg("linears"))
-        .def("__call__", &KernelLinear::operator(), "The layer's output for x, written into `out` where given.",
+        .def("__call__", &KernelLinear::operator(), without_gil, "The layer's output for x, written into `out` where given.",
              pybind11::arg("x"), pybind11::arg("out") = pybind11::none())
         .def_property_readonly("out_features", &KernelLinear::out_features)
         .def_property_readonly("relu", &KernelLinear::relu)
@@ -158,15 +161,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         .def(pybind11::pickle([](const KernelLinear& linear) { return linear.state(); },
                               [](const pybind11::tuple& state) { return KernelLinear::from_state(state); }));
   }
-  m.def("self_attention_step", &self_attention_step,
+  m.def("self_attention_step", &self_attention_step, without_gil,
         "A decoding step of a residual self-attention sub-layer (KernelLinear projections, cache write at `position`).");
-  m.def("cross_attention_step", &cross_attention_step,
+  m.def("cross_attention_step", &cross_attention_step, without_gil,
         "A decoding step of a residual cross-attention sub-layer over precomputed keys/values.", pybind11::arg("h"),
         pybind11::arg("norm_weight"), pybind11::arg("norm_bias"), pybind11::arg("eps"),
         pybind11::arg("normalize_before"), pybind11::arg("q_proj"), pybind11::arg("out_proj"), pybind11::arg("keys"),
         pybind11::arg("values"), pybind11::arg("mask"), pybind11::arg("scaling"),
         pybind11::arg("memory_rows") = pybind11::none());
-  m.def("feed_forward_step", &feed_forward_step, "A decoding step of a residual ReLU feed-forward sub-layer.");
+  m.def("feed_forward_step", &feed_forward_step, without_gil, "A decoding step of a residual ReLU feed-forward sub-layer.");
   if (const auto registered = pybind11::detail::get_type_handle(typeid(DecoderLayerSteps), false)) {
     m.attr("DecoderLayerSteps") = registered;  // as KernelLinear above
   } else {
@@ -184,30 +187,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              pybind11::arg("norm_bias"), pybind11::arg("eps"), pybind11::arg("normalize_before"), pybind11::arg("fc1"),
              pybind11::arg("fc2"))
         .def("end_layer", &DecoderLayerSteps::end_layer)
-        .def("__call__", &DecoderLayerSteps::operator(), pybind11::arg("h"), pybind11::arg("keys"),
+        .def("__call__", &DecoderLayerSteps::operator(), without_gil, pybind11::arg("h"), pybind11::arg("keys"),
              pybind11::arg("values"), pybind11::arg("lengths"), pybind11::arg("prefixes"), pybind11::arg("cross_keys"),
              pybind11::arg("cross_values"), pybind11::arg("memory_mask"), pybind11::arg("key_rows") = pybind11::none(),
              pybind11::arg("memory_rows") = pybind11::none())
         .def_property_readonly("layers", &DecoderLayerSteps::layers);
   }
-  m.def("first_argmax", &first_argmax, "Each row's first index of its largest score (of its first NaN if any).",
+  m.def("first_argmax", &first_argmax, without_gil, "Each row's first index of its largest score (of its first NaN if any).",
         pybind11::arg("scores"));
-  m.def("greedy_choice", &greedy_choice,
+  m.def("greedy_choice", &greedy_choice, without_gil,
         "A greedy step's tokens (first_argmax; padding for finished rows), written into the sequences, and the "
         "finished rows updated: (tokens, finished count).",
         pybind11::arg("scores"), pybind11::arg("finished"), pybind11::arg("sequences"), pybind11::arg("rows"),
         pybind11::arg("position"), pybind11::arg("pad_token"), pybind11::arg("eos_tokens"));
-  m.def("beam_top_k", &beam_top_k,
+  m.def("beam_top_k", &beam_top_k, without_gil,
         "Each item's k best candidates log_probs[beam, token] + beam_scores[beam], as torch.topk over its "
         "beams * vocab candidates (ties: lowest index first).",
         pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"));
-  m.def("beam_top_k_continuations", &beam_top_k_continuations,
+  m.def("beam_top_k_continuations", &beam_top_k_continuations, without_gil,
         "transformers' _get_top_k_continuations (no sampling) of beam_top_k's candidates: their scores, their beams' "
         "sequences with the token at cur_len, their beams' indices with item * beams + beam at beam_index_column.",
         pybind11::arg("log_probs"), pybind11::arg("beam_scores"), pybind11::arg("k"),
         pybind11::arg("running_sequences"), pybind11::arg("running_beam_indices"), pybind11::arg("cur_len"),
         pybind11::arg("beam_index_column"));
-  m.def("beam_finish_step", &beam_finish_step,
+  m.def("beam_finish_step", &beam_finish_step, without_gil,
         "The rest of a beam-search step after beam_top_k_continuations, in place: the running beams "
         "(_get_running_beams_for_next_iteration), the finished ones (_update_finished_beams), the early-stop "
         "heuristic; returns (each running row's source row, the items that can no longer change, whether the search "
@@ -218,7 +221,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("beam_indices"), pybind11::arg("is_sent_finished"), pybind11::arg("improvable"),
         pybind11::arg("eos_tokens"), pybind11::arg("cur_len"), pybind11::arg("decoder_prompt_len"),
         pybind11::arg("max_length"), pybind11::arg("length_penalty"), pybind11::arg("early_stopping"));
-  m.def("move_rows", &move_rows,
+  m.def("move_rows", &move_rows, without_gil,
         "Row targets[i] of every buffer takes row sources[i]'s contents (all read before any is written), in place.",
         pybind11::arg("buffers"), pybind11::arg("targets"), pybind11::arg("sources"));
 }
