@@ -1,7 +1,8 @@
 """Deploying the plain family with CTranslate2: `export_ctranslate2(model, tokenizer, output_dir)`.
 
 A plain Transformer of this package is a `MarianMTModel` (`to_marian`), so CTranslate2, the usual CPU engine for
-Marian-size models, runs it (speeds measured beside `generate()` and the fast loop in `docs/fast_cpu_translation.md`).
+Marian-size models, runs it (speeds measured beside `generate()` and the fast loop in
+`study/fast_cpu_translation_log.md`).
 The fusion families have no CTranslate2 equivalent: their fast path is `fast_generate`.
 
 The conversion follows transformers' Marian, not CTranslate2's rules for opus-mt checkpoints: transformers starts
