@@ -19,7 +19,7 @@ Timed calls alternate between engines (the order flips every repeat); the table 
 median of the per-repeat ratios with its [min-max] range, so it holds up under other load on shared cores.
 `OMP_WAIT_POLICY=PASSIVE` is set unless the environment sets it (spin-waiting threads on shared cores are very slow);
 on idle cores give `OMP_WAIT_POLICY=ACTIVE` for two or more threads: with passive waits every parallel region wakes
-a sleeping thread, and every engine ran slower at two threads than at one (docs/fast_cpu_translation.md).
+a sleeping thread, and every engine ran slower at two threads than at one (study/fast_cpu_translation_log.md).
 Checked, not timed: the fast loop's float32 tokens equal `generate()`'s for every family and search, the plain
 backbone's equal Marian's, CTranslate2 float32's equal Marian's (reported); int8 tokens are compared with float32.
 

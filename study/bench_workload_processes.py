@@ -3,7 +3,7 @@
 `bench_inference.py --bleu` alternates every engine on chunks of sentences in one process. At one thread that is the
 fairest comparison there is; at two it is not: torch and CTranslate2 each bring their own OpenMP runtime (the
 CTranslate2 wheel bundles a libgomp of its own), and with `OMP_WAIT_POLICY=ACTIVE` (which two threads need on idle
-cores: with passive waits every engine ran slower at two threads than at one, docs/fast_cpu_translation.md) a
+cores: with passive waits every engine ran slower at two threads than at one, study/fast_cpu_translation_log.md) a
 runtime's worker thread keeps spinning on the second core after its engine's turn, so whichever engine runs next
 shares that core with the other runtime's spinning thread. Here each engine translates in a fresh process (this
 script with `--child`) at one thread count, while the parent stays at one thread (no worker threads of its own);

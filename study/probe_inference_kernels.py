@@ -2,7 +2,7 @@
 the package uses.
 
 Issue 19 asks the plain backbone's fast float32 loop for >= 2.0x `MarianMTModel` and its int8 loop for >= 2.8x. The
-fast loop spends most of a step in matrix products (`docs/fast_cpu_translation.md`), so the candidates are the
+fast loop spends most of a step in matrix products (`study/fast_cpu_translation_log.md`), so the candidates are the
 kernels torch ships beside the package's compiled float32 kernel (`Float32Linear`: weights packed in panels of 16
 output features, AVX-512 multiply-adds) and its compiled int8 kernel (`Int8Linear`: per-row int8 activations, the
 product on AMX tiles where the CPU has them, dequantization, in one C++ call) on x86, each in the package's inference

@@ -327,3 +327,24 @@ def test_import_names_a_private_transformers_method_that_changed(tmp_path):
         message = result.stderr.strip().splitlines()[-1]
         assert message.startswith("ImportError: ") and found in message, message
         assert f"pip install '{TRANSFORMERS_REQUIREMENT}'" in message
+
+
+def test_wheel_and_sdist_pass_twine_check(tmp_path):
+    """The README is the long description of both distributions (setup.cfg: `long_description = file: README.md`);
+    PyPI refuses an upload whose description does not render, and `twine check --strict` says so before an upload
+    does. Both are built by the build backend itself (`setuptools.build_meta`, what `python -m build` calls), from a
+    copy without the checkout's build outputs."""
+    sources = tmp_path / "sources"
+    shutil.copytree(REPO_ROOT, sources, ignore=shutil.ignore_patterns(".git", "build", "*.egg-info", "runs", "__pycache__"))
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for hook in ("build_sdist", "build_wheel"):  # one process each, as a build frontend calls them
+        build = f"import sys; from setuptools import build_meta; build_meta.{hook}(sys.argv[1])"
+        subprocess.run([sys.executable, "-c", build, str(dist)], cwd=sources, check=True, capture_output=True, text=True)
+    distributions = sorted(dist.glob("hf_layerfusion-*"))
+    assert sorted(path.suffix for path in distributions) == [".gz", ".whl"], distributions
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, distributions)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASSED") == 2, result.stdout

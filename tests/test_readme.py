@@ -1,5 +1,11 @@
-"""The README is executable documentation: its fenced ```python and ```bash blocks run as a user pastes them, top to
-bottom, in a scratch copy of the repository, so they cannot rot.
+"""The README and the pages of docs/ are executable documentation: their fenced ```python and ```bash blocks run as a
+user pastes them, top to bottom, one document after the other (`DOCUMENTS`: the README, then the pages in the order a
+reader follows them, then any other page of docs/), in a scratch copy of the repository, so they cannot rot. A page
+continues from the ones before it (the docs' blocks translate with the models the README's tour trains).
+
+Blocks that are not run: a fence without a language (or `text`, `json`, `markdown`, `yaml`) is a listing; a
+```python or ```bash block that cannot run offline or takes minutes is marked on the line before its fence with
+`<!-- not run: REASON -->` (an HTML comment: invisible on GitHub, PyPI and the site), the reason required.
 
 How the blocks run:
 - The scratch copy is a directory whose entries are symlinks to this checkout's files (no `runs/`, no `.git`), next
@@ -46,6 +52,16 @@ from transformers import MarianConfig, MarianMTModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 README = REPO_ROOT / "README.md"
+DOCS = REPO_ROOT / "docs"
+# the order a reader follows; a page of docs/ not named here runs after these, in name order
+DOCUMENT_ORDER = (
+    "getting_started", "training", "translation", "hub", "plain_transformer", "gtrans", "layerwise_coordination",
+    "rtal", "re_transformer", "deep_representations", "design", "design_fast_cpu", "adding_a_family", "contributing",
+    "testing",
+)
+LISTING_LANGUAGES = {"", "text", "json", "markdown", "yaml"}
+# (python, python without the package, bash) steps of all the documents together
+COUNTS = (12, 1, 8)
 SHARED = REPO_ROOT.parent / "shared"
 MULTI30K = SHARED / "data" / "multi30k"
 sys.path.insert(0, str(REPO_ROOT / "examples"))
@@ -76,7 +92,7 @@ PYTHON_SUBSTITUTIONS = [
         'GTransConfig.from_preset("opus100")',
         'GTransConfig.from_preset("opus100", vocab_size=1000, d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, '
         "encoder_attention_heads=2, decoder_attention_heads=2)",
-        "335M parameters take ~30 s and 1.4 GB to build; the layer counts and group sizes stay",
+        "335M parameters take ~30 s and 3.3 GB to build; the layer counts and group sizes stay",
     ),
 ]
 
@@ -116,9 +132,29 @@ EXPECTED_REFUSALS = {
 
 
 # ---------------------------------------------------------------------------------------------------- parsing
+def documents() -> list[Path]:
+    """The README, then every page of docs/: those of `DOCUMENT_ORDER` in that order, the others by name."""
+    pages = sorted(DOCS.glob("*.md"))
+    ordered = [DOCS / f"{name}.md" for name in DOCUMENT_ORDER if (DOCS / f"{name}.md").is_file()]
+    return [README, *ordered, *[page for page in pages if page not in ordered]]
+
+
+def documents_text() -> str:
+    return "\n".join(path.read_text(encoding="utf-8") for path in documents())
+
+
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """`(language, code)` of every fenced block, in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
+    return [(language, code) for _, language, code in marked_blocks(text)]
+
+
+def marked_blocks(text: str) -> list[tuple[str | None, str, str]]:
+    """`(reason, language, code)` of every fenced block, in order; `reason` is None unless the line before the fence
+    is `<!-- not run: REASON -->`."""
+    blocks = re.findall(
+        r"^(<!-- not run:(.*?)-->\n)?```(\w*)\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL
+    )
+    return [(reason.strip() if marker else None, language, code) for marker, reason, language, code in blocks]
 
 
 def shell_commands(block: str) -> list[str]:
@@ -145,10 +181,14 @@ def append_arguments(command: str, arguments: str) -> str:
 def readme_steps(text: str) -> list[tuple[str, str]]:
     """`("python" | "python-without-package" | "bash", code)` for every step to run, substitutions applied."""
     for substitution in PYTHON_SUBSTITUTIONS:
-        assert text.count(substitution.old) == 1, f"substitution target not exactly once in README: {substitution.old}"
+        assert text.count(substitution.old) == 1, f"substitution target not exactly once in the documents: {substitution.old}"
         text = text.replace(substitution.old, substitution.new)
     steps, keys_used = [], {key: 0 for key in APPENDED_ARGUMENTS}
-    for language, code in fenced_blocks(text):
+    for reason, language, code in marked_blocks(text):
+        if reason is not None:
+            assert reason, f"a block marked not to run without its reason:\n{code}"
+            assert language in {"python", "bash"}, f"only python and bash blocks run; a ```{language} block is not marked"
+            continue
         if language == "python":
             imports_package = re.search(r"^\s*(import|from)\s+hf_layerfusion\b", code, flags=re.MULTILINE)
             steps.append(("python" if imports_package else "python-without-package", code))
@@ -162,7 +202,7 @@ def readme_steps(text: str) -> list[tuple[str, str]]:
                         command = append_arguments(command, arguments)
                 steps.append(("bash", command))
         else:
-            assert language == "", f"a ```{language} block: run it here, or make it an output listing (```)"
+            assert language in LISTING_LANGUAGES, f"a ```{language} block: run it here, or make it a listing (```)"
     assert all(count == 1 for count in keys_used.values()), f"APPENDED_ARGUMENTS keys not matched once: {keys_used}"
     return steps
 
@@ -170,12 +210,26 @@ def readme_steps(text: str) -> list[tuple[str, str]]:
 def test_readme_parsing_sees_every_block():
     text = README.read_text(encoding="utf-8")
     bash_blocks = [code.strip() for language, code in fenced_blocks(text) if language == "bash"]
-    # the set-up commands are the README's first two blocks, verbatim
+    # the set-up commands are the README's first two bash blocks, verbatim
     assert tuple(bash_blocks[:2]) == SETUP_COMMANDS
-    steps = readme_steps(text)
+    # the README's first block is code a user runs offline in seconds (a tiny model of every family)
+    first_language, first_code = fenced_blocks(text)[0]
+    assert first_language == "python" and "FAMILIES" in first_code and "generate(" in first_code
+    # every page of docs/ is read, after the README
+    assert documents()[0] == README and set(documents()[1:]) == set(DOCS.glob("*.md"))
+    steps = readme_steps(documents_text())
     kinds = [kind for kind, _ in steps]
-    assert (kinds.count("python"), kinds.count("python-without-package"), kinds.count("bash")) == (5, 1, 8)
+    assert (kinds.count("python"), kinds.count("python-without-package"), kinds.count("bash")) == COUNTS, kinds
     assert append_arguments("a \\\n  b  # note", "--x 1") == "a \\\n  b --x 1  # note"
+
+
+def test_blocks_marked_not_to_run_say_why():
+    marked = [(reason, language) for reason, language, _ in marked_blocks(documents_text()) if reason is not None]
+    assert marked, "no block is marked <!-- not run: ... --> (the parser would not see the marker)"
+    assert all(reason and language in {"python", "bash"} for reason, language in marked), marked
+    assert marked_blocks("<!-- not run: slow -->\n```bash\nx\n```\n```python\ny\n```\n") == [
+        ("slow", "bash", "x\n"), (None, "python", "y\n")
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------- running
@@ -253,7 +307,7 @@ def test_readme_runs_as_pasted(hub, tmp_path):
         TOKENIZERS_PARALLELISM="false",
     )
     outputs = {}
-    for index, (kind, code) in enumerate(readme_steps(README.read_text(encoding="utf-8"))):
+    for index, (kind, code) in enumerate(readme_steps(documents_text())):
         result = run_step(kind, code, repo, env, tmp_path / f"block_{index}.py")
         output = result.stdout + result.stderr
         refusal = next((value for key, value in EXPECTED_REFUSALS.items() if key in code), None)

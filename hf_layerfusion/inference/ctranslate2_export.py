@@ -1,14 +1,18 @@
 """Deploying the plain family with CTranslate2: `export_ctranslate2(model, tokenizer, output_dir)`.
 
 A plain Transformer of this package is a `MarianMTModel` (`to_marian`), so CTranslate2, the usual CPU engine for
-Marian-size models, runs it (speeds measured beside `generate()` and the fast loop in `docs/fast_cpu_translation.md`).
+Marian-size models, runs it (speeds measured beside `generate()` and the fast loop in
+`study/fast_cpu_translation_log.md`).
 The fusion families have no CTranslate2 equivalent: their fast path is `fast_generate`.
 
 The conversion follows transformers' Marian, not CTranslate2's rules for opus-mt checkpoints: transformers starts
 decoding from the embedding of `decoder_start_token_id` and has no extra padding row, where CTranslate2's Marian
 converter assumes a zero start embedding and drops the last vocabulary row, which would change the translations.
 CTranslate2's BART rules describe transformers' Marian exactly; with them CTranslate2 float32 gives the tokens of
-`generate()` (tests/test_marian_export.py).
+`generate()` on the tests' tiny models (tests/test_marian_export.py), but not on every sentence of real text: its sums
+run in another order and break near-ties otherwise (on the study's trained plain Transformers, 0-1 greedy and 22-43
+beam-4 translations of the 1,000 Multi30k test sentences differ from `MarianMTModel.generate()`'s: the committed
+workload results).
 
     python -m hf_layerfusion.ctranslate2_export --model_dir runs/plain --output_dir runs/plain-ct2 [--quantization int8]
 """

@@ -22,9 +22,9 @@ class SlotMemory:
     """The memory of one thread's self-attention slots on CPU, kept from one generation to the next. A slot's buffers
     are large (a beam search of 32 sentences: 128 rows x 128 positions x d_model floats, two per layer), so the C
     library maps them fresh at every allocation and unmaps them when freed: each generation paid a page fault for
-    every 4 KiB it wrote (docs/fast_cpu_translation.md measures what that cost). A generation takes its buffers here
-    (`empty`) and gives them back when it ends (`DecodingCache.release`); the next one reuses them. What is kept is at
-    most what one generation of the thread used at once; `release_decoding_buffers()` frees it. Other devices
+    every 4 KiB it wrote (study/fast_cpu_translation_log.md measures what that cost). A generation takes its buffers
+    here (`empty`) and gives them back when it ends (`DecodingCache.release`); the next one reuses them. What is kept
+    is at most what one generation of the thread used at once; `release_decoding_buffers()` frees it. Other devices
     allocate as usual (their allocators cache memory themselves)."""
 
     def __init__(self):

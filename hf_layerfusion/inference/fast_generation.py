@@ -226,7 +226,7 @@ def empty_cache_for_generate(model, kwargs: dict) -> dict:
     """`{cache name: an empty EncoderDecoderCache of DynamicCaches}` for `generate()` to take as the caller's, where the
     call gives none and does not turn the cache off; else {}. `generate()` would make the same caches from the model's
     config (each asking `get_text_config(decoder=True)`, a deep copy of a flat encoder-decoder config: a share of a
-    short call's time, docs/fast_cpu_translation.md), which the fast loop never fills (it keeps its own
+    short call's time, study/fast_cpu_translation_log.md), which the fast loop never fills (it keeps its own
     `DecodingCache`); a fallback inside the loop fills this one as it would fill its own (layers made as they are
     first written)."""
     config = kwargs.get("generation_config") or model.generation_config

@@ -100,7 +100,7 @@ def exact_int8_product(codes: torch.Tensor, weight_t: torch.Tensor) -> torch.Ten
     """`codes (M, K) @ weight_t (K, N)` of int8 matrices, exactly, as int32: float32 matrix products over blocks of
     `EXACT_FLOAT32_DEPTH` inputs (each exact), summed in int32. What `torch._int_mm` computes, at the speed of a float
     product on every CPU (`torch._int_mm` is far slower than a float product where the CPU has no VNNI:
-    docs/fast_cpu_translation.md)."""
+    study/fast_cpu_translation_log.md)."""
     sums = None
     for start in range(0, codes.shape[1], EXACT_FLOAT32_DEPTH):
         block = slice(start, start + EXACT_FLOAT32_DEPTH)
@@ -160,7 +160,7 @@ class Int8Linear(nn.Module):
     the multiply-adds per instruction of the 16-bit products an exact 8-bit product needs there
     (kernels/int8_linear.cpp). The weights are packed here, once, for this CPU's product (`kernel.int8_product`
     names it). Each format gives the same numbers on every product (`int8_linear_reference` with its `code_bits`);
-    the formats' speed and BLEU cost are measured in docs/fast_cpu_translation.md."""
+    the formats' speed and BLEU cost are measured in study/fast_cpu_translation_log.md."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool = False, code_bits: int | None = None
@@ -596,8 +596,8 @@ class OutputGroupsProjection(nn.Module):
     features of several output groups, written into the calling thread's scratch (`thread_scratch`) instead of a new
     tensor: the head reads these group logits only before it returns (`project_output_groups`), and GTrans' (three
     8,000-word groups, 12 MB at a beam search of 32 sentences) made new at every step were mapped fresh by the C
-    library, a page fault for every 4 KiB written (docs/fast_cpu_translation.md measures them). The result lasts until
-    the thread's next call."""
+    library, a page fault for every 4 KiB written (study/fast_cpu_translation_log.md measures them). The result lasts
+    until the thread's next call."""
 
     def __init__(self, projection: nn.Module):
         super().__init__()
@@ -666,7 +666,7 @@ def content_checksum(tensor: torch.Tensor) -> int:
     """The sum of `tensor`'s bytes read as 64-bit integers, wrapping around (where its layout allows; else its elements'
     bit patterns summed exactly): a write changes it unless its changes cancel out exactly in the sum (a permutation
     of the elements does). Not a 32-bit sum: scaling by 2 moves every float32 pattern by 2^23, which 512 elements add
-    up to 2^32. One read of the weights at memory speed, the integer sums vectorized (docs/fast_cpu_translation.md
+    up to 2^32. One read of the weights at memory speed, the integer sums vectorized (study/fast_cpu_translation_log.md
     measures it against a translation)."""
     try:
         return int(tensor.view(torch.int64).sum())
