@@ -763,13 +763,15 @@ def search_label(num_beams: int) -> str:
     return "greedy" if num_beams == 1 else f"beam-{num_beams}"
 
 
-def workload_results_path(results_dir: Path, max_cpu_isa: str | None = None, kind: str = "workload") -> Path:
+def workload_results_path(results_dir: Path, max_cpu_isa: str | None = None, kind: str = "workload",
+                          variant: str | None = None) -> Path:
     """`results_dir/<kind>_<cpu>_<commit>.json`: one file per CPU model and commit, so the results of different
     machines committed side by side never collide (a second run of the same code on the same CPU type must say
     `--overwrite-results`); `<cpu>-max-<isa>` for a run under `--max-cpu-isa`. `kind`: "workload" for this
-    benchmark's files, "processes" for `bench_workload_processes.py`'s."""
+    benchmark's files, "processes" for `bench_workload_processes.py`'s; `variant`: a run's other settings
+    (`<cpu>-<variant>`, `bench_workload_processes.run_variant`)."""
     cpu = re.sub(r"[^a-z0-9]+", "-", backbone.cpu_model().lower()).strip("-") or "unknown-cpu"
-    cap = f"-max-{max_cpu_isa}" if max_cpu_isa else ""
+    cap = (f"-max-{max_cpu_isa}" if max_cpu_isa else "") + (f"-{variant}" if variant else "")
     commit = backbone.git_revision().split("+")[0]  # the short commit; the file itself records uncommitted changes
     return Path(results_dir) / f"{kind}_{cpu}{cap}_{commit}.json"
 

@@ -18,13 +18,22 @@ stopping at its end token) and CTranslate2 float32 and int8 (`export_ctranslate2
 thread pools), then the whole set once. Target (issue 39): the fast loop at or above CTranslate2 of the same
 precision, at every thread count and search.
 
-`--results-dir DIR` also writes the run to `DIR/processes_<cpu>_<commit>.json` (a temporary file renamed into place;
-an existing one is refused before any work unless `--overwrite-results`), from which
-`inference_workload_report.py` renders the README's table of these runs.
+`--wait-policy` sets the engines' `OMP_WAIT_POLICY` (ACTIVE, PASSIVE, or `unset`: the variable removed, each runtime's
+own default; by default the environment's, else ACTIVE), so that each policy is measured in a run of its own;
+`--inter-threads N` translates N batches side by side in each engine (`translate(..., inter_threads=N)`, CTranslate2's
+`inter_threads`), each with `threads / N` threads of its own (every `--threads` count a multiple of N): sentences per
+second on many cores rather than one batch's latency.
+
+`--results-dir DIR` also writes the run to `DIR/processes_<cpu>_<commit>.json` (`processes_<cpu>-<settings>_<commit>`
+for a `--wait-policy` or `--inter-threads` other than the default; a temporary file renamed into place; an existing one
+is refused before any work unless `--overwrite-results`), from which `inference_workload_report.py` renders the
+results' tables of these runs.
 
     python -m study.bench_workload_processes runs/study/runs/steps_2000_warmup_1000/plain_transformer/seed_2
     python -m study.bench_workload_processes MODEL_DIR --threads 1 2 --beams 1 4 --rounds 3 --sentences 500
     python -m study.bench_workload_processes MODEL_DIR --rounds 2 --results-dir study/results/inference
+    python -m study.bench_workload_processes MODEL_DIR --wait-policy PASSIVE --results-dir study/results/inference
+    python -m study.bench_workload_processes MODEL_DIR --threads 2 --inter-threads 2 --results-dir study/results/inference
 """
 
 import argparse
@@ -38,9 +47,11 @@ import tempfile
 import time
 from pathlib import Path
 
-# the engines' processes' OMP_WAIT_POLICY, read before bench_backbone sets this process's default (PASSIVE): the
-# environment's, else ACTIVE (two threads need spinning waits on idle cores, and each engine has the cores to itself)
-ENGINE_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY", "ACTIVE")
+# the engines' processes' default OMP_WAIT_POLICY (`--wait-policy`), read before bench_backbone sets this process's
+# default (PASSIVE): the environment's, else ACTIVE (each engine has the cores to itself)
+STARTING_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")  # None: unset
+ENGINE_WAIT_POLICY = STARTING_WAIT_POLICY or "ACTIVE"
+WAIT_POLICIES = ("ACTIVE", "PASSIVE", "unset")  # "unset": OMP_WAIT_POLICY removed from the engines' environment
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -79,6 +90,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--beams", type=positive_int, nargs="+", default=[1, 4], help="searches (default: 1 4)")
     parser.add_argument("--rounds", type=positive_int, default=3, help="timed runs per engine (default: %(default)s)")
     parser.add_argument("--sentences", type=positive_int, default=None, help="the first N test sentences (default: all)")
+    parser.add_argument("--wait-policy", choices=WAIT_POLICIES, default=ENGINE_WAIT_POLICY.upper(),
+                        help="the engines' OMP_WAIT_POLICY; unset: none (default: the environment's, else ACTIVE)")
+    parser.add_argument("--inter-threads", type=positive_int, default=1,
+                        help="batches translated side by side in each engine, each with threads / N threads "
+                             "(default: %(default)s)")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="also write the run to DIR/processes_<cpu>_<commit>.json (for "
                              "inference_workload_report.py, e.g. study/results/inference)")
@@ -92,6 +108,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         values = getattr(args, name)
         if len(set(values)) != len(values):
             parser.error(f"--{name} repeats a value: {values}")
+    indivisible = [threads for threads in args.threads if threads % args.inter_threads]
+    if indivisible:
+        parser.error(f"--threads {indivisible} cannot be shared out equally by --inter-threads {args.inter_threads}: "
+                     "give thread counts that are multiples of it")
     if not (args.model_dir / "config.json").is_file():
         parser.error(f"no model at {args.model_dir} (no config.json): pass a trained plain Transformer's directory")
     model_type = json.loads((args.model_dir / "config.json").read_text(encoding="utf-8")).get("model_type")
@@ -105,13 +125,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.results_dir is not None:
         if args.results_dir.exists() and not args.results_dir.is_dir():
             parser.error(f"--results-dir {args.results_dir} is not a directory")
-        args.results_path = workload_results_path(args.results_dir, kind="processes")
+        args.results_path = workload_results_path(args.results_dir, kind="processes", variant=run_variant(args))
         if args.results_path.exists() and not args.overwrite_results:
             parser.error(f"{args.results_path} exists already (this CPU type and commit); --overwrite-results "
                          "replaces it")
     elif args.overwrite_results:
         parser.error("--overwrite-results needs --results-dir")
     return args
+
+
+def run_variant(args) -> str | None:
+    """The run's settings beside the default ones, as its results file names them ("wait-passive-inter-2"), or None."""
+    parts = ([f"wait-{args.wait_policy.lower()}"] if args.wait_policy != "ACTIVE" else []) + (
+        [f"inter-{args.inter_threads}"] if args.inter_threads > 1 else [])
+    return "-".join(parts) or None
+
+
+def engine_environment(wait_policy: str) -> dict:
+    """The engines' processes' environment: this one's, with `wait_policy` as OMP_WAIT_POLICY ("unset": without it)."""
+    environment = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    if wait_policy != "unset":
+        environment["OMP_WAIT_POLICY"] = wait_policy
+    return study_environment(environment)
 
 
 # ------------------------------------------------------------------------------------------------ one engine's process
@@ -135,9 +170,16 @@ def process_threads_and_context_switches() -> tuple[int, int] | tuple[None, None
 
 def run_child(job_file: Path) -> None:
     """Translate the job's sentences with one engine at one thread count (warm-up on two sentences first) and write
-    `{"seconds", "translations", "threads", "process_threads", "context_switches"}` beside the job file (the last two:
-    this process's OS threads after the timed translation and their context switches during it; None off Linux)."""
+    `{"seconds", "translations", "threads", "inter_threads", "omp_wait_policy", "process_threads", "context_switches"}`
+    beside the job file (the last two: this process's OS threads after the timed translation and their context
+    switches during it; None off Linux)."""
     job = json.loads(job_file.read_text(encoding="utf-8"))
+    # the policy this process was started with, for the runtimes loaded from here on (CTranslate2's own libgomp):
+    # importing bench_backbone set PASSIVE where it was unset
+    if STARTING_WAIT_POLICY is None:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = STARTING_WAIT_POLICY
     transformers.logging.set_verbosity_error()
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
 
@@ -148,10 +190,11 @@ def run_child(job_file: Path) -> None:
         import ctranslate2
 
         torch.set_num_threads(1)  # no torch worker threads beside CTranslate2's
-        translator = ctranslate2.Translator(job["ctranslate2_dir"], device="cpu", intra_threads=job["threads"],
-                                            inter_threads=1)
+        translator = ctranslate2.Translator(job["ctranslate2_dir"], device="cpu",
+                                            intra_threads=job["threads"] // job["inter_threads"],
+                                            inter_threads=job["inter_threads"])
         max_decoding_length = GenerationConfig.from_pretrained(job["model_dir"]).max_length - 1  # as generate()'s
-        threads = job["threads"]
+        threads, inter_threads = job["threads"], translator.num_translators
 
         def translate(sentences):
             return ctranslate2_translate(translator, tokenizer, sentences, job["num_beams"], max_decoding_length)
@@ -159,11 +202,11 @@ def run_child(job_file: Path) -> None:
         torch.set_num_threads(job["threads"])
         model = AutoModelForSeq2SeqLM.from_pretrained(job["model_dir"]).eval()
         quantization = "int8" if engine == "fast int8" else None
-        threads = torch.get_num_threads()
+        threads, inter_threads = torch.get_num_threads(), job["inter_threads"]
 
         def translate(sentences):
             return hf_layerfusion.translate(model, tokenizer, sentences, num_beams=job["num_beams"],
-                                            quantization=quantization)
+                                            quantization=quantization, inter_threads=job["inter_threads"])
     translate(sources[:2])
     _, switches_before = process_threads_and_context_switches()
     start = time.perf_counter()
@@ -171,18 +214,19 @@ def run_child(job_file: Path) -> None:
     seconds = time.perf_counter() - start
     process_threads, switches_after = process_threads_and_context_switches()
     context_switches = None if switches_after is None else switches_after - switches_before
-    result = {"seconds": seconds, "translations": translations, "threads": threads,
+    result = {"seconds": seconds, "translations": translations, "threads": threads, "inter_threads": inter_threads,
+              "omp_wait_policy": STARTING_WAIT_POLICY or "unset",
               "process_threads": process_threads, "context_switches": context_switches}
     job_file.with_suffix(".result.json").write_text(json.dumps(result), encoding="utf-8")
 
 
-def run_engine_process(work: Path, job: dict) -> dict:
-    """`run_child`'s result for `job`, in a fresh Python process (`ENGINE_WAIT_POLICY`)."""
+def run_engine_process(work: Path, job: dict, wait_policy: str) -> dict:
+    """`run_child`'s result for `job`, in a fresh Python process (`engine_environment(wait_policy)`)."""
     job_file = work / f"job_{time.monotonic_ns()}.json"
     job_file.write_text(json.dumps(job), encoding="utf-8")
     completed = subprocess.run([*module_command(__spec__.name), job["model_dir"], "--child", str(job_file)],
                                capture_output=True, text=True,
-                               env=study_environment({**os.environ, "OMP_WAIT_POLICY": ENGINE_WAIT_POLICY}))
+                               env=engine_environment(wait_policy))
     if completed.returncode != 0:
         raise SystemExit(f"error: the {job['engine']} process ({job['threads']} thread(s), beam {job['num_beams']}) "
                          f"failed:\n{completed.stderr[-3000:]}")
@@ -208,8 +252,10 @@ def measure(args, work: Path, sources: list[str]) -> dict:
             for threads in args.threads:
                 for engine in ENGINES if round_index % 2 == 0 else reversed(ENGINES):
                     job = dict(engine=engine, model_dir=str(args.model_dir), threads=threads, num_beams=num_beams,
-                               sources=sources, ctranslate2_dir=str(converted[engine.split()[-1]]))
-                    results.setdefault((engine, threads, num_beams), []).append(run_engine_process(work, job))
+                               inter_threads=args.inter_threads, sources=sources,
+                               ctranslate2_dir=str(converted[engine.split()[-1]]))
+                    results.setdefault((engine, threads, num_beams), []).append(
+                        run_engine_process(work, job, args.wait_policy))
     return results
 
 
@@ -239,6 +285,8 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
                          seconds=[run["seconds"] for run in runs],
                          median_seconds=statistics.median(run["seconds"] for run in runs),
                          threads_used=runs[0]["threads"],
+                         inter_threads_used=runs[0]["inter_threads"],
+                         omp_wait_policy_used=runs[0]["omp_wait_policy"],
                          process_threads=runs[0]["process_threads"],
                          context_switches_per_second=[None if run["context_switches"] is None
                                                       else run["context_switches"] / run["seconds"] for run in runs],
@@ -295,7 +343,8 @@ def processes_record(args, command: str, revision: str, ctranslate2_version: str
         "cpu_family_model": cpu_family_model(),
         "machine_type": machine_type(),
         "logical_cpus": os.cpu_count(),
-        "omp_wait_policy": ENGINE_WAIT_POLICY,
+        "omp_wait_policy": args.wait_policy,
+        "inter_threads": args.inter_threads,
         "model": str(args.model_dir),
         "sentences": args.sentences_read,
         "rounds": args.rounds,
@@ -337,7 +386,8 @@ def measure_and_report(args, ctranslate2_version: str, argv) -> list[dict]:
     print(f"- torch {torch.__version__}, transformers {transformers.__version__}, CTranslate2 {ctranslate2_version}, "
           f"hf_layerfusion {hf_layerfusion.__version__} (git {revision}), Python {platform.python_version()}")
     print(f"- CPU: {cpu_model()} ({os.cpu_count()} logical CPUs visible), OMP_WAIT_POLICY="
-          f"{ENGINE_WAIT_POLICY} in the engines' processes, load average at start {loadavg()}")
+          f"{args.wait_policy} in the engines' processes, {args.inter_threads} batch(es) side by side, load average at "
+          f"start {loadavg()}")
     print(f"- model: {args.model_dir}, Multi30k test, {len(sources)} sentences, {args.rounds} round(s)\n")
     with tempfile.TemporaryDirectory() as work:
         results = measure(args, Path(work), sources)

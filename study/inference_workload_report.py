@@ -424,7 +424,7 @@ def processes_tables(results: list[tuple[Path, dict]]) -> list[str]:
                   f"{versions.get('ctranslate2')}, hf_layerfusion {versions.get('hf_layerfusion')}, Python "
                   f"{versions.get('python')}; `{record['model']}`, {record['sentences']} sentences, "
                   f"{record['rounds']} round(s); OMP_WAIT_POLICY={record['omp_wait_policy']} in the engines' "
-                  f"processes; load average at start {tuple(record['loadavg_start'])}, at end "
+                  f"processes, {record.get('inter_threads', 1)} batch(es) side by side; load average at start {tuple(record['loadavg_start'])}, at end "
                   f"{tuple(record['loadavg_end'])}).", ""]
         row_of = {(row["engine"], row["threads"], row["num_beams"]): row for row in record["rows"]}
         ratio_of = {(fast, t, b): ratio for fast, _, t, b, ratio in same_precision_ratios(record["rows"])}

@@ -23,7 +23,7 @@ from pathlib import Path
 from study import bench_multi30k
 from study import inference_workload_report as inference
 from study import multi30k_ledger as ledger
-from study.bench_workload_processes import SAME_PRECISION, same_precision_ratios
+from study.bench_workload_processes import ENGINES, SAME_PRECISION, same_precision_ratios
 from study.common import (
     DEFAULT_DATA,
     REPO_ROOT,
@@ -79,10 +79,15 @@ def quality_summary(ledger_dir: Path, references: dict) -> list[str]:
 
 
 def speed_summary(results_dir: Path) -> list[str]:
-    """Per CPU and thread count of each `bench_workload_processes.py` file: each fast loop's speed against
-    CTranslate2 of the same precision, greedy and beam-4 (Markdown list items)."""
+    """Per `bench_workload_processes.py` file (its CPU, wait policy, batches side by side, sentences): per thread count
+    each fast loop's speed against CTranslate2 of the same precision, greedy and beam-4, and what each engine gains
+    from its first thread count to each other (Markdown list items)."""
     lines = []
     for path, record in inference.read_processes_results(results_dir):
+        side_by_side = record.get("inter_threads", 1)
+        lines.append(f"- {inference.machine_label(record)}, OMP_WAIT_POLICY={record['omp_wait_policy']}"
+                     + (f", {side_by_side} batches side by side" if side_by_side > 1 else "")
+                     + f", {record['sentences']:,} sentences (`{path.name}`):")
         ratios = same_precision_ratios(record["rows"])
         for threads in record["threads"]:
             cells = []
@@ -90,8 +95,14 @@ def speed_summary(results_dir: Path) -> list[str]:
                 by_search = [f"{ratio:.2f}x {inference.search_label(beams)}" for engine, _, t, beams, ratio in ratios
                              if engine == fast and t == threads]
                 cells.append(f"{fast} {' / '.join(by_search)} {reference}'s speed")
-            lines.append(f"- {inference.machine_label(record)}, {inference.threads_label(threads)} "
-                         f"(`{path.name}`): " + "; ".join(cells) + ".")
+            lines.append(f"  - {inference.threads_label(threads)}: " + "; ".join(cells) + ".")
+        seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"] for row in record["rows"]}
+        first = record["threads"][0]
+        for threads in record["threads"][1:]:
+            gains = [f"{engine} " + " / ".join(f"{seconds[engine, first, beams] / seconds[engine, threads, beams]:.2f}x "
+                                                f"{inference.search_label(beams)}" for beams in record["beams"])
+                     for engine in ENGINES]
+            lines.append(f"  - {inference.threads_label(threads)} against {first}: " + "; ".join(gains) + ".")
     return lines or ["- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
 
 
@@ -105,9 +116,10 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
         "",
         *quality_summary(ledger_dir, references),
         "",
-        ("The fast CPU loop against CTranslate2 of the same precision (the study's plain Transformer, 1,000 Multi30k "
-         "test sentences, each engine in a process of its own; CTranslate2's seconds over the fast loop's, above "
-         "1.00x: the fast loop is faster). Every CPU's full tables: [study/README.md](study/README.md)."),
+        ("The fast CPU loop against CTranslate2 of the same precision (the study's plain Transformer on Multi30k test "
+         "sentences, each engine in a process of its own; CTranslate2's seconds over the fast loop's, above 1.00x: "
+         "the fast loop is faster), and what more threads give each engine (its seconds at the first thread count "
+         "over its seconds at more). Every CPU's full tables: [study/README.md](study/README.md)."),
         "",
         *speed_summary(results_dir),
     ]) + "\n"

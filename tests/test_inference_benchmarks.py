@@ -257,7 +257,10 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
     output = capsys.readouterr().out
     # the run's file reads back into the report, with the target ratios the run printed
     (path, record), = inference_workload_report.read_processes_results(tmp_path / "results")
-    assert path == bench_inference.workload_results_path(tmp_path / "results", kind="processes")
+    # named by its wait policy where it is not ACTIVE (the suite's environment sets PASSIVE)
+    policy = bench_workload_processes.ENGINE_WAIT_POLICY
+    variant = None if policy == "ACTIVE" else f"wait-{policy.lower()}"
+    assert path == bench_inference.workload_results_path(tmp_path / "results", kind="processes", variant=variant)
     assert f"results written to {path}" in output and record["rows"] == json.loads(json.dumps(rows))
     assert record["sentences"] == 4 and record["threads"] == [1, 2] and record["beams"] == [1]
     table = inference_workload_report.render(tmp_path / "results")
@@ -269,8 +272,11 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
     )
     for row in rows:
         assert len(row["seconds"]) == 1 and min(row["seconds"]) > 0 and row["num_beams"] == 1
-        # each fast loop's process ran at the thread count asked for
+        # each fast loop's process ran at the thread count asked for, with the environment's wait policy (else
+        # ACTIVE), one batch at a time
         assert row["threads_used"] == row["threads"]
+        assert row["omp_wait_policy_used"] == bench_workload_processes.ENGINE_WAIT_POLICY
+        assert row["inter_threads_used"] == 1
         if sys.platform.startswith("linux"):  # counted from /proc: every thread of the process, not only the main one
             assert row["process_threads"] >= (2 if row["engine"].startswith("CTranslate2") else 1)  # + its translator
             assert min(row["context_switches_per_second"]) >= 0
@@ -281,6 +287,28 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
     assert "| fast float32 | greedy | " in output
     if sys.platform.startswith("linux"):
         assert "| engine | search | 1 thread(s): OS threads, context switches / s | 2 thread(s): " in output
+
+
+def test_bench_workload_processes_runs_the_engines_under_the_wait_policy_and_the_batches_side_by_side_it_is_given(
+    saved_models, tokenizer_sized_plain, capsys, tmp_path
+):
+    """`--wait-policy unset` removes OMP_WAIT_POLICY from the engines' processes (each runtime's own default), and
+    `--inter-threads 2` at 2 threads runs two batches side by side in every engine (CTranslate2: two translators);
+    the results file names both settings, and its caption in the report says them."""
+    pytest.importorskip("ctranslate2")
+    _, data = saved_models
+    rows = bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--threads", "2",
+                                          "--beams", "1", "--rounds", "1", "--sentences", "4", "--wait-policy", "unset",
+                                          "--inter-threads", "2", "--results-dir", str(tmp_path)])
+    assert {(row["omp_wait_policy_used"], row["inter_threads_used"], row["threads_used"]) for row in rows} == {
+        ("unset", 2, 2)
+    }
+    (path, record), = inference_workload_report.read_processes_results(tmp_path)
+    assert path == bench_inference.workload_results_path(tmp_path, kind="processes", variant="wait-unset-inter-2")
+    assert record["omp_wait_policy"] == "unset" and record["inter_threads"] == 2
+    assert "OMP_WAIT_POLICY=unset in the engines' processes, 2 batch(es) side by side" in (
+        inference_workload_report.render(tmp_path))
+    assert "OMP_WAIT_POLICY=unset in the engines' processes, 2 batch(es) side by side" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("environment, policy", [(None, "ACTIVE"), ("PASSIVE", "PASSIVE")])
@@ -303,6 +331,9 @@ def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_mo
     cases = [
         ([str(tokenizer_sized_plain), "--threads", "1", "1"], "--threads repeats a value"),
         ([str(tokenizer_sized_plain), "--rounds", "0"], "must be a positive integer, got 0"),
+        ([str(tokenizer_sized_plain), "--threads", "1", "2", "--inter-threads", "2"],
+         "--threads [1] cannot be shared out equally by --inter-threads 2"),
+        ([str(tokenizer_sized_plain), "--wait-policy", "passive"], "invalid choice: 'passive'"),
         ([str(directories["gtrans"]), "--data", str(data)], "'gtrans' model; CTranslate2 runs only the plain"),
         ([str(data / "missing")], "no model at"),
         ([str(tokenizer_sized_plain), "--data", str(data / "missing")], "no Multi30k test sentences at"),
@@ -319,7 +350,8 @@ def test_bench_workload_processes_refuses_bad_arguments_before_any_work(saved_mo
     existing = bench_inference.workload_results_path(tmp_path, kind="processes")
     existing.write_text("an earlier run", encoding="utf-8")
     with pytest.raises(SystemExit):
-        bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--results-dir", str(tmp_path)])
+        bench_workload_processes.main([str(tokenizer_sized_plain), "--data", str(data), "--results-dir", str(tmp_path),
+                                       "--wait-policy", "ACTIVE"])
     assert "exists already (this CPU type and commit); --overwrite-results replaces it" in capsys.readouterr().err
     assert existing.read_text(encoding="utf-8") == "an earlier run"
 

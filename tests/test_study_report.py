@@ -38,10 +38,22 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
         "- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
     (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(processes_file()), encoding="utf-8")
     lines = report.speed_summary(tmp_path)  # CTranslate2's median seconds over the fast loop's (PROCESS_MEDIANS)
-    assert lines[0] == ("- AMD EPYC (family 25, model 17), 1 thread (`processes_amd-epyc_def5678.json`): fast float32 "
-                        "1.35x greedy / 1.27x beam-4 CTranslate2 float32's speed; fast int8 0.94x greedy / 1.27x "
-                        "beam-4 CTranslate2 int8's speed.")
-    assert len(lines) == 2 and lines[1].startswith("- AMD EPYC (family 25, model 17), 2 threads ")
+    assert lines[0] == ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences "
+                        "(`processes_amd-epyc_def5678.json`):")
+    assert lines[1] == ("  - 1 thread: fast float32 1.35x greedy / 1.27x beam-4 CTranslate2 float32's speed; fast int8 "
+                        "0.94x greedy / 1.27x beam-4 CTranslate2 int8's speed.")
+    assert lines[2].startswith("  - 2 threads: fast float32 ")
+    # each engine's seconds at 1 thread over its seconds at 2
+    seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"]
+               for row in processes_file()["rows"]}
+    gain = seconds["fast int8", 1, 4] / seconds["fast int8", 2, 4]
+    assert lines[3].startswith("  - 2 threads against 1: fast float32 ") and "fast int8 " in lines[3]
+    assert f"{gain:.2f}x beam-4; CTranslate2 int8 " in lines[3]
+    assert len(lines) == 4
+    # a run of batches side by side says so
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps({**processes_file(), "inter_threads": 2}),
+                                                                 encoding="utf-8")
+    assert ", OMP_WAIT_POLICY=ACTIVE, 2 batches side by side, 1,000 sentences " in report.speed_summary(tmp_path)[0]
 
 
 def study_page(ledger_section: str, inference_section: str) -> str:
