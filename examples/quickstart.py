@@ -64,7 +64,7 @@ NUM_BEAMS = 4
 # d_model 128, 3 + 3 layers; GTrans: every encoder layer fused (T_e = 1), 3 decoder groups of one layer (T_d = 1)
 BACKBONE = (
     "d_model=128,encoder_layers=3,decoder_layers=3,encoder_ffn_dim=512,decoder_ffn_dim=512,"
-    "encoder_attention_heads=4,decoder_attention_heads=4,max_position_embeddings=128,dropout=0.0"
+    "encoder_attention_heads=4,decoder_attention_heads=4,max_position_embeddings=128,dropout=0.1"
 )
 MODELS = {
     "gtrans": BACKBONE + ",encoder_group_size=1,decoder_group_size=1",
@@ -96,7 +96,7 @@ def train_args(model_type: str, output_dir: Path, steps: int, tokenizer_dir: Pat
         "--per_device_eval_batch_size=100",
         "--learning_rate=2e-3",
         "--lr_scheduler_type=inverse_sqrt",
-        "--warmup_steps=100",
+        "--warmup_steps=300",
         "--label_smoothing_factor=0.1",
         "--train_sampling_strategy=group_by_length",
         "--save_strategy=no",
