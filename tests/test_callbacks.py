@@ -209,3 +209,65 @@ def test_time_budget_continues_after_resume():
 
     with pytest.raises(ValueError, match="positive, got 0"):
         TimeBudgetCallback(max_minutes=0)
+
+
+def test_compact_log_line_shows_step_loss_learning_rate_bleu_and_time():
+    from hf_layerfusion.training.callbacks import compact_log_line, format_duration
+
+    training = {"loss": 2.31456, "grad_norm": 1.2, "learning_rate": 0.0016, "epoch": 0.5, "fusion/encoder_gate_1": 0.5}
+    line = compact_log_line(training, 400, 1600, 65.4, prefix="gtrans")
+    assert line == "gtrans  step  400/1600  loss 2.315  lr 1.60e-03  1:05"
+    # the strings transformers formats values into, an evaluation, no prefix, no known step count
+    evaluation = {"eval_loss": "2.8712", "eval_bleu": "85.2149", "eval_runtime": 3.0}
+    assert compact_log_line(evaluation, 800, 1600, 3725) == "step  800/1600  val loss 2.871  val BLEU 85.21  1:02:05"
+    assert compact_log_line({"loss": 1.0}, 7, -1, 0) == "step 7  loss 1.000  0:00"
+    # the end-of-training summary and logs without a loss or BLEU make no line
+    assert compact_log_line({"train_runtime": 12.0, "train_loss": 2.0, "loss": 2.0}, 3, 3, 1) is None
+    assert compact_log_line({"total_flos": 1e9}, 3, 3, 1) is None
+    assert [format_duration(s) for s in (0, 59.9, 60, 3599, 3600)] == ["0:00", "0:59", "1:00", "59:59", "1:00:00"]
+
+
+def test_compact_logging_replaces_the_printed_dicts(tmp_path, tiny_backbone, capsys):
+    import io
+
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from hf_layerfusion.training.callbacks import CompactLogCallback, use_compact_logging
+
+    config = PlainTransformerConfig(**tiny_backbone)
+    stream = io.StringIO()
+    for disable_tqdm in (True, False):  # PrinterCallback, ProgressCallback
+        trainer = LayerFusionSeq2SeqTrainer(
+            model=PlainTransformerForConditionalGeneration(config),
+            args=training_args(tmp_path, max_steps=4, logging_steps=2, disable_tqdm=disable_tqdm),
+            data_collator=collate,
+            train_dataset=toy_dataset(config.vocab_size),
+            callbacks=[LayerGradientNormCallback()],
+        )
+        callback = use_compact_logging(trainer, prefix="toy", file=stream)
+        kinds = [type(cb) for cb in trainer.callback_handler.callbacks]
+        assert CompactLogCallback in kinds and PrinterCallback not in kinds and ProgressCallback not in kinds
+        assert callback.prefix == "toy"
+    trainer.train()
+    printed = capsys.readouterr()
+    assert "{" not in printed.out + printed.err  # no raw dict on the console
+    lines = [line.strip() for line in stream.getvalue().replace("\r", "\n").split("\n") if line.strip()]
+    log_lines = [line for line in lines if " loss " in f" {line} "]
+    assert [line.split("  ")[:2] for line in log_lines] == [["toy", "step 2/4"], ["toy", "step 4/4"]], lines
+    assert all(len(line) < 80 and " lr " in line for line in log_lines)
+    assert any("toy training" in line and "4/4" in line for line in lines)  # the bar, at its end
+    assert lines[-1].startswith("toy  trained 4 steps in ")
+    # the full logs are still recorded
+    assert any("layer_grad_norm/encoder_1" in entry for entry in trainer.state.log_history)
+
+
+def test_compact_log_bars_take_their_line_from_the_environment(monkeypatch):
+    from hf_layerfusion.training.callbacks import PROGRESS_POSITION_VARIABLE, CompactLogCallback
+
+    monkeypatch.delenv(PROGRESS_POSITION_VARIABLE, raising=False)
+    assert CompactLogCallback().position == 0
+    monkeypatch.setenv(PROGRESS_POSITION_VARIABLE, "1")
+    assert CompactLogCallback().position == 1 and CompactLogCallback(position=2).position == 2
+    monkeypatch.setenv(PROGRESS_POSITION_VARIABLE, "first")
+    with pytest.raises(ValueError, match="must be a line number"):
+        CompactLogCallback()

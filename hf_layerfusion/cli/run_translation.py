@@ -105,6 +105,7 @@ from hf_layerfusion.training.callbacks import (  # noqa: E402
     FusionWeightsCallback,
     LayerGradientNormCallback,
     TimeBudgetCallback,
+    use_compact_logging,
 )
 from hf_layerfusion.training.data import (  # noqa: E402
     builtin_number_corpus,
@@ -242,6 +243,15 @@ class RunArguments:
         metadata={
             "help": "Translate the validation / test sets with hf_layerfusion's fast decoding loop (the tokens of "
             "generate(), faster); false: generate()'s own loop."
+        },
+    )
+    compact_logging: bool = field(
+        default=False,
+        metadata={
+            "help": "Print a progress bar with the time left and one short line per log (step, loss, learning rate, "
+            "validation BLEU when evaluated, elapsed time) instead of the Trainer's dicts "
+            "(hf_layerfusion.training.callbacks.CompactLogCallback); the dicts still go to trainer_state.json and "
+            "--report_to."
         },
     )
     overwrite_output_dir: bool = field(
@@ -784,6 +794,8 @@ def train_and_evaluate(
         callbacks=callbacks,
         fast_generation=run_args.fast_generation,
     )
+    if run_args.compact_logging:
+        use_compact_logging(trainer, prefix=model.config.model_type)
 
     results = {}
     if training_args.do_train:
@@ -795,7 +807,8 @@ def train_and_evaluate(
             # printed with the metrics and saved in bleu_results.json: a run the clock cut short says so
             "time_budget_ended_training": time_budget.ended_training,
         }
-        trainer.log_metrics("train", metrics)
+        if not run_args.compact_logging:  # which prints its own last line
+            trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
         trainer.save_state()
         results["train"] = metrics

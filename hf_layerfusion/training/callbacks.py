@@ -7,6 +7,11 @@
   end of training (`fusion_weights.png`).
 - `LayerGradientNormCallback`: per-layer gradient norms of the encoder and decoder (GTrans Fig. 11), averaged over
   the optimisation steps between two logs, logged and plotted (`layer_gradient_norms.png`).
+- `CompactLogCallback`: a console view for people watching a run: a tqdm bar over the training steps (with an
+  estimate of the time left), one short line per log (`compact_log_line`: step, loss, learning rate, validation BLEU
+  when evaluated, elapsed time) instead of the Trainer's raw dicts, and a bar while a split is translated. It
+  replaces transformers' `PrinterCallback` / `ProgressCallback` (`use_compact_logging`); the training CLI's
+  `--compact_logging True` turns it on (off by default), `examples/quickstart.py` uses it.
 
 The plots need matplotlib (the `train` extra). Without it both callbacks still log their values and say once, when
 they are made, that they will not plot them: a training run never fails at its end for want of a plotting library.
@@ -29,7 +34,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import torch
+from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import SaveStrategy
 
@@ -252,6 +259,135 @@ class LayerGradientNormCallback(TrainerCallback):
         if self.plots:
             plot_at_train_end(args, state, self.plot_dir, GRAD_NORM_PREFIX, "layer_gradient_norms.png",
                               "Gradient norm per layer")
+
+
+PROGRESS_POSITION_VARIABLE = "HF_LAYERFUSION_PROGRESS_POSITION"
+
+
+def format_duration(seconds: float) -> str:
+    """`75.4` -> `"1:15"`, `3725` -> `"1:02:05"` (whole seconds, as tqdm writes them)."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def compact_log_line(logs: dict, step: int, max_steps: int, elapsed_seconds: float, prefix: str = "") -> str | None:
+    """One short line for a Trainer log, e.g. `gtrans  step 400/1600  loss 3.214  lr 1.60e-03  0:52`, or
+    `... step 800/1600  val loss 2.871  val BLEU 85.21  1:40` for an evaluation; `None` for a log with neither a
+    training loss nor evaluation metrics (the end-of-training summary, say). Values may be numbers or the strings
+    transformers formats them into; keys the line does not show (fusion weights, gradient norms, ...) stay in
+    `state.log_history` and the reporting integrations."""
+
+    def number(key: str) -> float:
+        return float(logs[key])
+
+    parts = []
+    if "loss" in logs:
+        parts.append(f"loss {number('loss'):.3f}")
+    if "learning_rate" in logs:
+        parts.append(f"lr {number('learning_rate'):.2e}")
+    if "eval_loss" in logs:
+        parts.append(f"val loss {number('eval_loss'):.3f}")
+    if "eval_bleu" in logs:
+        parts.append(f"val BLEU {number('eval_bleu'):.2f}")
+    if not parts or "train_runtime" in logs:
+        return None
+    width = len(str(max_steps)) if max_steps > 0 else 0
+    position = f"step {step:>{width}}/{max_steps}" if max_steps > 0 else f"step {step}"
+    return "  ".join([*([prefix] if prefix else []), position, *parts, format_duration(elapsed_seconds)])
+
+
+class CompactLogCallback(TrainerCallback):
+    """A console view of a run (see the module docstring): a progress bar over the training steps with tqdm's
+    estimate of the time left, one `compact_log_line` per training log or evaluation (written above the bar), a bar
+    over the batches while a split is translated, and a last line with the steps done and the training time.
+    `prefix` starts every line and names the bars (the model being trained, say); `file` is where they go
+    (default: tqdm's, stderr; a file that is not a terminal gets the same lines and a bar redrawn every
+    `mininterval` seconds). `position` is the bars' line (tqdm's `position`; default: the environment variable
+    `HF_LAYERFUSION_PROGRESS_POSITION`, else 0), for runs side by side in one terminal, each on its own line (as
+    `examples/quickstart.py` trains its two models). Only the main process prints. Meant to replace the Trainer's
+    printing callbacks: `use_compact_logging(trainer, ...)`."""
+
+    def __init__(self, prefix: str = "", file=None, mininterval: float = 1.0, position: int | None = None):
+        self.prefix = prefix
+        self.file = file
+        self.mininterval = mininterval
+        if position is None:
+            raw = os.environ.get(PROGRESS_POSITION_VARIABLE, "").strip() or "0"
+            if not raw.isdigit():
+                raise ValueError(f"{PROGRESS_POSITION_VARIABLE} must be a line number (0, 1, ...), got {raw!r}.")
+            position = int(raw)
+        self.position = position
+        self.training_bar = None
+        self.prediction_bar = None
+        self._start: float | None = None
+        self._step = 0
+
+    def elapsed(self) -> float:
+        return 0.0 if self._start is None else time.monotonic() - self._start
+
+    def write(self, line: str) -> None:
+        tqdm.write(line, file=self.file)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start = time.monotonic()
+        self._step = state.global_step
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(
+                total=state.max_steps, initial=state.global_step, desc=f"{self.prefix} training".strip(),
+                unit="step", file=self.file, mininterval=self.mininterval, dynamic_ncols=True, position=self.position,
+            )
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:
+            self.training_bar.update(state.global_step - self._step)
+        self._step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or logs is None:
+            return
+        line = compact_log_line(logs, state.global_step, state.max_steps, self.elapsed(), self.prefix)
+        if line is not None:
+            self.write(line)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        if self.prediction_bar is None:
+            total = len(eval_dataloader) if eval_dataloader is not None and hasattr(eval_dataloader, "__len__") else None
+            self.prediction_bar = tqdm(
+                total=total, desc=f"{self.prefix} translating".strip(), unit="batch", file=self.file,
+                mininterval=self.mininterval, leave=False, dynamic_ncols=True, position=self.position,
+            )
+        self.prediction_bar.update(1)
+
+    def _close_prediction_bar(self):
+        if self.prediction_bar is not None:
+            self.prediction_bar.close()
+            self.prediction_bar = None
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self._close_prediction_bar()
+
+    def on_predict(self, args, state, control, **kwargs):
+        self._close_prediction_bar()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.training_bar is not None:
+            self.training_bar.close()
+            self.training_bar = None
+            prefix = f"{self.prefix}  " if self.prefix else ""
+            self.write(f"{prefix}trained {state.global_step} steps in {format_duration(self.elapsed())}")
+
+
+def use_compact_logging(trainer, prefix: str = "", file=None) -> CompactLogCallback:
+    """Replace `trainer`'s printing callbacks (transformers' `PrinterCallback` / `ProgressCallback`, whichever
+    `disable_tqdm` chose) with a `CompactLogCallback`, which it returns."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    callback = CompactLogCallback(prefix, file=file)
+    trainer.add_callback(callback)
+    return callback
 
 
 # callbacks whose `on_log` adds values to the logs: they must run before the reporting integrations
