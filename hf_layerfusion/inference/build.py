@@ -3,7 +3,7 @@
 The kernels (hf_layerfusion/inference/kernels) are compiled once per machine and source hash into a folder under
 the torch extensions root (`TORCH_EXTENSIONS_DIR`, else ~/.cache/torch_extensions) named by that hash, which every
 checkout and installation of the same sources shares. Without this command the first fast translation of a process
-compiles them (a few minutes on 2 cores). Prints what it built or found, where and how long the build took, and
+compiles them (under a minute on 2 idle cores). Prints what it built or found, where and how long the build took, and
 while compiling, its progress. `--force` builds into a new folder beside the build and swaps it in once built: a
 build that fails leaves the one there as it was.
 

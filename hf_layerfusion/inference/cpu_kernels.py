@@ -68,10 +68,11 @@ ELF_SECTION_WITHOUT_CONTENT = 8  # SHT_NOBITS (.bss): a section that takes no by
 # AVX-512 (with VNNI for int8 where the CPU has it), "amx" everything, AMX tiles included (no cap)
 INSTRUCTION_SETS = ("generic", "avx2", "avx512", "amx")
 MAX_CPU_ISA_VARIABLE = "HF_LAYERFUSION_MAX_CPU_ISA"
-# compiler CPU seconds (user + system) on this project's Intel Xeon (AVX-512): the longest source, ~28 s, most of it
-# torch's headers, and the whole build, ~360 s; ninja compiles one source per core at once, so a build on idle cores
-# takes about max(longest, total / cores), and longer on busy ones (992 s on 2 cores beside three other jobs)
-COMPILE_SECONDS_ONE_CORE = (30.0, 360.0)  # (longest source, all sources)
+# compiler CPU seconds (user + system) on an AMD EPYC (Zen 4) since each source includes only the ATen headers it uses
+# (kernels/cpu_kernels.h): the longest source, bindings.cpp (pybind11's casters), ~15 s, and the whole build, ~90 s
+# (~360 s before, with <torch/extension.h> in every source); ninja compiles one source per core at once, so a build on
+# idle cores takes about max(longest, total / cores), and longer on busy ones
+COMPILE_SECONDS_ONE_CORE = (15.0, 90.0)  # (longest source, all sources)
 # while compiling: how often the build folder is looked at, and the longest silence between two progress lines
 PROGRESS_POLL_SECONDS, PROGRESS_QUIET_SECONDS = 1.0, 60.0
 
@@ -149,7 +150,7 @@ def busy_machine_note(build_jobs: int = 0) -> str:
 
 
 def build_time_estimate() -> str:
-    """What a build takes on this machine's cores, in words ("about 3 min on 2 idle cores"), and whether they are
+    """What a build takes on this machine's cores, in words ("about 45 s on 2 idle cores"), and whether they are
     busy now: busy ones take longer, by how much the estimate cannot know."""
     cores = usable_cores()
     longest, total = COMPILE_SECONDS_ONE_CORE
