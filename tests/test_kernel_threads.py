@@ -13,8 +13,14 @@ import time
 import pytest
 import torch
 from helpers import decoder_logits, tiny_model
+from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_layerfusion.inference import inference_copies, prepare_for_inference
+from hf_layerfusion.inference import (
+    fast_generate,
+    inference_copies,
+    prepare_for_inference,
+)
+from hf_layerfusion.inference.cpu_kernels import torch_operators_on_one_thread
 from hf_layerfusion.inference.inference_copies import (
     Float32Linear,
     Int8Linear,
@@ -101,6 +107,43 @@ def test_the_pool_parks_when_idle(kernels, thread_count):
     finally:
         kernels.set_parallel_backend(before)
     assert cpu < 0.25 * wall, f"{cpu:.3f} s of CPU in {wall:.3f} s idle"
+
+
+def test_torchs_operators_run_on_one_thread_beside_the_pool_and_get_their_threads_back(kernels, thread_count,
+                                                                                        backend):
+    thread_count(2)
+    with torch_operators_on_one_thread():
+        inside = torch.get_num_threads(), kernels.kernel_threads(), kernels.parallel_for_threads(64, rounds=10)
+    # on OpenMP's threads the kernels share torch's count: nothing changes
+    assert inside == ((1, 2, 2) if backend == "pool" else (2, 2, 2))
+    assert (torch.get_num_threads(), kernels.kernel_threads()) == (2, 2)
+    with pytest.raises(KeyError), torch_operators_on_one_thread():
+        raise KeyError("inside")
+    assert (torch.get_num_threads(), kernels.kernel_threads()) == (2, 2)
+    with pytest.raises(RuntimeError, match="threads is 0 .torch's count. to 1024, got -1"):
+        kernels.set_kernel_threads(-1)
+
+
+class ThreadCounts(LogitsProcessor):
+    """Records torch's and the kernels' thread counts at each decoding step, changing no score."""
+
+    def __init__(self, kernels):
+        self.kernels, self.seen = kernels, set()
+
+    def __call__(self, input_ids, scores):
+        self.seen.add((torch.get_num_threads(), self.kernels.kernel_threads()))
+        return scores
+
+
+def test_fast_generate_decodes_with_torchs_operators_on_one_thread_beside_the_pool(kernels, thread_count, backend):
+    thread_count(2)
+    model = tiny_model("gtrans", d_model=64)
+    counts = ThreadCounts(kernels)
+    input_ids = torch.randint(4, model.config.vocab_size, (3, 7), generator=torch.Generator().manual_seed(0))
+    fast_generate(model, input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=5, num_beams=2,
+                  logits_processor=LogitsProcessorList([counts]), fallback=False)
+    assert counts.seen == ({(1, 2)} if backend == "pool" else {(2, 2)})
+    assert torch.get_num_threads() == 2
 
 
 def test_a_forked_child_makes_its_own_pool_and_exits(kernels):

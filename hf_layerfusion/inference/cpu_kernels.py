@@ -450,6 +450,28 @@ def limit_instruction_set(name: str):
         kernels.set_max_instruction_set(before)
 
 
+@contextlib.contextmanager
+def torch_operators_on_one_thread():
+    """Within the block, torch's own CPU operators run on one thread of the calling thread while the kernels keep
+    torch's thread count on their pool (`kernels/parallel.h`), then both as before. OpenMP's threads, which torch's
+    operators run on, spin for a while after each parallel region under the default wait policy: beside the pool's
+    threads they shared the cores (at two threads beam search ran slower than at one). The operators left in a
+    decoding step are small (the kernels do the products). Where the kernels use OpenMP's threads themselves
+    (`OMP_WAIT_POLICY=ACTIVE`), run on one thread, or are not compiled, the block runs as it is."""
+    kernels = compiled_kernels()
+    threads = torch.get_num_threads()
+    if kernels is None or threads == 1 or kernels.parallel_backend() != "pool":
+        yield
+        return
+    kernels.set_kernel_threads(threads)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        kernels.set_kernel_threads(0)
+
+
 def instruction_set_summary(kernels) -> str:
     """The kernels' cap in words, for benchmark headers: "" without one."""
     level = kernels.max_instruction_set()

@@ -51,6 +51,8 @@ criteria, a prompt for the decoder, attention implementations other than eager a
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation.configuration_utils import GenerationMode
@@ -72,6 +74,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..compat import CACHE_NAME, LEGACY_CACHE_NAME, beam_search_loop, sample_loop
 from ..modeling.input_checks import check_generation_arguments
+from .cpu_kernels import torch_operators_on_one_thread
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
 from .encoding import encode_by_length
@@ -270,8 +273,10 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     # the fallback model (not the float32 copy, whose attention returns no weights)
     decode = fast_decoding_loop(fallback and engine is fallback_model)
     engine_kwargs = {**kwargs, **empty_cache_for_generate(engine, kwargs)}
+    # on CPU, torch's operators on one thread beside the kernels' pool (`torch_operators_on_one_thread`)
+    threads = torch_operators_on_one_thread() if engine.device.type == "cpu" else contextlib.nullcontext()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), threads:
             if encodes_by_length(engine, kwargs):
                 input_ids = kwargs["inputs"] if "inputs" in kwargs else kwargs["input_ids"]
                 encoder_outputs = encode_by_length(engine.get_encoder(), input_ids, kwargs["attention_mask"])

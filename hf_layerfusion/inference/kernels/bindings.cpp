@@ -79,6 +79,12 @@ void set_parallel_backend(const std::string& backend) {
   hlf::parallel_backend().store(backend == "openmp" ? hlf::ParallelBackend::openmp : hlf::ParallelBackend::pool);
 }
 
+void set_kernel_threads(int64_t threads) {
+  TORCH_CHECK(threads >= 0 && threads <= 1024, "set_kernel_threads: threads is 0 (torch's count) to 1024, got ",
+              threads);
+  hlf::kernel_threads_setting = static_cast<int>(threads);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the kernels that compute release the GIL, as torch's own operators do: batches translated side by side in Python
   // threads (`translate(..., inter_threads=N)`) run their kernels at the same time
@@ -93,6 +99,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "or \"openmp\" (torch's, the default where OMP_WAIT_POLICY=ACTIVE).");
   m.def("set_parallel_backend", &set_parallel_backend, "Set `parallel_backend()` (\"pool\" or \"openmp\").",
         pybind11::arg("backend"));
+  m.def("kernel_threads", &hlf::kernel_threads,
+        "How many threads this thread's kernel calls use on the pool backend (set_kernel_threads, else torch's).");
+  m.def("set_kernel_threads", &set_kernel_threads,
+        "This thread's kernel calls use `threads` threads on the pool backend (0: torch's count, the default).",
+        pybind11::arg("threads"));
   m.def("max_instruction_set", &max_instruction_set,
         "The widest instruction set the kernels may use: 0 generic, 1 AVX2, 2 AVX-512, 3 AMX (no cap).");
   m.def("set_max_instruction_set", &set_max_instruction_set,

@@ -242,6 +242,14 @@ inline ThreadPool& thread_pool(int threads) {
   return *pool;
 }
 
+// How many threads this thread's `parallel_for`s use on the pool: `set_kernel_threads`'s count where set (0: torch's,
+// `at::get_num_threads()`). The fast loop sets torch's count here and runs torch's own operators on one thread
+// meanwhile (`cpu_kernels.torch_operators_on_one_thread`), so that OpenMP's threads, which spin for a while after each
+// region under the default wait policy, do not share the cores with the pool's.
+inline thread_local int kernel_threads_setting = 0;
+
+inline int kernel_threads() { return kernel_threads_setting > 0 ? kernel_threads_setting : at::get_num_threads(); }
+
 // The threads `parallel_for` runs on besides the caller's: the calling thread's pool, or OpenMP's (`at::parallel_for`).
 enum class ParallelBackend : int { pool = 0, openmp = 1 };
 
@@ -257,9 +265,9 @@ inline std::atomic<ParallelBackend>& parallel_backend() {
   return backend;
 }
 
-// `body(first, last)` over `[begin, end)` in chunks of at least `grain` items, across `at::get_num_threads()` threads
-// (torch.set_num_threads): the calling thread and its pool, or OpenMP's (`parallel_backend`); on the calling thread
-// alone inside a pool thread or a parallel region.
+// `body(first, last)` over `[begin, end)` in chunks of at least `grain` items: across the calling thread and its pool
+// (`kernel_threads()` threads in all), or OpenMP's threads (`at::get_num_threads()`, `parallel_backend`); on the
+// calling thread alone inside a pool thread or a parallel region.
 template <class Body>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
   if (parallel_backend().load(std::memory_order_relaxed) == ParallelBackend::openmp) {
@@ -268,7 +276,7 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
   }
   const int64_t range = end - begin;
   if (range <= 0) return;
-  const int threads = in_pool_thread || at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int threads = in_pool_thread || at::in_parallel_region() ? 1 : kernel_threads();
   grain = std::max<int64_t>(grain, 1);
   const int64_t chunks = std::min<int64_t>(threads, (range + grain - 1) / grain);
   if (chunks <= 1) {
