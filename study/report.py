@@ -18,12 +18,17 @@ generate.
 from __future__ import annotations
 
 import argparse
+import subprocess
 from pathlib import Path
 
 from study import bench_multi30k
 from study import inference_workload_report as inference
 from study import multi30k_ledger as ledger
-from study.bench_workload_processes import ENGINES, SAME_PRECISION, same_precision_ratios
+from study.bench_workload_processes import (
+    ENGINES,
+    SAME_PRECISION,
+    same_precision_ratios,
+)
 from study.common import (
     DEFAULT_DATA,
     REPO_ROOT,
@@ -78,12 +83,34 @@ def quality_summary(ledger_dir: Path, references: dict) -> list[str]:
     return lines
 
 
-def speed_summary(results_dir: Path) -> list[str]:
-    """Per `bench_workload_processes.py` file (its CPU, wait policy, batches side by side, sentences): per thread count
-    each fast loop's speed against CTranslate2 of the same precision, greedy and beam-4, and what each engine gains
-    from its first thread count to each other (Markdown list items)."""
-    lines = []
+def commit_time(revision: str) -> int:
+    """The commit time of `revision` in this checkout's history (0 where git or the commit is missing)."""
+    try:
+        shown = subprocess.run(["git", "show", "-s", "--format=%ct", revision], cwd=REPO_ROOT, capture_output=True,
+                               text=True, check=False)
+    except OSError:
+        return 0
+    return int(shown.stdout.strip()) if shown.returncode == 0 and shown.stdout.strip().isdigit() else 0
+
+
+def latest_processes_results(results_dir: Path) -> list[tuple[Path, dict]]:
+    """Of the `bench_workload_processes.py` files of each CPU, wait policy and number of batches side by side, the one
+    of the latest commit (the code users get; study/README.md's tables keep every run), in file-name order."""
+    latest = {}
     for path, record in inference.read_processes_results(results_dir):
+        setting = (inference.machine_label(record), record["omp_wait_policy"], record.get("inter_threads", 1))
+        time = commit_time(record["git_revision"])
+        if setting not in latest or time > latest[setting][0]:
+            latest[setting] = (time, path, record)
+    return sorted(((path, record) for _, path, record in latest.values()), key=lambda item: item[0].name)
+
+
+def speed_summary(results_dir: Path) -> list[str]:
+    """Per CPU, wait policy and number of batches side by side, from the latest `bench_workload_processes.py` file
+    (`latest_processes_results`): per thread count each fast loop's speed against CTranslate2 of the same precision,
+    greedy and beam-4, and what each engine gains from its first thread count to each other (Markdown list items)."""
+    lines = []
+    for path, record in latest_processes_results(results_dir):
         side_by_side = record.get("inter_threads", 1)
         lines.append(f"- {inference.machine_label(record)}, OMP_WAIT_POLICY={record['omp_wait_policy']}"
                      + (f", {side_by_side} batches side by side" if side_by_side > 1 else "")
@@ -119,7 +146,8 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
         ("The fast CPU loop against CTranslate2 of the same precision (the study's plain Transformer on Multi30k test "
          "sentences, each engine in a process of its own; CTranslate2's seconds over the fast loop's, above 1.00x: "
          "the fast loop is faster), and what more threads give each engine (its seconds at the first thread count "
-         "over its seconds at more). Every CPU's full tables: [study/README.md](study/README.md)."),
+         "over its seconds at more), from the latest run of each setting. Every run and CPU's full tables: "
+         "[study/README.md](study/README.md)."),
         "",
         *speed_summary(results_dir),
     ]) + "\n"

@@ -3,6 +3,8 @@ docs/results.md) are what the committed results give; the summary's verdicts and
 the results files; `--check` fails on a stale text and the command rewrites exactly the generated parts."""
 
 import json
+import os
+import subprocess
 
 import pytest
 from helpers import require_shared
@@ -54,6 +56,43 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
     (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps({**processes_file(), "inter_threads": 2}),
                                                                  encoding="utf-8")
     assert ", OMP_WAIT_POLICY=ACTIVE, 2 batches side by side, 1,000 sentences " in report.speed_summary(tmp_path)[0]
+
+
+def commits(repository, count: int) -> list[str]:
+    """`count` commits made in a new repository at `repository`, a day apart, oldest first (short hashes)."""
+    def git(*arguments, **environment):
+        return subprocess.run(["git", "-C", str(repository), *arguments], check=True, capture_output=True, text=True,
+                              env={**os.environ, **environment}).stdout.strip()
+    git("init", "-q")
+    made = []
+    for day in range(count):
+        date = f"2026-01-{day + 1:02d}T12:00:00"
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"day {day}",
+            GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date)
+        made.append(git("rev-parse", "--short=7", "HEAD"))
+    return made
+
+
+def test_the_summary_gives_the_latest_run_of_each_setting(tmp_path, monkeypatch):
+    """Of runs of one CPU, wait policy and batches side by side, the summary gives the one of the latest commit (by
+    the checkout's history; a commit it lacks counts as oldest); other settings keep theirs."""
+    repository, results = tmp_path / "repository", tmp_path / "results"
+    repository.mkdir()
+    results.mkdir()
+    older, newer = commits(repository, 2)
+    monkeypatch.setattr(report, "REPO_ROOT", repository)
+    # the latest is neither the first file by name nor the last
+    for name, revision in (("1", older), ("2", newer), ("3", "0000000")):
+        (results / f"processes_amd-epyc_{name}.json").write_text(json.dumps(processes_file(revision)),
+                                                                 encoding="utf-8")
+    (results / "processes_amd-epyc-wait-passive_1.json").write_text(
+        json.dumps({**processes_file(older), "omp_wait_policy": "PASSIVE"}), encoding="utf-8")
+    runs = [line for line in report.speed_summary(results) if line.startswith("- ")]
+    assert runs == [
+        ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=PASSIVE, 1,000 sentences "
+         "(`processes_amd-epyc-wait-passive_1.json`):"),
+        "- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences (`processes_amd-epyc_2.json`):",
+    ]
 
 
 def study_page(ledger_section: str, inference_section: str) -> str:

@@ -8,6 +8,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -46,39 +47,36 @@ void set_max_instruction_set(int64_t set) {
   instruction_set_cap.store(set, std::memory_order_relaxed);
 }
 
-// How many threads the kernels' `at::parallel_for` spreads `tasks` one-item tasks over: torch's thread count (at most
-// `tasks`) where the kernels were compiled with OpenMP, 1 where not (`at::parallel_for` is a header template that is
-// serial unless its includer defines _OPENMP; cpu_kernels.py's OPENMP_FLAGS)
-int64_t parallel_for_threads(int64_t tasks) {
-  TORCH_CHECK(tasks > 0, "parallel_for_threads: tasks must be positive, got ", tasks);
+// How many threads `hlf::parallel_for` (parallel.h) spreads `rounds` rounds of `tasks` one-item tasks over, each round
+// waiting for the last, as a decoding step's kernel calls do; each chunk takes `chunk_microseconds` (asleep: time for
+// the other threads to claim theirs, where the caller claims what no thread has yet); `failing_task` >= 0: that task
+// throws instead (an error on any thread reaches the caller)
+int64_t parallel_for_threads(int64_t tasks, int64_t rounds, int64_t failing_task, int64_t chunk_microseconds) {
+  TORCH_CHECK(tasks > 0 && rounds > 0, "parallel_for_threads: tasks and rounds must be positive, got ", tasks, " and ",
+              rounds);
   std::mutex mutex;
-  std::set<int> threads;
-  at::parallel_for(0, tasks, 1, [&](int64_t, int64_t) {
-    const std::lock_guard<std::mutex> lock(mutex);
-    threads.insert(at::get_thread_num());
-  });
+  std::set<std::thread::id> threads;
+  for (int64_t round = 0; round < rounds; ++round) {
+    hlf::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        TORCH_CHECK(task != failing_task, "parallel_for_threads: task ", task, " failed, as asked");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(chunk_microseconds));
+      const std::lock_guard<std::mutex> lock(mutex);
+      threads.insert(std::this_thread::get_id());
+    });
+  }
   return static_cast<int64_t>(threads.size());
 }
 
-// The same inside a team (`hlf::run_as_team`, as the decoder's layers run at a step): how many threads its
-// `hlf::parallel_for` spreads `rounds` rounds of `tasks` tasks over, each round waiting for the last; `failing_task`:
-// a task that throws instead (an error inside a team reaches the caller)
-int64_t team_threads(int64_t tasks, int64_t rounds, int64_t failing_task) {
-  TORCH_CHECK(tasks > 0 && rounds > 0, "team_threads: tasks and rounds must be positive, got ", tasks, " and ", rounds);
-  std::mutex mutex;
-  std::set<std::thread::id> threads;
-  hlf::run_as_team([&] {
-    for (int64_t round = 0; round < rounds; ++round) {
-      hlf::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t task = begin; task < end; ++task) {
-          TORCH_CHECK(task != failing_task, "team_threads: task ", task, " failed, as asked");
-        }
-        const std::lock_guard<std::mutex> lock(mutex);
-        threads.insert(std::this_thread::get_id());
-      });
-    }
-  });
-  return static_cast<int64_t>(threads.size());
+std::string parallel_backend() {
+  return hlf::parallel_backend().load() == hlf::ParallelBackend::openmp ? "openmp" : "pool";
+}
+
+void set_parallel_backend(const std::string& backend) {
+  TORCH_CHECK(backend == "pool" || backend == "openmp", "set_parallel_backend: the backend is \"pool\" or ",
+              "\"openmp\", got \"", backend, "\"");
+  hlf::parallel_backend().store(backend == "openmp" ? hlf::ParallelBackend::openmp : hlf::ParallelBackend::pool);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -86,12 +84,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // threads (`translate(..., inter_threads=N)`) run their kernels at the same time
   const auto without_gil = pybind11::call_guard<pybind11::gil_scoped_release>();
   m.def("parallel_for_threads", &parallel_for_threads,
-        "How many threads the kernels' at::parallel_for uses for `tasks` tasks (1 where built without OpenMP).",
-        pybind11::arg("tasks"));
-  m.def("team_threads", &team_threads,
-        "How many threads a team's parallel_for (the decoder's layers at a step) uses for `tasks` tasks, over "
-        "`rounds` rounds; `failing_task` >= 0 throws in that task.",
-        pybind11::arg("tasks"), pybind11::arg("rounds") = 1, pybind11::arg("failing_task") = -1);
+        "How many threads the kernels' parallel_for uses for `tasks` tasks, over `rounds` rounds; `failing_task` >= 0 "
+        "throws in that task.",
+        pybind11::arg("tasks"), pybind11::arg("rounds") = 1, pybind11::arg("failing_task") = -1,
+        pybind11::arg("chunk_microseconds") = 500, without_gil);
+  m.def("parallel_backend", &parallel_backend,
+        "The threads the kernels split their work across besides the caller: \"pool\" (the package's, the default) "
+        "or \"openmp\" (torch's, the default where OMP_WAIT_POLICY=ACTIVE).");
+  m.def("set_parallel_backend", &set_parallel_backend, "Set `parallel_backend()` (\"pool\" or \"openmp\").",
+        pybind11::arg("backend"));
   m.def("max_instruction_set", &max_instruction_set,
         "The widest instruction set the kernels may use: 0 generic, 1 AVX2, 2 AVX-512, 3 AMX (no cap).");
   m.def("set_max_instruction_set", &set_max_instruction_set,

@@ -15,7 +15,7 @@ class tuple;  // KernelLinear's pickled state, defined with the bindings (bindin
 
 #include "instruction_sets.h"
 
-int64_t parallel_for_threads(int64_t tasks);
+int64_t parallel_for_threads(int64_t tasks, int64_t rounds, int64_t failing_task, int64_t chunk_microseconds);
 // A linear layer's output of `rows` x `columns` floats: `out` viewed as (rows, columns) where given (`caller` names
 // the function in the error for an `out` that is not a contiguous float32 CPU tensor of that many elements, or that
 // overlaps `input`), else a new tensor like `input`'s

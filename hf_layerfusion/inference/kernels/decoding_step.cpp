@@ -231,38 +231,34 @@ std::vector<at::Tensor> DecoderLayerSteps::operator()(const at::Tensor& h, const
   }
   std::vector<at::Tensor> outputs;
   outputs.reserve(layer_ends_.size());
-  // one parallel region for the whole step, its kernels split across its threads (parallel.h: a region per kernel
-  // call cost more than the work at two threads under OMP_WAIT_POLICY=PASSIVE)
-  hlf::run_as_team([&] {
-    at::Tensor state = h;
-    size_t layer = 0;
-    for (size_t index = 0; index < steps_.size(); ++index) {
-      const SublayerStep& step = steps_[index];
-      switch (step.form) {
-        case Form::self_attention: {
-          const auto slot = static_cast<size_t>(step.slot);
-          state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                      step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
-                                      prefixes[slot] > 0 ? prefix_mask : c10::nullopt, step.scaling, key_rows);
-          break;
-        }
-        case Form::cross_attention: {
-          const auto slot = static_cast<size_t>(step.slot);
-          state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                       step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
-                                       step.scaling, memory_rows);
-          break;
-        }
-        case Form::feed_forward:
-          state = feed_forward_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
-                                    step.first, step.second);
-          break;
+  at::Tensor state = h;
+  size_t layer = 0;
+  for (size_t index = 0; index < steps_.size(); ++index) {
+    const SublayerStep& step = steps_[index];
+    switch (step.form) {
+      case Form::self_attention: {
+        const auto slot = static_cast<size_t>(step.slot);
+        state = self_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                    step.first, step.second, keys[slot], values[slot], lengths[slot], prefixes[slot],
+                                    prefixes[slot] > 0 ? prefix_mask : c10::nullopt, step.scaling, key_rows);
+        break;
       }
-      if (static_cast<int64_t>(index) + 1 == layer_ends_[layer]) {
-        outputs.push_back(state);
-        ++layer;
+      case Form::cross_attention: {
+        const auto slot = static_cast<size_t>(step.slot);
+        state = cross_attention_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                     step.first, step.second, cross_keys[slot], cross_values[slot], memory_mask,
+                                     step.scaling, memory_rows);
+        break;
       }
+      case Form::feed_forward:
+        state = feed_forward_step(state, step.norm_weight, step.norm_bias, step.eps, step.normalize_before,
+                                  step.first, step.second);
+        break;
     }
-  });
+    if (static_cast<int64_t>(index) + 1 == layer_ends_[layer]) {
+      outputs.push_back(state);
+      ++layer;
+    }
+  }
   return outputs;
 }

@@ -23,6 +23,7 @@
 #include "cpu_kernels.h"
 
 #include <ATen/TensorOperators.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/ops/_int_mm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -618,16 +619,15 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at
     // operand), the same sums as VNNI's kernels; written into the output's memory and dequantized there
     const auto codes_rows = at::from_blob(qp, {M, K}, {Kp, 1}, rows.options().dtype(at::kChar));
     sums = output.view(at::kInt);
-    if (hlf::in_team()) {
-      // inside a team's region oneDNN runs on the calling thread only (no nested parallelism): each team thread
-      // multiplies its rows, the same sums
-      hlf::parallel_for(0, M, kOneDnnMinimumRows / 2, [&](int64_t begin, int64_t end) {
-        auto rows_sums = sums.narrow(0, begin, end - begin);
-        at::_int_mm_out(rows_sums, codes_rows.narrow(0, begin, end - begin), weight_t);
-      });
-    } else {
-      at::_int_mm_out(sums, codes_rows, weight_t);
-    }
+    // split by rows across the threads, each chunk's oneDNN product on its thread alone (the same sums); ATen's calls
+    // on a pool thread run in the caller's thread-local state (inference mode: `sums` may be an inference tensor)
+    const at::ThreadLocalState state;
+    hlf::parallel_for(0, M, kOneDnnMinimumRows / 2, [&](int64_t begin, int64_t end) {
+      const at::ThreadLocalStateGuard state_guard(state);
+      const hlf::OneOpenMpThread one_thread;
+      auto rows_sums = sums.narrow(0, begin, end - begin);
+      at::_int_mm_out(rows_sums, codes_rows.narrow(0, begin, end - begin), weight_t);
+    });
     sums_stride = N;
   }
 #if HLF_AMX

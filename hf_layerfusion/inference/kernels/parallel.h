@@ -1,29 +1,45 @@
-// How the kernels split their work across threads: `hlf::parallel_for`, and `hlf::run_as_team` for a whole decoding
-// step's worth of kernel calls.
+// How the kernels split their work across threads: `hlf::parallel_for`, served by a pool of threads the package owns.
 //
-// Every kernel call used to open a parallel region of its own (`at::parallel_for`, OpenMP): a decoder of 6 layers makes
-// about 66 of them per decoding step, each a few microseconds of work at one row per sentence. Between regions
-// OpenMP's threads wait as `OMP_WAIT_POLICY` says: spinning (ACTIVE) or asleep in the kernel (PASSIVE, the setting
-// for processes that share their cores), and waking a sleeping thread costs tens of microseconds, so at two threads
-// under PASSIVE the int8 decoding loop ran 1.7x slower than at one. `run_as_team` opens one region for all the kernel
-// calls of `fn` (the step's layers, `DecoderLayerSteps`): its first thread runs `fn`, the others wait for work
-// spinning, then yielding their core (never asleep for the team's lifetime, which is one call's), and every
-// `hlf::parallel_for` inside `fn` splits its range across them. So the wait policy applies once per step instead of
-// once per kernel call. Outside a team `hlf::parallel_for` is `at::parallel_for`.
+// A decoding step is about 70 kernel calls of a few to a few hundred microseconds each, with the Python of the loop
+// between steps. Through OpenMP (`at::parallel_for`) every call opened a parallel region, and between regions
+// OpenMP's threads wait as `OMP_WAIT_POLICY` says: spinning (ACTIVE), or asleep in the kernel (PASSIVE, the setting for
+// processes that share their cores), where waking them costs tens of microseconds per call. So two threads were slower
+// than one under PASSIVE, and a region per step (a team for the layers' calls) still left the calls between steps
+// paying it. The pool's threads instead spin for `kSpinBeforeParking` after each task (a step's next kernel call is
+// microseconds away), then park on a condition variable until the next one, whatever the policy; and the caller
+// claims chunks like any pool thread, so a chunk whose thread is still waking up (or descheduled on a busy core) is
+// run by the caller instead of waited for: two threads are never much slower than one.
+//
+// Where OpenMP's idle threads spin instead (`OMP_WAIT_POLICY=ACTIVE`: they never sleep, and a pool beside them would
+// share their cores), `hlf::parallel_for` is `at::parallel_for`: its regions are cheap there (`parallel_backend`).
+//
+// Each thread that calls the kernels has its own pool of `at::get_num_threads() - 1` threads (made on its first call
+// with more than one thread, remade when that count changes), as each OpenMP master thread has its own team: batches
+// translated side by side in Python threads (`translate(..., inter_threads=N)`) do not share one. Inside a pool
+// thread, or inside a parallel region, `hlf::parallel_for` runs its range on the calling thread.
 //
 // The split is `at::parallel_for`'s: at most one chunk per thread, of ceil(range / chunks) items, none smaller than
-// `grain` unless the range is; each item is computed by one thread, so no number depends on the thread count.
+// `grain` unless the range is; each item is computed by one thread, so no number depends on the thread count or on
+// which thread ran a chunk.
 #pragma once
 
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
+
+#include <pthread.h>
+#include <strings.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -31,21 +47,54 @@
 
 namespace hlf {
 
-class Team {
+// While alive, OpenMP regions opened on this thread (oneDNN's inside `at::_int_mm`) run on this thread alone: the
+// pool's threads run the rest of the range.
+class OneOpenMpThread {
  public:
-  // Called by the team's first thread: `body(first, last)` over `[begin, end)` in chunks, the first chunk on this
-  // thread, the others on the team's other threads; returns when every chunk is done (rethrowing the first error).
+  OneOpenMpThread() {
+#ifdef _OPENMP
+    previous_ = omp_get_max_threads();
+    if (previous_ != 1) omp_set_num_threads(1);
+#endif
+  }
+  ~OneOpenMpThread() {
+#ifdef _OPENMP
+    if (previous_ != 1) omp_set_num_threads(previous_);
+#endif
+  }
+  OneOpenMpThread(const OneOpenMpThread&) = delete;
+  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
+
+ private:
+  int previous_ = 1;
+};
+
+// Whether this thread is one of a pool's (its `parallel_for`s run on it alone).
+inline thread_local bool in_pool_thread = false;
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int workers) {
+    threads_.reserve(static_cast<size_t>(workers));
+    for (int worker = 0; worker < workers; ++worker) threads_.emplace_back([this] { serve(); });
+  }
+
+  ~ThreadPool() {
+    stopping_.store(true, std::memory_order_seq_cst);
+    { const std::lock_guard<std::mutex> lock(mutex_); }
+    wakeup_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int workers() const { return static_cast<int>(threads_.size()); }
+
+  // `body(first, last)` for the `chunks` chunks of `chunk` items of `[begin, end)`, on this thread and the pool's;
+  // returns when every chunk is done, rethrowing the first error.
   template <class Body>
-  void split(int64_t begin, int64_t end, int64_t grain, const Body& body) {
-    const int64_t range = end - begin;
-    if (range <= 0) return;
-    const int64_t chunks =
-        std::min<int64_t>(threads_, (range + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1));
-    if (chunks <= 1) {
-      body(begin, end);
-      return;
-    }
-    const int64_t chunk = (range + chunks - 1) / chunks;
+  void split(int64_t begin, int64_t end, int64_t chunks, int64_t chunk, const Body& body) {
     run_chunk_ = [](const void* context, int64_t first, int64_t last) {
       (*static_cast<const Body*>(context))(first, last);
     };
@@ -53,40 +102,84 @@ class Team {
     begin_ = begin;
     end_ = end;
     chunk_ = chunk;
-    pending_.store(threads_ - 1, std::memory_order_relaxed);
-    epoch_.fetch_add(1, std::memory_order_release);  // publishes the task to the waiting threads
-    run_chunk(0);
-    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0;) back_off(spins);
+    chunks_.store(chunks, std::memory_order_relaxed);
+    unfinished_.store(chunks, std::memory_order_relaxed);
+    task_number_ = task_number_ == kMaxTaskNumber ? 1 : task_number_ + 1;  // 0: no task yet
+    // publishes the task (the fields above) to the threads that claim its chunks; seq_cst, with the load of `parked_`
+    // below and the parking threads' increment and load: a thread either sees the task or is woken for it
+    task_.store(static_cast<uint64_t>(task_number_) << 32, std::memory_order_seq_cst);
+    if (parked_.load(std::memory_order_seq_cst) > 0) {
+      { const std::lock_guard<std::mutex> lock(mutex_); }
+      wakeup_.notify_all();
+    }
+    run_chunks(task_number_);
+    for (int spins = 0; unfinished_.load(std::memory_order_acquire) != 0;) back_off(spins);
     if (failed_.load(std::memory_order_acquire)) {
       failed_.store(false, std::memory_order_relaxed);
       std::rethrow_exception(std::exchange(error_, nullptr));
     }
   }
 
-  // Called by each of the team's other threads (`thread` >= 1): runs its chunk of every task until dismissed, in the
-  // first thread's thread-local state (`state`: inference mode, dispatch keys, ...), as its ATen calls need
-  void serve(int thread, const at::ThreadLocalState& state) {
-    const at::ThreadLocalStateGuard state_guard(state);
-    uint64_t seen = 0;
+ private:
+  // the task's number in the high 32 bits of `task_`, the index of its next unclaimed chunk in the low ones
+  static constexpr uint32_t kMaxTaskNumber = 0xffffffffu;
+  // how long a pool thread spins for the next task before parking: longer than the gaps between a decoding step's
+  // kernel calls, shorter than a time slice a core shared with other work would miss
+  static constexpr std::chrono::microseconds kSpinBeforeParking{200};
+
+  void serve() {
+    in_pool_thread = true;
+    const OneOpenMpThread one_thread;  // for good: ATen calls inside a chunk stay on this thread
+    pthread_setname_np(pthread_self(), "hlf-kernels");
+    uint32_t seen = 0;
     for (;;) {
-      uint64_t epoch;
-      for (int spins = 0; (epoch = epoch_.load(std::memory_order_acquire)) == seen;) back_off(spins);
-      seen = epoch;
-      if (dismissed_.load(std::memory_order_acquire)) return;
-      run_chunk(thread);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
+      const uint32_t task = wait_for_task(seen);
+      if (stopping_.load(std::memory_order_acquire)) return;
+      seen = task;
+      run_chunks(task);
     }
   }
 
-  void set_threads(int threads) { threads_ = threads; }
-  void dismiss() {
-    dismissed_.store(true, std::memory_order_release);
-    epoch_.fetch_add(1, std::memory_order_release);
+  // The number of the first task after `seen` (or `seen` when stopping): spinning for `kSpinBeforeParking`, then
+  // parked until woken.
+  uint32_t wait_for_task(uint32_t seen) {
+    const auto parking_time = std::chrono::steady_clock::now() + kSpinBeforeParking;
+    for (uint32_t spins = 1;; ++spins) {
+      const auto task = static_cast<uint32_t>(task_.load(std::memory_order_acquire) >> 32);
+      if (task != seen || stopping_.load(std::memory_order_relaxed)) return task;
+      pause();
+      if (spins % 64 == 0 && std::chrono::steady_clock::now() >= parking_time) break;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    parked_.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t task;
+    while ((task = static_cast<uint32_t>(task_.load(std::memory_order_seq_cst) >> 32)) == seen &&
+           !stopping_.load(std::memory_order_seq_cst)) {
+      wakeup_.wait(lock);
+    }
+    parked_.fetch_sub(1, std::memory_order_relaxed);
+    return task;
   }
 
- private:
-  void run_chunk(int thread) {
-    const int64_t first = begin_ + thread * chunk_;
+  // Claims and runs chunks of task `task` until none is left (or a later task replaced it: a thread that saw `task`
+  // late claims nothing of the next one, whose fields it has not synchronised with).
+  void run_chunks(uint32_t task) {
+    uint64_t word = task_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(word >> 32) != task) return;
+      const auto index = static_cast<int64_t>(word & 0xffffffffu);
+      if (index >= chunks_.load(std::memory_order_relaxed)) return;
+      if (!task_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        continue;
+      }
+      run_chunk(index);
+      unfinished_.fetch_sub(1, std::memory_order_acq_rel);
+      word = task_.load(std::memory_order_acquire);
+    }
+  }
+
+  void run_chunk(int64_t index) {
+    const int64_t first = begin_ + index * chunk_;
     if (first >= end_) return;
     try {
       run_chunk_(body_, first, std::min(end_, first + chunk_));
@@ -96,76 +189,93 @@ class Team {
     }
   }
 
-  // spinning while work is about to come (the next kernel call of the step is microseconds away), then giving the
-  // core to whatever else wants it: on shared cores a spinning thread would take a time slice from the one it waits for
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  // the caller waiting for the chunks other threads claimed: spinning (they are running), then giving the core to
+  // whatever else wants it (one of them may be descheduled, and on a shared core spinning would delay it)
   static void back_off(int& spins) {
     if (++spins < kSpinsBeforeYielding) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
+      pause();
     } else {
       std::this_thread::yield();
     }
   }
-  static constexpr int kSpinsBeforeYielding = 4096;  // ~40 us of `pause` on current x86 cores
+  static constexpr int kSpinsBeforeYielding = 4096;
 
-  int threads_ = 1;
+  std::vector<std::thread> threads_;
+  uint32_t task_number_ = 0;  // the caller's
   void (*run_chunk_)(const void*, int64_t, int64_t) = nullptr;
   const void* body_ = nullptr;
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
-  std::atomic<uint64_t> epoch_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<bool> dismissed_{false}, failed_{false};
+  std::atomic<uint64_t> task_{0};
+  std::atomic<int64_t> chunks_{0}, unfinished_{0};
+  std::atomic<int> parked_{0};
+  std::atomic<bool> stopping_{false}, failed_{false};
   std::exception_ptr error_;
+  std::mutex mutex_;
+  std::condition_variable wakeup_;
 };
 
-// The team whose first thread this is, while it runs `run_as_team`'s `fn` (null elsewhere).
-inline thread_local Team* active_team = nullptr;
-
-inline bool in_team() { return active_team != nullptr; }
-
-// `body(first, last)` over `[begin, end)`: across the active team's threads, else through `at::parallel_for`.
-template <class Body>
-void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
-  if (active_team != nullptr) {
-    active_team->split(begin, end, grain, body);
-  } else {
-    at::parallel_for(begin, end, grain, body);
-  }
+// The calling thread's pool (none before its first parallel call).
+inline std::unique_ptr<ThreadPool>& thread_pool_slot() {
+  thread_local std::unique_ptr<ThreadPool> pool;
+  return pool;
 }
 
-// Runs `fn` on this thread with torch's other threads (`at::get_num_threads()`) as its team for the
-// `hlf::parallel_for`s inside it; on one thread, inside another parallel region or team, or without OpenMP: `fn()`.
-template <class Fn>
-void run_as_team(const Fn& fn) {
-#ifdef _OPENMP
-  const int threads = at::get_num_threads();
-  if (threads > 1 && active_team == nullptr && !at::in_parallel_region()) {
-    Team team;
-    const at::ThreadLocalState state;  // this thread's
-    std::exception_ptr error;
-#pragma omp parallel num_threads(threads)
-    {
-      const int thread = omp_get_thread_num();
-      if (thread == 0) {
-        team.set_threads(omp_get_num_threads());  // OpenMP may give fewer than asked for
-        active_team = &team;
-        try {
-          fn();
-        } catch (...) {
-          error = std::current_exception();
-        }
-        active_team = nullptr;
-        team.dismiss();
-      } else {
-        team.serve(thread, state);
-      }
-    }
-    if (error) std::rethrow_exception(error);
+// The calling thread's pool of `threads - 1` threads.
+inline ThreadPool& thread_pool(int threads) {
+  static std::once_flag fork_handler;
+  // a forked child has none of the pool's threads (only the forking one): it leaks the pool it inherited (joining
+  // threads that do not exist would hang) and makes its own on its first call
+  std::call_once(fork_handler, [] {
+    pthread_atfork(nullptr, nullptr, [] { (void)thread_pool_slot().release(); });
+  });
+  auto& pool = thread_pool_slot();
+  if (!pool || pool->workers() != threads - 1) {
+    pool.reset();
+    pool = std::make_unique<ThreadPool>(threads - 1);
+  }
+  return *pool;
+}
+
+// The threads `parallel_for` runs on besides the caller's: the calling thread's pool, or OpenMP's (`at::parallel_for`).
+enum class ParallelBackend : int { pool = 0, openmp = 1 };
+
+// OpenMP's where its idle threads spin (`OMP_WAIT_POLICY=ACTIVE`, as OpenMP reads it at start: any case), else the pool
+inline ParallelBackend default_parallel_backend() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  return policy != nullptr && strcasecmp(policy, "active") == 0 ? ParallelBackend::openmp : ParallelBackend::pool;
+}
+
+// The backend in use: the default until `set_parallel_backend` (the tests run the kernels on each).
+inline std::atomic<ParallelBackend>& parallel_backend() {
+  static std::atomic<ParallelBackend> backend{default_parallel_backend()};
+  return backend;
+}
+
+// `body(first, last)` over `[begin, end)` in chunks of at least `grain` items, across `at::get_num_threads()` threads
+// (torch.set_num_threads): the calling thread and its pool, or OpenMP's (`parallel_backend`); on the calling thread
+// alone inside a pool thread or a parallel region.
+template <class Body>
+void parallel_for(int64_t begin, int64_t end, int64_t grain, const Body& body) {
+  if (parallel_backend().load(std::memory_order_relaxed) == ParallelBackend::openmp) {
+    at::parallel_for(begin, end, grain, body);
     return;
   }
-#endif
-  fn();
+  const int64_t range = end - begin;
+  if (range <= 0) return;
+  const int threads = in_pool_thread || at::in_parallel_region() ? 1 : at::get_num_threads();
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t chunks = std::min<int64_t>(threads, (range + grain - 1) / grain);
+  if (chunks <= 1) {
+    body(begin, end);
+    return;
+  }
+  thread_pool(threads).split(begin, end, chunks, (range + chunks - 1) / chunks, body);
 }
 
 }  // namespace hlf
