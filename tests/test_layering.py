@@ -129,3 +129,17 @@ def test_importing_the_package_imports_nothing_of_training():
     for name, module in hf_layerfusion.TRAINING_NAMES.items():
         assert getattr(hf_layerfusion, name).__module__ == f"hf_layerfusion.training.{module}"
     assert set(hf_layerfusion.TRAINING_NAMES) <= set(hf_layerfusion.__all__) and "translate" in hf_layerfusion.__all__
+
+
+def test_the_console_scripts_launchers_import_only_the_standard_library():
+    """hf_layerfusion_cli, beside the package, prints the console scripts' `--help` without importing the package (nor
+    torch or transformers, which the package imports): it imports the standard library alone, and a command's module
+    by name (importlib) only to run it or render its help."""
+    launchers = PACKAGE.parent / "hf_layerfusion_cli.py"
+    imported = set()
+    for node in ast.walk(ast.parse(launchers.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add("." if node.level else node.module.split(".")[0])
+    assert imported and imported <= sys.stdlib_module_names, sorted(imported - sys.stdlib_module_names)

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def test_hub_code_refuses_a_transformers_release_outside_the_range(tmp_path):
 
 # run by the wheel's environment, from a folder where the checkout is not importable: what a user of the wheel does
 WHEEL_USER = """
-import importlib.metadata, json, subprocess, sys
+import importlib.metadata, json, os, subprocess, sys
 from pathlib import Path
 import torch
 import hf_layerfusion
@@ -152,8 +153,13 @@ for model_type in hf_layerfusion.FAMILIES:
 scripts = sorted(
     entry.name for entry in importlib.metadata.distribution("hf_layerfusion").entry_points if entry.group == "console_scripts"
 )
-for script in scripts:
-    subprocess.run([str(environment / "bin" / script), "--help"], check=True, capture_output=True)
+for script in scripts:  # the first --help renders the text, the second prints it from the cache
+    first, cached = (
+        subprocess.run([str(environment / "bin" / script), "--help"], check=True, capture_output=True).stdout
+        for _ in range(2)
+    )
+    assert first.startswith(b"usage: ") and cached == first, script
+    assert Path(os.environ["XDG_CACHE_HOME"], "hf_layerfusion", "help", script + ".json").is_file(), script
 print(json.dumps({{"families": sorted(hf_layerfusion.FAMILIES), "console_scripts": scripts}}))
 """
 
@@ -210,10 +216,12 @@ def install_wheel(wheel: Path, environment: Path, leave_out: tuple[str, ...] = (
 
 
 def run_outside_the_checkout(python: Path, code: str, directory: Path) -> dict:
-    """`code` run by `python` from an empty folder, without the checkout on its path; the JSON its last line prints."""
+    """`code` run by `python` from an empty folder, without the checkout on its path, with a cache folder of its own
+    (the console scripts' help texts: neither read from nor left in this user's); the JSON its last line prints."""
     outside = directory / "outside"
     outside.mkdir()
     environment_variables = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}  # no checkout
+    environment_variables["XDG_CACHE_HOME"] = str(directory / "cache")
     result = subprocess.run(
         [str(python), "-c", code], capture_output=True, text=True, cwd=outside, env=environment_variables, timeout=1500
     )
@@ -231,6 +239,8 @@ def test_the_built_wheel_works_outside_the_checkout(wheel, tmp_path):
     for pattern in ("**/*.py", "hub/model_card_templates/*.md", "training/metrics/*/*.py", "inference/kernels/*.*"):
         expected = {f"hf_layerfusion/{path.relative_to(package).as_posix()}" for path in package.glob(pattern)}
         assert expected and expected <= set(names), (pattern, sorted(expected - set(names)))
+    # the console scripts' launchers (a module beside the package)
+    assert "hf_layerfusion_cli.py" in names
     # the study (study/: its modules and committed results) is the repository's, not the package's
     assert not [name for name in names if name.startswith("study/")]
 
@@ -343,6 +353,10 @@ def test_wheel_and_sdist_pass_twine_check(tmp_path):
         subprocess.run([sys.executable, "-c", build, str(dist)], cwd=sources, check=True, capture_output=True, text=True)
     distributions = sorted(dist.glob("hf_layerfusion-*"))
     assert sorted(path.suffix for path in distributions) == [".gz", ".whl"], distributions
+    # the sdist carries the console scripts' launchers too, a module beside the package (the wheel: the test above)
+    (sdist,) = dist.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        assert any(name.endswith("/hf_layerfusion_cli.py") for name in archive.getnames())
     result = subprocess.run(
         [sys.executable, "-m", "twine", "check", "--strict", *map(str, distributions)], capture_output=True, text=True
     )

@@ -62,6 +62,7 @@ import transformers  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
     DataCollatorForSeq2Seq,
+    HfArgumentParser,
     Seq2SeqTrainingArguments,
     XLMRobertaConfig,
     XLMRobertaModel,
@@ -350,9 +351,14 @@ def check_arguments(
     return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
 
 
+def build_parser() -> HfArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
+    return training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
-    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    model_args, data_args, run_args, training_args = build_parser().parse_args_into_dataclasses(args=argv)
     config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",

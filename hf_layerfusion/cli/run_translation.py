@@ -281,11 +281,17 @@ def training_parser(own_arguments: tuple[type, ...], description: str) -> HfArgu
     return HfArgumentParser((*own_arguments, TrainerArguments), description=description, formatter_class=HelpFormatter)
 
 
-def parse_args(argv: list[str] | None = None):
+def build_parser() -> HfArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
     parser = training_parser((ModelArguments, DataArguments, RunArguments), __doc__)
     # BLEU needs generated translations
     parser.set_defaults(predict_with_generate=True)
-    return parser.parse_args_into_dataclasses(args=argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None):
+    return build_parser().parse_args_into_dataclasses(args=argv)
 
 
 def parse_config_overrides(overrides: str | None, config_class: type) -> dict:

@@ -57,7 +57,9 @@ from hf_layerfusion.translation.tokenizer import load_tokenizer  # noqa: E402
 from hf_layerfusion.translation.translate import translate  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
     parser.add_argument("--input", help="Source sentences, one per line (default: stdin); UTF-8, a line ends at \\n, "
@@ -86,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--generate", action="store_true", help="Decode with generate() itself instead of the fast decoding loop."
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     # every argument is checked before the model is loaded, so that a typo costs nothing and loses no file

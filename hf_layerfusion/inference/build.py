@@ -22,14 +22,20 @@ from pathlib import Path
 from .cpu_kernels import KERNEL_DIRECTORY, build_kernels
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
     parser = argparse.ArgumentParser(
         prog="python -m hf_layerfusion.inference.build",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--force", action="store_true", help="compile even if a build of these sources exists")
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = build_parser().parse_args(argv)
     sources = Path(__file__).parent / KERNEL_DIRECTORY
     try:
         build = build_kernels(sources, force=arguments.force, implicit=False)

@@ -82,7 +82,9 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
     return output_dir
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
     parser = argparse.ArgumentParser(
         prog="python -m hf_layerfusion.ctranslate2_export",
         description="Write a CTranslate2 model of a plain Transformer (a directory or Hub id with its tokenizer).",
@@ -90,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model_dir", required=True, help="the plain Transformer: a local directory or a Hub id")
     parser.add_argument("--output_dir", required=True, help="a new (or empty) directory for the CTranslate2 model")
     parser.add_argument("--quantization", default=None, help="CTranslate2 weight type, e.g. int8 (default: float32)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     model_dir = check_local_or_hub(args.model_dir, "--model_dir")

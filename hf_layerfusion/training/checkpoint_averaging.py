@@ -237,7 +237,9 @@ def warn_of_left_staging(output_dir: Path) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's parser: it parses the command line and prints `--help` (the console script's too, which
+    `hf_layerfusion_cli` caches)."""
     parser = argparse.ArgumentParser(
         prog="python -m hf_layerfusion.checkpoint_averaging",
         description=__doc__,
@@ -249,7 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--overwrite_output_dir", action="store_true", help="Allow writing into a non-empty --output_dir."
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     checkpoints = average_last_checkpoints(
         args.checkpoint_dir, args.num_checkpoints, args.output_dir, overwrite=args.overwrite_output_dir
     )
