@@ -797,9 +797,11 @@ def fake_package_versions(versions: dict[str, str | None]) -> str:
 def run_python(arguments: list[str], env_updates: dict, cwd: Path) -> subprocess.CompletedProcess:
     """`python <arguments>` in a fresh process without this session's Hub settings and `PYTHONPATH` (so that only the
     installed packages are importable; `env_updates={"PYTHONPATH": str(REPO_ROOT)}` gives it this checkout's package),
-    one thread; a non-zero exit fails the test with the process's output."""
+    one thread (a value of None in `env_updates` removes that variable); a non-zero exit fails the test with the
+    process's output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "PYTHONPATH"))}
     env.update(HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", OMP_NUM_THREADS="1", **env_updates)
+    env = {name: value for name, value in env.items() if value is not None}
     result = subprocess.run([sys.executable, *arguments], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{arguments[:2]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result

@@ -4,15 +4,12 @@ thread's pool, whose threads spin briefly between calls and then park, or OpenMP
 the work changes no number: every output is computed by one thread, in the same order, whatever the thread count and
 the backend."""
 
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 import torch
-from helpers import decoder_logits, tiny_model
+from helpers import decoder_logits, run_python, tiny_model
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_layerfusion.inference import (
@@ -72,25 +69,18 @@ def test_the_backend_is_named_and_a_bad_one_refused(kernels):
         kernels.set_parallel_backend("tbb")
 
 
-def run_python(code: str, **environment) -> str:
-    """The output of `code` in a fresh interpreter with `environment` over this one's (None: unset)."""
-    env = {**os.environ, **{k: v for k, v in environment.items() if v is not None}}
-    for name in [k for k, v in environment.items() if v is None]:
-        env.pop(name, None)
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                            check=False,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+def python_output(code: str, tmp_path, **environment) -> str:
+    """The output of `code` in a fresh interpreter (`helpers.run_python`) with `environment` (None: unset)."""
+    return run_python(["-c", textwrap.dedent(code)], environment, tmp_path).stdout
 
 
 @pytest.mark.parametrize("policy, expected", [("Active", "openmp"), ("PASSIVE", "pool"), (None, "pool")])
-def test_openmps_threads_serve_where_they_spin_else_the_pool(kernels, policy, expected):
+def test_openmps_threads_serve_where_they_spin_else_the_pool(kernels, policy, expected, tmp_path):
     code = """
         from hf_layerfusion.inference.cpu_kernels import compiled_kernels
         print(compiled_kernels().parallel_backend())
     """
-    assert run_python(code, OMP_WAIT_POLICY=policy).split() == [expected]
+    assert python_output(code, tmp_path, OMP_WAIT_POLICY=policy).split() == [expected]
 
 
 def test_the_pool_parks_when_idle(kernels, thread_count):
@@ -146,7 +136,7 @@ def test_fast_generate_decodes_with_torchs_operators_on_one_thread_beside_the_po
     assert torch.get_num_threads() == 2
 
 
-def test_a_forked_child_makes_its_own_pool_and_exits(kernels):
+def test_a_forked_child_makes_its_own_pool_and_exits(kernels, tmp_path):
     """The child of a fork has none of its parent's pool threads: it runs on a pool of its own, and exits normally
     (joining the parent's threads there would hang)."""
     code = """
@@ -162,7 +152,7 @@ def test_a_forked_child_makes_its_own_pool_and_exits(kernels):
         _, status = os.waitpid(child, 0)
         print(os.waitstatus_to_exitcode(status), kernels.parallel_for_threads(64, rounds=10))
     """
-    assert run_python(code, OMP_WAIT_POLICY="PASSIVE").split() == ["0", "2"]
+    assert python_output(code, tmp_path, OMP_WAIT_POLICY="PASSIVE").split() == ["0", "2"]
 
 
 def kernel_calls(kernels):
