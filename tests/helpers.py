@@ -116,14 +116,23 @@ def usable_cpu_flags() -> set[str]:
     return {flag for flag in cpu_flags() if not flag.startswith(excluded)} if excluded else cpu_flags()
 
 
+def vnni_before_onednn() -> bool:
+    """Whether the one-thread timings this process's kernels took of oneDNN's product and VNNI's put VNNI's first."""
+    from hf_layerfusion.inference.cpu_kernels import compiled_kernels
+
+    timings = compiled_kernels().onednn_vnni_timings()
+    return timings["vnni"] < timings["onednn"]
+
+
 def expected_int8_products(code_bits: int) -> list[str]:
     """Every product that runs `code_bits` weights on this CPU under the kernels' instruction set cap, its fastest
     first, by the kernel's names: the AMX layout (either format), oneDNN's product and VNNI's own panels (8 bits, on a
-    CPU with VNNI), AVX2's (7 bits), and the float32 blocks anywhere."""
+    CPU with VNNI; without AMX, the one the process timed faster first), AVX2's (7 bits), and the float32 blocks
+    anywhere."""
     flags = usable_cpu_flags()
     products = ["amx"] if {"amx_tile", "amx_int8"} <= flags else []
     if {"avx512_vnni", "avx512bw"} <= flags and code_bits == 8:
-        products += ["onednn", "vnni"]
+        products += ["vnni", "onednn"] if not products and vnni_before_onednn() else ["onednn", "vnni"]
     if "avx2" in flags and code_bits == 7:
         products.append("avx2")
     return [*products, "float32_blocks"]

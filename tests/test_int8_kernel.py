@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from helpers import expected_int8_products, usable_cpu_flags
+from helpers import REPO_ROOT, expected_int8_products, run_python, usable_cpu_flags, vnni_before_onednn
 
 from hf_layerfusion.inference import cpu_kernels
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
@@ -67,7 +67,10 @@ def expected_product(code_bits: int) -> str:
     if {"amx_tile", "amx_int8"} <= flags:
         return f"AMX (AVX-512 VNNI below {AMX_MINIMUM_ROWS} rows)" if vnni else "AMX"
     if vnni and code_bits == 8:
-        return f"oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below {ONEDNN_MINIMUM_ROWS} rows)"
+        if vnni_before_onednn():
+            return "AVX-512 VNNI (measured faster than oneDNN s8s8 here)"
+        return (f"oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below {ONEDNN_MINIMUM_ROWS} rows; measured faster "
+                "than AVX-512 VNNI here)")
     return "AVX2" if "avx2" in flags and code_bits == 7 else "float32 blocks"
 
 
@@ -86,6 +89,31 @@ def test_each_product_is_used_where_the_cpu_has_it_with_its_format(kernels, inst
         layer = Int8Linear(torch.randn(8, 16), None, code_bits=code_bits)
         assert (layer.packed_weights.numel() > 0) == (expected != "float32 blocks")
         assert f"code_bits={code_bits}" in repr(layer)
+
+
+def test_onednn_and_vnni_are_ordered_by_the_process_timings_and_layers_use_the_faster(kernels, instruction_set):
+    """Where the CPU has VNNI and no AMX, `int8_products(8)` lists first whichever of oneDNN's product and VNNI's
+    kernels this process timed faster (per row, one thread), and layers are packed for it by default; the timings are
+    taken once, are real (positive, of products that take microseconds), and the choice does not move torch's random
+    generator (a fresh process, seeded, draws the same numbers before and after)."""
+    timings = kernels.onednn_vnni_timings()
+    if not {"avx512_vnni", "avx512bw"} <= usable_cpu_flags():
+        assert timings == {}
+        return
+    assert set(timings) == {"onednn", "vnni"} and all(0.01 < value < 1e5 for value in timings.values())
+    assert kernels.onednn_vnni_timings() == timings  # measured once
+    faster, slower = sorted(timings, key=timings.get)
+    products = kernels.int8_products(8)
+    if products[0] == "amx":
+        assert products[1:3] == ["onednn", "vnni"]
+        return
+    assert products[:2] == [faster, slower]
+    assert Int8Linear(torch.randn(8, 16), None, code_bits=8).kernel_linear.product == faster
+    code = ("import torch; torch.manual_seed(3); before = torch.rand(4); torch.manual_seed(3)\n"
+            "from hf_layerfusion.inference.cpu_kernels import compiled_kernels\n"
+            "kernels = compiled_kernels(); kernels.int8_products(8); assert kernels.onednn_vnni_timings()\n"
+            "assert torch.equal(torch.rand(4), before), 'the timings moved the random generator'")
+    run_python(["-c", code], {"PYTHONPATH": str(REPO_ROOT)}, REPO_ROOT)
 
 
 # odd sizes, sizes that fill AMX tiles exactly (16 rows, 64 deep, 64 columns) and one more than that, no rows; on a

@@ -1,7 +1,7 @@
 // The rest of a beam-search step after the choice of candidates (`beam_top_k_continuations`), in one call: what
 // transformers' `_beam_search` computes per step with `_get_running_beams_for_next_iteration`,
 // `_update_finished_beams`, `_check_early_stop_heuristic` and `_beam_search_has_unfinished_sequences` (about forty
-// torch operations per step on tensors of a few hundred numbers; docs/fast_cpu_translation.md measures them), plus
+// torch operations per step on tensors of a few hundred numbers; study/fast_cpu_translation_log.md measures them), plus
 // the end-token test and which items can no longer change.
 //
 // Numbers: every score is the helpers' float32 arithmetic in their order (the penalties of -1e9 added one by one, the

@@ -119,6 +119,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The products that run code_bits weights on this CPU, its fastest first: amx, onednn, vnni, avx2, "
         "float32_blocks.",
         pybind11::arg("code_bits"));
+  m.def("onednn_vnni_timings", &onednn_vnni_timings,
+        "Microseconds per row of the one-thread products this process timed to order 'onednn' and 'vnni' in "
+        "int8_products, summed over 32 and 128 rows of 512 -> 2048 (measured at the first call; empty where the CPU "
+        "has no AVX-512 VNNI).");
   m.def("int8_code_bits", &int8_code_bits,
         "The int8 format this CPU's fastest product takes: 8 bits (AMX, AVX-512 VNNI, or no AVX2), 7 bits (AVX2's "
         "vpmaddubsw).");

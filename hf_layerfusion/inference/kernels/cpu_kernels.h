@@ -5,6 +5,7 @@
 // bindings.cpp includes the Python bindings' headers
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -23,16 +24,17 @@ at::Tensor linear_output(const c10::optional<at::Tensor>& out, int64_t rows, int
                             const at::Tensor& input, const char* caller);
 bool amx_available();
 std::vector<std::string> int8_products(int64_t code_bits);
+std::map<std::string, double> onednn_vnni_timings();
 std::string int8_product(int64_t code_bits);
 int64_t int8_code_bits();
 at::Tensor pack_int8_weights(const at::Tensor& weight_t, int64_t code_bits, const std::string& product = "");
 // Products of fewer rows than this run VNNI's kernels on a CPU with AMX (on the same packed weights): a tile computes
 // 16 rows whatever the call's, and the tiles' sums pass through memory before they are dequantized
-// (docs/fast_cpu_translation.md measures the crossover, benchmarks/probe_amx_rows.py)
+// (study/fast_cpu_translation_log.md measures the crossover, benchmarks/probe_amx_rows.py)
 constexpr int64_t kAmxMinimumRows = 8;
 // Products of fewer rows than this run VNNI's kernels where the product is oneDNN's (on the VNNI panels the layout
 // keeps beside the weights oneDNN reads): below it a call's fixed cost in oneDNN outweighs its faster product
-// (docs/fast_cpu_translation.md measures the crossover)
+// (study/fast_cpu_translation_log.md measures the crossover)
 constexpr int64_t kOneDnnMinimumRows = 24;
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& weight_t, const at::Tensor& packed_weights,
                           const at::Tensor& column_sums, const at::Tensor& weight_scale,

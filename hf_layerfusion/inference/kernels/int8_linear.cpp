@@ -8,13 +8,14 @@
 // the 8-bit format only (the weights stored as unsigned ones, weight + 128, whose 128 x each row's code sum is taken
 // back: `vnni_rows_times_panels`; the AMX tiles read the same layout with `tdpbsud`, signed x unsigned) or, on the
 // same CPUs, with oneDNN's s8 x s8 product through `at::_int_mm` (from `kOneDnnMinimumRows` rows; VNNI's kernels on
-// their panels below), the faster of the two where it was measured (docs/fast_cpu_translation.md), else, on
+// their panels below), whichever of the two this process measured faster on one thread (`onednn_vnni_timings`: on an
+// AMD Zen 5 oneDNN's, on an AMD Zen 4 VNNI's; study/fast_cpu_translation_log.md), else, on
 // AVX2, with the 8-bit multiply-add `vpmaddubsw` (unsigned x signed bytes, pairs summed in 16 bits) in the 7-bit
 // format only: with codes <= 127 and the weights offset to [1, 127] every pair sums to at most 2 x 127 x 127 < 2^15,
 // so nothing saturates, and two pairs' sums still fit 16 unsigned bits, which lets two multiply-adds share one
 // widening (`avx2_row_times_panels`). Where the CPU issues one `vpmaddwd` (16-bit multiply-adds, what an exact 8-bit
 // product needs there) per cycle, no more multiply-adds than float32's two FMAs (an AMD Zen 2: measured by
-// benchmarks/probe_int8_instructions.py, docs/fast_cpu_translation.md), this doubles them. Else the product is float32
+// benchmarks/probe_int8_instructions.py, study/fast_cpu_translation_log.md), this doubles them. Else the product is float32
 // products of blocks short enough to be exact. The weights are packed once for AMX, VNNI or AVX2
 // (`pack_int8_weights`).
 // Every product sums exactly, so all give the same numbers. The arithmetic is that of `int8_linear_reference`
@@ -25,10 +26,13 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/ops/_int_mm.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/InferenceMode.h>
 
 #include "parallel.h"
 
@@ -36,7 +40,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <chrono>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include "vector16.h"
@@ -61,7 +67,7 @@ constexpr int64_t kTileBytes = kTileRows * 64;
 // A thread's share of an AMX product pays only above about this many multiply-adds (padded rows x depth x columns):
 // on the Intel Xeon with AMX at 2 threads, one block of 64 columns per task made products of 8-16 rows slower than
 // one thread (256 -> 1024 at 8 rows: 19.7 against 12.0 us); 2^22 was the fastest of 1, 2^22, 2^23, 2^24 and one
-// thread, or within 12% of it, at every product of a decoder step and 8-128 rows (docs/fast_cpu_translation.md)
+// thread, or within 12% of it, at every product of a decoder step and 8-128 rows (study/fast_cpu_translation_log.md)
 constexpr int64_t kAmxTaskMultiplyAdds = int64_t{1} << 22;
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
@@ -285,7 +291,7 @@ bool amx_usable() { return false; }
 // as 32-bit lanes: each lane holds (high pairs) x 2^16 + (low pairs), both below 2^16, so no carry crosses; A sums the
 // lanes, H their high halves, and the exact sum is A - (2^16 - 1) H (mod 2^32, where it fits). One row and 4 panels
 // (8 accumulators, the row's two broadcast code groups shared by the panels) ran 1.05-1.3x faster on an AMD Zen 2
-// than 4 rows and one panel (the broadcasts shared by nothing; docs/fast_cpu_translation.md).
+// than 4 rows and one panel (the broadcasts shared by nothing; study/fast_cpu_translation_log.md).
 template <int P>
 __attribute__((target("avx2"))) void avx2_row_times_panels(const int8_t* __restrict q, int64_t Kp,
                                                            const int8_t* __restrict panels, int32_t code_sum,
@@ -399,23 +405,40 @@ void check_code_bits(int64_t code_bits, const char* function) {
   TORCH_CHECK(code_bits == 7 || code_bits == 8, function, ": code_bits must be 7 or 8, got ", code_bits);
 }
 
-// `int8_products(code_bits)`, listed once per thread and instruction set cap: `int8_linear` reads them at every call,
-// where building the list again would cost an allocation per call
+// The products that run `code_bits` weights on this CPU under the instruction set cap, in the order `int8_products`
+// gives them before it measures oneDNN's against VNNI's: "amx", "onednn", "vnni", "avx2", "float32_blocks"
+std::vector<std::string> capable_products(int64_t code_bits) {
+  std::vector<std::string> products;
+  if (amx_usable()) products.push_back("amx");
+  if (vnni_usable() && code_bits == 8) {
+    products.push_back("onednn");
+    products.push_back("vnni");
+  }
+  if (avx2_usable() && code_bits == 7) products.push_back("avx2");
+  products.push_back("float32_blocks");
+  return products;
+}
+
+// `capable_products(code_bits)`, listed once per thread and instruction set cap: `int8_linear` checks the product it
+// is given against them at every call, where building the list again would cost an allocation per call
 const std::vector<std::string>& runnable_products(int64_t code_bits) {
   struct Lists {
     int64_t cap = -1;
     std::vector<std::string> seven_bit, eight_bit;
   };
   thread_local Lists lists;
-  if (lists.cap != max_instruction_set()) lists = {max_instruction_set(), int8_products(7), int8_products(8)};
+  if (lists.cap != max_instruction_set()) lists = {max_instruction_set(), capable_products(7), capable_products(8)};
   return code_bits == 7 ? lists.seven_bit : lists.eight_bit;
 }
 
-// The product a call names (`product`), or this CPU's fastest for `code_bits` weights (an empty name), refused by name
-// where this CPU cannot run it with that format
+// The product a call names (`product`), or this CPU's fastest for `code_bits` weights (an empty name,
+// `int8_products(code_bits).front()`), refused by name where this CPU cannot run it with that format
 const std::string& chosen_product(int64_t code_bits, const std::string& product, const char* function) {
   const std::vector<std::string>& products = runnable_products(code_bits);
-  if (product.empty()) return products.front();
+  if (product.empty()) {
+    const std::string fastest = int8_products(code_bits).front();
+    return *std::find(products.begin(), products.end(), fastest);
+  }
   if (std::find(products.begin(), products.end(), product) == products.end()) {
     std::string runnable;
     for (const auto& name : products) runnable += (runnable.empty() ? "" : ", ") + name;
@@ -459,6 +482,56 @@ QuantizedInput quantized_input_buffer(int64_t padded_rows, int64_t depth, int64_
 
 bool amx_available() { return amx_usable(); }
 
+namespace {
+
+// Which of oneDNN's product and VNNI's kernels is faster depends on the CPU, not on its instructions: on an AMD Zen 5
+// oneDNN's was 1.6-3.2x VNNI's from 32 rows, on an AMD Zen 4 VNNI's was 1.04-1.38x oneDNN's at 24-128 rows and level
+// with it at 256-450, at one thread, and further ahead at two, where oneDNN's product is split by rows
+// (study/fast_cpu_translation_log.md). So the first time a process needs the choice it times both, on
+// the calling thread alone: rows x 512 -> 2048 (a decoder's first feed-forward product at d_model 512) at 32 rows
+// (greedy search's batches) and 128 (beam-4's), calls alternated between the two, the best of kTrials trials of each,
+// in microseconds per row summed over the two sizes (so each size counts alike; about 0.06 s). Either product gives
+// the same numbers, so a wrong choice on a busy machine costs speed only.
+std::map<std::string, double> measure_onednn_and_vnni() {
+  constexpr int64_t kDepth = 512, kColumns = 2048;
+  constexpr int kTrials = 5, kCallsPerTrial = 4;
+  const c10::InferenceMode inference_mode;
+  const hlf::OneKernelThread one_thread;
+  // weights and inputs of every sign, made without torch's random generator (whose state is the user's)
+  const auto weight_t = (at::arange(kDepth * kColumns, at::kInt).remainder(255) - 127).to(at::kChar)
+                            .view({kDepth, kColumns});
+  const auto column_sums = weight_t.sum({0}, false, at::kInt);
+  const auto weight_scale = at::full({kColumns}, 0.01f);
+  const auto panels = pack_int8_weights(weight_t, 8, "vnni");  // oneDNN's layout keeps the same panels
+  std::map<std::string, double> microseconds{{"onednn", 0.0}, {"vnni", 0.0}};
+  for (const int64_t rows : {32, 128}) {
+    const auto x = at::arange(rows * kDepth, at::kFloat).sin().view({rows, kDepth});
+    std::map<std::string, double> best{{"onednn", 1e300}, {"vnni", 1e300}};
+    for (int trial = -1; trial < kTrials; ++trial) {  // trial -1: warm-up, not timed
+      for (const auto& [product, fastest] : best) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int call = 0; call < kCallsPerTrial; ++call)
+          int8_linear(x, weight_t, panels, column_sums, weight_scale, c10::nullopt, false, 8, kAmxMinimumRows,
+                      product, product == "onednn" ? 0 : kOneDnnMinimumRows);
+        const std::chrono::duration<double, std::micro> elapsed = std::chrono::steady_clock::now() - start;
+        if (trial >= 0) best[product] = std::min(fastest, elapsed.count() / kCallsPerTrial);
+      }
+    }
+    for (const auto& [product, time] : best) microseconds[product] += time / static_cast<double>(rows);
+  }
+  return microseconds;
+}
+
+}  // namespace
+
+// `measure_onednn_and_vnni`'s microseconds per row, measured once per process; empty where the CPU (under the
+// instruction set cap) has no VNNI
+std::map<std::string, double> onednn_vnni_timings() {
+  if (!vnni_usable()) return {};
+  static const std::map<std::string, double> timings = measure_onednn_and_vnni();
+  return timings;
+}
+
 // The products that run `code_bits` weights on this CPU, its fastest first (the one `int8_linear` runs unless told):
 // "amx" (either format: the VNNI panels padded to whole tiles, read by the AMX product and, below `amx_minimum_rows`
 // rows, by VNNI's), "onednn" (the 8-bit format on a CPU with VNNI: oneDNN's product of weight_t, and below
@@ -467,14 +540,13 @@ bool amx_available() { return amx_usable(); }
 // tests run each product the CPU has.
 std::vector<std::string> int8_products(int64_t code_bits) {
   check_code_bits(code_bits, "int8_products");
-  std::vector<std::string> products;
-  if (amx_usable()) products.push_back("amx");
-  if (vnni_usable() && code_bits == 8) {
-    products.push_back("onednn");
-    products.push_back("vnni");
+  std::vector<std::string> products = capable_products(code_bits);
+  // "onednn" before "vnni" as capable_products lists them; their order where VNNI's is first in line (no AMX)
+  const auto onednn = std::find(products.begin(), products.end(), "onednn");
+  if (onednn == products.begin()) {
+    const auto timings = onednn_vnni_timings();
+    if (timings.at("vnni") < timings.at("onednn")) std::iter_swap(onednn, onednn + 1);
   }
-  if (avx2_usable() && code_bits == 7) products.push_back("avx2");
-  products.push_back("float32_blocks");
   return products;
 }
 
@@ -484,7 +556,10 @@ std::string int8_product(int64_t code_bits) {
   if (product == "amx")
     return vnni_usable() ? "AMX (AVX-512 VNNI below " + std::to_string(kAmxMinimumRows) + " rows)" : "AMX";
   if (product == "onednn")
-    return "oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below " + std::to_string(kOneDnnMinimumRows) + " rows)";
+    return "oneDNN s8s8 through at::_int_mm (AVX-512 VNNI below " + std::to_string(kOneDnnMinimumRows) +
+           " rows; measured faster than AVX-512 VNNI here)";
+  if (product == "vnni" && code_bits == 8 && vnni_usable() && !amx_usable())
+    return "AVX-512 VNNI (measured faster than oneDNN s8s8 here)";
   return product == "vnni" ? "AVX-512 VNNI" : product == "avx2" ? "AVX2" : "float32 blocks";
 }
 

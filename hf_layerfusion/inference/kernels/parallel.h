@@ -250,6 +250,20 @@ inline thread_local int kernel_threads_setting = 0;
 
 inline int kernel_threads() { return kernel_threads_setting > 0 ? kernel_threads_setting : at::get_num_threads(); }
 
+// While alive, the kernels called on this thread run on it alone, on either backend (`parallel_for` below), as do the
+// OpenMP regions it opens
+class OneKernelThread {
+ public:
+  OneKernelThread() : previous_(kernel_threads_setting) { kernel_threads_setting = 1; }
+  ~OneKernelThread() { kernel_threads_setting = previous_; }
+  OneKernelThread(const OneKernelThread&) = delete;
+  OneKernelThread& operator=(const OneKernelThread&) = delete;
+
+ private:
+  const OneOpenMpThread one_openmp_thread_;  // at::parallel_for's threads: the OpenMP backend's
+  const int previous_;
+};
+
 // The threads `parallel_for` runs on besides the caller's: the calling thread's pool, or OpenMP's (`at::parallel_for`).
 enum class ParallelBackend : int { pool = 0, openmp = 1 };
 
