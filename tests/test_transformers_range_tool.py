@@ -1,12 +1,14 @@
 """`tools/check_transformers_range.py` decides from transformers' own metadata which of its dependencies an environment
 lacks: with the newest release installed without its dependencies, that list decides whether the newest end runs (with
-`USE_HUB_KERNELS=0` for `kernels` alone) or fails its install step."""
+`USE_HUB_KERNELS=0` for `kernels` alone) or fails its install step. Its environments see the packages of the
+interpreter that runs it, a venv's included."""
 
 import importlib.metadata
 import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers import REPO_ROOT, fake_package_versions
 from packaging.requirements import Requirement
@@ -61,3 +63,36 @@ def test_a_passing_check_records_the_release_of_each_end(tmp_path):
     assert json.loads(path.read_text()) == {"requirement": "transformers>=5.20,<5.26", "oldest": "5.20.0",
                                             "newest": "5.25.0"}
     assert [child.name for child in tmp_path.iterdir()] == ["checked.json"]
+
+
+def test_an_environment_sees_the_packages_of_the_venv_that_runs_the_check(tmp_path):
+    """Run from a virtual environment (the README's test command in a venv), the check's environments must see that
+    venv's packages, hf_layerfusion's editable install among them, not the base installation's: with
+    `venv --system-site-packages` every step that imports the package failed with ModuleNotFoundError."""
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
+    parent_python = parent / "bin" / "python"
+    parent_site = Path(subprocess.run(
+        [str(parent_python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip())
+    # a module installed in the venv, and one reached through a .pth file there, as an editable install is
+    (parent_site / "only_in_the_parent_venv.py").write_text("WHERE = 'parent venv'\n")
+    (tmp_path / "editable").mkdir()
+    (tmp_path / "editable" / "editable_in_the_parent_venv.py").write_text("WHERE = 'editable'\n")
+    (parent_site / "editable.pth").write_text(str(tmp_path / "editable") + "\n")
+    create = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('tool', {str(REPO_ROOT / 'tools/check_transformers_range.py')!r})\n"
+        "tool = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(tool)\n"
+        f"print(tool.create_environment(tool.Path({str(tmp_path / 'child')!r}), 'oldest', tool.Steps()))\n"
+    )
+    created = subprocess.run([str(parent_python), "-c", create], capture_output=True, text=True, check=True)
+    child_python = created.stdout.strip().splitlines()[-1]
+    assert child_python == str(tmp_path / "child" / "bin" / "python")
+    script = ("import json, sys, only_in_the_parent_venv as a, editable_in_the_parent_venv as b; "
+              "print(json.dumps([a.WHERE, b.WHERE, sys.prefix]))")
+    seen = subprocess.run([child_python, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert seen.returncode == 0, seen.stderr
+    assert json.loads(seen.stdout) == ["parent venv", "editable", str(tmp_path / "child")]

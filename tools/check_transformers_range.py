@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import email.parser
@@ -188,9 +189,36 @@ class Steps:
         print(f"--- {name}\n    FAILED", flush=True)
 
 
+def create_environment(env: Path, end: str, steps: Steps) -> Path:
+    """A new virtual environment at `env` that sees this interpreter's site-packages folders after its own; its
+    interpreter. It has no pip of its own: this interpreter's pip and setuptools (a new environment's bundled
+    setuptools is too old to build the package's wheel) install into it.
+
+    A `.pth` file in its site-packages adds those folders as site folders (so their `.pth` files, the editable
+    install's import hook among them, run too). `venv --system-site-packages` would not do: created from a virtual
+    environment's interpreter (the README's test command run in a venv), it sees the base installation's folders,
+    not the venv's, and neither hf_layerfusion nor the suite's pinned packages would be there."""
+    python = env / "bin" / "python"
+    if steps.run(f"{end}: environment", [sys.executable, "-m", "venv", "--without-pip", str(env)]).returncode:
+        raise SystemExit(f"could not create the virtual environment {env} (above)")
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        text=True, capture_output=True, check=True,
+    ).stdout.strip()
+    user = [site.getusersitepackages()] if site.ENABLE_USER_SITE else []  # ahead of the others, as here
+    folders = [folder for folder in user + site.getsitepackages() if Path(folder).is_dir()]
+    Path(own).mkdir(parents=True, exist_ok=True)
+    # a .pth line that starts with `import` is executed as the environment's interpreter starts (in a scope a
+    # comprehension would not see `site` from)
+    (Path(own) / "_range_check_parent_packages.pth").write_text(
+        f"import site; list(map(site.addsitedir, {folders!r}))\n", encoding="utf-8"
+    )
+    return python
+
+
 def without_package(python: Path, script: str) -> list[str]:
-    """`python -S -c` arguments that run `script` with the environment's site-packages folders (its own, then the
-    system's it sees) but not their .pth files (the editable install's import hook), asserting that hf_layerfusion
+    """`python -S -c` arguments that run `script` with the environment's site-packages folders (its own, then those
+    of the interpreter running the check, `create_environment`) but not their .pth files (the editable install's import hook), asserting that hf_layerfusion
     cannot be imported."""
     site_packages = json.loads(subprocess.run(
         [str(python), "-c", "import json, sys; print(json.dumps([p for p in sys.path if p.endswith('site-packages')]))"],
@@ -320,14 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     env_settings: dict[str, dict[str, str]] = {}
     try:
         for end in args.ends:
-            env = workdir / f"env-{end}"
-            python = env / "bin" / "python"
-            # without a pip of its own: this interpreter's pip and setuptools (a new environment's bundled setuptools
-            # is too old to build the package's wheel) install into it
-            steps.run(
-                f"{end}: environment",
-                [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env)],
-            )
+            python = create_environment(workdir / f"env-{end}", end, steps)
             if args.torch_ends:
                 # --upgrade: the newest torch of its range, not the one this interpreter has
                 steps.run(f"{end}: install {torch_ends[end]}",
