@@ -218,8 +218,8 @@ def create_environment(env: Path, end: str, steps: Steps) -> Path:
 
 def without_package(python: Path, script: str) -> list[str]:
     """`python -S -c` arguments that run `script` with the environment's site-packages folders (its own, then those
-    of the interpreter running the check, `create_environment`) but not their .pth files (the editable install's import hook), asserting that hf_layerfusion
-    cannot be imported."""
+    of the interpreter running the check, `create_environment`) but not their .pth files (the editable install's
+    import hook), asserting that hf_layerfusion cannot be imported."""
     site_packages = json.loads(subprocess.run(
         [str(python), "-c", "import json, sys; print(json.dumps([p for p in sys.path if p.endswith('site-packages')]))"],
         text=True, capture_output=True, check=True,
