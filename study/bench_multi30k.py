@@ -331,8 +331,13 @@ MODELS.update({converged: converged_arm(name) for converged, name in STEP_BUDGET
 # Deep baselines that train. Pre-norm at depth, with the post-norm depth arms' recipe (2,000 steps, warm-up 400: the
 # study passes it): GTrans Table III's pre-norm 12 + 12 baseline trains (34.88 BLEU on IWSLT14 De-En)
 PRE_NORM_DEEP_SHAPES = ((12, 12), (24, 18))
+# issue 76's deep baselines that train, per shape: until one of a shape has run, the depth conclusion has no data for
+# "does GTrans beat a deep baseline that trains?" at that shape
+TRAINING_DEEP_BASELINES: dict[tuple[int, int], list[str]] = {}
 for encoder_layers, decoder_layers in PRE_NORM_DEEP_SHAPES:
-    MODELS[f"plain_transformer_prenorm_{encoder_layers}x{decoder_layers}{LONG_DEPTH_SUFFIX}"] = Arm(
+    name = f"plain_transformer_prenorm_{encoder_layers}x{decoder_layers}{LONG_DEPTH_SUFFIX}"
+    TRAINING_DEEP_BASELINES[(encoder_layers, decoder_layers)] = [name]
+    MODELS[name] = Arm(
         "plain_transformer", f"baseline, deep pre-norm {encoder_layers} + {decoder_layers} layers (a deep baseline "
         "that trains: GTrans Table III's pre-norm baseline)",
         dict(encoder_layers=encoder_layers, decoder_layers=decoder_layers, **PRE_NORM), baseline=None,
@@ -350,6 +355,8 @@ for name, arm in deep_post_norm_arms(12, 12, suffix=WARMUP_4000_SUFFIX).items():
     MODELS[name] = replace(arm, question=f"{arm.question}; warm-up 4,000 steps, trained to convergence",
                            converged=True)
     STEP_BUDGET_ARMS[name] = name.removesuffix(WARMUP_4000_SUFFIX) + LONG_DEPTH_SUFFIX
+    if arm.model_type == BASE_ARM:
+        TRAINING_DEEP_BASELINES[(12, 12)].append(name)
 
 # settings that change the numbers of a run: an output dir is only continued with the same ones
 RESULT_SETTINGS = (
@@ -929,14 +936,10 @@ def deep_baselines(shape: tuple[int, int]) -> list[str]:
             and arm_shape(arm) == shape]
 
 
-# issue 76's deep baselines, which should train where post-norm with the study's warm-up fails: until one has run, the
-# depth conclusion has no data for "does GTrans beat a deep baseline that trains?"
-TRAINING_DEEP_BASELINES = (f"{BASE_ARM}_prenorm_12x12{LONG_DEPTH_SUFFIX}", f"{BASE_ARM}_12x12{WARMUP_4000_SUFFIX}")
-
-
 def depth_conclusion(runs: dict, references: dict) -> list[str]:
     """Issue 76's depth questions, answered from the ledger (Markdown lines): does GTrans beat a deep baseline that
-    trains (the GTrans 12 + 12 arm best on val against the 12 + 12 baseline best on val), and does depth pay at all
+    trains (at each depth of `TRAINING_DEEP_BASELINES`, once one of them has run: the GTrans arm of that depth best on
+    val against the plain arm of that depth best on val), and does depth pay at all
     at this data size (the deep plain or GTrans model best on val against the best 6 + 6 one)? Each with its verdicts
     on test and val (paired bootstrap over the seeds both ran), or "no data yet" while the runs are missing."""
     def best(arms: list[str]) -> str | None:
@@ -962,17 +965,25 @@ def depth_conclusion(runs: dict, references: dict) -> list[str]:
                 and (shape is None or arm_shape(arm) == shape)
                 and (deeper_than is None or sum(arm_shape(arm)) > sum(deeper_than))]
 
-    lines = ["**Does GTrans beat a deep baseline that trains?** "]
-    gtrans, baseline = best(from_scratch(("gtrans",), shape=(12, 12))), best(deep_baselines((12, 12)))
-    waiting = [f"`{arm}`" for arm in TRAINING_DEEP_BASELINES if arm not in runs]
-    if len(waiting) == len(TRAINING_DEEP_BASELINES) or gtrans is None:
-        lines[0] += ("No data yet: " + (f"{' and '.join(waiting)}, the 12 + 12 baselines that should train, "
-                                         "have not run" if waiting else "no GTrans 12 + 12 run has finished")
-                     + " (`study/queue.py` priority 9).")
-    else:
-        lines[0] += (f"The best-trained 12 + 12 baseline (on val) is {described(baseline)}; the best GTrans 12 + 12 "
-                     f"is {described(gtrans)}: {verdicts(gtrans, baseline)}."
-                     + (f" Still to run: {', '.join(waiting)}." if waiting else ""))
+    lines = ["**Does GTrans beat a deep baseline that trains?** At each depth that has a deep baseline that should "
+             "train, the best-trained plain model of that depth (on val) against the best GTrans of that depth (on "
+             "val):", ""]
+    waiting = []
+    for shape, training_baselines in TRAINING_DEEP_BASELINES.items():
+        depth = f"{shape[0]} + {shape[1]}"
+        not_run = [f"`{arm}`" for arm in training_baselines if arm not in runs]
+        waiting += not_run
+        gtrans, baseline = best(from_scratch(("gtrans",), shape=shape)), best(deep_baselines(shape))
+        if len(not_run) == len(training_baselines):
+            plural = len(not_run) > 1
+            lines.append(f"- {depth}: no data yet: {' and '.join(not_run)}, the {depth} baseline{'s' * plural} that "
+                         f"should train, {'have' if plural else 'has'} not run (`study/queue.py` priority 9).")
+        elif gtrans is None:
+            lines.append(f"- {depth}: no data yet: no GTrans {depth} run has finished.")
+        else:
+            lines.append(f"- {depth}: the best-trained baseline is {described(baseline)}; the best GTrans is "
+                         f"{described(gtrans)}: {verdicts(gtrans, baseline)}."
+                         + (f" Still to run: {', '.join(not_run)}." if not_run else ""))
     six = arm_shape(MODELS[BASE_ARM])
     deep = best(from_scratch((BASE_ARM, "gtrans"), deeper_than=six))
     shallow = best(from_scratch((BASE_ARM, "gtrans"), shape=six))

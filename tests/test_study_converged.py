@@ -414,41 +414,63 @@ def deep_entry(arm, seed, bleu, hypotheses, baseline=None, val_bleu=None):
 
 
 def test_the_depth_conclusion_waits_for_the_deep_baselines_that_train_then_answers_both_questions(tmp_path):
+    """Per depth with a deep baseline that should train (12 + 12: pre-norm and the 4,000-step warm-up; 24 + 18:
+    pre-norm), the best plain model of that depth against the best GTrans of that depth, once one of its training
+    baselines has run; then whether depth pays at all."""
     def conclusion():
-        return bench.depth_conclusion(ledger.read_ledger(tmp_path), BOTH)
+        lines = bench.depth_conclusion(ledger.read_ledger(tmp_path), BOTH)
+        depth_pays = next(line for line in lines if line.startswith("**Does depth pay"))
+        return {line[2:9]: line[11:] for line in lines if line.startswith("- ")}, depth_pays
 
-    lines = conclusion()
-    assert lines[0] == ("**Does GTrans beat a deep baseline that trains?** No data yet: "
-                        "`plain_transformer_prenorm_12x12_2000steps` and `plain_transformer_12x12_warmup4000`, the "
-                        "12 + 12 baselines that should train, have not run (`study/queue.py` priority 9).")
-    assert lines[2] == "**Does depth pay at all at this data size?** No data yet: no deep run has finished."
-    # the study's 2,000-step post-norm pair: plain fails, GTrans trains; the 6 + 6 models
+    by_depth, depth_pays = conclusion()
+    assert by_depth == {
+        "12 + 12": ("no data yet: `plain_transformer_prenorm_12x12_2000steps` and "
+                    "`plain_transformer_12x12_warmup4000`, the 12 + 12 baselines that should train, have not run "
+                    "(`study/queue.py` priority 9)."),
+        "24 + 18": ("no data yet: `plain_transformer_prenorm_24x18_2000steps`, the 24 + 18 baseline that should "
+                    "train, has not run (`study/queue.py` priority 9)."),
+    }
+    assert depth_pays == "**Does depth pay at all at this data size?** No data yet: no deep run has finished."
+    # the study's 2,000-step post-norm pairs: plain fails, GTrans trains; the 6 + 6 models
     for seed in (1, 2):
         write(tmp_path, fake_entry("plain_transformer", seed, 34.0, WRONG, baseline=None, val_hypotheses=WRONG))
-        write(tmp_path, deep_entry("plain_transformer_12x12_2000steps", seed, 2.0, WRONG))
-        write(tmp_path, deep_entry("gtrans_12x12_2000steps", seed, 35.0, REFERENCES,
-                                   baseline="plain_transformer_12x12_2000steps"))
-    lines = conclusion()
-    assert "No data yet" in lines[0]
-    assert lines[2].startswith("**Does depth pay at all at this data size?** The best deep model (plain or GTrans "
-                               "from scratch with more than 6 + 6 layers, on val) is `gtrans_12x12_2000steps` (val "
-                               "35.00 ± 0.00, test 35.00 ± 0.00, seeds 1, 2), the best 6 + 6 one `plain_transformer` "
-                               "(val 35.00")
-    assert "`gtrans_12x12_2000steps` against `plain_transformer` wins on test" in lines[2]
-    assert lines[2].endswith("Still to run: `plain_transformer_prenorm_12x12_2000steps`, "
-                             "`plain_transformer_12x12_warmup4000`, the deep baselines that should train.")
+        for depth in ("12x12", "24x18"):
+            write(tmp_path, deep_entry(f"plain_transformer_{depth}_2000steps", seed, 2.0, WRONG))
+            write(tmp_path, deep_entry(f"gtrans_{depth}_2000steps", seed, 35.0 if depth == "12x12" else 34.5,
+                                       REFERENCES, baseline=f"plain_transformer_{depth}_2000steps"))
+    by_depth, depth_pays = conclusion()
+    assert all(answer.startswith("no data yet: `plain_transformer_prenorm_") for answer in by_depth.values())
+    assert depth_pays.startswith("**Does depth pay at all at this data size?** The best deep model (plain or GTrans "
+                                 "from scratch with more than 6 + 6 layers, on val) is `gtrans_12x12_2000steps` (val "
+                                 "35.00 ± 0.00, test 35.00 ± 0.00, seeds 1, 2), the best 6 + 6 one `plain_transformer` "
+                                 "(val 35.00")
+    assert "`gtrans_12x12_2000steps` against `plain_transformer` wins on test" in depth_pays
+    assert depth_pays.endswith("Still to run: `plain_transformer_prenorm_12x12_2000steps`, "
+                               "`plain_transformer_12x12_warmup4000`, `plain_transformer_prenorm_24x18_2000steps`, "
+                               "the deep baselines that should train.")
     # a pre-norm 12 + 12 baseline that trains: better than GTrans 12 + 12 on val, worse on test
     for seed in (1, 2):
         write(tmp_path, deep_entry("plain_transformer_prenorm_12x12_2000steps", seed, 34.0, REFERENCES,
                                    val_bleu=36.0))
-    lines = conclusion()
-    assert lines[0].startswith("**Does GTrans beat a deep baseline that trains?** The best-trained 12 + 12 baseline "
-                               "(on val) is `plain_transformer_prenorm_12x12_2000steps` (val 36.00 ± 0.00, test 34.00 "
-                               "± 0.00, seeds 1, 2); the best GTrans 12 + 12 is `gtrans_12x12_2000steps`")
+    by_depth, depth_pays = conclusion()
+    assert by_depth["12 + 12"].startswith(
+        "the best-trained baseline is `plain_transformer_prenorm_12x12_2000steps` (val 36.00 ± 0.00, test 34.00 "
+        "± 0.00, seeds 1, 2); the best GTrans is `gtrans_12x12_2000steps`")
     assert ("`gtrans_12x12_2000steps` against `plain_transformer_prenorm_12x12_2000steps` wins on test (Δ +1.00 ± 0.00 "
-            "BLEU over 2 seeds, p 0.001, 0.001) but loses on val (Δ -1.00 ± 0.00, p 0.001, 0.001).") in lines[0]
-    assert lines[0].endswith("Still to run: `plain_transformer_12x12_warmup4000`.")
-    assert "The best deep model" in lines[2] and "is `plain_transformer_prenorm_12x12_2000steps`" in lines[2]
+            "BLEU over 2 seeds, p 0.001, 0.001) but loses on val (Δ -1.00 ± 0.00, p 0.001, 0.001).") in by_depth["12 + 12"]
+    assert by_depth["12 + 12"].endswith("Still to run: `plain_transformer_12x12_warmup4000`.")
+    assert by_depth["24 + 18"].startswith("no data yet: `plain_transformer_prenorm_24x18_2000steps`")
+    assert "The best deep model" in depth_pays and "is `plain_transformer_prenorm_12x12_2000steps`" in depth_pays
+    # a pre-norm 24 + 18 baseline that trains, one seed, below GTrans 24 + 18 on both splits
+    write(tmp_path, deep_entry("plain_transformer_prenorm_24x18_2000steps", 1, 20.0, WRONG))
+    by_depth, depth_pays = conclusion()
+    assert by_depth["24 + 18"] == (
+        "the best-trained baseline is `plain_transformer_prenorm_24x18_2000steps` (val 20.00, test 20.00, seed 1); "
+        "the best GTrans is `gtrans_24x18_2000steps` (val 34.50 ± 0.00, test 34.50 ± 0.00, seeds 1, 2): "
+        "`gtrans_24x18_2000steps` against `plain_transformer_prenorm_24x18_2000steps` wins on test (Δ +14.50 BLEU "
+        "over 1 seed, p 0.001) and wins on val (Δ +14.50, p 0.001).")
+    assert depth_pays.endswith("Still to run: `plain_transformer_12x12_warmup4000`, the deep baselines that should "
+                               "train.")
 
 
 # --- end to end: a tiny run trained to convergence through run_translation.py --------------------------------------
