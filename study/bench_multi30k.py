@@ -936,18 +936,57 @@ def deep_baselines(shape: tuple[int, int]) -> list[str]:
             and arm_shape(arm) == shape]
 
 
-def depth_conclusion(runs: dict, references: dict) -> list[str]:
-    """Issue 76's depth questions, answered from the ledger (Markdown lines): does GTrans beat a deep baseline that
-    trains (at each depth of `TRAINING_DEEP_BASELINES`, once one of them has run: the GTrans arm of that depth best on
-    val against the plain arm of that depth best on val), and does depth pay at all
-    at this data size (the deep plain or GTrans model best on val against the best 6 + 6 one)? Each with its verdicts
-    on test and val (paired bootstrap over the seeds both ran), or "no data yet" while the runs are missing."""
-    def best(arms: list[str]) -> str | None:
-        """The arm of `arms` with the highest mean val BLEU in the ledger (the selection is on val), if any ran."""
-        ran = [arm for arm in arms if arm in runs]
-        return max(ran, key=lambda arm: statistics.fmean(e["validation"]["bleu"] for e in runs[arm].values()),
-                   default=None)
+def best_on_val(runs: dict, arms: list[str]) -> str | None:
+    """The arm of `arms` with the highest mean val BLEU in the ledger `runs` (the selection is on val), if any ran."""
+    ran = [arm for arm in arms if arm in runs]
+    return max(ran, key=lambda arm: statistics.fmean(e["validation"]["bleu"] for e in runs[arm].values()),
+               default=None)
 
+
+def from_scratch(families: tuple[str, ...], deeper_than: tuple[int, int] | None = None,
+                 shape: tuple[int, int] | None = None) -> list[str]:
+    """The arms of `families` trained from scratch, of `shape` or with more layers than `deeper_than` if given."""
+    return [name for name, arm in MODELS.items() if arm.model_type in families and arm.init_from is None
+            and (shape is None or arm_shape(arm) == shape)
+            and (deeper_than is None or sum(arm_shape(arm)) > sum(deeper_than))]
+
+
+@dataclass(frozen=True)
+class DeepComparison:
+    """One of issue 76's depth questions in the ledger: `arm` (best on val) against `baseline` (best on val), either
+    None while their runs are missing; `waiting`: the deep baselines that should train that have not run."""
+    question: str
+    arm: str | None
+    baseline: str | None
+    waiting: tuple[str, ...]
+
+
+def deep_comparisons(runs: dict) -> list[DeepComparison]:
+    """Does GTrans beat a deep baseline that trains, at each depth of `TRAINING_DEEP_BASELINES` (the GTrans arm of
+    that depth best on val against the plain arm of that depth best on val, once one of its baselines that should
+    train has run), and does depth pay at all at this data size (the deep plain or GTrans model best on val against
+    the best 6 + 6 one; its `waiting`: every deep baseline that should train and has not run)?"""
+    comparisons = []
+    for shape, training_baselines in TRAINING_DEEP_BASELINES.items():
+        waiting = tuple(arm for arm in training_baselines if arm not in runs)
+        trains = len(waiting) < len(training_baselines)
+        comparisons.append(DeepComparison(
+            f"GTrans against a {shape[0]} + {shape[1]} baseline that trains",
+            best_on_val(runs, from_scratch(("gtrans",), shape=shape)),
+            best_on_val(runs, deep_baselines(shape)) if trains else None, waiting))
+    six = arm_shape(MODELS[BASE_ARM])
+    comparisons.append(DeepComparison(
+        f"the best deep model against the best {six[0]} + {six[1]} one",
+        best_on_val(runs, from_scratch((BASE_ARM, "gtrans"), deeper_than=six)),
+        best_on_val(runs, from_scratch((BASE_ARM, "gtrans"), shape=six)),
+        tuple(arm for comparison in comparisons for arm in comparison.waiting)))
+    return comparisons
+
+
+def depth_conclusion(runs: dict, references: dict) -> list[str]:
+    """Issue 76's depth questions (`deep_comparisons`), answered from the ledger (Markdown lines), each with its
+    verdicts on test and val (paired bootstrap over the seeds both ran), or "no data yet" while the runs are
+    missing."""
     def described(arm: str) -> str:
         entries = list(runs[arm].values())
         return (f"`{arm}` (val {ledger.mean_std([e['validation']['bleu'] for e in entries])}, test "
@@ -959,43 +998,37 @@ def depth_conclusion(runs: dict, references: dict) -> list[str]:
             return f"`{arm}` against `{baseline}`: no seed of both has run yet"
         return f"`{arm}` against `{baseline}` {comparison.summary()}"
 
-    def from_scratch(families: tuple[str, ...], deeper_than: tuple[int, int] | None = None,
-                     shape: tuple[int, int] | None = None) -> list[str]:
-        return [name for name, arm in MODELS.items() if arm.model_type in families and arm.init_from is None
-                and (shape is None or arm_shape(arm) == shape)
-                and (deeper_than is None or sum(arm_shape(arm)) > sum(deeper_than))]
+    def still_to_run(waiting: tuple[str, ...]) -> str:
+        return ", ".join(f"`{arm}`" for arm in waiting)
 
+    *by_depth, depth_pays = deep_comparisons(runs)
     lines = ["**Does GTrans beat a deep baseline that trains?** At each depth that has a deep baseline that should "
              "train, the best-trained plain model of that depth (on val) against the best GTrans of that depth (on "
              "val):", ""]
-    waiting = []
-    for shape, training_baselines in TRAINING_DEEP_BASELINES.items():
+    for shape, comparison in zip(TRAINING_DEEP_BASELINES, by_depth):
         depth = f"{shape[0]} + {shape[1]}"
-        not_run = [f"`{arm}`" for arm in training_baselines if arm not in runs]
-        waiting += not_run
-        gtrans, baseline = best(from_scratch(("gtrans",), shape=shape)), best(deep_baselines(shape))
-        if len(not_run) == len(training_baselines):
-            plural = len(not_run) > 1
-            lines.append(f"- {depth}: no data yet: {' and '.join(not_run)}, the {depth} baseline{'s' * plural} that "
-                         f"should train, {'have' if plural else 'has'} not run (`study/queue.py` priority 9).")
-        elif gtrans is None:
+        if comparison.baseline is None:
+            plural = len(comparison.waiting) > 1
+            lines.append(f"- {depth}: no data yet: {' and '.join(f'`{arm}`' for arm in comparison.waiting)}, the "
+                         f"{depth} baseline{'s' * plural} that should train, {'have' if plural else 'has'} not run "
+                         "(`study/queue.py` priority 9).")
+        elif comparison.arm is None:
             lines.append(f"- {depth}: no data yet: no GTrans {depth} run has finished.")
         else:
-            lines.append(f"- {depth}: the best-trained baseline is {described(baseline)}; the best GTrans is "
-                         f"{described(gtrans)}: {verdicts(gtrans, baseline)}."
-                         + (f" Still to run: {', '.join(not_run)}." if not_run else ""))
+            lines.append(f"- {depth}: the best-trained baseline is {described(comparison.baseline)}; the best GTrans "
+                         f"is {described(comparison.arm)}: {verdicts(comparison.arm, comparison.baseline)}."
+                         + (f" Still to run: {still_to_run(comparison.waiting)}." if comparison.waiting else ""))
     six = arm_shape(MODELS[BASE_ARM])
-    deep = best(from_scratch((BASE_ARM, "gtrans"), deeper_than=six))
-    shallow = best(from_scratch((BASE_ARM, "gtrans"), shape=six))
     lines += ["", "**Does depth pay at all at this data size?** "]
-    if deep is None or shallow is None:
-        lines[-1] += "No data yet: no " + ("deep" if deep is None else f"{six[0]} + {six[1]}") + " run has finished."
+    if depth_pays.arm is None or depth_pays.baseline is None:
+        lines[-1] += ("No data yet: no " + ("deep" if depth_pays.arm is None else f"{six[0]} + {six[1]}")
+                      + " run has finished.")
     else:
         lines[-1] += (f"The best deep model (plain or GTrans from scratch with more than {six[0]} + {six[1]} layers, "
-                      f"on val) is {described(deep)}, the best {six[0]} + {six[1]} one {described(shallow)}: "
-                      f"{verdicts(deep, shallow)}."
-                      + (f" Still to run: {', '.join(waiting)}, the deep baselines that should train." if waiting
-                         else ""))
+                      f"on val) is {described(depth_pays.arm)}, the best {six[0]} + {six[1]} one "
+                      f"{described(depth_pays.baseline)}: {verdicts(depth_pays.arm, depth_pays.baseline)}."
+                      + (f" Still to run: {still_to_run(depth_pays.waiting)}, the deep baselines that should train."
+                         if depth_pays.waiting else ""))
     return lines
 
 

@@ -5,8 +5,8 @@
 - study/README.md: the full Multi30k ledger report (`bench_multi30k.report_text`) and the full inference tables
   (`inference_workload_report.render`), each between its markers;
 - README.md: a short summary between its markers: each family's verdict against its baseline (the 2,000-step arm,
-  and the same arm trained to convergence once the ledger holds it) and the fast loop's speed against CTranslate2
-  of the same precision on each CPU, with links to the full tables;
+  and the same arm trained to convergence once the ledger holds it), the depth questions' verdicts and the fast
+  loop's speed against CTranslate2 of the same precision on each CPU, with links to the full tables;
 - docs/results.md: the documentation site's results page, the whole file (the full ledger report and the inference
   tables per CPU);
 - the epoch curves of the runs trained to convergence beside the ledger (`multi30k_ledger.plot_epoch_curves`).
@@ -83,6 +83,22 @@ def quality_summary(ledger_dir: Path, references: dict) -> list[str]:
     return lines
 
 
+def depth_summary(ledger_dir: Path, references: dict) -> list[str]:
+    """One table row per depth question of issue 76 (`bench_multi30k.deep_comparisons`): the arm best on val against
+    the baseline best on val, with their verdicts, or the runs it waits for."""
+    runs, reruns = ledger.read_ledger(ledger_dir), ledger.read_reruns(ledger_dir)
+    lines = ["| question | arm against baseline (each the best on val) | test / val verdict |", "|---|---|---|"]
+    for comparison in bench_multi30k.deep_comparisons(runs):
+        if comparison.arm is None or comparison.baseline is None:
+            waiting = ", ".join(f"`{arm}`" for arm in comparison.waiting)
+            lines.append(f"| {comparison.question} | – | no data yet" + (f": {waiting} not run yet" if waiting else "")
+                         + " |")
+            continue
+        verdict = verdict_cell(runs, reruns, references, comparison.arm, comparison.baseline)
+        lines.append(f"| {comparison.question} | `{comparison.arm}` against `{comparison.baseline}` | {verdict} |")
+    return lines
+
+
 def commit_time(revision: str) -> int:
     """The commit time of `revision` in this checkout's history (0 where git or the commit is missing)."""
     try:
@@ -142,6 +158,11 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
          "them: [study/README.md](study/README.md)."),
         "",
         *quality_summary(ledger_dir, references),
+        "",
+        ("Deep models ([the depth results](docs/results.md)): does GTrans beat a deep baseline that "
+         "trains, and does depth pay at all at this data size?"),
+        "",
+        *depth_summary(ledger_dir, references),
         "",
         ("The fast CPU loop against CTranslate2 of the same precision (the study's plain Transformer on Multi30k test "
          "sentences, each engine in a process of its own; CTranslate2's seconds over the fast loop's, above 1.00x: "

@@ -35,6 +35,39 @@ def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_
     assert rows["rtal"].endswith("| `rtal_paper` against `plain_transformer_prenorm` | not run yet | not run yet |")
 
 
+def test_the_summary_answers_the_depth_questions_or_names_the_runs_they_wait_for(tmp_path):
+    def rows():
+        return {line.split(" | ")[0].strip("| "): line.split(" | ", 1)[1]
+                for line in report.depth_summary(tmp_path, BOTH)[2:]}
+
+    assert rows() == {
+        "GTrans against a 12 + 12 baseline that trains": ("– | no data yet: `plain_transformer_prenorm_12x12_2000steps`, "
+                                                          "`plain_transformer_12x12_warmup4000` not run yet |"),
+        "GTrans against a 24 + 18 baseline that trains": ("– | no data yet: `plain_transformer_prenorm_24x18_2000steps` "
+                                                          "not run yet |"),
+        "the best deep model against the best 6 + 6 one": ("– | no data yet: `plain_transformer_prenorm_12x12_2000steps`, "
+                                                           "`plain_transformer_12x12_warmup4000`, "
+                                                           "`plain_transformer_prenorm_24x18_2000steps` not run yet |"),
+    }
+    # the 6 + 6 plain model right on every sentence, GTrans 24 + 18 on half, the pre-norm 24 + 18 on none
+    half_right = REFERENCES[:30] + WRONG[30:]
+    for seed in (1, 2):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", seed),
+                           fake_entry("plain_transformer", seed, 36.0, REFERENCES, baseline=None))
+        ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_24x18_2000steps", seed),
+                           fake_entry("gtrans_24x18_2000steps", seed, 30.0, half_right,
+                                      baseline="plain_transformer_24x18_2000steps"))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_prenorm_24x18_2000steps", 1),
+                       fake_entry("plain_transformer_prenorm_24x18_2000steps", 1, 20.0, WRONG, baseline=None))
+    answers = rows()
+    assert answers["GTrans against a 24 + 18 baseline that trains"] == (
+        "`gtrans_24x18_2000steps` against `plain_transformer_prenorm_24x18_2000steps` | wins / untested (test Δ "
+        "+10.00, 1 seed) |")
+    assert answers["GTrans against a 12 + 12 baseline that trains"].startswith("– | no data yet")
+    assert answers["the best deep model against the best 6 + 6 one"] == (
+        "`gtrans_24x18_2000steps` against `plain_transformer` | loses / untested (test Δ -6.00 ± 0.00, 2 seeds) |")
+
+
 def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
     assert report.speed_summary(tmp_path) == [
         "- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
