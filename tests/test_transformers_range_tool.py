@@ -6,8 +6,11 @@ interpreter that runs it, a venv's included."""
 import importlib.metadata
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from helpers import REPO_ROOT, fake_package_versions
@@ -96,3 +99,36 @@ def test_an_environment_sees_the_packages_of_the_venv_that_runs_the_check(tmp_pa
     seen = subprocess.run([child_python, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=False)
     assert seen.returncode == 0, seen.stderr
     assert json.loads(seen.stdout) == ["parent venv", "editable", str(tmp_path / "child")]
+
+
+def run_tool(temporary: Path, *arguments: str) -> subprocess.Popen:
+    """The tool started in a process of its own, its temporary work folder made under `temporary`."""
+    return subprocess.Popen([sys.executable, str(REPO_ROOT / "tools/check_transformers_range.py"), *arguments],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ | {"TMPDIR": str(temporary)})
+
+
+def test_a_bad_argument_stops_the_check_before_it_writes_anything(tmp_path):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    missing = tmp_path / "no_such_constraints.txt"
+    tool = run_tool(temporary, "--constraints", str(missing))
+    _, stderr = tool.communicate(timeout=120)
+    assert tool.returncode == 2 and f"--constraints {missing} does not exist" in stderr
+    assert list(temporary.iterdir()) == []  # no work folder left behind
+
+
+def test_a_check_stopped_with_sigterm_removes_its_work_folder(tmp_path):
+    """The environments take hundreds of MB: a check killed by `kill` or a CI timeout must not leave them behind."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    tool = run_tool(temporary, "--ends", "oldest", "--tests")
+    deadline = time.monotonic() + 120
+    while not list(temporary.glob("transformers-range-*/env-oldest")) and tool.poll() is None:
+        assert time.monotonic() < deadline, "the check made no environment in 2 minutes"
+        time.sleep(0.05)
+    assert tool.poll() is None, tool.communicate()
+    tool.send_signal(signal.SIGTERM)
+    tool.communicate(timeout=120)
+    assert tool.returncode == 128 + signal.SIGTERM
+    assert list(temporary.iterdir()) == []

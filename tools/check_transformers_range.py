@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -331,11 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty: give a new or empty folder (nothing there is replaced).")
+    if not args.constraints.is_file():
+        parser.error(f"--constraints {args.constraints} does not exist.")
+    # stopped with SIGTERM (kill, a CI timeout), the work folder (environments, hundreds of MB) is removed as at a
+    # normal end: the signal raises SystemExit, so the `finally` below runs and subprocess.run kills the step's child
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-range-"))
     workdir.mkdir(parents=True, exist_ok=True)
 
-    if not args.constraints.is_file():
-        parser.error(f"--constraints {args.constraints} does not exist.")
     sys.path.insert(0, str(REPO_ROOT))
     from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
