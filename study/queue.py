@@ -2,7 +2,7 @@
 
 Start it first whenever you work on the project, and commit the new ledger files before you stop:
 
-    python -m study &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill to stop
+    python -m study &          # niced, one thread, OMP_WAIT_POLICY=PASSIVE; Ctrl-C / kill stops it and its runs
     python -m study --list     # the queue, in priority order, with what is done
     python -m study --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
     python -m study --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
@@ -108,6 +108,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -804,10 +805,36 @@ def fitting_runs(pending: list, minutes_left: float, args, cpu: ledger.CpuKind, 
     return fitting
 
 
+def stop(running: list[RunningRun]) -> None:
+    """Stop the runs still running (the queue itself is stopping): each resumes from its last checkpoint when a queue
+    starts it again. Left running, a run would hold its run dir (`_run.lock`) and make the next queue's start of it
+    fail."""
+    for running_run in running:
+        if running_run.process.poll() is None:
+            running_run.process.terminate()
+    for running_run in running:
+        try:
+            running_run.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            running_run.process.kill()
+            running_run.process.wait()
+        print(f"study: {time.strftime('%H:%M:%S')} stopped {running_run.run.label} with the queue; it resumes from its "
+              f"last checkpoint", flush=True)
+
+
 def run_queue(args) -> bool:
     """Run the pending runs, `args.parallel` at a time; False when a run failed (the running ones are waited for,
-    no new one starts: a failing run is not retried in a loop, its log says why)."""
+    no new one starts: a failing run is not retried in a loop, its log says why). Stopped (Ctrl-C, SIGTERM: `main`
+    makes it SystemExit), it stops its runs."""
     running: list[RunningRun] = []
+    try:
+        return run_pending(args, running)
+    finally:
+        stop(running)
+
+
+def run_pending(args, running: list[RunningRun]) -> bool:
+    """`run_queue`'s loop; `running`: the runs started and not yet finished, kept up to date for `stop`."""
     failed, started = False, 0
     deadline = None if args.hours is None else time.monotonic() + args.hours * 3600
     cpu, skipped = ledger.this_cpu(), set()
@@ -918,6 +945,8 @@ def main(argv=None) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise SystemExit("study: another study queue is running in this checkout (runs/study/lock)") from None
+    # `kill` stops the queue's runs too (`run_queue`), as Ctrl-C does
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if not run_queue(args):
         raise SystemExit(1)
     if args.once:

@@ -2,8 +2,12 @@
 bootstrap is sacreBLEU's, and an output dir refuses other settings."""
 
 import json
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -613,6 +617,46 @@ def test_the_queue_runs_n_at_a_time_and_stops_starting_runs_after_a_failure(tmp_
         study.queue.parse_args(["--parallel", "0"])
     with pytest.raises(SystemExit):
         study.queue.parse_args(["--once", "--parallel", "2"])
+
+
+def test_a_stopped_queue_stops_its_runs(tmp_path):
+    """`kill` (SIGTERM) of `python -m study` stops the runs it started, as Ctrl-C does: a run left running would hold
+    its run dir and make the next queue's start of it fail. The queue runs in a process of its own, its runs stand-ins
+    that would sleep for a minute."""
+    ledger_dir, pids = tmp_path / "ledger", tmp_path / "pids"
+    ledger_dir.mkdir()
+    pids.mkdir()
+    driver = f"""
+import subprocess, sys, time
+from pathlib import Path
+import study.queue as queue
+
+def start(run, args, runs_at_once):
+    script = ("import os, pathlib, time; pathlib.Path({str(pids)!r}, "
+              f"'{{run.arm}}_{{run.seed}}').write_text(str(os.getpid())); time.sleep(60)")
+    return queue.RunningRun(run, subprocess.Popen([sys.executable, "-c", script]), Path("log"), time.monotonic())
+
+queue.start = start
+queue.WORK_DIR = Path({str(tmp_path / "work")!r})  # not the checkout's runs/study (its lock)
+queue.main(["--arms", "re_transformer_2", "--parallel", "2", "--ledger_dir", {str(ledger_dir)!r},
+            "--data_dir", {str(tmp_path)!r}])
+"""
+    queue = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while len([path for path in pids.iterdir() if path.read_text()]) < 2:
+        assert queue.poll() is None and time.monotonic() < deadline, queue.communicate()
+        time.sleep(0.05)
+    runs = {path.name: int(path.read_text()) for path in pids.iterdir()}
+    assert set(runs) == {"re_transformer_2_1", "re_transformer_2_2"}
+    queue.send_signal(signal.SIGTERM)
+    stdout, stderr = queue.communicate(timeout=120)
+    assert queue.returncode == 128 + signal.SIGTERM, stderr
+    for name, pid in runs.items():
+        with pytest.raises(ProcessLookupError):  # stopped and reaped by the queue
+            os.kill(pid, 0)
+        arm, seed = name.rsplit("_", 1)
+        assert f"stopped `{arm}` seed {seed} with the queue; it resumes from its last checkpoint" in stdout
 
 
 def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
