@@ -809,10 +809,10 @@ def stop(running: list[RunningRun]) -> None:
     """Stop the runs still running (the queue itself is stopping): each resumes from its last checkpoint when a queue
     starts it again. Left running, a run would hold its run dir (`_run.lock`) and make the next queue's start of it
     fail."""
-    for running_run in running:
-        if running_run.process.poll() is None:
-            running_run.process.terminate()
-    for running_run in running:
+    stopping = [running_run for running_run in running if running_run.process.poll() is None]
+    for running_run in stopping:
+        running_run.process.terminate()
+    for running_run in stopping:
         try:
             running_run.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
