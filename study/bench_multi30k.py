@@ -35,7 +35,8 @@ without a better BLEU.
 Selection and significance: arms are compared on the validation set (`val BLEU`, for choosing a setting) and
 reported on the test set; for every seed s the arm's test translations are compared with the baseline's seed-s
 translations by sacreBLEU's paired bootstrap resampling (`sacrebleu.significance.PairedTest`, test_type "bs",
-1000 resamples, two-sided p-value of the BLEU difference, sacreBLEU's fixed resampling seed). The table gives mean
+1000 resamples, two-sided p-value of the BLEU difference, sacreBLEU's fixed resampling seed; p = 1 where the two
+systems' sentences score alike, `common.tested_pair`). The table gives mean
 ± standard deviation over seeds, the mean test difference to the baseline, and the p-value of each seed.
 GTrans (the `gtrans` arm) is also evaluated as in its Table VI: each decoder group alone, and groups k..N mixed.
 

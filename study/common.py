@@ -84,14 +84,29 @@ def tested_pair(baseline: tuple[str, ...], system: tuple[str, ...], references: 
     )()
     (name,) = signatures  # sacreBLEU names the metric itself ("BLEU")
     baseline_result, system_result = scores[name]
+    # sacreBLEU's p counts the resamples whose difference strays from the mean difference by more than the real one
+    # does, plus one: when the two systems' per-sentence statistics coincide (identical translations, or different
+    # words that match the references equally), every resampled difference is 0, none strays, and it reports
+    # p = 1 / (resamples + 1), the smallest it can, for two systems with nothing between them. Such a pair is
+    # indistinguishable on every resample: p = 1.
+    indistinguishable = baseline_result.score == system_result.score and (
+        sentence_statistics(baseline, references) == sentence_statistics(system, references))
     return {
         "baseline_bleu": baseline_result.score,
         "bleu": system_result.score,
-        "p_value": system_result.p_value,
+        "p_value": 1.0 if indistinguishable else system_result.p_value,
         "bootstrap_mean": system_result.mean,
         "bootstrap_ci95": system_result.ci,
         "signature": str(signatures[name]),
     }
+
+
+def sentence_statistics(hypotheses: tuple[str, ...], references: tuple[str, ...]) -> list[tuple]:
+    """Each sentence's BLEU statistics (n-gram matches and totals, hypothesis and reference lengths): what the
+    paired bootstrap resamples."""
+    bleu = BLEU(effective_order=True)  # only the score depends on it, not the statistics
+    scores = (bleu.sentence_score(hypothesis, [reference]) for hypothesis, reference in zip(hypotheses, references))
+    return [(tuple(score.counts), tuple(score.totals), score.sys_len, score.ref_len) for score in scores]
 
 
 class GeneratedBlock:

@@ -668,7 +668,8 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         "",
         f"BLEU: sacreBLEU `{'`, `'.join(signatures)}`, beam 4, mean ± std over seeds. Δ: the arm minus its baseline, "
         "per seed, then mean ± std. p: sacreBLEU's paired bootstrap (1,000 resamples, two-sided) of the arm's "
-        "translations against its baseline's of the same seed, on test and on val. Verdict: *wins* / *loses* when "
+        "translations against its baseline's of the same seed, on test and on val (p 1 where the two score alike "
+        "sentence by sentence: nothing to resample). Verdict: *wins* / *loses* when "
         f"significantly better / worse (p < {SIGNIFICANCE_LEVEL}) on a majority of seeds with a mean Δ of that sign, "
         "else *ties*; on val the same rule over all seeds, where a seed without val translations (recorded since "
         f"issue 38; p –: a run of the pair has none) counts as not significant, *{UNTESTED}* without any tested "

@@ -122,6 +122,23 @@ def test_paired_bootstrap_is_sacrebleus():
         bench.paired_bootstrap(worse[:-1], references, references)
 
 
+def test_paired_bootstrap_finds_nothing_between_indistinguishable_systems():
+    """sacreBLEU reports p = 1 / 1001 when every resampled difference is 0; two systems whose sentences score the same
+    are indistinguishable: p = 1, not the smallest p there is."""
+    references = [f"the cat number {i} sat on the mat" for i in range(40)]
+    system = [("a dog" if i in (3, 4) else ref) for i, ref in enumerate(references)]
+    same = bench.paired_bootstrap(system, list(system), references)
+    assert same["bleu"] == same["baseline_bleu"] and same["p_value"] == 1.0
+    # other words, wrong alike: the same statistics sentence by sentence
+    alike = bench.paired_bootstrap(system, [("a cow" if i in (3, 4) else ref) for i, ref in enumerate(references)],
+                                   references)
+    assert alike["p_value"] == 1.0
+    # the same BLEU from different sentences still gets sacreBLEU's p
+    tied = bench.paired_bootstrap(system, [("a cow" if i in (30, 31) else ref) for i, ref in enumerate(references)],
+                                  references)
+    assert tied["bleu"] == pytest.approx(tied["baseline_bleu"]) and 0.2 < tied["p_value"] < 1.0
+
+
 def test_output_dir_refuses_other_settings(tmp_path):
     args = bench.parse_args(["--output_dir", str(tmp_path), "--max_steps_per_model", "30"])
     assert args.minutes_per_model is None  # steps-matched runs have no time budget unless asked
@@ -159,6 +176,7 @@ def fake_entry(arm, seed, bleu, hypotheses, baseline="plain_transformer", val_hy
 
 REFERENCES = [f"the cat number {i} sat on the mat today" for i in range(60)]
 WRONG = [f"a dog {i}" for i in range(60)]
+HALF_RIGHT = REFERENCES[:30] + WRONG[30:]  # right on the first half of the sentences, wrong on the rest
 BOTH = {"test": REFERENCES, "validation": REFERENCES}  # the test and val references of the fake entries
 
 
@@ -180,8 +198,8 @@ def test_report_deltas_p_values_and_verdicts_from_the_ledger(tmp_path):
         ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer", seed),
                            fake_entry("plain_transformer", seed, 10.0 + seed, WRONG, baseline=None))
         ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans", seed), fake_entry("gtrans", seed, 40.0, REFERENCES))
-    # an arm identical to its baseline ties (sacreBLEU gives p = 0.001 for a zero difference, which by its
-    # convention is not attributed to chance; there is no sign), and one whose baseline has no run yet says so
+    # an arm identical to its baseline ties (p 1: its translations are the baseline's), and one whose baseline has
+    # no run yet says so
     ledger.write_entry(ledger.ledger_path(tmp_path, "rtal", 1), fake_entry("rtal", 1, 11.0, WRONG))
     ledger.write_entry(ledger.ledger_path(tmp_path, "deep", 1), fake_entry("deep", 1, 5.0, WRONG, baseline="absent"))
     text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {"gtrans": "claimed +1."}, ["`x` seed 1"])
@@ -193,7 +211,7 @@ def test_report_deltas_p_values_and_verdicts_from_the_ledger(tmp_path):
     # val translations (as before issue 38), so val is untested
     assert gtrans[7:10] == ["+28.50 ± 0.71", "0.001 / 0.001", "wins"]
     assert gtrans[10:13] == ["+28.50 ± 0.71", "– / –", "untested |"]
-    assert rows["rtal"][7:10] == ["+0.00", "0.001", "ties"]
+    assert rows["rtal"][7:10] == ["+0.00", "1.000", "ties"]
     assert rows["deep"][9] == "baseline not run yet" and rows["deep"][12] == "baseline not run yet |"
     assert ("- **gtrans**: *from scratch*: `gtrans` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU "
             "over 2 seeds, p 0.001, 0.001), untested on val (Δ +28.50 ± 0.71; the ledger holds no val translations "
@@ -269,7 +287,7 @@ def test_a_rerun_from_the_other_runs_start_stands_in_for_an_entry_in_that_seeds_
         ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_finetuned", seed), fake_entry(
             "gtrans_finetuned", seed, 40.0, REFERENCES, baseline="plain_transformer_continued",
             init_from=start_record(34.09 if seed == 1 else 35.16, seed)))
-    rerun = fake_entry("plain_transformer_continued", 2, 39.0, REFERENCES, baseline=None,
+    rerun = fake_entry("plain_transformer_continued", 2, 39.0, HALF_RIGHT, baseline=None,
                        init_from=start_record(35.16))
     path = ledger.rerun_path(tmp_path, "plain_transformer_continued", 2, ledger.start_tag(rerun["init_from"]))
     ledger.write_entry(path, rerun)
@@ -960,7 +978,7 @@ def test_val_verdict_beside_the_test_verdict_and_a_win_needs_both(tmp_path):
     assert ("`gtrans` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU over 2 seeds, p 0.001, 0.001) "
             "and wins on val (Δ +28.50 ± 0.71, p 0.001, 0.001)") in text
     assert "`rtal` against `plain_transformer` wins on test (Δ +28.50 ± 0.71 BLEU over 2 seeds" in text
-    assert "0.001, 0.001) but ties on val (Δ +0.00 ± 0.00, p 0.001, 0.001)" in text
+    assert "0.001, 0.001) but ties on val (Δ +0.00 ± 0.00, p 1.000, 1.000)" in text  # the same val translations
     with pytest.raises(ValueError, match="other val references"):
         ledger.report(tmp_path, {**BOTH, "validation": WRONG}, bench.paired_bootstrap, {}, [])
 

@@ -161,7 +161,7 @@ def m2m_entry(arm, seed, bleu, hypotheses, starting_tokenizer="t"):
 def test_report_gives_bleu_per_direction_deltas_p_values_and_the_win_ratio(tmp_path):
     assert bench.report_lines(tmp_path, REFERENCES) == ["No many-to-many run (priority 5) has finished yet."]
     # en-de: GTrans translates perfectly and plain not at all (p 0.001); de-en the reverse; elsewhere both are
-    # perfect (a zero difference: sacreBLEU's p is 0.001 by its convention)
+    # perfect (identical translations: p 1, nothing between them)
     plain = {**REFERENCES, "en-de": WRONG}
     gtrans = {**REFERENCES, "de-en": WRONG}
     for seed in (1, 2):
@@ -177,7 +177,7 @@ def test_report_gives_bleu_per_direction_deltas_p_values_and_the_win_ratio(tmp_p
     assert rows["de-en"] == ["de-en", "29,000", "34.00", "33.00", "-1.00", "0.001 / 0.001"]
     assert rows["en-fr"][2:5] == ["21.00", "22.00", "+1.00"]
     assert rows["fr-en"][2:5] == ["25.00", "25.00", "+0.00"]
-    assert rows["en-cs"] == ["en-cs", "7,250", "11.00", "13.00", "+2.00", "0.001 / 0.001"]
+    assert rows["en-cs"] == ["en-cs", "7,250", "11.00", "13.00", "+2.00", "1.000 / 1.000"]
     assert rows["cs-en"][2:5] == ["15.00", "15.00", "+0.00"]
     # averages over the six directions: plain 137 / 6, GTrans 140 / 6, Δ 3 / 6
     assert rows["average"][:5] == ["average", "", "22.83", "23.33", "+0.50"]
