@@ -337,9 +337,6 @@ def main(argv: list[str] | None = None) -> int:
     # stopped with SIGTERM (kill, a CI timeout), the work folder (environments, hundreds of MB) is removed as at a
     # normal end: the signal raises SystemExit, so the `finally` below runs and subprocess.run kills the step's child
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-range-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-
     sys.path.insert(0, str(REPO_ROOT))
     from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
@@ -350,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     versions: dict[str, dict[str, str]] = {}
     labels: dict[str, str] = {}
     env_settings: dict[str, dict[str, str]] = {}
+    workdir = None
     try:
+        # made inside the `try`, so that a SIGTERM from here on removes it
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="transformers-range-"))
+        workdir.mkdir(parents=True, exist_ok=True)
         for end in args.ends:
             python = create_environment(workdir / f"env-{end}", end, steps)
             if args.torch_ends:
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                     [sys.executable, "-c", COMPARE.format(first=str(runs[0]), second=str(runs[1]))],
                 )
     finally:
-        if not args.keep:
+        if workdir is not None and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps({"versions": versions, "failed": steps.failures}))
     print(f"steps: {steps.count - len(steps.failures)} passed, {len(steps.failures)} failed")
