@@ -23,7 +23,9 @@ number, so a development build between two releases takes the branch its code ne
    - `generation_config._pad_token_tensor` / `_eos_token_tensor`: the special tokens as `generate()` resolved them
      (defaults, lists of end tokens) before calling the custom loop; the public ids are unresolved;
    - `Pipeline._prepare_generate_kwargs`: the pipeline base class's merge of call and default generation arguments,
-     which a pipeline subclass is meant to call.
+     which a pipeline subclass is meant to call;
+   - `GenerationConfig._get_default_generation_params`: the generation parameters transformers still reads from a
+     model config (older config.json files hold them), which a config's check of its keywords must let through.
    The hooks transformers documents for model authors (`_init_weights`, `_tied_weights_keys`, `_no_split_modules`,
    `_supports_*`, `_can_record_outputs`, `config._attn_implementation`, `Trainer._get_train_sampler`) and the helpers
    every in-tree model imports (`merge_with_config_defaults`, `capture_outputs`, `OutputRecorder`,
@@ -38,6 +40,7 @@ import inspect
 import warnings
 
 import transformers
+from transformers import GenerationConfig
 from transformers.generation import GenerationMixin
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.pipelines import Pipeline
@@ -149,6 +152,8 @@ beam_search_loop = _private_method(
     GenerationMixin, "_beam_search", ("self", "input_ids", "logits_processor", "stopping_criteria", "generation_config")
 )
 prepare_pipeline_generate_kwargs = _private_method(Pipeline, "_prepare_generate_kwargs", ("self", "generate_kwargs"))
+# the generation parameters (and their defaults) that transformers accepts on a model config
+default_generation_parameters = _private_method(GenerationConfig, "_get_default_generation_params", ())
 
 
 def special_token_tensors(generation_config) -> tuple:

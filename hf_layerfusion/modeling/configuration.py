@@ -25,7 +25,7 @@ from typing import ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-from ..compat import CACHE_NAME
+from ..compat import CACHE_NAME, default_generation_parameters
 from .presets import BACKBONE_PRESETS
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "swish", "silu", "tanh")
@@ -281,9 +281,7 @@ class LayerFusionConfig(PreTrainedConfig):
         another family loads only if every key of it is a key of this family (a plain Transformer checkpoint as
         GTrans, whose fusion weights then start fresh), not the other way round (GTrans' group keys would be
         dropped)."""
-        from transformers import GenerationConfig
-
-        allowed = TRANSFORMERS_CONFIG_KEYS | set(cls.attribute_map) | set(GenerationConfig._get_default_generation_params())
+        allowed = TRANSFORMERS_CONFIG_KEYS | set(cls.attribute_map) | set(default_generation_parameters())
         unknown = sorted(key for key in kwargs if key not in allowed)
         if not unknown:
             return
