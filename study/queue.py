@@ -535,11 +535,14 @@ def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
     return StudyRun(starting_arm, run.seed, run.max_steps, run.warmup_steps)
 
 
-def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluations: float = 1.0) -> list[float]:
+def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluations: float = 1.0,
+                       threads: int = 1) -> list[float]:
     """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), their training
     scaled to `steps` steps and their evaluation (val and test) to `evaluations` of them: those on `cpu`'s model and
     instruction set where there are any, else those on its model whose entries predate `device.cpu_capability`, else
-    all; unreadable files are left out (the queue reruns them)."""
+    all; of those, the ones trained with `threads` torch threads (`--threads`) where there are any (a run with more
+    threads is faster, and must not make one-thread runs look shorter); unreadable files are left out (the queue
+    reruns them)."""
     entries = []
     for path in Path(arm_dir).glob("seed_*.json"):
         try:
@@ -551,8 +554,10 @@ def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluatio
     same_model = [entry for entry in on_cpu if entry["device"]["cpu"] == cpu.model]
     same_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") == cpu.capability]
     unrecorded_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") is None]
+    chosen = same_kind or unrecorded_kind or on_cpu
+    chosen = [entry for entry in chosen if entry["device"].get("torch_threads") == threads] or chosen
     return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0) * evaluations
-            for entry in same_kind or unrecorded_kind or on_cpu]
+            for entry in chosen]
 
 
 PLAIN_LAYERS = 12  # the 6 + 6 plain model's, whose step time a deep stand-in scales by the layers
@@ -589,13 +594,13 @@ def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tup
     arm_dir = run.result_file(args.ledger_dir, args.probe_dir).parent
     done = resumed_step(run)
     steps_left = run.max_steps - done
-    minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left)
+    minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left, threads=args.threads)
     expected, source = None, f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
     if minutes:
         expected = statistics.median(minutes)
     evaluations = 2 + math.ceil(steps_left / STEPS_PER_EPOCH) / 2 if isinstance(run, ConvergedRun) else 1
     for stand_in, step_time in timing_stand_ins(run.arm) if expected is None else ():
-        minutes = ledger_cpu_minutes(arm_dir.parent / stand_in, cpu, steps_left, evaluations)
+        minutes = ledger_cpu_minutes(arm_dir.parent / stand_in, cpu, steps_left, evaluations, args.threads)
         if minutes:
             expected = statistics.median(minutes) * step_time
             source = (f"the median of `{stand_in}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {steps_left} "

@@ -679,14 +679,14 @@ queue.main(["--arms", "re_transformer_2", "--parallel", "2", "--ledger_dir", {st
 
 def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
     """`--hours`: a run's expected minutes are the median of its arm's CPU runs in the ledger (those on this CPU
-    model and instruction set where there are any, else this model's entries that predate the set's record; GPU runs
-    never count), 90 without any, plus the starting run's while a fine-tuning arm must train that first; runs that do
+    model and instruction set where there are any, else this model's entries that predate the set's record; of
+    those, the ones with the queue's `--threads` where there are any; GPU runs never count), 90 without any, plus the starting run's while a fine-tuning arm must train that first; runs that do
     not fit are left for later ones that do, each said once."""
     monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
 
-    def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None):
-        device = {"cpu": cpu, "gpu": gpu, "torch_threads": 1}
+    def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None, threads=1):
+        device = {"cpu": cpu, "gpu": gpu, "torch_threads": threads}
         if capability is not None:
             device["cpu_capability"] = capability
         ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
@@ -701,9 +701,16 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     run_in_ledger("re_transformer_2", 2, 80.0, "CPU A")  # before the instruction set was recorded
     run_in_ledger("re_transformer_2", 3, 200.0, "CPU A", capability="AVX2")
     run_in_ledger("re_transformer_2", 4, 10.0, "CPU B", capability="AVX512")
+    run_in_ledger("re_transformer_2", 6, 20.0, "CPU A", capability="AVX512", threads=2)
     args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
     re_transformer = study.queue.StudyRun("re_transformer_2", 5)
+    # the runs with the queue's threads (1 by default), not the faster one with 2, nor their median
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 30.0
+    two_threads = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir), "--threads", "2"])
+    assert study.queue.expected_minutes(re_transformer, two_threads, ledger.CpuKind("CPU A", "AVX512"))[0] == 20.0
+    # no run with 4 threads: those of its CPU kind, whatever their threads
+    four_threads = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir), "--threads", "4"])
+    assert study.queue.expected_minutes(re_transformer, four_threads, ledger.CpuKind("CPU A", "AVX512"))[0] == 25.0
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX2"))[0] == 200.0
     # a kind of CPU A no entry names: its entries from before the record, not those of another kind
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "DEFAULT"))[0] == 80.0
