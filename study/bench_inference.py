@@ -107,6 +107,7 @@ from hf_layerfusion.inference.inference_copies import int8_copy  # noqa: E402
 from study import bench_backbone as backbone  # noqa: E402  (the shared setting: tokenizer, Marian, family settings)
 from study.common import (  # noqa: E402
     REPO_ROOT,
+    bleu_statistics,
     module_command,
     read_lines,
     reproduction_command,
@@ -496,20 +497,6 @@ def measure_workload(args) -> list[dict]:
                                         "sentences": len(flops_sources)}
                     rows.append(row)
     return rows
-
-
-def bleu_statistics(texts: list[str], references: list[str]) -> np.ndarray:
-    """sacreBLEU's sufficient statistics per sentence, `(sentences, 10)`: matching n-grams and n-grams for n = 1..4,
-    hypothesis and reference length. Summed over any multiset of the sentences they give its corpus BLEU with
-    `corpus_bleu`'s settings (13a, exponential smoothing; `bleu_from_statistics`)."""
-    from sacrebleu.metrics import BLEU
-
-    bleu = BLEU(effective_order=True)  # only the sentence scores it also returns use it; the counts are the same
-    rows = []
-    for text, reference in zip(texts, references, strict=True):
-        score = bleu.sentence_score(text, [reference])
-        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
-    return np.array(rows, dtype=np.int64)
 
 
 def bleu_from_statistics(statistics_sum: np.ndarray) -> float:

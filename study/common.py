@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
 from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest
 
@@ -89,8 +90,8 @@ def tested_pair(baseline: tuple[str, ...], system: tuple[str, ...], references: 
     # words that match the references equally), every resampled difference is 0, none strays, and it reports
     # p = 1 / (resamples + 1), the smallest it can, for two systems with nothing between them. Such a pair is
     # indistinguishable on every resample: p = 1.
-    indistinguishable = baseline_result.score == system_result.score and (
-        sentence_statistics(baseline, references) == sentence_statistics(system, references))
+    indistinguishable = baseline_result.score == system_result.score and np.array_equal(
+        bleu_statistics(baseline, references), bleu_statistics(system, references))
     return {
         "baseline_bleu": baseline_result.score,
         "bleu": system_result.score,
@@ -101,12 +102,17 @@ def tested_pair(baseline: tuple[str, ...], system: tuple[str, ...], references: 
     }
 
 
-def sentence_statistics(hypotheses: tuple[str, ...], references: tuple[str, ...]) -> list[tuple]:
-    """Each sentence's BLEU statistics (n-gram matches and totals, hypothesis and reference lengths): what the
-    paired bootstrap resamples."""
-    bleu = BLEU(effective_order=True)  # only the score depends on it, not the statistics
-    scores = (bleu.sentence_score(hypothesis, [reference]) for hypothesis, reference in zip(hypotheses, references))
-    return [(tuple(score.counts), tuple(score.totals), score.sys_len, score.ref_len) for score in scores]
+def bleu_statistics(texts: list[str], references: list[str]) -> np.ndarray:
+    """sacreBLEU's sufficient statistics per sentence, `(sentences, 10)`: matching n-grams and n-grams for n = 1..4,
+    hypothesis and reference length (what the paired bootstrap resamples). Summed over any multiset of the sentences
+    they give its corpus BLEU with `corpus_bleu`'s settings (13a, exponential smoothing;
+    `bench_inference.bleu_from_statistics`)."""
+    bleu = BLEU(effective_order=True)  # only the sentence scores it also returns use it; the counts are the same
+    rows = []
+    for text, reference in zip(texts, references, strict=True):
+        score = bleu.sentence_score(text, [reference])
+        rows.append([*score.counts, *score.totals, score.sys_len, score.ref_len])
+    return np.array(rows, dtype=np.int64)
 
 
 class GeneratedBlock:
