@@ -486,18 +486,24 @@ class Comparison:
         val_delta = f"Δ {signed_mean_std(self.val_deltas)}"
         if val == UNTESTED:
             return (f"{test_text}, untested on val ({val_delta}; the ledger holds no val translations of "
-                    f"{seed_list(self.seeds)})" + (": not a win yet" if test == "wins" else "") + self.other_start_text())
+                    f"{seed_list(self.seeds)})" + (": not a win yet" if test == "wins" else "") + self.caveats_text())
         tested = self.val_tested_seeds
         partial = "" if len(tested) == n else f", tested on {seed_list(tested)} of {n}"
         val_p = ", ".join(f"{p:.3f}" for p in self.val_p_values if p is not None)
         return (f"{test_text} {'and' if test == val else 'but'} {val} on val ({val_delta}, p {val_p}{partial})"
-                + self.other_start_text())
+                + self.caveats_text())
 
-    def other_start_text(self) -> str:
-        if not self.other_start_seeds:
-            return ""
-        return (f" ({seed_list(self.other_start_seeds)} from another starting run than the baseline's "
-                f"{OTHER_START_MARK})")
+    def caveats_text(self) -> str:
+        """What the main table marks on this comparison's seeds, said in words for a sentence that stands alone:
+        seeds whose arm and baseline trained on different hardware (†) or from different starting runs (‡)."""
+        caveats = []
+        if self.cross_hardware_seeds:
+            caveats.append(f"{seed_list(self.cross_hardware_seeds)} with the arm and its baseline trained on different "
+                           f"hardware, one on a GPU and the other on a CPU {CROSS_HARDWARE_MARK}")
+        if self.other_start_seeds:
+            caveats.append(f"{seed_list(self.other_start_seeds)} from another starting run than the baseline's "
+                           f"{OTHER_START_MARK}")
+        return f" ({'; '.join(caveats)})" if caveats else ""
 
 
 def seed_list(seeds: list) -> str:

@@ -66,7 +66,13 @@ def verdict_cell(runs: dict, reruns: dict, references: dict, arm: str, baseline:
         return "no seed of both has run yet"
     seeds = len(comparison.seeds)
     delta = ledger.signed_mean_std(comparison.test_deltas)
-    return f"{comparison.verdict()} / {comparison.val_verdict()} (test Δ {delta}, {seeds} seed{'s' * (seeds > 1)})"
+    # the README has no legend for the results page's marks: what they mark is said in words
+    mixed = len(comparison.cross_hardware_seeds)
+    hardware = f"; {mixed} with the arm and its baseline trained on different hardware, GPU and CPU" if mixed else ""
+    other_start = len(comparison.other_start_seeds)
+    starts = f"; {other_start} from another starting run than the baseline's" if other_start else ""
+    return (f"{comparison.verdict()} / {comparison.val_verdict()} (test Δ {delta}, {seeds} seed{'s' * (seeds > 1)}"
+            f"{hardware}{starts})")
 
 
 def quality_summary(ledger_dir: Path, references: dict) -> list[str]:

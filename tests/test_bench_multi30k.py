@@ -1016,6 +1016,27 @@ def test_val_and_test_verdicts_together_say_which_way_they_differ():
     assert " but ties on val " in losing.summary()
 
 
+def test_a_verdict_sentence_says_which_seeds_mixed_gpu_and_cpu_or_starting_runs():
+    """The conclusions and the depth answers stand apart from the main table and its marks: the sentence itself says
+    which seeds' arm and baseline trained on different hardware (†) or from different starting runs (‡)."""
+    def comparison(**marks):
+        return ledger.Comparison(seeds=[1, 2, 3], test_deltas=[1.0] * 3, val_deltas=[1.0] * 3, p_values=[0.01] * 3,
+                                 val_p_values=[0.01] * 3, **marks)
+
+    plain = comparison().summary()
+    assert plain.endswith("p 0.010, 0.010, 0.010)")
+    assert comparison(cross_hardware_seeds=[2, 3]).summary() == (
+        plain + " (seeds 2, 3 with the arm and its baseline trained on different hardware, one on a GPU and the "
+        "other on a CPU †)")
+    assert comparison(cross_hardware_seeds=[3], other_start_seeds=[1]).summary() == (
+        plain + " (seed 3 with the arm and its baseline trained on different hardware, one on a GPU and the other "
+        "on a CPU †; seed 1 from another starting run than the baseline's ‡)")
+    untested = ledger.Comparison(seeds=[1], test_deltas=[1.0], val_deltas=[1.0], p_values=[0.5], val_p_values=[None],
+                                 cross_hardware_seeds=[1])
+    assert untested.summary().endswith("of seed 1) (seed 1 with the arm and its baseline trained on different "
+                                       "hardware, one on a GPU and the other on a CPU †)")
+
+
 def test_conclusions_answer_each_setting_of_a_family(tmp_path):
     """From scratch, added to a trained model, deep post-norm: each family's line, in that order."""
     for seed in (1,):

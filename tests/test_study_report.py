@@ -34,6 +34,17 @@ def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_
                               "± 0.71, 2 seeds) | `plain_transformer_converged` not run yet |")
     assert rows["rtal"].endswith("| `rtal_paper` against `plain_transformer_prenorm` | not run yet | not run yet |")
 
+    # the summary has no legend for the results page's marks: seeds that mixed GPU and CPU are said in words
+    gpu = {"cpu": "Some CPU", "gpu": "Some GPU", "torch_threads": 1}
+    ledger.write_entry(ledger.ledger_path(tmp_path, "layerwise_coordination_14", 2),
+                       fake_entry("layerwise_coordination_14", 2, 40.0, REFERENCES, device=gpu))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "layerwise_coordination_14", 1),
+                       fake_entry("layerwise_coordination_14", 1, 40.0, REFERENCES))
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.quality_summary(tmp_path, BOTH)[2:]}
+    assert rows["layerwise_coordination"].split(" | ")[2] == (
+        "wins / untested (test Δ +28.50 ± 0.71, 2 seeds; 1 with the arm and its baseline trained on different "
+        "hardware, GPU and CPU)")
+
 
 def test_the_summary_answers_the_depth_questions_or_names_the_runs_they_wait_for(tmp_path):
     def rows():
