@@ -44,6 +44,19 @@ def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_
     assert rows["layerwise_coordination"].split(" | ")[2] == (
         "wins / untested (test Δ +28.50 ± 0.71, 2 seeds; 1 with the arm and its baseline trained on different "
         "hardware, GPU and CPU)")
+    # and seeds whose arm and baseline fine-tuned different runs of their starting arm (the results page's ‡)
+    def start(test_bleu):
+        return {"arm": "plain_transformer", "seed": 1, "steps": 2000, "validation_bleu": 36.0, "test_bleu": test_bleu}
+
+    for seed, arm_start in ((1, 34.09), (2, 35.16)):
+        ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_continued", seed), fake_entry(
+            "plain_transformer_continued", seed, 11.0, WRONG, baseline=None, init_from=start(34.09)))
+        ledger.write_entry(ledger.ledger_path(tmp_path, "deep_representations_paper", seed), fake_entry(
+            "deep_representations_paper", seed, 40.0, REFERENCES, baseline="plain_transformer_continued",
+            init_from=start(arm_start)))
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.quality_summary(tmp_path, BOTH)[2:]}
+    assert rows["deep_representations"].split(" | ")[2] == (
+        "wins / untested (test Δ +29.00 ± 0.00, 2 seeds; 1 from another starting run than the baseline's)")
 
 
 def test_the_summary_answers_the_depth_questions_or_names_the_runs_they_wait_for(tmp_path):
