@@ -498,11 +498,10 @@ class Comparison:
         seeds whose arm and baseline trained on different hardware (†) or from different starting runs (‡)."""
         caveats = []
         if self.cross_hardware_seeds:
-            caveats.append(f"{seed_list(self.cross_hardware_seeds)} with the arm and its baseline trained on different "
-                           f"hardware, one on a GPU and the other on a CPU {CROSS_HARDWARE_MARK}")
+            caveats.append(f"{seed_list(self.cross_hardware_seeds)} {CROSS_HARDWARE_WORDS}, one on a GPU and the other "
+                           f"on a CPU {CROSS_HARDWARE_MARK}")
         if self.other_start_seeds:
-            caveats.append(f"{seed_list(self.other_start_seeds)} from another starting run than the baseline's "
-                           f"{OTHER_START_MARK}")
+            caveats.append(f"{seed_list(self.other_start_seeds)} {OTHER_START_WORDS} {OTHER_START_MARK}")
         return f" ({'; '.join(caveats)})" if caveats else ""
 
 
@@ -589,6 +588,10 @@ def hardware_kind(entry: dict) -> str:
 
 CROSS_HARDWARE_MARK = "†"
 OTHER_START_MARK = "‡"
+# what the two marks say of a seed, in words: for text without the results page's legend (`Comparison.caveats_text`,
+# README.md's summary cells)
+CROSS_HARDWARE_WORDS = "with the arm and its baseline trained on different hardware"
+OTHER_START_WORDS = "from another starting run than the baseline's"
 RERUN_MARK = "§"
 
 

@@ -68,9 +68,9 @@ def verdict_cell(runs: dict, reruns: dict, references: dict, arm: str, baseline:
     delta = ledger.signed_mean_std(comparison.test_deltas)
     # the README has no legend for the results page's marks: what they mark is said in words
     mixed = len(comparison.cross_hardware_seeds)
-    hardware = f"; {mixed} with the arm and its baseline trained on different hardware, GPU and CPU" if mixed else ""
+    hardware = f"; {mixed} {ledger.CROSS_HARDWARE_WORDS}, GPU and CPU" if mixed else ""
     other_start = len(comparison.other_start_seeds)
-    starts = f"; {other_start} from another starting run than the baseline's" if other_start else ""
+    starts = f"; {other_start} {ledger.OTHER_START_WORDS}" if other_start else ""
     return (f"{comparison.verdict()} / {comparison.val_verdict()} (test Δ {delta}, {seeds} seed{'s' * (seeds > 1)}"
             f"{hardware}{starts})")
 

@@ -680,8 +680,9 @@ queue.main(["--arms", "re_transformer_2", "--parallel", "2", "--ledger_dir", {st
 def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsys):
     """`--hours`: a run's expected minutes are the median of its arm's CPU runs in the ledger (those on this CPU
     model and instruction set where there are any, else this model's entries that predate the set's record; of
-    those, the ones with the queue's `--threads` where there are any; GPU runs never count), 90 without any, plus the starting run's while a fine-tuning arm must train that first; runs that do
-    not fit are left for later ones that do, each said once."""
+    those, the ones with the queue's `--threads` where there are any; GPU runs never count), 90 without any, plus
+    the starting run's while a fine-tuning arm must train that first; runs that do not fit are left for later ones
+    that do, each said once."""
     monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
 
