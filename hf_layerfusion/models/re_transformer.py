@@ -46,14 +46,6 @@ DECODER_SUBLAYERS = {"s": "self-attention", "c": "cross-attention", "f": "feed-f
 RE_TRANSFORMER_ENCODER_LAYOUT = "s-sf-s-sf-s-sf"
 # the decoder depth of the default config: Re-Transformer-2, the paper's best (Table 3)
 RE_TRANSFORMER_DECODER_LAYERS = 2
-# paper Table 2: the encoder layouts compared (BLEU on WMT14 En-De in the paper)
-TABLE_2_ENCODER_LAYOUTS = (
-    "sf-sf-sf-sf-sf-sf",
-    RE_TRANSFORMER_ENCODER_LAYOUT,
-    "s-s-sf-sf-sf",
-    "s-s-s-s-sf-sff",
-    "s-s-s-sf-sf-sff",
-)
 # a backbone state-dict key of the first sub-layer of a kind (as Marian checkpoints map): stack, layer, sub-layer
 SUBLAYER_KEY = re.compile(
     rf"^model\.(encoder|decoder)\.layers\.(\d+)\.({'|'.join(SUBLAYER_KINDS.values())})(?:_block)?\."
