@@ -27,7 +27,9 @@ from study import multi30k_ledger as ledger
 from study.bench_workload_processes import (
     ENGINES,
     SAME_PRECISION,
+    TRANSLATING_BLEU,
     same_precision_ratios,
+    untranslated_bleu,
 )
 from study.common import (
     DEFAULT_DATA,
@@ -127,6 +129,18 @@ def latest_processes_results(results_dir: Path) -> list[tuple[Path, dict]]:
     return sorted(((path, record) for _, path, record in latest.values()), key=lambda item: item[0].name)
 
 
+def model_words(record: dict) -> str:
+    """The model a `bench_workload_processes.py` run translated with, and the test BLEU of its fast float32
+    translations per search; a model that barely translates (`untranslated_bleu`) is called so."""
+    bleu = " / ".join(f"{row['bleu']:.2f} {inference.search_label(row['num_beams'])}" for row in record["rows"]
+                      if row["engine"] == "fast float32" and row["threads"] == record["threads"][0])
+    words = f"model `{record['model']}` (test BLEU {bleu})"
+    if untranslated_bleu(record["rows"]) is not None:
+        words += (f", which barely translates (greedy BLEU below {TRANSLATING_BLEU:.0f}): the times of real source "
+                  "sentences, not of real translations")
+    return words
+
+
 def speed_summary(results_dir: Path) -> list[str]:
     """Per CPU, wait policy and number of batches side by side, from the latest `bench_workload_processes.py` file
     (`latest_processes_results`): per thread count each fast loop's speed against CTranslate2 of the same precision,
@@ -136,7 +150,7 @@ def speed_summary(results_dir: Path) -> list[str]:
         side_by_side = record.get("inter_threads", 1)
         lines.append(f"- {inference.machine_label(record)}, OMP_WAIT_POLICY={record['omp_wait_policy']}"
                      + (f", {side_by_side} batches side by side" if side_by_side > 1 else "")
-                     + f", {record['sentences']:,} sentences (`{path.name}`):")
+                     + f", {record['sentences']:,} sentences, {model_words(record)} (`{path.name}`):")
         ratios = same_precision_ratios(record["rows"])
         for threads in record["threads"]:
             cells = []
@@ -170,8 +184,9 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
         "",
         *depth_summary(ledger_dir, references),
         "",
-        ("The fast CPU loop against CTranslate2 of the same precision (the study's plain Transformer on Multi30k test "
-         "sentences, each engine in a process of its own; CTranslate2's seconds over the fast loop's, above 1.00x: "
+        ("The fast CPU loop against CTranslate2 of the same precision (a plain Transformer translating Multi30k test "
+         "sentences, each run naming its model and that model's BLEU, each engine in a process of its own; "
+         "CTranslate2's seconds over the fast loop's, above 1.00x: "
          "the fast loop is faster), and what more threads give each engine (its seconds at the first thread count "
          "over its seconds at more), from the latest run of each setting. Every run and CPU's full tables: "
          "[study/README.md](study/README.md)."),

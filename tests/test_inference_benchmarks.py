@@ -287,6 +287,20 @@ def test_bench_workload_processes_runs_each_engine_at_each_thread_count_in_its_o
     assert "| fast float32 | greedy | " in output
     if sys.platform.startswith("linux"):
         assert "| engine | search | 1 thread(s): OS threads, context switches / s | 2 thread(s): " in output
+    # a random model barely translates: the run says its times are not those of real translations
+    assert bleu["fast float32", 1] < bench_workload_processes.TRANSLATING_BLEU
+    assert f"warning: {tokenizer_sized_plain} barely translates (greedy test BLEU {bleu['fast float32', 1]:.2f}, " \
+           "below 10)" in output
+
+
+def test_bench_workload_processes_warns_only_below_the_bleu_of_a_model_that_translates():
+    def rows(greedy_bleu):
+        return [{"engine": engine, "num_beams": beams, "bleu": greedy_bleu if beams == 1 else 40.0}
+                for engine in bench_workload_processes.ENGINES for beams in (1, 4)]
+    assert bench_workload_processes.untranslated_bleu(rows(9.5)) == 9.5
+    assert bench_workload_processes.untranslated_bleu(rows(10.0)) is None
+    assert bench_workload_processes.untranslated_bleu(rows(33.0)) is None
+    assert bench_workload_processes.untranslated_bleu([row for row in rows(1.0) if row["num_beams"] == 4]) is None
 
 
 def test_bench_workload_processes_runs_the_engines_under_the_wait_policy_and_the_batches_side_by_side_it_is_given(

@@ -97,8 +97,9 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
         "- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
     (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(processes_file()), encoding="utf-8")
     lines = report.speed_summary(tmp_path)  # CTranslate2's median seconds over the fast loop's (PROCESS_MEDIANS)
-    assert lines[0] == ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences "
-                        "(`processes_amd-epyc_def5678.json`):")
+    # the model and the test BLEU of its fast float32 translations (PROCESS_BLEU: 33.0 greedy, 33.5 beam-4)
+    assert lines[0] == ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences, model `runs/plain` "
+                        "(test BLEU 33.00 greedy / 33.50 beam-4) (`processes_amd-epyc_def5678.json`):")
     assert lines[1] == ("  - 1 thread: fast float32 1.35x greedy / 1.27x beam-4 CTranslate2 float32's speed; fast int8 "
                         "0.94x greedy / 1.27x beam-4 CTranslate2 int8's speed.")
     assert lines[2].startswith("  - 2 threads: fast float32 ")
@@ -112,7 +113,22 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
     # a run of batches side by side says so
     (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps({**processes_file(), "inter_threads": 2}),
                                                                  encoding="utf-8")
-    assert ", OMP_WAIT_POLICY=ACTIVE, 2 batches side by side, 1,000 sentences " in report.speed_summary(tmp_path)[0]
+    assert ", OMP_WAIT_POLICY=ACTIVE, 2 batches side by side, 1,000 sentences, " in report.speed_summary(tmp_path)[0]
+
+
+@pytest.mark.parametrize("greedy_bleu, barely", [(33.0, False), (10.0, False), (9.99, True), (1.62, True)])
+def test_the_summary_says_where_the_model_barely_translates(tmp_path, greedy_bleu, barely):
+    """A run on a model far from trained (the committed AMD runs at 58e7b19 translated with one of greedy BLEU 1.62)
+    times real source sentences but not real translations: its line says so, beside the model and its BLEU."""
+    record = processes_file()
+    for row in record["rows"]:
+        if row["engine"] == "fast float32" and row["num_beams"] == 1:
+            row["bleu"] = greedy_bleu
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(record), encoding="utf-8")
+    line = report.speed_summary(tmp_path)[0]
+    assert f"model `runs/plain` (test BLEU {greedy_bleu:.2f} greedy / 33.50 beam-4)" in line
+    assert ("which barely translates (greedy BLEU below 10): the times of real source sentences, not of real "
+            "translations" in line) == barely
 
 
 def commits(repository, count: int) -> list[str]:
@@ -145,10 +161,11 @@ def test_the_summary_gives_the_latest_run_of_each_setting(tmp_path, monkeypatch)
     (results / "processes_amd-epyc-wait-passive_1.json").write_text(
         json.dumps({**processes_file(older), "omp_wait_policy": "PASSIVE"}), encoding="utf-8")
     runs = [line for line in report.speed_summary(results) if line.startswith("- ")]
+    model = "model `runs/plain` (test BLEU 33.00 greedy / 33.50 beam-4)"
     assert runs == [
-        ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=PASSIVE, 1,000 sentences "
-         "(`processes_amd-epyc-wait-passive_1.json`):"),
-        "- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences (`processes_amd-epyc_2.json`):",
+        ("- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=PASSIVE, 1,000 sentences, "
+         f"{model} (`processes_amd-epyc-wait-passive_1.json`):"),
+        f"- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences, {model} (`processes_amd-epyc_2.json`):",
     ]
 
 
