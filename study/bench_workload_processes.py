@@ -82,6 +82,7 @@ TARGET = 1.0  # the fast loop's speed over CTranslate2's of the same precision
 # scores above 30 from 2,000 steps. Such a model's times are those of real source sentences but not of real
 # translations (its outputs' lengths and words are others), so its run says so, here and in the README's summary.
 TRANSLATING_BLEU = 10.0
+UNTRANSLATED_WORDS = "the times of real source sentences, not of real translations"  # the run's and the summary's
 # the layout of a `--results-dir` file; inference_workload_report.py reads this version only
 PROCESSES_RESULTS_VERSION = 1
 
@@ -339,8 +340,8 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
     bleu = untranslated_bleu(rows)
     if bleu is not None:
         print(f"\nwarning: {args.model_dir} barely translates (greedy test BLEU {bleu:.2f}, below "
-              f"{TRANSLATING_BLEU:.0f}): these are the times of real source sentences but not of real translations; "
-              "measure a trained model (a study run dir) for figures to publish")
+              f"{TRANSLATING_BLEU:.0f}): {UNTRANSLATED_WORDS}; measure a trained model (a study run dir) for figures "
+              "to publish")
     return rows
 
 

@@ -28,6 +28,7 @@ from study.bench_workload_processes import (
     ENGINES,
     SAME_PRECISION,
     TRANSLATING_BLEU,
+    UNTRANSLATED_WORDS,
     same_precision_ratios,
     untranslated_bleu,
 )
@@ -136,8 +137,7 @@ def model_words(record: dict) -> str:
                       if row["engine"] == "fast float32" and row["threads"] == record["threads"][0])
     words = f"model `{record['model']}` (test BLEU {bleu})"
     if untranslated_bleu(record["rows"]) is not None:
-        words += (f", which barely translates (greedy BLEU below {TRANSLATING_BLEU:.0f}): the times of real source "
-                  "sentences, not of real translations")
+        words += f", which barely translates (greedy BLEU below {TRANSLATING_BLEU:.0f}): {UNTRANSLATED_WORDS}"
     return words
 
 
