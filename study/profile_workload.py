@@ -12,9 +12,10 @@ the sentences (after an untimed warm-up batch) with every call of these timed:
   bucketed by how many rows it computes (beam search: sentences x beams), with the mean milliseconds per step and
   per row;
 - the search's bookkeeping: the rest of `fast_generate` (argmax or beam candidates, finished rows, compaction);
-- the calls into the compiled kernels (every function of the kernel module called from Python, and the int8 /
-  float32 linear layers' calls: `Int8Linear.forward`, `Float32Linear.forward`), in all phases: what is left is
-  Python and the torch operations around them (embeddings, masks, cache bookkeeping, SDPA in the encoder).
+- the calls into the compiled kernels (every function of the kernel module called from Python, the int8 /
+  float32 linear layers' calls: `Int8Linear.forward`, `Float32Linear.forward`, and the compiled decoding steps:
+  `DecoderLayerSteps`, every decoder layer of a step in one call, also shown on their own), in all phases: what is
+  left is Python and the torch operations around them (embeddings, masks, cache bookkeeping, SDPA in the encoder).
 
 Then `torch.profiler`'s operators with the most self CPU time over a second pass (the compiled kernels' calls from
 Python appear as `hf_layerfusion_cpu_kernels` functions; calls made inside the compiled decoding steps do not).
@@ -86,7 +87,7 @@ KERNEL_CALLERS = (inference_copies, search, decoding, decoding_attention)  # mod
 
 class PhaseTimer:
     """Seconds spent in the encoder and in decoder steps (by rows computed), by wrapping the two functions the fast
-    loop calls for them; `restore()` puts the originals back."""
+    loop calls for them, and in the compiled calls; `restore()` puts the originals back."""
 
     def __init__(self):
         self.encoder = 0.0
@@ -123,6 +124,31 @@ class PhaseTimer:
         self.original_callers = {module: module.compiled_kernels for module in KERNEL_CALLERS}
         for module in KERNEL_CALLERS:
             module.compiled_kernels = lambda: kernels
+        # the compiled decoding steps (`DecoderLayerSteps`, every layer of a step in one call): an object made once per
+        # decoder and kept by `CompiledDecoderLayers` (often before this timer exists), so its calls are timed where
+        # `states` makes them, into `kernels` and into `decoding_steps` of their own
+        self.kernel_totals["decoding_steps"] = 0.0
+        self.original_states = inference_copies.CompiledDecoderLayers.states
+
+        def timed_states(layers, *args, **kwargs):
+            kernel_steps = layers.kernel_steps
+
+            def timed_kernel_steps(*step_args):
+                start = time.perf_counter()
+                try:
+                    return kernel_steps(*step_args)
+                finally:
+                    seconds = time.perf_counter() - start
+                    timer.kernel_totals["kernels"] += seconds
+                    timer.kernel_totals["decoding_steps"] += seconds
+
+            layers.kernel_steps = timed_kernel_steps
+            try:
+                return timer.original_states(layers, *args, **kwargs)
+            finally:
+                layers.kernel_steps = kernel_steps
+
+        inference_copies.CompiledDecoderLayers.states = timed_states
         self.original_forwards = {cls: cls.forward for cls in (inference_copies.Int8Linear, inference_copies.Float32Linear)}
         for cls, forward in self.original_forwards.items():
             def timed_forward(layer, hidden_states, out=None, forward=forward):
@@ -138,9 +164,14 @@ class PhaseTimer:
     def kernels(self) -> float:
         return self.kernel_totals["kernels"]
 
+    @property
+    def decoding_steps(self) -> float:
+        return self.kernel_totals["decoding_steps"]
+
     def restore(self):
         fast_generation.encode_by_length = self.original_encode
         decoding.DecoderSteps.logits = self.original_logits
+        inference_copies.CompiledDecoderLayers.states = self.original_states
         for module, function in self.original_callers.items():
             module.compiled_kernels = function
         for cls, forward in self.original_forwards.items():
@@ -149,7 +180,8 @@ class PhaseTimer:
 
 def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | None, top: int) -> dict:
     """Prints one quantization's and search's profile; returns its seconds by phase (`whole`, `encoder`, `steps`,
-    `bookkeeping`, `outside`; `kernels`: the compiled calls within them)."""
+    `bookkeeping`, `outside`; `kernels`: the compiled calls within them; `decoding_steps`: the compiled decoding
+    steps' share of `kernels`)."""
     label = f"{'int8' if quantization else 'float32'}, {'greedy' if num_beams == 1 else f'beam {num_beams}'}"
 
     def run():
@@ -199,6 +231,8 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
     ):
         print(f"| {phase} | {seconds:.2f} | {100 * seconds / whole:.0f}% |")
     print(f"| of all these: in calls of the compiled kernels | {timer.kernels:.2f} | {100 * timer.kernels / whole:.0f}% |")
+    print(f"| of those: the compiled decoding steps (every decoder layer of a step in one call) | "
+          f"{timer.decoding_steps:.2f} | {100 * timer.decoding_steps / whole:.0f}% |")
     print(f"| of all these: Python and torch operations around them | {whole - timer.kernels:.2f} | "
           f"{100 * (whole - timer.kernels) / whole:.0f}% |")
     print("\n| rows per step | steps | seconds | ms per step | µs per row |")
@@ -217,7 +251,7 @@ def profile_one(model, tokenizer, sources, num_beams: int, quantization: str | N
     print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60))
     print("```")
     return dict(whole=whole, encoder=timer.encoder, steps=step_seconds, bookkeeping=bookkeeping,
-                outside=whole - totals["generate"], kernels=timer.kernels)
+                outside=whole - totals["generate"], kernels=timer.kernels, decoding_steps=timer.decoding_steps)
 
 
 def main(argv=None) -> dict:

@@ -45,12 +45,13 @@ SENTENCES = ["ab ba abba", "baab ab", "b a", "abab baba aa bb", "ab", "ba ab ba 
 @pytest.fixture(scope="module")
 def saved_models(tmp_path_factory):
     """A tiny plain Transformer and a tiny GTrans with the tiny tokenizer, saved, and a Multi30k-shaped data folder
-    (test_2016_flickr.en / .de) of letter sentences."""
+    (test_2016_flickr.en / .de) of letter sentences. d_model 32 over 2 heads: head_dim 16, the smallest the compiled
+    decoding steps take, so the fast loop's copies run them as on a real model."""
     root = tmp_path_factory.mktemp("workload")
     tokenizer = tiny_tokenizer()
     directories = {}
     for model_type in ("plain_transformer", "gtrans"):
-        model = tiny_model(model_type, max_length=12)
+        model = tiny_model(model_type, max_length=12, d_model=32)
         model.generation_config.max_length = 12
         directory = root / model_type
         model.save_pretrained(directory)
@@ -66,7 +67,7 @@ def saved_models(tmp_path_factory):
 def test_profile_workload_splits_the_whole_and_restores_what_it_timed(saved_models, capsys):
     directories, data = saved_models
     originals = (fast_generation.encode_by_length, decoding.DecoderSteps.logits, inference_copies.Int8Linear.forward,
-                 inference_copies.Float32Linear.forward,
+                 inference_copies.Float32Linear.forward, inference_copies.CompiledDecoderLayers.states,
                  *(module.compiled_kernels for module in (inference_copies, search, decoding, decoding_attention)))
     profiles = profile_workload.main([str(directories["gtrans"]), "--data", str(data), "--sentences", "6",
                                       "--num-beams", "1", "2", "--top", "3"])
@@ -79,10 +80,14 @@ def test_profile_workload_splits_the_whole_and_restores_what_it_timed(saved_mode
         assert min(phases) >= 0 and sum(phases) == pytest.approx(seconds["whole"], rel=1e-9)
         if compiled_kernels() is not None:
             assert 0 < seconds["kernels"] < seconds["whole"]  # the compiled calls were timed, and are not everything
+            # the compiled decoding steps (made at the warm-up, before the timer) are among them
+            assert 0 < seconds["decoding_steps"] < seconds["kernels"]
+            assert f"the compiled decoding steps (every decoder layer of a step in one call) | " \
+                   f"{seconds['decoding_steps']:.2f} |" in output
     assert len(re.findall(r"The untimed pass: \d+ page faults, \d+\.\d\d s system time", output)) == 4
     assert originals == (
         fast_generation.encode_by_length, decoding.DecoderSteps.logits, inference_copies.Int8Linear.forward,
-        inference_copies.Float32Linear.forward,
+        inference_copies.Float32Linear.forward, inference_copies.CompiledDecoderLayers.states,
         *(module.compiled_kernels for module in (inference_copies, search, decoding, decoding_attention)),
     )
 
