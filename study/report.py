@@ -120,52 +120,78 @@ def commit_time(revision: str) -> int:
 
 def latest_processes_results(results_dir: Path) -> list[tuple[Path, dict]]:
     """Of the `bench_workload_processes.py` files of each CPU, wait policy and number of batches side by side, the one
-    of the latest commit (the code users get; study/README.md's tables keep every run), in file-name order."""
+    of the latest commit (the code users get; study/README.md's tables keep every run) among those whose model
+    translates (`untranslated_bleu`: the times of real translations), else among all, in file-name order."""
     latest = {}
     for path, record in inference.read_processes_results(results_dir):
         setting = (inference.machine_label(record), record["omp_wait_policy"], record.get("inter_threads", 1))
-        time = commit_time(record["git_revision"])
-        if setting not in latest or time > latest[setting][0]:
-            latest[setting] = (time, path, record)
+        rank = (untranslated_bleu(record["rows"]) is None, commit_time(record["git_revision"]))
+        if setting not in latest or rank > latest[setting][0]:
+            latest[setting] = (rank, path, record)
     return sorted(((path, record) for _, path, record in latest.values()), key=lambda item: item[0].name)
 
 
 def model_words(record: dict) -> str:
     """The model a `bench_workload_processes.py` run translated with, and the test BLEU of its fast float32
-    translations per search; a model that barely translates (`untranslated_bleu`) is called so."""
+    translations per search."""
     bleu = " / ".join(f"{row['bleu']:.2f} {inference.search_label(row['num_beams'])}" for row in record["rows"]
                       if row["engine"] == "fast float32" and row["threads"] == record["threads"][0])
-    words = f"model `{record['model']}` (test BLEU {bleu})"
-    if untranslated_bleu(record["rows"]) is not None:
-        words += f", which barely translates (greedy BLEU below {TRANSLATING_BLEU:.0f}): {UNTRANSLATED_WORDS}"
-    return words
+    return f"model `{record['model']}` (test BLEU {bleu})"
+
+
+def setting_words(record: dict) -> str:
+    """The CPU, wait policy and batches side by side of a `bench_workload_processes.py` run."""
+    side_by_side = record.get("inter_threads", 1)
+    return (f"{inference.machine_label(record)}, OMP_WAIT_POLICY={record['omp_wait_policy']}"
+            + (f", {side_by_side} batches side by side" if side_by_side > 1 else ""))
+
+
+def slower_references(seconds: dict, record: dict, threads: int) -> list[str]:
+    """The CTranslate2 engines of `record` slower at `threads` than at its first thread count in some search: against
+    them, the fast loop's ratio at `threads` measures their slowdown on that machine as much as the fast loop."""
+    first = record["threads"][0]
+    return [reference for reference in SAME_PRECISION.values()
+            if any(seconds[reference, threads, beams] > seconds[reference, first, beams] for beams in record["beams"])]
 
 
 def speed_summary(results_dir: Path) -> list[str]:
-    """Per CPU, wait policy and number of batches side by side, from the latest `bench_workload_processes.py` file
-    (`latest_processes_results`): per thread count each fast loop's speed against CTranslate2 of the same precision,
-    greedy and beam-4, and what each engine gains from its first thread count to each other (Markdown list items)."""
-    lines = []
+    """Per CPU, wait policy and number of batches side by side, from the run `latest_processes_results` picks: per
+    thread count each fast loop's speed against CTranslate2 of the same precision, greedy and beam-4 (flagged where
+    CTranslate2 was slower there than at its first thread count), and what each engine gains from its first thread
+    count to each other (Markdown list items). Settings whose every run translated with a model that barely translates
+    (`untranslated_bleu`) are named in one item, their numbers left to the full tables."""
+    lines, untranslated = [], {}  # settings (and files) by the model they ran with
     for path, record in latest_processes_results(results_dir):
-        side_by_side = record.get("inter_threads", 1)
-        lines.append(f"- {inference.machine_label(record)}, OMP_WAIT_POLICY={record['omp_wait_policy']}"
-                     + (f", {side_by_side} batches side by side" if side_by_side > 1 else "")
-                     + f", {record['sentences']:,} sentences, {model_words(record)} (`{path.name}`):")
+        if untranslated_bleu(record["rows"]) is not None:
+            untranslated.setdefault(model_words(record), []).append(f"{setting_words(record)} (`{path.name}`)")
+            continue
+        lines.append(f"- {setting_words(record)}, {record['sentences']:,} sentences, {model_words(record)} "
+                     f"(`{path.name}`):")
         ratios = same_precision_ratios(record["rows"])
+        seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"] for row in record["rows"]}
+        first = record["threads"][0]
         for threads in record["threads"]:
             cells = []
             for fast, reference in SAME_PRECISION.items():
                 by_search = [f"{ratio:.2f}x {inference.search_label(beams)}" for engine, _, t, beams, ratio in ratios
                              if engine == fast and t == threads]
                 cells.append(f"{fast} {' / '.join(by_search)} {reference}'s speed")
-            lines.append(f"  - {inference.threads_label(threads)}: " + "; ".join(cells) + ".")
-        seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"] for row in record["rows"]}
-        first = record["threads"][0]
+            slower = slower_references(seconds, record, threads) if threads != first else []
+            caveat = ""
+            if slower:
+                engines = " and ".join(reference.removeprefix("CTranslate2 ") for reference in slower)
+                caveat = (f" CTranslate2 {engines} ran slower here than at {inference.threads_label(first)} (below), "
+                          f"so the {engines} ratios measure that slowdown on this machine as much as the fast loop.")
+            lines.append(f"  - {inference.threads_label(threads)}: " + "; ".join(cells) + "." + caveat)
         for threads in record["threads"][1:]:
             gains = [f"{engine} " + " / ".join(f"{seconds[engine, first, beams] / seconds[engine, threads, beams]:.2f}x "
                                                 f"{inference.search_label(beams)}" for beams in record["beams"])
                      for engine in ENGINES]
             lines.append(f"  - {inference.threads_label(threads)} against {first}: " + "; ".join(gains) + ".")
+    for model, settings in untranslated.items():
+        lines.append(f"- Run only with {model}, which barely translates (greedy test BLEU below "
+                     f"{TRANSLATING_BLEU:.0f}: {UNTRANSLATED_WORDS}), in the full tables only: "
+                     + "; ".join(settings) + ".")
     return lines or ["- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
 
 
@@ -188,7 +214,8 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
          "sentences, each run naming its model and that model's BLEU, each engine in a process of its own; "
          "CTranslate2's seconds over the fast loop's, above 1.00x: "
          "the fast loop is faster), and what more threads give each engine (its seconds at the first thread count "
-         "over its seconds at more), from the latest run of each setting. Every run and CPU's full tables: "
+         "over its seconds at more), from the latest run of each setting with a model that translates. Every run "
+         "and CPU's full tables: "
          "[study/README.md](study/README.md)."),
         "",
         *speed_summary(results_dir),

@@ -103,6 +103,9 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
     assert lines[1] == ("  - 1 thread: fast float32 1.35x greedy / 1.27x beam-4 CTranslate2 float32's speed; fast int8 "
                         "0.94x greedy / 1.27x beam-4 CTranslate2 int8's speed.")
     assert lines[2].startswith("  - 2 threads: fast float32 ")
+    # PROCESS_MEDIANS: CTranslate2 int8 is slower at 2 threads than at 1 (8.8 s against 1.7 s greedy)
+    assert lines[2].endswith(" CTranslate2 int8's speed. CTranslate2 int8 ran slower here than at 1 thread (below), "
+                             "so the int8 ratios measure that slowdown on this machine as much as the fast loop.")
     # each engine's seconds at 1 thread over its seconds at 2
     seconds = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"]
                for row in processes_file()["rows"]}
@@ -116,19 +119,61 @@ def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
     assert ", OMP_WAIT_POLICY=ACTIVE, 2 batches side by side, 1,000 sentences, " in report.speed_summary(tmp_path)[0]
 
 
-@pytest.mark.parametrize("greedy_bleu, barely", [(33.0, False), (10.0, False), (9.99, True), (1.62, True)])
-def test_the_summary_says_where_the_model_barely_translates(tmp_path, greedy_bleu, barely):
-    """A run on a model far from trained (the committed AMD runs at 58e7b19 translated with one of greedy BLEU 1.62)
-    times real source sentences but not real translations: its line says so, beside the model and its BLEU."""
-    record = processes_file()
+def with_greedy_bleu(record: dict, greedy_bleu: float) -> dict:
+    """`record` whose fast float32 greedy translations scored `greedy_bleu` on test."""
     for row in record["rows"]:
         if row["engine"] == "fast float32" and row["num_beams"] == 1:
             row["bleu"] = greedy_bleu
-    (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(record), encoding="utf-8")
-    line = report.speed_summary(tmp_path)[0]
-    assert f"model `runs/plain` (test BLEU {greedy_bleu:.2f} greedy / 33.50 beam-4)" in line
-    assert ("which barely translates (greedy BLEU below 10): the times of real source sentences, not of real "
-            "translations" in line) == barely
+    return record
+
+
+@pytest.mark.parametrize("greedy_bleu, barely", [(33.0, False), (10.0, False), (9.99, True), (1.62, True)])
+def test_the_summary_leaves_the_numbers_of_a_model_that_barely_translates_to_the_full_tables(
+        tmp_path, greedy_bleu, barely):
+    """A run on a model far from trained (the committed AMD runs at 58e7b19 translated with one of greedy BLEU 1.62)
+    times real source sentences but not real translations: the summary names its setting, file and model in one item
+    that says so, without its numbers."""
+    (tmp_path / "processes_amd-epyc_def5678.json").write_text(
+        json.dumps(with_greedy_bleu(processes_file(), greedy_bleu)), encoding="utf-8")
+    lines = report.speed_summary(tmp_path)
+    model = f"model `runs/plain` (test BLEU {greedy_bleu:.2f} greedy / 33.50 beam-4)"
+    if barely:
+        assert lines == [
+            f"- Run only with {model}, which barely translates (greedy test BLEU below 10: the times of real source "
+            "sentences, not of real translations), in the full tables only: AMD EPYC (family 25, model 17), "
+            "OMP_WAIT_POLICY=ACTIVE (`processes_amd-epyc_def5678.json`)."]
+    else:
+        assert lines[0].endswith(f", 1,000 sentences, {model} (`processes_amd-epyc_def5678.json`):")
+        assert len(lines) == 4 and "barely" not in "".join(lines)
+
+
+def test_the_summary_flags_ratios_against_a_ctranslate2_that_more_threads_slowed(tmp_path):
+    """On the Intel VM CTranslate2 ran slower at 2 threads than at 1 (0.12-0.61x): the fast loop's 2-thread ratios
+    against it (up to 13x) say as much about that as about the fast loop, and the line says so, naming the engines."""
+    record = processes_file()
+    medians = {(row["engine"], row["threads"], row["num_beams"]): row["median_seconds"] for row in record["rows"]}
+
+    def summary_at_two_threads(factors: dict) -> str:
+        """The 2-thread line with each CTranslate2 engine's 2-thread seconds at `factors[engine, search]` times its
+        1-thread seconds."""
+        for row in record["rows"]:
+            factor = factors.get((row["engine"], row["num_beams"]))
+            if factor is not None and row["threads"] == 2:
+                median = factor * medians[row["engine"], 1, row["num_beams"]]
+                row["seconds"], row["median_seconds"] = [median, 1.3 * median, 0.95 * median], median
+        (tmp_path / "processes_amd-epyc_def5678.json").write_text(json.dumps(record), encoding="utf-8")
+        lines = report.speed_summary(tmp_path)
+        assert lines[1].endswith("CTranslate2 int8's speed.")  # never a caveat at the first thread count
+        return lines[2]
+
+    faster = {(engine, beams): 0.8 for engine in ("CTranslate2 float32", "CTranslate2 int8") for beams in (1, 4)}
+    assert summary_at_two_threads(faster).endswith(" CTranslate2 int8's speed.")
+    assert summary_at_two_threads({**faster, ("CTranslate2 int8", 4): 1.01}).endswith(  # slower in one search
+        " CTranslate2 int8's speed. CTranslate2 int8 ran slower here than at 1 thread (below), so the int8 ratios "
+        "measure that slowdown on this machine as much as the fast loop.")
+    assert summary_at_two_threads({("CTranslate2 float32", 1): 3.0}).endswith(
+        " CTranslate2 float32 and int8 ran slower here than at 1 thread (below), so the float32 and int8 ratios "
+        "measure that slowdown on this machine as much as the fast loop.")
 
 
 def commits(repository, count: int) -> list[str]:
@@ -152,7 +197,7 @@ def test_the_summary_gives_the_latest_run_of_each_setting(tmp_path, monkeypatch)
     repository, results = tmp_path / "repository", tmp_path / "results"
     repository.mkdir()
     results.mkdir()
-    older, newer = commits(repository, 2)
+    older, newer, newest = commits(repository, 3)
     monkeypatch.setattr(report, "REPO_ROOT", repository)
     # the latest is neither the first file by name nor the last
     for name, revision in (("1", older), ("2", newer), ("3", "0000000")):
@@ -167,6 +212,14 @@ def test_the_summary_gives_the_latest_run_of_each_setting(tmp_path, monkeypatch)
          f"{model} (`processes_amd-epyc-wait-passive_1.json`):"),
         f"- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences, {model} (`processes_amd-epyc_2.json`):",
     ]
+    # a later run with a model that barely translates does not replace the latest run with one that translates (the
+    # committed AMD runs: 58e7b19's model scored 1.62, 6d18e71's 33.00)
+    (results / "processes_amd-epyc_4.json").write_text(
+        json.dumps(with_greedy_bleu(processes_file(newest), 1.62)), encoding="utf-8")
+    runs = [line for line in report.speed_summary(results) if line.startswith("- ")]
+    assert runs[1] == (f"- AMD EPYC (family 25, model 17), OMP_WAIT_POLICY=ACTIVE, 1,000 sentences, {model} "
+                       "(`processes_amd-epyc_2.json`):")
+    assert len(runs) == 2
 
 
 def study_page(ledger_section: str, inference_section: str) -> str:
