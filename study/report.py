@@ -189,8 +189,8 @@ def speed_summary(results_dir: Path) -> list[str]:
                      for engine in ENGINES]
             lines.append(f"  - {inference.threads_label(threads)} against {first}: " + "; ".join(gains) + ".")
     for model, settings in untranslated.items():
-        lines.append(f"- Run only with {model}, which barely translates (greedy test BLEU below "
-                     f"{TRANSLATING_BLEU:.0f}: {UNTRANSLATED_WORDS}), in the full tables only: "
+        lines.append(f"- Settings run only with {model}, which barely translates (greedy test BLEU below "
+                     f"{TRANSLATING_BLEU:.0f}: {UNTRANSLATED_WORDS}); their numbers are in the full tables only: "
                      + "; ".join(settings) + ".")
     return lines or ["- No run of `python -m study.bench_workload_processes --results-dir` is committed yet."]
 

@@ -139,8 +139,9 @@ def test_the_summary_leaves_the_numbers_of_a_model_that_barely_translates_to_the
     model = f"model `runs/plain` (test BLEU {greedy_bleu:.2f} greedy / 33.50 beam-4)"
     if barely:
         assert lines == [
-            f"- Run only with {model}, which barely translates (greedy test BLEU below 10: the times of real source "
-            "sentences, not of real translations), in the full tables only: AMD EPYC (family 25, model 17), "
+            f"- Settings run only with {model}, which barely translates (greedy test BLEU below 10: the times of real "
+            "source sentences, not of real translations); their numbers are in the full tables only: AMD EPYC (family "
+            "25, model 17), "
             "OMP_WAIT_POLICY=ACTIVE (`processes_amd-epyc_def5678.json`)."]
     else:
         assert lines[0].endswith(f", 1,000 sentences, {model} (`processes_amd-epyc_def5678.json`):")
