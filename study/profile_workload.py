@@ -126,7 +126,8 @@ class PhaseTimer:
             module.compiled_kernels = lambda: kernels
         # the compiled decoding steps (`DecoderLayerSteps`, every layer of a step in one call): an object made once per
         # decoder and kept by `CompiledDecoderLayers` (often before this timer exists), so its calls are timed where
-        # `states` makes them, into `kernels` and into `decoding_steps` of their own
+        # `states` makes them, into `kernels` and into `decoding_steps` of their own (the passes translate one batch at
+        # a time: no other thread calls `states` while its `kernel_steps` is the timed one)
         self.kernel_totals["decoding_steps"] = 0.0
         self.original_states = inference_copies.CompiledDecoderLayers.states
 
