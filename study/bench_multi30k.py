@@ -871,9 +871,10 @@ def report_references(data_dir: Path, max_predict_samples: int | None = None) ->
             "validation": [pair[TARGET_LANG] for pair in corpus["validation"]["translation"]]}
 
 
-def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None) -> str:
+def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | None = None,
+                plot_link: str | None = None) -> str:
     """The Multi30k results section of study/README.md and docs/results.md, computed from the ledger (and the test
-    references)."""
+    references); `plot_link`: the epoch curves' plot as the page that holds the section links it (`ledger.report`)."""
     pending = [run.label for run in queue.pending_runs(ledger_dir, here=False)[:3]]  # not this machine's runs/
     references = report_references(data_dir, max_predict_samples)
     runs = ledger.read_ledger(ledger_dir)
@@ -893,7 +894,7 @@ def report_text(ledger_dir: Path, data_dir: Path, max_predict_samples: int | Non
     many_to_many = ["", *bench_multilingual.report_lines(ledger.m2m_ledger_dir(ledger_dir),
                                                          bench_multilingual.test_references(data_dir))]
     return ledger.report(ledger_dir, references, paired_bootstrap, PAPER_CLAIMS, pending,
-                         depth_probes + many_to_many, STEP_BUDGET_ARMS)
+                         depth_probes + many_to_many, STEP_BUDGET_ARMS, plot_link)
 
 
 def depth_runs(runs: dict) -> list[str]:

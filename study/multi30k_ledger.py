@@ -604,12 +604,14 @@ def check_comparable(entries: list[dict]) -> None:
 
 
 def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap, paper_claims: dict,
-           pending: list[str], other_results: list[str] = (), step_budget_arms: dict | None = None) -> str:
+           pending: list[str], other_results: list[str] = (), step_budget_arms: dict | None = None,
+           plot_link: str | None = None) -> str:
     """The Multi30k results section (study/README.md, docs/results.md), as Markdown, from the ledger alone (plus the
     test and val references, `references["test"]` and `references["validation"]`, for the paired bootstrap).
     `paper_claims` maps a family to what its paper claims; `pending` lists the queue's next runs; `other_results`
     (Markdown lines, e.g. the depth probes) go before them; `step_budget_arms` maps an arm trained to convergence to
-    the arm of the same comparison at the step budget (`converged_section`)."""
+    the arm of the same comparison at the step budget (`converged_section`); `plot_link` is where the page that holds
+    the section finds the epoch curves' plot (default: its path from the repository root)."""
     runs = read_ledger(ledger_dir)
     reruns = read_reruns(ledger_dir)
     # baselines first, then the arms compared with them
@@ -712,7 +714,7 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
     lines += converged_section(runs, comparisons, step_budget_arms or {},
-                               display_path(epoch_curves_plot_path(ledger_dir)))
+                               plot_link or display_path(epoch_curves_plot_path(ledger_dir)))
     lines += provenance(runs)
     lines += conclusions(runs, comparisons, paper_claims)
     lines += other_results

@@ -9,7 +9,8 @@
   loop's speed against CTranslate2 of the same precision on each CPU, with links to the full tables;
 - docs/results.md: the documentation site's results page, the whole file (the full ledger report and the inference
   tables per CPU);
-- the epoch curves of the runs trained to convergence beside the ledger (`multi30k_ledger.plot_epoch_curves`).
+- the epoch curves of the runs trained to convergence beside the ledger (`multi30k_ledger.plot_epoch_curves`), and
+  their copy for the documentation site in docs/images/.
 
 `--check` writes nothing and fails, naming the files, where a committed text differs from what the committed results
 generate.
@@ -18,6 +19,8 @@ generate.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -241,9 +244,23 @@ def results_page(ledger_section: str, inference_section: str) -> str:
     ]) + "\n"
 
 
+def plot_links(ledger_dir: Path) -> tuple[str, str]:
+    """The epoch curves' plot (`ledger.plot_epoch_curves`) as study/README.md links it (its path from study/) and as
+    docs/results.md does (its copy in docs/images/, `docs_plot`: the site serves only what lies in docs/)."""
+    plot = ledger.epoch_curves_plot_path(ledger_dir)
+    return (Path(os.path.relpath(plot.resolve(), STUDY_README.parent)).as_posix(),
+            docs_plot(ledger_dir).relative_to(RESULTS_PAGE.parent).as_posix())
+
+
+def docs_plot(ledger_dir: Path) -> Path:
+    """Where the documentation site's copy of the epoch curves' plot lies."""
+    return RESULTS_PAGE.parent / "images" / ledger.epoch_curves_plot_path(ledger_dir).name
+
+
 def generated_files(ledger_dir: Path, results_dir: Path, data_dir: Path) -> dict[Path, str]:
     """The text every generated file should hold, from the committed results."""
-    ledger_section = bench_multi30k.report_text(ledger_dir, data_dir)
+    study_link, docs_link = plot_links(ledger_dir)
+    ledger_section = bench_multi30k.report_text(ledger_dir, data_dir, plot_link=study_link)
     inference_section = inference.render(results_dir)
     references = bench_multi30k.report_references(data_dir)
     study_readme = STUDY_README.read_text(encoding="utf-8")
@@ -251,8 +268,11 @@ def generated_files(ledger_dir: Path, results_dir: Path, data_dir: Path) -> dict
     study_readme = inference.INFERENCE_REPORT.replace(study_readme, inference_section, STUDY_README)
     main_readme = SUMMARY.replace(MAIN_README.read_text(encoding="utf-8"),
                                   summary_block(ledger_dir, results_dir, references), MAIN_README)
+    # the same section on the results page, the plot's image linked where the site serves it (the section is computed
+    # once: its bootstrap takes most of a minute)
+    docs_section = ledger_section.replace(f"]({study_link})", f"]({docs_link})")
     return {STUDY_README: study_readme, MAIN_README: main_readme,
-            RESULTS_PAGE: results_page(ledger_section, inference_section)}
+            RESULTS_PAGE: results_page(docs_section, inference_section)}
 
 
 def stale_files(files: dict[Path, str]) -> list[Path]:
@@ -285,8 +305,17 @@ def main(argv: list[str] | None = None) -> None:
         write_whole(path, files[path])
         print(f"Wrote {path.relative_to(REPO_ROOT)}.")
     plot = ledger.plot_epoch_curves(args.ledger_dir)  # the ledger report names it
-    print(f"Drew the epoch curves of the runs trained to convergence: {plot}." if plot else
-          "No run trained to convergence in the ledger yet: no epoch curves to draw.")
+    copy = docs_plot(args.ledger_dir)
+    if plot is None:
+        copy.unlink(missing_ok=True)
+        print("No run trained to convergence in the ledger yet: no epoch curves to draw.")
+        return
+    copy.parent.mkdir(exist_ok=True)
+    temporary = copy.with_name(f".{copy.name}.tmp")
+    shutil.copyfile(plot, temporary)
+    os.replace(temporary, copy)  # whole: a reader never sees half a copy
+    print(f"Drew the epoch curves of the runs trained to convergence: {plot} (the site's copy: "
+          f"{copy.relative_to(REPO_ROOT)}).")
 
 
 if __name__ == "__main__":
