@@ -953,6 +953,23 @@ def from_scratch(families: tuple[str, ...], deeper_than: tuple[int, int] | None 
             and (deeper_than is None or sum(arm_shape(arm)) > sum(deeper_than))]
 
 
+def budget_words(runs: dict, arm: str) -> str:
+    """How long `arm`'s runs in the ledger `runs` trained: to convergence, or their step budget."""
+    if MODELS[arm].converged:
+        return "trained to convergence"
+    steps = sorted({entry["steps"] for entry in runs[arm].values()})
+    return " / ".join(f"{count:,}" for count in steps) + " steps"
+
+
+def different_budgets(runs: dict, arm: str, baseline: str) -> str | None:
+    """Where `arm` and `baseline` trained to different budgets (a best-on-val pick may take each from another), the
+    words that say so; None where they match."""
+    arm_budget, baseline_budget = budget_words(runs, arm), budget_words(runs, baseline)
+    if arm_budget == baseline_budget:
+        return None
+    return f"trained to different budgets: `{arm}` {arm_budget}, `{baseline}` {baseline_budget}"
+
+
 @dataclass(frozen=True)
 class DeepComparison:
     """One of issue 76's depth questions in the ledger: `arm` (best on val) against `baseline` (best on val), either
@@ -996,9 +1013,11 @@ def depth_conclusion(runs: dict, references: dict) -> list[str]:
 
     def verdicts(arm: str, baseline: str) -> str:
         comparison = ledger.compare(runs[arm], runs[baseline], references, paired_bootstrap)
+        budgets = different_budgets(runs, arm, baseline)
+        budgets = f" ({budgets})" if budgets else ""
         if comparison is None:
-            return f"`{arm}` against `{baseline}`: no seed of both has run yet"
-        return f"`{arm}` against `{baseline}` {comparison.summary()}"
+            return f"`{arm}` against `{baseline}`{budgets}: no seed of both has run yet"
+        return f"`{arm}` against `{baseline}`{budgets} {comparison.summary()}"
 
     def still_to_run(waiting: tuple[str, ...]) -> str:
         return ", ".join(f"`{arm}`" for arm in waiting)

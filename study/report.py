@@ -107,7 +107,9 @@ def depth_summary(ledger_dir: Path, references: dict) -> list[str]:
                          + " |")
             continue
         verdict = verdict_cell(runs, reruns, references, comparison.arm, comparison.baseline)
-        lines.append(f"| {comparison.question} | `{comparison.arm}` against `{comparison.baseline}` | {verdict} |")
+        budgets = bench_multi30k.different_budgets(runs, comparison.arm, comparison.baseline)
+        lines.append(f"| {comparison.question} | `{comparison.arm}` against `{comparison.baseline}`"
+                     + (f" ({budgets})" if budgets else "") + f" | {verdict} |")
     return lines
 
 

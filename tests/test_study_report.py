@@ -91,6 +91,12 @@ def test_the_summary_answers_the_depth_questions_or_names_the_runs_they_wait_for
     assert answers["GTrans against a 12 + 12 baseline that trains"].startswith("– | no data yet")
     assert answers["the best deep model against the best 6 + 6 one"] == (
         "`gtrans_24x18_2000steps` against `plain_transformer` | loses / untested (test Δ -6.00 ± 0.00, 2 seeds) |")
+    # the best 6 + 6 model on val trained to convergence, the best deep one for 2,000 steps: the row says so
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_converged", 1),
+                       fake_entry("plain_transformer_converged", 1, 37.0, REFERENCES, baseline=None))
+    assert rows()["the best deep model against the best 6 + 6 one"].startswith(
+        "`gtrans_24x18_2000steps` against `plain_transformer_converged` (trained to different budgets: "
+        "`gtrans_24x18_2000steps` 2,000 steps, `plain_transformer_converged` trained to convergence) | loses / ")
 
 
 def test_the_summary_gives_the_fast_loops_speed_against_ctranslate2(tmp_path):
