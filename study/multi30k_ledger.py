@@ -713,10 +713,11 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
         lines += ["", *rerun_lines(runs, comparisons)]
     lines += groups_table(runs)
     lines += loss_curve_table(runs)
-    lines += converged_section(runs, comparisons, step_budget_arms or {},
+    averaged_comparisons = averaged_checkpoint_comparisons(runs, references, paired_bootstrap)
+    lines += converged_section(runs, comparisons, averaged_comparisons, step_budget_arms or {},
                                plot_link or display_path(epoch_curves_plot_path(ledger_dir)))
     lines += provenance(runs)
-    lines += conclusions(runs, comparisons, paper_claims)
+    lines += conclusions(runs, comparisons, averaged_comparisons, paper_claims)
     lines += other_results
     lines += next_runs
     return "\n".join(lines) + "\n"
@@ -810,12 +811,36 @@ def per_seed(values: list) -> str:
     return " / ".join(str(value) for value in values)
 
 
-def converged_section(runs: dict, comparisons: dict, step_budget_arms: dict, plot_link: str) -> list[str]:
+def averaged_runs(by_seed: dict) -> dict:
+    """A converged arm's runs ({seed: entry}) as the averages of their last checkpoints: each entry with its val and
+    test results (BLEU and translations) replaced by its `averaged_checkpoints`' own."""
+    return {seed: {**entry, **{split: entry["averaged_checkpoints"][split] for split in ("validation", "test")}}
+            for seed, entry in by_seed.items()}
+
+
+def averaged_checkpoint_comparisons(runs: dict, references: dict[str, list[str]], paired_bootstrap) -> dict:
+    """{arm: Comparison} of each converged arm against its converged baseline, both as the averages of their last
+    checkpoints (`averaged_runs`): whether a verdict on the val-best checkpoints holds for the models that fairseq's
+    recipe would ship."""
+    converged = converged_arms(runs)
+    comparisons = {}
+    for arm, by_seed in converged.items():
+        baseline = next(iter(by_seed.values()))["baseline"]
+        comparison = None if baseline not in converged else compare(
+            averaged_runs(by_seed), averaged_runs(converged[baseline]), references, paired_bootstrap)
+        if comparison is not None:
+            comparisons[arm] = comparison
+    return comparisons
+
+
+def converged_section(runs: dict, comparisons: dict, averaged_comparisons: dict, step_budget_arms: dict,
+                      plot_link: str) -> list[str]:
     """The runs trained to convergence (Markdown lines; none without any): per arm, where each seed stopped and which
     epoch was best, val and test BLEU of its val-best checkpoint and of its last checkpoints' average; per family,
     its verdicts at the step budget beside those trained to convergence (`step_budget_arms`: a converged arm -> the
-    arm of the same comparison at the step budget); the val BLEU of every epoch, as a table and as the plot at
-    `plot_link` (`plot_epoch_curves`)."""
+    arm of the same comparison at the step budget), of the val-best checkpoints and of the averages
+    (`averaged_comparisons`, `averaged_checkpoint_comparisons`); the val BLEU of every epoch, as a table and as the
+    plot at `plot_link` (`plot_epoch_curves`)."""
     converged = converged_arms(runs)
     if not converged:
         return []
@@ -842,14 +867,16 @@ def converged_section(runs: dict, comparisons: dict, step_budget_arms: dict, plo
             mean_std([average["test"]["bleu"] for average in averaged]),
         ]) + " |")
     lines += ["", "Does the verdict hold when the models are trained to convergence? Each family's comparison at the "
-              "step budget beside the same comparison trained to convergence (verdicts as in the table above):", "",
+              "step budget beside the same comparison trained to convergence, of the val-best checkpoints (verdicts "
+              "as in the table above) and of the averages of the last checkpoints (the same test, Δ: mean over "
+              "seeds):", "",
               "| family | at the step budget | test verdict | val verdict | trained to convergence | test verdict "
-              "| val verdict |", "|---|---|---|---|---|---|---|"]
+              "| val verdict | last checkpoints averaged: test verdict | val verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for arm, by_seed in converged.items():
         first = next(iter(by_seed.values()))
         if first["baseline"] is not None:
             cells = [first["family"], *verdict_cells(step_budget_arms.get(arm), runs, comparisons),
-                     *verdict_cells(arm, runs, comparisons)]
+                     *verdict_cells(arm, runs, comparisons), *averaged_verdict_cells(arm, averaged_comparisons)]
             lines.append("| " + " | ".join(cells) + " |")
     last_epoch = max(entry["epoch_curve"][-1]["epoch"] for by_seed in converged.values() for entry in by_seed.values())
     columns = [epoch for epoch in EPOCH_CURVE_EPOCHS if epoch <= last_epoch]
@@ -875,6 +902,16 @@ def verdict_cells(arm: str | None, runs: dict, comparisons: dict) -> list[str]:
         missing = "baseline not run yet" if arm in runs else "not run yet"
         return [f"`{arm}`", missing, missing]
     return [f"`{arm}`, {seed_list(comparison.seeds)}", comparison.verdict(), comparison.val_verdict()]
+
+
+def averaged_verdict_cells(arm: str, averaged_comparisons: dict) -> list[str]:
+    """The test and val verdicts of a converged arm's averaged checkpoints against its baseline's, each with its mean
+    Δ (two cells), or what is missing."""
+    comparison = averaged_comparisons.get(arm)
+    if comparison is None:
+        return ["baseline not run yet"] * 2
+    return [f"{comparison.verdict()} (Δ {statistics.fmean(comparison.test_deltas):+.2f})",
+            f"{comparison.val_verdict()} (Δ {statistics.fmean(comparison.val_deltas):+.2f})"]
 
 
 def epoch_curves_plot_path(ledger_dir: Path) -> Path:
@@ -954,15 +991,18 @@ def setting(entry: dict) -> str:
     return CONVERGED_SETTING.format(base) if is_converged(entry) else base
 
 
-def conclusions(runs: dict, comparisons: dict, paper_claims: dict) -> list[str]:
+def conclusions(runs: dict, comparisons: dict, averaged_comparisons: dict, paper_claims: dict) -> list[str]:
     """One line per family: what the ledger says at this size in each setting (val and test together,
-    `Comparison.summary`), and what the paper claimed."""
+    `Comparison.summary`; for a converged arm, of its averaged checkpoints too, `averaged_comparisons`), and what the
+    paper claimed."""
     lines = ["", "**Conclusions at this size (generated from the ledger):**", ""]
     by_family: dict[str, dict[str, list[str]]] = {}
     for arm, comparison in comparisons.items():
         first = next(iter(runs[arm].values()))
+        averaged = averaged_comparisons.get(arm)
         by_family.setdefault(first["family"], {}).setdefault(setting(first), []).append(
-            f"`{arm}` against `{first['baseline']}` {comparison.summary()}")
+            f"`{arm}` against `{first['baseline']}` {comparison.summary()}"
+            + (f"; as the averages of their last checkpoints, {averaged.summary()}" if averaged else ""))
     for family, by_setting in by_family.items():
         claim = paper_claims.get(family, "")
         parts = [f"*{name}*: " + "; ".join(by_setting[name]) for name in ORDERED_SETTINGS if name in by_setting]

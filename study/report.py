@@ -70,6 +70,11 @@ def verdict_cell(runs: dict, reruns: dict, references: dict, arm: str, baseline:
                                 reruns.get(arm))
     if comparison is None:
         return "no seed of both has run yet"
+    return comparison_cell(comparison)
+
+
+def comparison_cell(comparison: ledger.Comparison) -> str:
+    """A comparison's test and val verdicts with the test Δ, the seeds and their caveats in words (Markdown)."""
     seeds = len(comparison.seeds)
     delta = ledger.signed_mean_std(comparison.test_deltas)
     # the README has no legend for the results page's marks: what they mark is said in words
@@ -82,16 +87,19 @@ def verdict_cell(runs: dict, reruns: dict, references: dict, arm: str, baseline:
 
 
 def quality_summary(ledger_dir: Path, references: dict) -> list[str]:
-    """One table row per family: its headline arm against its baseline at 2,000 steps and trained to convergence."""
+    """One table row per family: its headline arm against its baseline at 2,000 steps and trained to convergence,
+    the val-best checkpoints and the averages of the last checkpoints."""
     runs, reruns = ledger.read_ledger(ledger_dir), ledger.read_reruns(ledger_dir)
-    lines = ["| family | arm against baseline | 2,000 steps: test / val verdict | trained to convergence |",
-             "|---|---|---|---|"]
+    averaged = ledger.averaged_checkpoint_comparisons(runs, references, paired_bootstrap)
+    lines = ["| family | arm against baseline | 2,000 steps: test / val verdict | trained to convergence | "
+             "trained to convergence, last checkpoints averaged |", "|---|---|---|---|---|"]
     for arm, baseline in headline_arms():
         converged = arm + bench_multi30k.CONVERGED_SUFFIX
         converged_baseline = bench_multi30k.MODELS[converged].baseline
+        best = verdict_cell(runs, reruns, references, converged, converged_baseline)
         lines.append(f"| {bench_multi30k.MODELS[arm].model_type} | `{arm}` against `{baseline}` | "
-                     f"{verdict_cell(runs, reruns, references, arm, baseline)} | "
-                     f"{verdict_cell(runs, reruns, references, converged, converged_baseline)} |")
+                     f"{verdict_cell(runs, reruns, references, arm, baseline)} | {best} | "
+                     f"{comparison_cell(averaged[converged]) if converged in averaged else best} |")
     return lines
 
 
@@ -205,7 +213,8 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
     return "\n".join([
         ("Translation quality on Multi30k en→de (each family's headline arm against its baseline, steps-matched, "
          "paired bootstrap per seed: *wins* / *loses* only where significant on most seeds, else *ties*; select on "
-         "val, report test). Every arm, seed and table, the depth and many-to-many results and how to reproduce "
+         "val, report test; trained to convergence: the val-best checkpoints, and the averages of each run's last "
+         "checkpoints, fairseq's recipe). Every arm, seed and table, the depth and many-to-many results and how to reproduce "
          "them: [study/README.md](study/README.md)."),
         "",
         *quality_summary(ledger_dir, references),

@@ -148,9 +148,11 @@ def test_the_epoch_curve_is_val_bleu_at_each_evaluation_and_the_best_checkpoint_
 
 
 def converged_entry(arm, seed, bleu, hypotheses, curve=(20.0, 30.0, 29.0, 28.5), best_epoch=2, averaged_bleu=None,
-                    **extra):
-    """A fake entry of a run trained to convergence (patience 2, at most 30 epochs; 100 steps an epoch)."""
+                    averaged_hypotheses=None, **extra):
+    """A fake entry of a run trained to convergence (patience 2, at most 30 epochs; 100 steps an epoch); its last
+    checkpoints' average translates as its best checkpoint unless `averaged_hypotheses` says otherwise."""
     averaged_bleu = bleu + 0.5 if averaged_bleu is None else averaged_bleu
+    averaged_hypotheses = hypotheses if averaged_hypotheses is None else averaged_hypotheses
     extra.setdefault("baseline", "plain_transformer_converged")
     return fake_entry(
         arm, seed, bleu, hypotheses, val_hypotheses=hypotheses, steps=100 * len(curve),
@@ -159,8 +161,8 @@ def converged_entry(arm, seed, bleu, hypotheses, curve=(20.0, 30.0, 29.0, 28.5),
         best_checkpoint={"step": 100 * best_epoch, "epoch": best_epoch},
         averaged_checkpoints={
             "checkpoints": [f"checkpoint-{100 * epoch}" for epoch in range(1, len(curve) + 1)][-5:],
-            **{split: {"bleu": averaged_bleu, "signature": "sig", "sentences": len(hypotheses),
-                       "hypotheses": list(hypotheses)} for split in ("validation", "test")}},
+            **{split: {"bleu": averaged_bleu, "signature": "sig", "sentences": len(averaged_hypotheses),
+                       "hypotheses": list(averaged_hypotheses)} for split in ("validation", "test")}},
         **extra)
 
 
@@ -334,12 +336,14 @@ def write(ledger_dir, entry):
 
 def converged_ledger(ledger_dir):
     """GTrans wins at 2,000 steps and ties trained to convergence (identical translations to its baseline's), on
-    two seeds; the converged plain run is the baseline, with its own curve."""
+    two seeds, but wins as the average of its last checkpoints (the baseline's average translates worse); the
+    converged plain run is the baseline, with its own curve."""
     for seed in (1, 2):
         write(ledger_dir, fake_entry("plain_transformer", seed, 11.0, WRONG, baseline=None, val_hypotheses=WRONG))
         write(ledger_dir, fake_entry("gtrans", seed, 40.0, REFERENCES, val_hypotheses=REFERENCES))
         write(ledger_dir, converged_entry("plain_transformer_converged", seed, 35.0, REFERENCES, baseline=None,
-                                          curve=(25.0, 33.0, 34.0, 33.5, 33.0), best_epoch=3, averaged_bleu=35.5))
+                                          curve=(25.0, 33.0, 34.0, 33.5, 33.0), best_epoch=3, averaged_bleu=35.5,
+                                          averaged_hypotheses=HALF_RIGHT))
         write(ledger_dir, converged_entry("gtrans_converged", seed, 35.0, REFERENCES,
                                           curve=(24.0 + seed, 36.0, 35.0, 34.0), averaged_bleu=36.25))
 
@@ -353,7 +357,8 @@ def test_the_report_sets_the_step_budgets_verdict_beside_the_converged_one(tmp_p
     assert ("| `plain_transformer_converged` | 2 | 5 / 5 | 3 / 3 | 36.00 ± 0.00 | 35.00 ± 0.00 | 5 / 5 | 35.50 ± 0.00 "
             "| 35.50 ± 0.00 |") in lines
     assert "until early stopping; 2 evaluations without a better val BLEU, at most 30 epochs)" in text
-    assert ("| gtrans | `gtrans`, seeds 1, 2 | wins | wins | `gtrans_converged`, seeds 1, 2 | ties | ties |") in lines
+    assert ("| gtrans | `gtrans`, seeds 1, 2 | wins | wins | `gtrans_converged`, seeds 1, 2 | ties | ties "
+            "| wins (Δ +0.75) | wins (Δ +0.75) |") in lines
     header = next(line for line in lines if line.startswith("| arm | seed | epoch 1 "))
     assert header.endswith("| epoch 3 | epoch 5 |")  # the epochs of the table up to the longest curve
     assert "| `gtrans_converged` | 2 | 26.00 | 36.00 | 35.00 | – |" in lines
@@ -363,11 +368,14 @@ def test_the_report_sets_the_step_budgets_verdict_beside_the_converged_one(tmp_p
     conclusion = next(line for line in lines if line.startswith("- **gtrans**"))
     assert conclusion.index("*from scratch*: `gtrans` against `plain_transformer` wins") < conclusion.index(
         "*from scratch, trained to convergence*: `gtrans_converged` against `plain_transformer_converged` ties")
+    assert ("; as the averages of their last checkpoints, wins on test (Δ +0.75 ± 0.00 BLEU over 2 seeds, p 0.001, "
+            "0.001) and wins on val (Δ +0.75 ± 0.00, p 0.001, 0.001)") in conclusion
     # a converged arm whose step-budget comparison has not run says so; no converged run: no section
     (tmp_path / "gtrans" / "seed_1.json").unlink()
     (tmp_path / "gtrans" / "seed_2.json").unlink()
     text = ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [], (), bench.STEP_BUDGET_ARMS)
-    assert "| gtrans | `gtrans` | not run yet | not run yet | `gtrans_converged`, seeds 1, 2 | ties | ties |" in text
+    assert ("| gtrans | `gtrans` | not run yet | not run yet | `gtrans_converged`, seeds 1, 2 | ties | ties "
+            "| wins (Δ +0.75) | wins (Δ +0.75) |") in text
     for arm in ("plain_transformer_converged", "gtrans_converged"):
         shutil.rmtree(tmp_path / arm)
     assert "Trained to convergence" not in ledger.report(tmp_path, BOTH, bench.paired_bootstrap, {}, [], (),

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 from helpers import require_shared
-from test_bench_multi30k import BOTH, MULTI30K, REFERENCES, WRONG, fake_entry, ledger
+from test_bench_multi30k import BOTH, HALF_RIGHT, MULTI30K, REFERENCES, WRONG, fake_entry, ledger
+from test_study_converged import converged_entry
 from test_inference_workload_report import processes_file
 
 from study import report
@@ -32,8 +33,21 @@ def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_
     rows = {line.split(" | ")[0].strip("| "): line for line in report.quality_summary(tmp_path, BOTH)[2:]}
     assert list(rows) == ["gtrans", "layerwise_coordination", "rtal", "re_transformer", "deep_representations"]
     assert rows["gtrans"] == ("| gtrans | `gtrans` against `plain_transformer` | wins / untested (test Δ +28.50 "
-                              "± 0.71, 2 seeds) | `plain_transformer_converged` not run yet |")
-    assert rows["rtal"].endswith("| `rtal_paper` against `plain_transformer_prenorm` | not run yet | not run yet |")
+                              "± 0.71, 2 seeds) | `plain_transformer_converged` not run yet "
+                              "| `plain_transformer_converged` not run yet |")
+    assert rows["rtal"].endswith("| `rtal_paper` against `plain_transformer_prenorm` | not run yet | not run yet "
+                                 "| not run yet |")
+    # trained to convergence: the val-best checkpoints tie (the same translations), the averages of the last
+    # checkpoints do not (the baseline's translates half the sentences)
+    ledger.ledger_path(tmp_path, "gtrans_converged", 1).unlink()
+    ledger.write_entry(ledger.ledger_path(tmp_path, "gtrans_converged", 1),
+                       converged_entry("gtrans_converged", 1, 35.0, REFERENCES, averaged_bleu=36.0))
+    ledger.write_entry(ledger.ledger_path(tmp_path, "plain_transformer_converged", 1), converged_entry(
+        "plain_transformer_converged", 1, 35.0, REFERENCES, baseline=None, averaged_bleu=30.0,
+        averaged_hypotheses=HALF_RIGHT))
+    rows = {line.split(" | ")[0].strip("| "): line for line in report.quality_summary(tmp_path, BOTH)[2:]}
+    assert rows["gtrans"].split(" | ")[3:] == ["ties / ties (test Δ +0.00, 1 seed)",
+                                               "wins / wins (test Δ +6.00, 1 seed) |"]
 
     # the summary has no legend for the results page's marks: seeds that mixed GPU and CPU are said in words
     gpu = {"cpu": "Some CPU", "gpu": "Some GPU", "torch_threads": 1}
