@@ -108,6 +108,7 @@ from study import bench_backbone as backbone  # noqa: E402  (the shared setting:
 from study.common import (  # noqa: E402
     REPO_ROOT,
     bleu_statistics,
+    display_path,
     module_command,
     read_lines,
     reproduction_command,
@@ -471,7 +472,7 @@ def measure_workload(args) -> list[dict]:
                     )
                     seconds, translations = alternate_on_chunks(engines, sources)
                     row = dict(
-                        model=str(model_dir), model_type=model.config.model_type, num_beams=num_beams,
+                        model=display_path(model_dir), model_type=model.config.model_type, num_beams=num_beams,
                         threads=threads, corpus=corpus, sentences=len(sources), seconds=seconds,
                         bleu={engine: corpus_bleu(texts, references)[0] for engine, texts in translations.items()},
                         translations=translations,

@@ -67,6 +67,7 @@ from study.bench_inference import (  # noqa: E402
 )
 from study.common import (  # noqa: E402
     DEFAULT_DATA,
+    display_path,
     module_command,
     positive_int,
     read_lines,
@@ -362,7 +363,7 @@ def processes_record(args, command: str, revision: str, ctranslate2_version: str
         "logical_cpus": os.cpu_count(),
         "omp_wait_policy": args.wait_policy,
         "inter_threads": args.inter_threads,
-        "model": str(args.model_dir),
+        "model": display_path(args.model_dir),
         "sentences": args.sentences_read,
         "rounds": args.rounds,
         "threads": list(args.threads),

@@ -55,7 +55,7 @@ from study.bench_workload_processes import (
 from study.bench_workload_processes import (
     TARGET as PROCESSES_TARGET,
 )
-from study.common import REPO_ROOT, STUDY_RESULTS, GeneratedBlock, current_command
+from study.common import STUDY_RESULTS, GeneratedBlock, current_command, display_path
 
 DEFAULT_RESULTS = STUDY_RESULTS / "inference"
 # the full tables in study/README.md (and docs/results.md), written by `python -m study.report`
@@ -235,11 +235,6 @@ def read_processes_results(results_dir: Path) -> list[tuple[Path, dict]]:
 # ------------------------------------------------------------------------------------------------ rendering
 def threads_label(threads: int) -> str:
     return f"{threads} thread{'s' if threads > 1 else ''}"
-
-
-def shown_path(path: Path) -> str:
-    path = Path(path).resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def unique(values) -> list:
@@ -453,7 +448,7 @@ def render(results_dir: Path = DEFAULT_RESULTS) -> str:
     if not results and not processes:
         return NO_RESULTS
     lines = [f"Rendered by `python -m study.report` from the files of "
-             f"`{shown_path(results_dir)}` (each written by "
+             f"`{display_path(results_dir)}` (each written by "
              + ("`bench_inference.py --bleu ... --results-dir`" if results else "")
              + (" or, the last table, " if results and processes else "")
              + ("`bench_workload_processes.py --results-dir`" if processes else "") + ")."]
@@ -501,7 +496,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS,
                         help="the folder of workload_*.json and processes_*.json files (default: "
-                             f"{shown_path(DEFAULT_RESULTS)})")
+                             f"{display_path(DEFAULT_RESULTS)})")
     args = parser.parse_args(argv)
     try:
         print(render(args.results_dir), end="")

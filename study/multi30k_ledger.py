@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
-from study.common import REPO_ROOT, STUDY_RESULTS, GeneratedBlock
+from study.common import REPO_ROOT, STUDY_RESULTS, GeneratedBlock, display_path
 
 LEDGER_VERSION = 1
 DEFAULT_LEDGER = STUDY_RESULTS / "multi30k"
@@ -721,12 +721,6 @@ def report(ledger_dir: Path, references: dict[str, list[str]], paired_bootstrap,
     lines += other_results
     lines += next_runs
     return "\n".join(lines) + "\n"
-
-
-def display_path(path: Path) -> str:
-    """`path` as the README links it: relative to the repository where it lies inside it."""
-    path = Path(path).resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
 def rerun_lines(runs: dict, comparisons: dict) -> list[str]:

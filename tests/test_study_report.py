@@ -295,3 +295,14 @@ def test_every_image_the_generated_pages_show_lies_where_their_link_points():
             assert (page.parent / target).is_file(), f"{page.name} shows {target}, which is not there"
     study_link, docs_link = report.plot_links(ledger.DEFAULT_LEDGER)
     assert (study_link, docs_link) == ("results/multi30k_epoch_curves.png", "images/multi30k_epoch_curves.png")
+
+
+def test_results_name_paths_inside_the_repository_relative_to_it(tmp_path, monkeypatch):
+    """A model or results dir inside the checkout is recorded and shown relative to it, whatever the checkout's
+    absolute path or the working directory; one outside stays absolute."""
+    from study.common import REPO_ROOT, display_path
+
+    monkeypatch.chdir(tmp_path)
+    assert display_path(REPO_ROOT / "runs" / "bench" / "model") == "runs/bench/model"
+    assert display_path(REPO_ROOT / "runs" / ".." / "study" / "results") == "study/results"
+    assert display_path(tmp_path / "model") == str((tmp_path / "model").resolve())
