@@ -7,8 +7,8 @@ Start it first whenever you work on the project, and commit the new ledger files
     python -m study --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
     python -m study --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
     python -m study --parallel 8   # on a GPU: 8 runs share it
-    python -m study.report   # the ledger's tables in study/README.md, the summary in README.md, docs/results.md
-    git add study/results study/README.md README.md docs/results.md && git commit -m "ledger: ..."
+    python -m study.report   # the ledger's tables in study/README.md, the summary in README.md, docs/
+    git add study/results study/README.md README.md docs && git commit -m "ledger: ..."
 
 Each run is `bench_multi30k.py --run_only` of one arm and seed (priority 2's depth probes: `probe_post_norm_depth.py`;
 priority 5's: `bench_multilingual.py`), steps-matched, in a subprocess that runs the code of the commit at HEAD when the

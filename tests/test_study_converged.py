@@ -541,3 +541,34 @@ def test_a_tiny_converged_run_stops_early_keeps_its_best_checkpoint_and_resumes_
     bench.main(argv)
     resumed = ledger.read_entry(ledger.ledger_path(ledger_dir, "plain_transformer_converged", 1))
     assert resumed["epoch_curve"] == entry["epoch_curve"] and resumed["best_checkpoint"] == entry["best_checkpoint"]
+
+
+def test_a_family_page_gives_its_arms_and_verdicts_from_the_ledger(tmp_path):
+    """docs/<family>.md's study findings (`family_findings`): the family's conclusions and one row per arm of that
+    family only, converged arms by their budget, an arm whose baseline has not run said so; a family without runs
+    says that. The committed pages are checked against the committed ledger by test_study_report."""
+    converged_ledger(tmp_path)
+    write(tmp_path, fake_entry("layerwise_coordination_14", 1, 40.0, REFERENCES, baseline="plain_transformer_prenorm"))
+
+    def findings(family, extra=()):
+        return ledger.family_findings(tmp_path, BOTH, bench.paired_bootstrap, {"gtrans": "a claim."}, family, extra)
+
+    gtrans = findings("gtrans", ["", "extra line"]).splitlines()
+    verdict = next(line for line in gtrans if line.startswith("**Verdict.** *from scratch*: `gtrans` against "))
+    assert verdict.endswith("The paper: a claim.") and "*from scratch, trained to convergence*:" in verdict
+    rows = [line for line in gtrans if line.startswith("| `")]
+    assert rows == [
+        "| `gtrans` | 2,000 | 2 | 41.00 ± 0.00 | 40.00 ± 0.00 | `plain_transformer` | +29.00 ± 0.00 | wins | wins |",
+        "| `gtrans_converged` | to convergence (400) | 2 | 36.00 ± 0.00 | 35.00 ± 0.00 | `plain_transformer_converged` "
+        "| +0.00 ± 0.00 | ties | ties |",
+    ]
+    assert gtrans[-1] == "extra line"
+    # (the fake entries' family is their arm's first word)
+    plain = [line for line in findings("plain").splitlines() if line.startswith("| `")]
+    assert [row.split(" | ")[0] for row in plain] == ["| `plain_transformer`", "| `plain_transformer_converged`"]
+    assert plain[1].endswith("| to convergence (500) | 2 | 36.00 ± 0.00 | 35.00 ± 0.00 | – | – | – | – |")
+    assert not any(line.startswith("**Verdict.**") for line in findings("plain").splitlines())
+    layerwise = findings("layerwise")
+    assert ("| `layerwise_coordination_14` | 2,000 | 1 | 41.00 | 40.00 | `plain_transformer_prenorm` | – "
+            "| baseline not run yet | baseline not run yet |") in layerwise
+    assert findings("rtal").rstrip().endswith("No run of this family has finished yet.")
