@@ -876,7 +876,8 @@ def converged_section(runs: dict, comparisons: dict, averaged_comparisons: dict,
               "as in the table above) and of the averages of the last checkpoints (the same test, Δ: mean over "
               "seeds):", "",
               "| family | at the step budget | test verdict | val verdict | trained to convergence | test verdict "
-              "| val verdict | last checkpoints averaged: test verdict | val verdict |", "|---|---|---|---|---|---|---|---|---|"]
+              "| val verdict | last checkpoints averaged: test verdict | val verdict |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for arm, by_seed in converged.items():
         first = next(iter(by_seed.values()))
         if first["baseline"] is not None:

@@ -220,8 +220,8 @@ def summary_block(ledger_dir: Path, results_dir: Path, references: dict) -> str:
         ("Translation quality on Multi30k en→de (each family's headline arm against its baseline, steps-matched, "
          "paired bootstrap per seed: *wins* / *loses* only where significant on most seeds, else *ties*; select on "
          "val, report test; trained to convergence: the val-best checkpoints, and the averages of each run's last "
-         "checkpoints, fairseq's recipe). Every arm, seed and table, the depth and many-to-many results and how to reproduce "
-         "them: [study/README.md](study/README.md)."),
+         "checkpoints, fairseq's recipe). Every arm, seed and table, the depth and many-to-many results and how to "
+         "reproduce them: [study/README.md](study/README.md)."),
         "",
         *quality_summary(ledger_dir, references),
         "",
