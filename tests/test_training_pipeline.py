@@ -1,6 +1,7 @@
 """Training pipeline: the trainer's loss and schedule against reference formulas, and examples/run_translation.py end
 to end on real Multi30k sentences (train, BLEU, save, reload, translate; killed mid-training and resumed)."""
 
+import io
 import itertools
 import json
 import math
@@ -17,7 +18,8 @@ import torch
 from helpers import tiny_model
 from safetensors.torch import load_file
 from sacrebleu.metrics import BLEU
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_pt_utils import LabelSmoother
 from transformers.utils import logging as transformers_logging
 
@@ -28,6 +30,7 @@ from hf_layerfusion import (
     PlainTransformerConfig,
     PlainTransformerForConditionalGeneration,
 )
+from hf_layerfusion.training.callbacks import CompactLogCallback, use_compact_logging
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer, finished_checkpoint_state, load_checkpoint_weights
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +160,58 @@ def test_length_grouped_batches_come_in_random_order_and_evaluation_in_dataset_o
 
 
 # --------------------------------------------------------------------------------------------- the script
+class FailingAt(TrainerCallback):
+    """Raises at the `step`-th call of `event` ("on_step_end" or "on_prediction_step"), after keeping the progress
+    bars the trainer's callbacks then hold open."""
+
+    def __init__(self, trainer, event: str, step: int):
+        self.trainer, self.event, self.step, self.calls, self.open_bars = trainer, event, step, 0, []
+
+    def fail_at(self, event: str) -> None:
+        self.calls += event == self.event
+        if self.calls == self.step:
+            for callback in self.trainer.callback_handler.callbacks:
+                if isinstance(callback, (ProgressCallback, CompactLogCallback)):
+                    self.open_bars += [bar for bar in (callback.training_bar, callback.prediction_bar) if bar]
+            raise RuntimeError(f"planted failure at {event} {self.step}")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.fail_at("on_step_end")
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.fail_at("on_prediction_step")
+
+
+@pytest.mark.parametrize("view", ["transformers", "compact"])
+@pytest.mark.parametrize("call, event, open_bars", [("train", "on_step_end", 1), ("train", "on_prediction_step", 2),
+                                                    ("evaluate", "on_prediction_step", 1),
+                                                    ("predict", "on_prediction_step", 1)])
+def test_a_run_that_fails_leaves_no_progress_bar_open(tmp_path, tiny_backbone, padded_batch, view, call, event,
+                                                      open_bars):
+    """A training run that raised left the progress bars open (no callback hears of an exception), and on Python
+    3.13 a bar still open at exit crashes the process with a segmentation fault after the traceback
+    (callbacks.close_progress_bars). Failing while training (the training bar open), while evaluating during
+    training (the evaluation bar too), in `evaluate()` or in `predict()`, with transformers' bars and with the
+    compact view's, leaves none of them open."""
+    examples = [{key: value[row] for key, value in padded_batch.items()} for row in range(3)]
+    model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))
+    trainer = LayerFusionSeq2SeqTrainer(
+        model=model, train_dataset=examples, eval_dataset=examples,
+        args=Seq2SeqTrainingArguments(output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=1,
+                                      per_device_eval_batch_size=1, eval_strategy="steps", eval_steps=1,
+                                      disable_tqdm=False, report_to="none", use_cpu=True))
+    if view == "compact":
+        use_compact_logging(trainer, file=io.StringIO())
+    failing = FailingAt(trainer, event, step=2)
+    trainer.add_callback(failing)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        {"train": trainer.train, "evaluate": trainer.evaluate, "predict": lambda: trainer.predict(examples)}[call]()
+    assert len(failing.open_bars) == open_bars
+    assert all(bar.disable for bar in failing.open_bars)  # tqdm's close() sets it
+    views = [c for c in trainer.callback_handler.callbacks if isinstance(c, (ProgressCallback, CompactLogCallback))]
+    assert len(views) == 1 and views[0].training_bar is None and views[0].prediction_bar is None
+
+
 def script_args(data_dir: Path, output_dir: Path, max_steps: int, *extra: str) -> list[str]:
     return [
         f"--dataset_name={data_dir}",

@@ -390,5 +390,20 @@ def use_compact_logging(trainer, prefix: str = "", file=None) -> CompactLogCallb
     return callback
 
 
+def close_progress_bars(callbacks: Iterable[TrainerCallback]) -> None:
+    """Close the progress bars that transformers' `ProgressCallback` and `CompactLogCallback` hold open in
+    `callbacks` (a trainer's `callback_handler.callbacks`), for a training run that ended with an exception: neither
+    callback hears of it (`on_train_end` is not called). A bar left open would be closed by its finaliser at
+    interpreter exit, where on Python 3.13 it crashes the process with a segmentation fault once `__main__` has been
+    imported (dill, which torch imports, imports it; tqdm/tqdm#1687), after the exception's own traceback."""
+    for callback in callbacks:
+        if isinstance(callback, (ProgressCallback, CompactLogCallback)):
+            bars = (callback.training_bar, callback.prediction_bar)
+            callback.training_bar = callback.prediction_bar = None
+            for bar in bars:
+                if bar is not None:
+                    bar.close()
+
+
 # callbacks whose `on_log` adds values to the logs: they must run before the reporting integrations
 LOG_ENRICHING_CALLBACKS = (FusionWeightsCallback, LayerGradientNormCallback)

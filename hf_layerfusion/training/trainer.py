@@ -38,6 +38,10 @@ Resuming a finished run: transformers' training loop, resumed from a checkpoint 
 so the run would end at `max_steps + 1` and no longer be steps-matched. This trainer takes such a checkpoint's weights
 and state and trains no further step (`train`).
 
+A run, an evaluation or a prediction that ends with an exception (an error, Ctrl-C) leaves the callbacks' progress
+bars open; this trainer closes them before the exception leaves `train`, `evaluate` or `predict`
+(`callbacks.close_progress_bars` says why: on Python 3.13 a bar left open crashes the process at exit).
+
 Evaluation with `predict_with_generate`: hf_layerfusion models translate with the fast decoding loop
 (`hf_layerfusion.inference.fast_decoding_loop`: the tokens of `generate()`, faster) unless
 `fast_generation=False`; models from outside the package, and DeepSpeed ZeRO-3 / FSDP runs (whose `generate()`
@@ -51,6 +55,7 @@ layers and adapters); resumed from a finished checkpoint, it takes the checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -70,7 +75,7 @@ from ..file_checks import check_write_error, refused_write
 from ..inference.fast_generation import fast_decoding_loop
 from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
-from .callbacks import LOG_ENRICHING_CALLBACKS
+from .callbacks import LOG_ENRICHING_CALLBACKS, close_progress_bars
 
 logger = logging.get_logger(__name__)
 
@@ -119,8 +124,9 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         if isinstance(checkpoint, (str, os.PathLike)) and not (self.is_deepspeed_enabled or self.is_fsdp_enabled):
             state = finished_checkpoint_state(checkpoint, self.args.max_steps)
         if state is None:
-            return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
-                                 ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
+            with self._progress_bars_closed_on_error():
+                return super().train(resume_from_checkpoint=resume_from_checkpoint, trial=trial,
+                                     ignore_keys_for_eval=ignore_keys_for_eval, **kwargs)
         logger.info(f"{checkpoint} holds step {state.global_step} of max_steps={self.args.max_steps}: its weights and "
                     "state are the run's, no step is trained.")
         if isinstance(self.model, LayerFusionPreTrainedModel):
@@ -130,6 +136,22 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
         self.state = state
         # no loss was computed in this call (a number here would be read as one)
         return TrainOutput(state.global_step, float("nan"), {"epoch": state.epoch, "train_steps": 0})
+
+    def evaluate(self, *args, **kwargs):
+        with self._progress_bars_closed_on_error():
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with self._progress_bars_closed_on_error():
+            return super().predict(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _progress_bars_closed_on_error(self):
+        try:
+            yield
+        except BaseException:  # an error, or Ctrl-C: no callback hears of it, and their bars would stay open
+            close_progress_bars(self.callback_handler.callbacks)
+            raise
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # transformers warns about every key the checkpoint lacks, the tied ones that `save_pretrained` saves once
