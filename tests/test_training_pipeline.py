@@ -159,7 +159,6 @@ def test_length_grouped_batches_come_in_random_order_and_evaluation_in_dataset_o
         assert [row for batch in loader for row in batch["row"].tolist()] == list(range(800))
 
 
-# --------------------------------------------------------------------------------------------- the script
 class FailingAt(TrainerCallback):
     """Raises at the `step`-th call of `event` ("on_step_end" or "on_prediction_step"), after keeping the progress
     bars the trainer's callbacks then hold open."""
@@ -172,7 +171,8 @@ class FailingAt(TrainerCallback):
         if self.calls == self.step:
             for callback in self.trainer.callback_handler.callbacks:
                 if isinstance(callback, (ProgressCallback, CompactLogCallback)):
-                    self.open_bars += [bar for bar in (callback.training_bar, callback.prediction_bar) if bar]
+                    self.open_bars += [bar for bar in (callback.training_bar, callback.prediction_bar)
+                                       if bar is not None]
             raise RuntimeError(f"planted failure at {event} {self.step}")
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -212,6 +212,7 @@ def test_a_run_that_fails_leaves_no_progress_bar_open(tmp_path, tiny_backbone, p
     assert len(views) == 1 and views[0].training_bar is None and views[0].prediction_bar is None
 
 
+# --------------------------------------------------------------------------------------------- the script
 def script_args(data_dir: Path, output_dir: Path, max_steps: int, *extra: str) -> list[str]:
     return [
         f"--dataset_name={data_dir}",
