@@ -20,6 +20,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 import hf_layerfusion
+from hf_layerfusion.inference.cpu_kernels import kernel_cache_root
 from hf_layerfusion.version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
 
@@ -138,7 +139,9 @@ sys.path.insert(0, {tests!r})  # tests/helpers.py: the tiny configs; it imports 
 from helpers import tiny_model
 from hf_layerfusion.inference.cpu_kernels import compiled_kernels
 
-assert compiled_kernels() is not None, "the installed copy's CPU kernels did not compile"
+kernels = compiled_kernels()
+assert kernels is not None, "the installed copy's CPU kernels did not compile"
+assert Path(kernels.__file__).is_relative_to(os.environ["TORCH_EXTENSIONS_DIR"]), kernels.__file__
 inputs = dict(input_ids=torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]]), attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]]))
 for model_type in hf_layerfusion.FAMILIES:
     model = tiny_model(model_type)
@@ -153,12 +156,14 @@ for model_type in hf_layerfusion.FAMILIES:
 scripts = sorted(
     entry.name for entry in importlib.metadata.distribution("hf_layerfusion").entry_points if entry.group == "console_scripts"
 )
-for script in scripts:  # the first --help renders the text, the second prints it from the cache
-    first, cached = (
-        subprocess.run([str(environment / "bin" / script), "--help"], check=True, capture_output=True).stdout
-        for _ in range(2)
-    )
-    assert first.startswith(b"usage: ") and cached == first, script
+# the first --help renders the text (the scripts side by side: each imports torch and transformers), the second
+# prints it from the cache
+rendering = {{script: subprocess.Popen([str(environment / "bin" / script), "--help"], stdout=subprocess.PIPE)
+             for script in scripts}}
+for script, process in rendering.items():
+    first = process.communicate()[0]
+    cached = subprocess.run([str(environment / "bin" / script), "--help"], check=True, capture_output=True).stdout
+    assert process.returncode == 0 and first.startswith(b"usage: ") and cached == first, script
     assert Path(os.environ["XDG_CACHE_HOME"], "hf_layerfusion", "help", script + ".json").is_file(), script
 print(json.dumps({{"families": sorted(hf_layerfusion.FAMILIES), "console_scripts": scripts}}))
 """
@@ -215,13 +220,22 @@ def install_wheel(wheel: Path, environment: Path, leave_out: tuple[str, ...] = (
     return python
 
 
-def run_outside_the_checkout(python: Path, code: str, directory: Path) -> dict:
+def run_outside_the_checkout(python: Path, code: str, directory: Path, first_kernel_build: bool = False) -> dict:
     """`code` run by `python` from an empty folder, without the checkout on its path, with a cache folder of its own
-    (the console scripts' help texts: neither read from nor left in this user's); the JSON its last line prints."""
+    (the console scripts' help texts: neither read from nor left in this user's); the JSON its last line prints.
+
+    The kernels: with `first_kernel_build`, built from the installed copy's sources into an extensions root of its
+    own, as on a user's machine that has no build yet (a minute); else this process's build, found by the installed
+    copy as by any installation of the same sources (the key is the sources' hash, so a missing or changed source
+    file would not find it)."""
     outside = directory / "outside"
     outside.mkdir()
     environment_variables = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}  # no checkout
     environment_variables["XDG_CACHE_HOME"] = str(directory / "cache")
+    # set either way: torch's default extensions root lies under XDG_CACHE_HOME
+    environment_variables["TORCH_EXTENSIONS_DIR"] = str(
+        directory / "torch_extensions" if first_kernel_build else kernel_cache_root()
+    )
     result = subprocess.run(
         [str(python), "-c", code], capture_output=True, text=True, cwd=outside, env=environment_variables, timeout=1500
     )
@@ -246,7 +260,7 @@ def test_the_built_wheel_works_outside_the_checkout(wheel, tmp_path):
 
     python = install_wheel(wheel, tmp_path / "env")
     code = WHEEL_USER.format(tests=str(REPO_ROOT / "tests"), out=str(tmp_path / "saved"))
-    report = run_outside_the_checkout(python, code, tmp_path)
+    report = run_outside_the_checkout(python, code, tmp_path, first_kernel_build=True)
     assert report["families"] == sorted(hf_layerfusion.FAMILIES)
     assert report["console_scripts"], "the wheel declares no console script"
 
