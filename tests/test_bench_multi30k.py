@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import REPO_ROOT
+from sacrebleu.metrics import BLEU
+from sacrebleu.significance import PairedTest
 from transformers import CONFIG_MAPPING
 
 import hf_layerfusion
@@ -120,6 +122,17 @@ def test_paired_bootstrap_is_sacrebleus():
     assert better["bleu"] == pytest.approx(100.0) and better["p_value"] < 0.01 and "bs:1000" in better["signature"]
     with pytest.raises(ValueError, match="aligned"):
         bench.paired_bootstrap(worse[:-1], references, references)
+    # the numbers of sacreBLEU's own paired test, given the references each time (the study tokenizes each set once):
+    # for two sets of references in turn, each pair against its own
+    for pair_references in (references, [f"a dog {i}" for i in range(40)]):
+        signatures, scores = PairedTest([("baseline", one), ("system", other)], {"BLEU": BLEU()},
+                                        references=[pair_references], test_type="bs", n_samples=1000)()
+        (name,) = signatures
+        baseline_result, system_result = scores[name]
+        tested = bench.paired_bootstrap(one, other, pair_references)
+        assert tested == {"baseline_bleu": baseline_result.score, "bleu": system_result.score,
+                          "p_value": system_result.p_value, "bootstrap_mean": system_result.mean,
+                          "bootstrap_ci95": system_result.ci, "signature": str(signatures[name])}
 
 
 def test_paired_bootstrap_finds_nothing_between_indistinguishable_systems():
