@@ -25,7 +25,8 @@ Most runs fit ~90 minutes on one core; the fine-tuning arms' 2,000 further steps
 core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_minutes`), more than a session may
 leave them: that resume carries them across sessions only where `runs/` outlives the session. A new machine starts
 without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time (a
-resumed run: its steps after the checkpoint) and leaves the others for a longer stay or a GPU. On a machine with a
+resumed run: its steps after the checkpoint; a run trained to convergence: as many epochs as the ledger's longest such
+run) and leaves the others for a longer stay or a GPU. On a machine with a
 GPU the same command runs the queue there (`--threads` then only sets the CPU threads), best with `--parallel` (one
 of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs shared it. A copy of the
 repository without its .git (sent to a lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
@@ -233,8 +234,8 @@ class StudyRun(ArmRun):
 class ConvergedRun(StudyRun):
     """One run of priority 9 trained to convergence: an arm of bench_multi30k.py that evaluates val BLEU every epoch
     and stops once it has not improved for `early_stopping_patience` evaluations, or after `max_epochs` epochs.
-    `max_steps` is that cap in steps: what `--hours` expects of it (early stopping may end it sooner, but a run started
-    in a session it cannot finish is lost where runs/ does not survive), and what a resumed run has left of."""
+    `max_steps` is that cap in steps; `--hours` expects it to train as many epochs as the longest converged run in the
+    ledger did (`expected_epochs`)."""
 
     max_steps: int = CONVERGED_BUDGET["max_epochs"] * STEPS_PER_EPOCH
     warmup_steps: int = CONVERGED_BUDGET["warmup_steps"]
@@ -536,12 +537,14 @@ def starting_run(run: ArmRun | DepthProbe) -> StudyRun | None:
 
 
 def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluations: float = 1.0,
-                       threads: int = 1) -> list[float]:
+                       threads: int = 1, runs_at_once: int = 1) -> list[float]:
     """Training + evaluation minutes of the finished CPU runs in `arm_dir` (an arm's ledger dir), their training
     scaled to `steps` steps and their evaluation (val and test) to `evaluations` of them: those on `cpu`'s model and
     instruction set where there are any, else those on its model whose entries predate `device.cpu_capability`, else
     all; of those, the ones trained with `threads` torch threads (`--threads`) where there are any (a run with more
-    threads is faster, and must not make one-thread runs look shorter); unreadable files are left out (the queue
+    threads is faster, and must not make one-thread runs look shorter), then the ones that shared the machine with
+    `runs_at_once` runs (`--parallel`) where there are any, else those whose entries predate `runs_at_once` (runs
+    sharing the machine's cores train slower than one alone on a core); unreadable files are left out (the queue
     reruns them)."""
     entries = []
     for path in Path(arm_dir).glob("seed_*.json"):
@@ -556,6 +559,9 @@ def ledger_cpu_minutes(arm_dir: Path, cpu: ledger.CpuKind, steps: int, evaluatio
     unrecorded_kind = [entry for entry in same_model if entry["device"].get("cpu_capability") is None]
     chosen = same_kind or unrecorded_kind or on_cpu
     chosen = [entry for entry in chosen if entry["device"].get("torch_threads") == threads] or chosen
+    same_sharing = [entry for entry in chosen if entry.get("runs_at_once") == runs_at_once]
+    unrecorded_sharing = [entry for entry in chosen if entry.get("runs_at_once") is None]
+    chosen = same_sharing or unrecorded_sharing or chosen
     return [entry["train_minutes"] * steps / entry["steps"] + (entry["evaluation_minutes"] or 0.0) * evaluations
             for entry in chosen]
 
@@ -581,26 +587,49 @@ def timing_stand_ins(arm: str) -> list[tuple[str, float]]:
     return []
 
 
+def expected_epochs(run: ConvergedRun, ledger_dir: Path) -> tuple[int, str]:
+    """The epochs `run` is expected to train, and why: as many as the longest of the ledger's converged runs trained
+    (every arm's and device's: early stopping ends a run by its val BLEU, not by time), at most its cap; its cap
+    while the ledger holds no converged run. A run that trains longer than any before is cut off by a session's end
+    and resumes where runs/ survives."""
+    epochs = []
+    for path in Path(ledger_dir).glob("*/seed_*.json"):
+        try:
+            entry = ledger.read_result_file(path, ("epoch_curve",))
+        except ledger.UnreadableResult:
+            continue  # not a converged run, or unreadable (the queue reruns it)
+        if isinstance(entry["epoch_curve"], list) and entry["epoch_curve"]:
+            epochs.append(len(entry["epoch_curve"]))
+    if not epochs:
+        return run.max_epochs, f"its cap of {run.max_epochs} epochs (no converged run in the ledger yet)"
+    longest = min(max(epochs), run.max_epochs)
+    return longest, f"{longest} epochs, the longest of the ledger's {len(epochs)} converged run(s)"
+
+
 def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tuple[float, str]:
     """How long `run` should take on one core of this CPU, and where that estimate comes from: the median of its
     arm's CPU runs in the ledger, else of the first of its stand-ins with any (`timing_stand_ins`), else
     `UNTIMED_RUN_MINUTES` per run of the standard budget; plus its starting run's when a fine-tuning arm must train
     that first (`STARTING_RUNS`; bench_multi30k.py does it when the finished run dir is missing). A run trained to
-    convergence is expected to run to its cap (`ConvergedRun`); timed from a stand-in at a step budget, it adds a val
-    evaluation per epoch (half a val + test evaluation) and its two final ones, the best checkpoint's and the last
-    checkpoints' average's (a converged run's own minutes hold them)."""
+    convergence is expected to train `expected_epochs` (a resumed one at least one more epoch); timed from a stand-in
+    at a step budget, it adds a val evaluation per epoch (half a val + test evaluation) and its two final ones, the
+    best checkpoint's and the last checkpoints' average's (a converged run's own minutes hold them)."""
     if isinstance(run, DepthProbe):
         return UNTIMED_RUN_MINUTES, "no estimate for a depth probe"
     arm_dir = run.result_file(args.ledger_dir, args.probe_dir).parent
     done = resumed_step(run)
-    steps_left = run.max_steps - done
-    minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left, threads=args.threads)
+    steps_left, epochs_source = run.max_steps - done, None
+    if isinstance(run, ConvergedRun):
+        epochs, epochs_source = expected_epochs(run, args.ledger_dir)
+        steps_left = min(max(epochs * STEPS_PER_EPOCH - done, STEPS_PER_EPOCH), steps_left)
+    minutes = ledger_cpu_minutes(arm_dir, cpu, steps_left, threads=args.threads, runs_at_once=args.parallel)
     expected, source = None, f"the median of its arm's {len(minutes)} CPU run(s) in the ledger"
     if minutes:
         expected = statistics.median(minutes)
     evaluations = 2 + math.ceil(steps_left / STEPS_PER_EPOCH) / 2 if isinstance(run, ConvergedRun) else 1
     for stand_in, step_time in timing_stand_ins(run.arm) if expected is None else ():
-        minutes = ledger_cpu_minutes(arm_dir.parent / stand_in, cpu, steps_left, evaluations, args.threads)
+        minutes = ledger_cpu_minutes(arm_dir.parent / stand_in, cpu, steps_left, evaluations, args.threads,
+                                     args.parallel)
         if minutes:
             expected = statistics.median(minutes) * step_time
             source = (f"the median of `{stand_in}`'s {len(minutes)} CPU run(s) in the ledger, scaled to {steps_left} "
@@ -612,6 +641,8 @@ def expected_minutes(run: ArmRun | DepthProbe, args, cpu: ledger.CpuKind) -> tup
         expected = UNTIMED_RUN_MINUTES * standard_runs
         source = (f"no CPU run of its arm in the ledger: the issue's {UNTIMED_RUN_MINUTES} min per run"
                   + (f" of {STANDARD_BUDGET['max_steps']} steps, scaled to {steps_left}" if standard_runs > 1 else ""))
+    if epochs_source:
+        source += f", for {epochs_source}"
     if done:
         source += f", for the {steps_left} steps left after its checkpoint at step {done}"
     start_from = starting_run(run)

@@ -699,12 +699,12 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir = tmp_path / "ledger"
 
-    def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None, threads=1):
+    def run_in_ledger(arm, seed, minutes, cpu, gpu=None, capability=None, threads=1, **extra):
         device = {"cpu": cpu, "gpu": gpu, "torch_threads": threads}
         if capability is not None:
             device["cpu_capability"] = capability
         ledger.write_entry(ledger.ledger_path(ledger_dir, arm, seed), fake_entry(
-            arm, seed, 30.0, REFERENCES, train_minutes=minutes - 2.0, evaluation_minutes=2.0, device=device))
+            arm, seed, 30.0, REFERENCES, train_minutes=minutes - 2.0, evaluation_minutes=2.0, device=device, **extra))
 
     run_in_ledger("plain_transformer_continued", 1, 100.0, "CPU A")
     run_in_ledger("plain_transformer_continued", 2, 40.0, "CPU B")
@@ -716,10 +716,14 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     run_in_ledger("re_transformer_2", 3, 200.0, "CPU A", capability="AVX2")
     run_in_ledger("re_transformer_2", 4, 10.0, "CPU B", capability="AVX512")
     run_in_ledger("re_transformer_2", 6, 20.0, "CPU A", capability="AVX512", threads=2)
+    run_in_ledger("re_transformer_2", 7, 90.0, "CPU A", capability="AVX512", runs_at_once=2)
     args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
     re_transformer = study.queue.StudyRun("re_transformer_2", 5)
-    # the runs with the queue's threads (1 by default), not the faster one with 2, nor their median
+    # the runs with the queue's threads (1 by default), not the faster one with 2, nor their median; of those, not
+    # the slower one that shared the machine with another run, while the ledger says nothing of the others' sharing
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 30.0
+    two_at_once = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir), "--parallel", "2"])
+    assert study.queue.expected_minutes(re_transformer, two_at_once, ledger.CpuKind("CPU A", "AVX512"))[0] == 90.0
     two_threads = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir), "--threads", "2"])
     assert study.queue.expected_minutes(re_transformer, two_threads, ledger.CpuKind("CPU A", "AVX512"))[0] == 20.0
     # no run with 4 threads: those of its CPU kind, whatever their threads
@@ -729,6 +733,9 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     # a kind of CPU A no entry names: its entries from before the record, not those of another kind
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "DEFAULT"))[0] == 80.0
     assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU C", "AVX512"))[0] == 55.0  # all CPUs
+    # a run that recorded having the machine to itself, as the queue's will: it, not those from before the record
+    run_in_ledger("re_transformer_2", 8, 34.0, "CPU A", capability="AVX512", runs_at_once=1)
+    assert study.queue.expected_minutes(re_transformer, args, ledger.CpuKind("CPU A", "AVX512"))[0] == 34.0
     continued, untimed = study.queue.StudyRun("plain_transformer_continued", 3), study.queue.StudyRun("gtrans_12x6", 2)
     assert study.queue.expected_minutes(continued, args, ledger.CpuKind("CPU A", None))[0] == 100.0 + 60.0  # its starting run must train first
     assert study.queue.expected_minutes(continued, args, ledger.CpuKind("CPU C", None))[0] == 60.0 + 60.0  # no run on this model: all CPUs

@@ -266,37 +266,56 @@ def cpu_run(ledger_dir, arm, seed, train_minutes, evaluation_minutes, steps=2000
         device={"cpu": "CPU A", "gpu": None, "torch_threads": 1}, **extra))
 
 
-def test_hours_expects_a_converged_run_to_reach_its_cap_timed_from_its_shorter_runs(tmp_path, monkeypatch):
-    """No converged run in the ledger yet: its arm's 2,000-step runs, scaled to the cap of 30 epochs, with a val
-    evaluation every epoch (half a val + test one) and the final two (best and averaged); a resumed run from its
-    checkpoint on; once converged runs exist, theirs (evaluations during training are in their training minutes)."""
+def test_hours_expects_a_converged_run_to_train_as_long_as_the_longest_converged_run(tmp_path, monkeypatch):
+    """Timed from its arm's 2,000-step runs, with a val evaluation every epoch (half a val + test one) and the final
+    two (best and averaged): to its cap of 30 epochs while the ledger holds no converged run, then for as many epochs
+    as the longest converged run (any arm) trained; a resumed run from its checkpoint on, at least one more epoch;
+    once its arm's own converged runs exist, theirs (evaluations during training are in their training minutes)."""
     monkeypatch.setattr(study.queue, "WORK_DIR", tmp_path / "work")
     ledger_dir, cpu = tmp_path / "ledger", ledger.CpuKind("CPU A", None)
     cpu_run(ledger_dir, "gtrans", 1, train_minutes=40.0, evaluation_minutes=2.0)
     args = study.queue.parse_args(["--hours", "2", "--ledger_dir", str(ledger_dir)])
     run = study.queue.ConvergedRun("gtrans_converged", 1)
-    cap = 30 * study.queue.STEPS_PER_EPOCH
+    epoch = study.queue.STEPS_PER_EPOCH
     minutes, source = study.queue.expected_minutes(run, args, cpu)
-    assert minutes == pytest.approx(40.0 * cap / 2000 + 2.0 * (2 + 30 / 2))
-    assert "`gtrans`'s 1 CPU run(s)" in source and f"scaled to {cap} steps and 17 val + test evaluations" in source
+    assert minutes == pytest.approx(40.0 * 30 * epoch / 2000 + 2.0 * (2 + 30 / 2))
+    assert "`gtrans`'s 1 CPU run(s)" in source
+    assert f"scaled to {30 * epoch} steps and 17 val + test evaluations" in source
+    assert "its cap of 30 epochs (no converged run in the ledger yet)" in source
     assert study.queue.fitting_runs([run], 300.0, args, cpu, set()) == []  # not the flat 90 minutes
     assert study.queue.fitting_runs([run], 310.0, args, cpu, set()) == [run]
-    # resumed after 10 epochs: 20 left
+    # converged runs of other arms: the longest of them, 13 epochs
+    for seed, epochs in ((1, 11), (2, 13)):
+        write(ledger_dir, converged_entry("re_transformer_2_converged", seed, 30.0, REFERENCES,
+                                          curve=[30.0] * epochs, best_epoch=epochs - 3))
+    minutes, source = study.queue.expected_minutes(run, args, cpu)
+    assert minutes == pytest.approx(40.0 * 13 * epoch / 2000 + 2.0 * (2 + 13 / 2))
+    assert "13 epochs, the longest of the ledger's 2 converged run(s)" in source
+    assert study.queue.fitting_runs([run], 140.0, args, cpu, set()) == [run]
+    # resumed after 10 epochs: 3 left; after 14: one more at least
     run.run_dir().mkdir(parents=True)
     (run.run_dir() / "STUDY_COMMIT").write_text(study.queue.git("rev-parse", "HEAD") + "\n")
-    checkpoint = run.run_dir() / f"checkpoint-{10 * study.queue.STEPS_PER_EPOCH}"
-    checkpoint.mkdir()
-    (checkpoint / "trainer_state.json").write_text("{}")
-    left = 20 * study.queue.STEPS_PER_EPOCH
-    assert study.queue.expected_minutes(run, args, cpu)[0] == pytest.approx(40.0 * left / 2000 + 2.0 * (2 + 20 / 2))
+    for done, left in ((10, 3), (14, 1)):
+        checkpoint = run.run_dir() / f"checkpoint-{done * epoch}"
+        checkpoint.mkdir()
+        (checkpoint / "trainer_state.json").write_text("{}")
+        minutes, source = study.queue.expected_minutes(run, args, cpu)
+        assert minutes == pytest.approx(40.0 * left * epoch / 2000 + 2.0 * (2 + left / 2))
+        assert f"for the {left * epoch} steps left after its checkpoint at step {done * epoch}" in source
+    # a converged run past the cap of another budget counts only to this one's cap
+    write(ledger_dir, converged_entry("re_transformer_2_converged", 3, 30.0, REFERENCES, curve=[30.0] * 31,
+                                      best_epoch=28))
+    assert study.queue.expected_epochs(run, ledger_dir) == (30, "30 epochs, the longest of the ledger's 3 converged "
+                                                                "run(s)")
     # the arm's own converged runs: their minutes per step, to the steps left
     cpu_run(ledger_dir, "gtrans_converged", 2, train_minutes=300.0, evaluation_minutes=6.0, steps=15 * 454)
+    left = 30 * epoch - 14 * epoch
     assert study.queue.expected_minutes(run, args, cpu)[0] == pytest.approx(300.0 * left / (15 * 454) + 6.0)
     # a fine-tuning arm trained to convergence: its converged starting run first, timed alike
     continued = study.queue.ConvergedRun("plain_transformer_continued_converged", 1)
     cpu_run(ledger_dir, "plain_transformer", 1, train_minutes=50.0, evaluation_minutes=2.0, baseline=None)
     cpu_run(ledger_dir, "plain_transformer_continued", 1, train_minutes=50.0, evaluation_minutes=2.0, baseline=None)
-    one_run = 50.0 * cap / 2000 + 2.0 * 17
+    one_run = 50.0 * 30 * epoch / 2000 + 2.0 * 17
     minutes, source = study.queue.expected_minutes(continued, args, cpu)
     assert minutes == pytest.approx(2 * one_run) and "`plain_transformer_converged` seed 1 first" in source
 
