@@ -595,10 +595,10 @@ def expected_epochs(run: ConvergedRun, ledger_dir: Path) -> tuple[int, str]:
     epochs = []
     for path in Path(ledger_dir).glob("*/seed_*.json"):
         try:
-            entry = ledger.read_result_file(path, ("epoch_curve",))
+            entry = ledger.read_entry(path)
         except ledger.UnreadableResult:
-            continue  # not a converged run, or unreadable (the queue reruns it)
-        if isinstance(entry["epoch_curve"], list) and entry["epoch_curve"]:
+            continue  # the queue reruns it
+        if ledger.is_converged(entry):
             epochs.append(len(entry["epoch_curve"]))
     if not epochs:
         return run.max_epochs, f"its cap of {run.max_epochs} epochs (no converged run in the ledger yet)"
