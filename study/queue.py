@@ -6,6 +6,7 @@ Start it first whenever you work on the project, and commit the new ledger files
     python -m study --list     # the queue, in priority order, with what is done
     python -m study --arms re_transformer_2 re_transformer_4   # only these arms' pending runs
     python -m study --hours 2.8 &   # only the runs expected to finish in the 2.8 hours this machine stays
+    python -m study --hours 2.8 --fill &   # those first, then the longer ones: runs/ outlives the stop here
     python -m study --parallel 8   # on a GPU: 8 runs share it
     python -m study.report   # the ledger's tables in study/README.md, the summary in README.md, docs/
     git add study/results study/README.md README.md docs && git commit -m "ledger: ..."
@@ -26,11 +27,13 @@ core and over 2 hours on an AMD EPYC one beside other work (the ledger's `train_
 leave them: that resume carries them across sessions only where `runs/` outlives the session. A new machine starts
 without it, and there `--hours` (the time the session leaves) starts only the runs expected to finish in time (a
 resumed run: its steps after the checkpoint; a run trained to convergence: as many epochs as the ledger's longest such
-run) and leaves the others for a longer stay or a GPU. On a machine with a
-GPU the same command runs the queue there (`--threads` then only sets the CPU threads), best with `--parallel` (one
-of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs shared it. A copy of the
-repository without its .git (sent to a lent machine, say) runs its own tree as the code once its commit is written into its `SNAPSHOT_COMMIT` file
-(`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean checkout).
+run) and leaves the others for a longer stay or a GPU; on a machine that keeps `runs/` from one session to the next,
+`--hours H --fill` starts those others too, once nothing that fits waits for a slot, and they land in pieces. On a
+machine with a GPU the same command runs the queue there (`--threads` then only sets the CPU threads), best with
+`--parallel` (one of these runs keeps a big GPU mostly idle); the ledger records the device and how many runs
+shared it. A copy of the repository without its .git (sent to a lent machine, say) runs its own tree as the code
+once its commit is written into its `SNAPSHOT_COMMIT` file (`git rev-parse HEAD > SNAPSHOT_COMMIT` on a clean
+checkout).
 
 Priority order (from the quality-ledger issue; steps-matched, selection on val, report on test):
 1. `plain_transformer` and `gtrans` (T_e = 3, T_d = 2), 2,000 steps, seeds 1-3.
@@ -827,18 +830,23 @@ def startable(pending: list, running: list[RunningRun], slots: int) -> list:
 
 
 def fitting_runs(pending: list, minutes_left: float, args, cpu: ledger.CpuKind, skipped: set) -> list:
-    """The pending runs expected to finish in `minutes_left` (`expected_minutes`), in queue order; says once for
-    each run it leaves out why (`skipped` remembers which)."""
-    fitting = []
+    """The pending runs expected to finish in `minutes_left` (`expected_minutes`), in queue order; with `--fill`,
+    the others after them, in queue order. Says once for each run that does not fit why (`skipped` remembers
+    which)."""
+    fitting, longer = [], []
     for run in pending:
         minutes, source = expected_minutes(run, args, cpu)
         if minutes <= minutes_left:
             fitting.append(run)
-        elif run not in skipped:
+            continue
+        longer.append(run)
+        if run not in skipped:
             skipped.add(run)
-            print(f"study: {time.strftime('%H:%M:%S')} not starting {run.label}: expected {minutes:.0f} min "
-                  f"({source}), {minutes_left:.0f} min of --hours left", flush=True)
-    return fitting
+            then = ("--fill starts it when no run that fits waits for a free slot" if args.fill
+                    else "not starting it")
+            print(f"study: {time.strftime('%H:%M:%S')} {run.label} does not fit: expected {minutes:.0f} min "
+                  f"({source}), {minutes_left:.0f} min of --hours left; {then}", flush=True)
+    return fitting + longer if args.fill else fitting
 
 
 def stop(running: list[RunningRun]) -> None:
@@ -925,6 +933,14 @@ def parse_args(argv=None) -> argparse.Namespace:
              "queue that fit. A new machine starts without runs/, so a run that does not fit would only be lost. "
              "Default: no limit." % UNTIMED_RUN_MINUTES,
     )
+    parser.add_argument(
+        "--fill", action="store_true",
+        help="With --hours, on a machine that keeps runs/ from one session to the next: once no pending run that "
+             "fits the time left waits for a free slot, start the runs that do not fit, in queue order. Each "
+             "checkpoints (every 500 steps; every epoch trained to convergence) and the next queue resumes it, so "
+             "runs longer than any session land in pieces instead of never starting; where runs/ is lost at the "
+             "stop, the run is lost with it, having used a core nothing else was using.",
+    )
     parser.add_argument("--nice", type=int, default=19, help="Niceness of the queue (default: %(default)s).")
     parser.add_argument("--ledger_dir", type=Path, default=LEDGER_DIR, help="default: %(default)s")
     parser.add_argument("--probe_dir", type=Path, default=PROBE_DIR,
@@ -939,6 +955,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--once runs one run; it does not go with --parallel {args.parallel}")
     if args.hours is not None and not (math.isfinite(args.hours) and args.hours > 0):
         parser.error(f"--hours must be a positive number of hours, got {args.hours}")
+    if args.fill and args.hours is None:
+        parser.error("--fill starts the runs that do not fit the time --hours leaves; without --hours every run "
+                     "starts anyway: give --hours H or leave out --fill")
     if not 0 <= args.nice <= 19:
         parser.error(f"--nice must be in 0..19, got {args.nice}")
     # a directory that is not there holds no result: the whole queue would read as pending

@@ -4,6 +4,7 @@ bootstrap is sacreBLEU's, and an output dir refuses other settings."""
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -748,11 +749,51 @@ def test_hours_starts_only_the_runs_expected_to_fit(tmp_path, monkeypatch, capsy
     for _ in range(2):
         assert study.queue.fitting_runs([continued, untimed], 95.0, args, ledger.CpuKind("CPU A", None), skipped) == [untimed]
     said = capsys.readouterr().out
-    assert said.count("not starting `plain_transformer_continued` seed 3: expected 100 min") == 1
+    assert said.count("`plain_transformer_continued` seed 3 does not fit: expected 100 min") == 1
+    assert said.count("; not starting it") == 1
     assert study.queue.fitting_runs([continued, untimed], 60.0, args, ledger.CpuKind("CPU A", None), skipped) == []
     for hours in ("0", "-1", "nan", "inf"):
         with pytest.raises(SystemExit):
             study.queue.parse_args(["--hours", hours])
+
+
+def test_fill_starts_the_runs_that_do_not_fit_after_those_that_do(tmp_path, monkeypatch, capsys):
+    """`--hours H --fill`: the runs expected to fit start first, whatever their place in the queue; once none waits,
+    the free slots take the runs that do not fit, in queue order. Without `--fill` those never start."""
+    ledger_dir = tmp_path / "ledger"
+    ledger_dir.mkdir()
+    arms = ["re_transformer_2", "re_transformer_4"]
+    started = []
+
+    def fake_start(run, args, runs_at_once):
+        started.append((run.arm, run.seed))
+        entry = json.dumps({"ledger_version": ledger.LEDGER_VERSION, **fake_entry(run.arm, run.seed, 30.0, WRONG)})
+        script = (f"import pathlib; r = pathlib.Path({str(run.result_file(args.ledger_dir))!r}); "
+                  f"r.parent.mkdir(parents=True, exist_ok=True); r.write_text({entry!r})")
+        process = study.queue.subprocess.Popen([sys.executable, "-c", script])
+        return study.queue.RunningRun(run, process, tmp_path / "log", study.queue.time.monotonic())
+
+    monkeypatch.setattr(study.queue, "start", fake_start)
+    # re_transformer_2, first in the queue, is expected to take longer than --hours leaves; re_transformer_4 fits
+    monkeypatch.setattr(study.queue, "expected_minutes", lambda run, args, cpu: (
+        (500.0 if run.arm == "re_transformer_2" else 5.0), "a stand-in"))
+    seeds = [1, 2, 3, 4, 5]
+    command = ["--arms", *arms, "--hours", "1", "--ledger_dir", str(ledger_dir), "--data_dir", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        study.queue.parse_args([option for option in command if option not in ("--hours", "1")] + ["--fill"])
+    assert study.queue.run_queue(study.queue.parse_args(command)) is True
+    assert started == [("re_transformer_4", seed) for seed in seeds]
+    assert "`re_transformer_2` seed 1 does not fit: expected 500 min (a stand-in), 60 min of --hours left; " \
+           "not starting it" in capsys.readouterr().out
+    assert study.queue.pending_runs(ledger_dir, arms=arms) == [study.queue.StudyRun("re_transformer_2", seed)
+                                                               for seed in seeds]
+    for arm_dir in ledger_dir.iterdir():
+        shutil.rmtree(arm_dir)
+    started.clear()
+    assert study.queue.run_queue(study.queue.parse_args(command + ["--fill"])) is True
+    assert started == [("re_transformer_4", seed) for seed in seeds] + [("re_transformer_2", seed) for seed in seeds]
+    assert "--fill starts it when no run that fits waits for a free slot" in capsys.readouterr().out
+    assert study.queue.pending_runs(ledger_dir, arms=arms) == []
 
 
 def test_hours_counts_only_the_steps_a_resumed_run_has_left(tmp_path, monkeypatch, capsys):
