@@ -102,6 +102,7 @@ from study.common import (
     positive_int,
     reproduction_command,
 )
+from study.training_time import seconds_trained_before, trained_seconds
 
 BASE_ARM = "plain_transformer"
 DEFAULT_MINUTES = 35.0
@@ -494,20 +495,23 @@ def train_and_evaluate(arm_name: str, seed: int, args, tokenizer_dir: Path) -> d
     if arm.converged and (output_dir / TRAINER_STATE_NAME).is_file():
         # trained to convergence (the state is saved once training ends) before a stop cut its evaluation short:
         # resuming its last checkpoint would train another epoch, so the best model saved there is only evaluated
+        seconds_before = trained_seconds(output_dir)
         results = evaluated(args, output_dir)
     else:
+        seconds_before = seconds_trained_before(output_dir)
         results = run_translation(run_translation_command(arm_name, seed, args, tokenizer_dir))
     if arm.converged:
         results["averaged_checkpoints"] = averaged_checkpoints(args, output_dir)
     session_minutes = (time.monotonic() - started) / 60
     # whole-run training statistics (a resumed run's own metrics only cover its last session)
-    state = json.loads((output_dir / "trainer_state.json").read_text())
-    seconds = state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"]
+    state = json.loads((output_dir / TRAINER_STATE_NAME).read_text())
+    seconds = trained_seconds(output_dir)
     results["train"] = {
         "global_step": state["global_step"],
         "train_minutes": seconds / 60,
         "source_tokens_per_second": state["num_input_tokens_seen"] / seconds,
-        "last_session_minutes": session_minutes,  # training (of the last session) + evaluation (+ the average's)
+        # this session's time but its training: the final translations of val and test (and the average's)
+        "evaluation_minutes": session_minutes - (seconds - seconds_before) / 60,
     }
     finished.write_text(json.dumps(results, indent=2) + "\n")
     return results
@@ -576,9 +580,8 @@ def ledger_entry(args, arm_name: str, seed: int, results: dict, tokenizer_dir: P
         "steps": train["global_step"],
         "train_minutes": train["train_minutes"],
         "source_tokens_per_second": train["source_tokens_per_second"],
-        # a resumed run's last session trained for less than the whole run: its evaluation time is unknown
-        "evaluation_minutes": train["last_session_minutes"] - train["train_minutes"]
-        if train["last_session_minutes"] >= train["train_minutes"] else None,
+        # None for a run dir that finished before its evaluation time was recorded
+        "evaluation_minutes": train.get("evaluation_minutes"),
         **ledger.code_revision(REPO_ROOT),
         "device": ledger.device_description(),
         "runs_at_once": args.runs_at_once,

@@ -73,6 +73,7 @@ from study.common import (
     paired_bootstrap,
     positive_int,
 )
+from study.training_time import seconds_trained_before, trained_seconds
 
 DEFAULT_LEDGER = ledger.M2M_LEDGER
 BASE_ARM = "plain_transformer_m2m"
@@ -165,16 +166,19 @@ def build_starting_model(args) -> Path:
 
 def train_and_evaluate(args) -> dict:
     """Train and evaluate one run (the expensive call), or read back its finished results: run_multilingual's
-    `direction_scores.json` plus the wall clock, cached in `<run dir>/bench_results.json` (study/queue.py's marker of a
-    finished run)."""
+    `direction_scores.json` plus its evaluation time, cached in `<run dir>/bench_results.json` (study/queue.py's
+    marker of a finished run)."""
     directory = run_dir(args, args.arm, args.seed)
     finished = directory / "bench_results.json"
     if finished.is_file():
         return json.loads(finished.read_text())
     build_starting_model(args)
+    seconds_before = seconds_trained_before(directory / "model")
     started = time.monotonic()
     results = run_multilingual(run_multilingual_command(args))
-    results["run_minutes"] = (time.monotonic() - started) / 60  # training and evaluation
+    session_minutes = (time.monotonic() - started) / 60
+    # this session's time but its training (a resumed run trained before it): the translations of every direction
+    results["evaluation_minutes"] = session_minutes - (trained_seconds(directory / "model") - seconds_before) / 60
     finished.write_text(json.dumps(results, indent=1) + "\n")
     return results
 
@@ -196,8 +200,6 @@ def ledger_entry(args, results: dict) -> dict:
     model_type, arm_config = ARMS[args.arm]
     model_dir = run_dir(args, args.arm, args.seed) / "model"
     state = json.loads((model_dir / "trainer_state.json").read_text())
-    # training time across sessions (a resumed run's `train_runtime` is its last session's)
-    train_minutes = state["stateful_callbacks"]["TimeBudgetCallback"]["attributes"]["elapsed_seconds"] / 60
     references = test_references(args.data_dir)
     directions = {}
     for direction, hypotheses in results["hypotheses"].items():
@@ -217,8 +219,9 @@ def ledger_entry(args, results: dict) -> dict:
                      "tiny_vocab_size": args.tiny_vocab_size},
         "seed": args.seed,
         "steps": state["global_step"],
-        "train_minutes": train_minutes,
-        "evaluation_minutes": results["run_minutes"] - train_minutes,
+        "train_minutes": trained_seconds(model_dir) / 60,  # across sessions
+        # None for a run dir that finished before its evaluation time was recorded
+        "evaluation_minutes": results.get("evaluation_minutes"),
         **ledger.code_revision(REPO_ROOT),
         "device": ledger.device_description(),
         "finished_at": ledger.now(),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -259,6 +260,10 @@ def is_whole_number(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def is_minutes(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf
+
+
 def is_bleu(value) -> bool:
     """sacreBLEU's BLEU: a number in [0, 100] (JSON's NaN and 1e400, which reads as inf, are outside)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
@@ -330,6 +335,10 @@ def value_problem(entry: dict) -> str | None:
     for name in ("seed", "steps"):
         if name in entry and not is_whole_number(entry[name]):
             return f"field {name!r} is {entry[name]!r} ({type(entry[name]).__name__}), not a whole number >= 0"
+    # a run's minutes (None: a run whose evaluation time was not recorded); the report adds them up
+    for name in ("train_minutes", "evaluation_minutes"):
+        if name in entry and not (is_minutes(entry[name]) or (name == "evaluation_minutes" and entry[name] is None)):
+            return f"field {name!r} is {entry[name]!r}, not a time (a finite number of minutes >= 0)"
     problem = converged_problem(entry)
     if problem is not None:
         return problem

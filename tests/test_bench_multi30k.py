@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -870,11 +871,16 @@ def tiny_corpus(directory):
     return directory
 
 
-def finished_run_stand_in(calls: list):
+def finished_run_stand_in(calls: list, monkeypatch):
     """A stand-in for run_translation that writes what a finished run leaves behind (its BLEU 20 + the number of
-    calls so far) and records each command in `calls`."""
+    calls so far: 60 s of training, then 5 s of translating, on the benchmark's clock, which it replaces) and
+    records each command in `calls`."""
+    clock = [1000.0]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
     def fake_run_translation(command):
         calls.append(command)
+        clock[0] += 65.0
         options = dict(item[2:].split("=", 1) for item in command if "=" in item)
         output_dir = Path(options["output_dir"])
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -898,7 +904,7 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
     written, the arm's with what it started from. run_translation is replaced by a stand-in that writes what a
     finished run leaves behind."""
     calls = []
-    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls))
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls, monkeypatch))
     output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
     argv = ["--models", "deep_representations_paper", "--run_only", "--seeds", "1", "--max_steps_per_model", "3",
             "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
@@ -918,6 +924,8 @@ def test_fine_tuning_arm_starts_from_the_finished_run_and_records_it(tmp_path, m
     assert entries["plain_transformer"][1]["runs_at_once"] == 1  # the default: the run had the device to itself
     entry = entries["deep_representations_paper"][1]
     assert entry["baseline"] == "plain_transformer_continued" and entry["steps"] == 3
+    # its own session's times, not its starting run's (trained first, in the same process)
+    assert (entry["train_minutes"], entry["evaluation_minutes"]) == pytest.approx((1.0, 5.0 / 60))
     assert entry["init_from"] == {"arm": "plain_transformer", "seed": 1, "steps": 3, "validation_bleu": 21.0,
                                   "test_bleu": 21.0, "run_dir": str(start_dir)}
     assert bench.ledger.steps_text(entry) == "3 + 3" and bench.ledger.steps_text(entries["plain_transformer"][1]) == "3"
@@ -933,7 +941,7 @@ def test_each_seed_of_a_fine_tuning_arm_starts_from_and_records_its_own_seeds_ru
     still recorded seed N's run). With two, each seed's command fine-tunes its own seed's starting run, and its entry
     records that run: its directory, seed and BLEU (the stand-in gives each run another BLEU)."""
     calls = []
-    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls))
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in(calls, monkeypatch))
     output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
     bench.main(["--models", "rtal_finetuned", "--run_only", "--seeds", "1", "2", "--max_steps_per_model", "3",
                 "--output_dir", str(output_dir), "--ledger_dir", str(ledger_dir), "--tokenizer_dir",
@@ -955,7 +963,7 @@ def test_a_fine_tuning_run_from_another_start_than_its_entry_is_written_beside_i
     """`plain_transformer_continued --run_only` where the ledger's entry of the seed fine-tuned another plain run
     (trained on another machine): the entry stays, the run lands in its rerun file, and a second call writes
     nothing."""
-    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in([]))
+    monkeypatch.setattr(bench, "run_translation", finished_run_stand_in([], monkeypatch))
     output_dir, ledger_dir = tmp_path / "runs", tmp_path / "ledger"
     elsewhere = fake_entry("plain_transformer_continued", 1, 11.0, WRONG, baseline=None,
                            init_from=start_record(34.09, seed=1))
@@ -1265,13 +1273,15 @@ def edited_entry_text(edit) -> str:
     (lambda entry: entry["test"].update(bleu=float("inf")), "field 'test.bleu' is inf, not a BLEU score"),
     (lambda entry: entry["test"].update(bleu="34.5"), "field 'test.bleu' is '34.5', not a BLEU score"),
     (lambda entry: entry.update(seed="1"), "field 'seed' is '1' (str), not a whole number"),
+    (lambda entry: entry.update(evaluation_minutes=-17.8), "field 'evaluation_minutes' is -17.8, not a time"),
+    (lambda entry: entry.update(train_minutes=float("nan")), "field 'train_minutes' is nan, not a time"),
     (lambda entry: entry.update(init_from={"arm": "plain_transformer", "seed": 1, "steps": 2000,
                                            "validation_bleu": 36.0, "test_bleu": 340.0}),
      "field 'init_from.test_bleu' is 340.0, not a BLEU score"),
     (lambda entry: entry["test"]["hypotheses"].pop(),
      "field 'test.hypotheses' holds 59 translations, but 'test.sentences' is 60"),
 ], ids=["cut-short", "list", "key-missing", "bleu-negative", "bleu-340", "bleu-nan", "bleu-1e400", "bleu-string",
-        "seed-string", "start-bleu-340", "hypotheses-truncated"])
+        "seed-string", "evaluation-minutes-negative", "train-minutes-nan", "start-bleu-340", "hypotheses-truncated"])
 def test_an_unreadable_ledger_file_is_named_by_list_and_report_and_rerun(tmp_path, capsys, content, problem):
     ledger_dir = tmp_path / "ledger"
     path = ledger.ledger_path(ledger_dir, "re_transformer_2", 1)

@@ -6,6 +6,7 @@ model)."""
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_bench_multi30k import package_snapshot
@@ -60,19 +61,28 @@ def test_english_centric_refuses_what_it_cannot_select(tmp_path, extra, message)
 
 def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(tmp_path, monkeypatch):
     corpus = tiny_corpus(tmp_path)
-    calls = []
+    calls, clock = [], [1000.0]
+    monkeypatch.setattr(bench, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    # a resumed run: 5,000 s trained in earlier sessions, up to its newest complete checkpoint
+    checkpoint = tmp_path / "runs" / "gtrans_m2m" / "seed_2" / "model" / "checkpoint-1500"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps(
+        {"stateful_callbacks": {"TimeBudgetCallback": {"attributes": {"elapsed_seconds": 5000.0}}}}))
 
     def fake_run_multilingual(command):
         """What a finished run_multilingual.py run leaves behind and returns."""
         calls.append(command)
         options = dict(item[2:].split("=", 1) for item in command if "=" in item)
         model_dir = Path(options["output_dir"])
-        model_dir.mkdir(parents=True)
-        # a resumed run: its last session's train_runtime, the whole training time in the TimeBudgetCallback state
+        model_dir.mkdir(parents=True, exist_ok=True)
+        # this session: 400 s of training (its train_runtime; the whole run's in the TimeBudgetCallback state), then
+        # 20 s of translating the test sets
+        clock[0] += 420.0
+        before = 5000.0 if (model_dir / "checkpoint-1500").is_dir() else 0.0
         (model_dir / "trainer_state.json").write_text(json.dumps(
             {"global_step": 2000, "log_history": [{"step": 50, "loss": 9.5}, {"step": 2000, "loss": 3.0}],
-             "stateful_callbacks": {"TimeBudgetCallback": {"attributes": {"elapsed_seconds": 5400.0}}}}))
-        (model_dir / "train_results.json").write_text(json.dumps({"train_runtime": 600.0}))
+             "stateful_callbacks": {"TimeBudgetCallback": {"attributes": {"elapsed_seconds": before + 400.0}}}}))
+        (model_dir / "train_results.json").write_text(json.dumps({"train_runtime": 400.0}))
         (model_dir / "config.json").write_text(json.dumps({"model_type": options["model_type"]}))
         (model_dir / "tokenizer.json").write_text("{}")
         hypotheses = {direction: [f"{direction.split('-')[1]} hypothesis"] * 4 for direction in SIX_DIRECTIONS}
@@ -102,7 +112,7 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert (entry["family"], entry["baseline"], entry["steps"]) == ("gtrans", "plain_transformer_m2m", 2000)
     assert entry["training"]["temperature"] == 5.0 and entry["training"]["max_steps"] == 2000
     assert entry["loss_curve"] == [[50, 9.5], [2000, 3.0]] and entry["device"]["torch_threads"] >= 1
-    assert entry["train_minutes"] == 90.0
+    assert entry["train_minutes"] == 90.0 and entry["evaluation_minutes"] == pytest.approx(20.0 / 60)
     assert list(entry["directions"]) == SIX_DIRECTIONS and entry["train_sizes"]["en-cs"] == 8
     en_de = entry["directions"]["en-de"]
     assert en_de["bleu"] == 1.5 and en_de["hypotheses"] == ["de hypothesis"] * 4 and en_de["sentences"] == 4
@@ -120,6 +130,7 @@ def test_a_run_trains_through_run_multilingual_once_and_writes_its_ledger_entry(
     assert f"--xlmr={xlmr}" in calls[-1] and "--model_type=plain_transformer" in calls[-1]
     plain = m2m_ledger(tmp_path / "ledger")["plain_transformer_m2m"][2]
     assert plain["starting_model"] == entry["starting_model"] and plain["baseline"] is None
+    assert (plain["train_minutes"], plain["evaluation_minutes"]) == pytest.approx((400.0 / 60, 20.0 / 60))  # fresh
 
     # another machine (a fresh output dir) builds the same starting model from the committed tokenizer and the seed
     bench.main(["--arm", "plain_transformer_m2m", "--seed", "2", "--output_dir", str(tmp_path / "elsewhere"),

@@ -7,6 +7,7 @@ run_translation.py with a tiny corpus."""
 import json
 import re
 import shutil
+import time
 
 import pytest
 import torch
@@ -519,9 +520,16 @@ def test_a_tiny_converged_run_stops_early_keeps_its_best_checkpoint_and_resumes_
             "--early_stopping_patience", "2", "--max_new_tokens", "8", "--output_dir", str(output_dir),
             "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
             "--data_dir", str(tiny_corpus(tmp_path))]
-    bench.main(argv)
+    def timed_run() -> tuple[dict, float]:
+        """The entry bench.main writes, and the minutes the call took."""
+        started = time.monotonic()
+        bench.main(argv)
+        return (ledger.read_entry(ledger.ledger_path(ledger_dir, "plain_transformer_converged", 1)),
+                (time.monotonic() - started) / 60)
+
+    entry, minutes = timed_run()
     run_dir = output_dir / "plain_transformer_converged" / "seed_1"
-    entry = ledger.read_entry(ledger.ledger_path(ledger_dir, "plain_transformer_converged", 1))
+    assert 0 <= entry["evaluation_minutes"] < minutes - entry["train_minutes"] + 1e-9
     assert [point["epoch"] for point in entry["epoch_curve"]] == [1, 2, 3] and entry["steps"] == 3  # not 4 epochs
     bleu = [point["bleu"] for point in entry["epoch_curve"]]
     best = entry["epoch_curve"][bleu.index(max(bleu))]
@@ -544,8 +552,9 @@ def test_a_tiny_converged_run_stops_early_keeps_its_best_checkpoint_and_resumes_
                  run_dir / "generated_predictions_test.txt", run_dir / bench.AVERAGED_DIR / "bleu_results.json"):
         path.unlink()
     shutil.rmtree(ledger_dir)
-    bench.main(argv)
-    evaluated = ledger.read_entry(ledger.ledger_path(ledger_dir, "plain_transformer_converged", 1))
+    evaluated, minutes = timed_run()
+    # this session only evaluated: all its time is evaluation, the training time the first session's
+    assert evaluated["train_minutes"] == entry["train_minutes"] and 0 < evaluated["evaluation_minutes"] <= minutes
     assert {key: evaluated[key] for key in ("steps", "epoch_curve", "best_checkpoint", "validation", "test",
                                             "averaged_checkpoints")} == {
         key: entry[key] for key in ("steps", "epoch_curve", "best_checkpoint", "validation", "test",
@@ -557,8 +566,9 @@ def test_a_tiny_converged_run_stops_early_keeps_its_best_checkpoint_and_resumes_
         if path.name not in ("checkpoint-1", "checkpoint-2"):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     shutil.rmtree(ledger_dir)
-    bench.main(argv)
-    resumed = ledger.read_entry(ledger.ledger_path(ledger_dir, "plain_transformer_converged", 1))
+    resumed, minutes = timed_run()
+    # the whole run's training time (epochs 1-2 before the stop, 3 after), this session's evaluation time
+    assert resumed["train_minutes"] > minutes - resumed["evaluation_minutes"] > 0 < resumed["evaluation_minutes"]
     assert resumed["epoch_curve"] == entry["epoch_curve"] and resumed["best_checkpoint"] == entry["best_checkpoint"]
 
 
