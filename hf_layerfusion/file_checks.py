@@ -32,6 +32,7 @@ import torch
 # `Trainer.push_to_hub`, which leaves out `_*` files, does not upload the command line it holds
 LOCK_FILE = "_run.lock"
 
+
 def looks_like_local_path(name_or_path: str | os.PathLike) -> bool:
     """Whether `name_or_path` can only be a file-system path: a Hub id is `name` or `owner/name`, so an absolute
     path, `./`, `../`, `~`, a backslash, two or more `/`, or a first component that is a local directory mean a

@@ -314,7 +314,7 @@ def report(args, results: dict, references: list[str]) -> list[dict]:
         print(f"| {engine} | " + " | ".join(cells + bleu) + " |")
     print("\nSeconds to translate the sentences once, median over rounds [min-max]; BLEU of the first round.")
     if len(args.threads) > 1:
-        print(f"\n| engine | search | " + " | ".join(f"{t} threads vs {args.threads[0]}" for t in args.threads[1:])
+        print("\n| engine | search | " + " | ".join(f"{t} threads vs {args.threads[0]}" for t in args.threads[1:])
               + " |")
         print("|---|---|" + "---|" * (len(args.threads) - 1))
         for engine in ENGINES:

@@ -40,12 +40,12 @@ TRAINING_OPTIONS = {
 GTRANS = {"encoder_group_size": 3, "decoder_group_size": 2}  # the paper's group sizes for every task
 
 
-
 def display_path(path: Path) -> str:
     """`path` as the results record and show it: relative to the repository where it lies inside it (the same on
     every machine), else as given, resolved."""
     path = Path(path).resolve()
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""

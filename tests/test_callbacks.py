@@ -108,7 +108,6 @@ def test_fusion_weights_logged_and_plotted(tmp_path, tiny_backbone):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-
 def test_without_matplotlib_training_finishes_and_logs_without_plots(tmp_path, tiny_backbone, monkeypatch, caplog):
     """matplotlib is the `train` extra's, not a requirement: without it the callbacks say so when they are made, log
     their values as always, and training ends and saves instead of failing in `on_train_end`."""
@@ -142,6 +141,7 @@ def test_plot_is_replaced_whole_or_not_at_all(tmp_path):
     assert plot_logged_series(log_history, "fusion/", str(path), "Fusion weights") == str(path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [child.name for child in tmp_path.iterdir()] == [path.name]
+
 
 def test_layer_gradient_norms_equal_autograd(tmp_path, tiny_backbone):
     model = PlainTransformerForConditionalGeneration(PlainTransformerConfig(**tiny_backbone))

@@ -118,8 +118,8 @@ def test_family_variants_generate_the_tokens_of_generate(variant, attention, sou
         for parameter in model.parameters():
             parameter.add_(torch.randn(parameter.shape) * 0.5)
     model.set_attn_implementation(attention)
-    for search in SEARCHES.values():
-        assert_same_tokens(model, source, **search)
+    for search_options in SEARCHES.values():
+        assert_same_tokens(model, source, **search_options)
 
 
 @pytest.mark.parametrize(

@@ -451,7 +451,7 @@ def test_probe_int8_schemes_translates_as_the_int8_copies(saved_models, capsys, 
     probe_int8_schemes.main([str(model_dir), "--data", str(data), "--schemes", "3:5"])
     printed = capsys.readouterr().out
     same = sum(a == b for a, b in zip(texts[3, 5], texts["float32"]))
-    assert f"| 3-bit activations, weights [-5, 5] | 7 | 11 |" in printed and f"| {same}/{len(SENTENCES)} |" in printed
+    assert "| 3-bit activations, weights [-5, 5] | 7 | 11 |" in printed and f"| {same}/{len(SENTENCES)} |" in printed
     for bad, message in (("7", "ACTIVATION_BITS:WEIGHT_MAX"), ("9:127", "activation bits"), ("8:128", "127")):
         with pytest.raises(SystemExit):
             probe_int8_schemes.parse_args([str(model_dir), "--data", str(data), "--schemes", bad])

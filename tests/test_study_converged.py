@@ -520,6 +520,7 @@ def test_a_tiny_converged_run_stops_early_keeps_its_best_checkpoint_and_resumes_
             "--early_stopping_patience", "2", "--max_new_tokens", "8", "--output_dir", str(output_dir),
             "--ledger_dir", str(ledger_dir), "--tokenizer_dir", str(TOKENIZER_DIR),
             "--data_dir", str(tiny_corpus(tmp_path))]
+
     def timed_run() -> tuple[dict, float]:
         """The entry bench.main writes, and the minutes the call took."""
         started = time.monotonic()

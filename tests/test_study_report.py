@@ -60,6 +60,7 @@ def test_the_summary_gives_each_familys_verdict_at_2000_steps_and_converged(tmp_
         "wins / untested (test Δ +28.50 ± 0.71, 2 seeds; 1 with the arm and its baseline trained on different "
         "hardware, GPU and CPU)")
     # and seeds whose arm and baseline fine-tuned different runs of their starting arm (the results page's ‡)
+
     def start(test_bleu):
         return {"arm": "plain_transformer", "seed": 1, "steps": 2000, "validation_bleu": 36.0, "test_bleu": test_bleu}
 

@@ -518,7 +518,6 @@ def train_and_evaluate(
     return results
 
 
-
 def run() -> None:
     """The console script (`hf_layerfusion.training.distributed.run_script`)."""
     run_script(main)
