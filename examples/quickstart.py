@@ -49,6 +49,7 @@ import transformers
 from num2words import num2words
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
 
+from hf_layerfusion.file_checks import check_output_dir
 from hf_layerfusion.hub.model_card import write_model_card
 from hf_layerfusion.hub.remote_code import check_model_directory
 from hf_layerfusion.training.callbacks import PROGRESS_POSITION_VARIABLE
@@ -166,15 +167,25 @@ class PhaseClock:
         return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output_dir", default="runs/quickstart", type=Path, help="Where the two runs are written.")
+    parser.add_argument("--output_dir", default="runs/quickstart", type=Path,
+                        help="Where the tokenizer and the two runs are written; a rerun replaces the files there.")
     parser.add_argument("--steps", default=STEPS, type=int,
                         help=f"Training steps of each model (batches of 64; default {STEPS}).")
     parser.add_argument("--seed", default=0, type=int,
                         help="Seed of both models' initialisation and data order (default 0).")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    # checked before the tokenizer is written: the training processes would refuse them only after that
+    if args.steps < 1:
+        parser.error(f"--steps must be a positive number of training steps, got {args.steps}.")
+    if not 0 <= args.seed < 2**32:
+        parser.error(f"--seed must lie in [0, 2**32 - 1] (numpy's seed range), got {args.seed}.")
+    try:
+        check_output_dir(args.output_dir, overwrite=True, what="--output_dir")
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     datasets.disable_progress_bars()
     transformers.utils.logging.disable_progress_bar()  # the models' own bars (CompactLogCallback) stay
     clock = PhaseClock(STARTED)

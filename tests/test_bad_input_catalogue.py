@@ -276,6 +276,11 @@ def _rt_eval_args(ws, *extra, model=None, output_dir=None):
     return [arg for arg in argv if arg != "--do_train"]
 
 
+def _trainer_checkpoint(ws) -> Path:
+    """A checkpoint the Trainer wrote (with trainer_state.json) of a GTrans run, outside the workspace."""
+    return _loading_dirs(ws).trainer_run / "checkpoint-2"
+
+
 def _rt_data_args(ws, *extra):
     """run_translation.py arguments with a local corpus instead of the built-in one."""
     return [arg for arg in _rt_args(ws, "--model_type=gtrans") if "builtin" not in arg] + list(extra)
@@ -624,6 +629,32 @@ ROWS = [
         r"`probability_temperature` must be a finite number, got inf"),
     Row("config-backbone-float-nan", lambda ws: PlainTransformerConfig(init_std=float("nan")), ValueError,
         r"`init_std` must be a finite number, got nan"),
+    # float knobs float32 cannot hold: a temperature of 1e-46 is 0 there (the mixture divides by it), 1e39 is inf
+    Row("config-float32-underflow", lambda ws: GTransConfig(probability_temperature=1e-46), ValueError,
+        r"`probability_temperature` must be 0 or of magnitude in .*float32, where 1e-46 is zero or denormal"),
+    Row("config-float32-overflow", lambda ws: GTransConfig(fusion_weight_init=1e39), ValueError,
+        r"`fusion_weight_init` must be 0 or of magnitude in .*float32, where 1e\+39 is infinite"),
+    # a key set after the config is built is checked at once: the GTrans guard reads `allow_external_loss` only when
+    # the loss is computed, and "no" is truthy (session of 2026-12-08)
+    Row("config-switch-assigned",
+        lambda ws: setattr(copy.deepcopy(ws.gtrans.config), "allow_external_loss", "no"),
+        ValueError, r"`allow_external_loss` is a switch and must be True or False, got 'no'"),
+    Row("config-alias-assigned", lambda ws: setattr(_tiny(PlainTransformerConfig, 40), "hidden_size", 2.5),
+        ValueError, r"`hidden_size` must be of type int, got 2\.5 \(float\)"),
+    # keywords of from_pretrained are set by transformers after the constructor's checks
+    Row("config-from-pretrained-keyword-nan",
+        lambda ws: AutoConfig.from_pretrained(ws.gtrans_dir, dropout=float("nan")),
+        ValueError, r"`dropout` must be a finite number, got nan"),
+    Row("config-from-pretrained-keyword-range",
+        lambda ws: GTransConfig.from_pretrained(ws.gtrans_dir, dropout=5.0),
+        ValueError, r"`dropout` must lie in \[0, 1\), got 5\.0"),
+    # transformers' own switches are the defaults of every forward call
+    Row("config-transformers-switch-str", lambda ws: PlainTransformerConfig(output_hidden_states="no"), ValueError,
+        r"`output_hidden_states` must be of type bool \| None, got 'no' \(str\)"),
+    Row("config-multi-layer-attention-k-unused", lambda ws: DeepRepresentationsConfig(multi_layer_attention_k=-7),
+        ValueError, r"`multi_layer_attention_k` must be at least 2.*got -7"),
+    Row("config-eos-empty-list", lambda ws: PlainTransformerConfig(eos_token_id=[]), ValueError,
+        r"`eos_token_id` is an empty list"),
     Row("config-number-bool", lambda ws: PlainTransformerConfig(dropout=True), ValueError,
         r"`dropout` must be of type float \| int, got True \(bool\)"),
     Row("config-int-str", lambda ws: PlainTransformerConfig(encoder_layers="6"), ValueError,
@@ -934,10 +965,13 @@ ROWS = [
     Row("train-cli-tokenizer-vocab-below-characters",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_vocab_size=8")),
         ValueError, r"--tokenizer_vocab_size 8 cannot hold the \d+ distinct characters .* pass at least \d+"),
-    Row("train-cli-no-tokenizer-to-train",
-        lambda ws: run_translation.main(
-            [arg for arg in _rt_args(ws, "--model_type=gtrans", "--do_eval") if arg != "--do_train"]),
-        ValueError, r"No tokenizer to load and no training data to train one: pass --tokenizer_name"),
+    # fault round (audit B): scored a randomly initialised model and wrote its BLEU (a run that trains no tokenizer
+    # and no model; without --tokenizer_name the run was refused for want of training data to train a tokenizer)
+    Row("train-cli-eval-untrained-model",
+        lambda ws: run_translation.main([arg for arg in _rt_args(ws, "--model_type=gtrans", "--do_eval",
+                                                                 f"--tokenizer_name={ws.gtrans_dir}")
+                                         if arg != "--do_train"]),
+        ValueError, r"--model_name_or_path is not given.*randomly initialised --model_type gtrans"),
     Row("train-cli-tokenizer-missing",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", f"--tokenizer_name={ws.root / 'no_tok'}")),
         FileNotFoundError, r"no_tok"),
@@ -1060,6 +1094,77 @@ ROWS = [
         ValueError, r"bleu_results\.json.*is a file of.*finished"),
     Row("train-cli-eval-only-output-dir-in-use", lambda ws: run_translation.main(_rt_eval_args(ws, output_dir=ws.busy)),
         RuntimeError, r"busy.*in use by another run"),
+    # fault round (audit B): a checkpoint path skipped every check of the output dir, and replaced the model it
+    # fine-tuned; a dir that is no checkpoint, or resuming without training, failed or was ignored after the first write
+    Row("train-cli-resume-path-into-model-dir",
+        lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.gtrans_dir}",
+                                                 f"--resume_from_checkpoint={_trainer_checkpoint(ws)}",
+                                                 output_dir=ws.gtrans_dir)),
+        ValueError, r"gtrans'.*overlaps the input"),
+    Row("train-cli-resume-path-into-non-empty-dir",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
+                                                 f"--resume_from_checkpoint={_trainer_checkpoint(ws)}",
+                                                 output_dir=ws.full)),
+        FileExistsError, r"full'.*not empty.*--overwrite_output_dir"),
+    Row("train-cli-resume-path-not-a-checkpoint",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", f"--resume_from_checkpoint={ws.full}")),
+        ValueError, r"full'.*not a checkpoint the Trainer wrote.*trainer_state\.json"),
+    Row("train-cli-resume-without-training",
+        lambda ws: run_translation.main(_rt_eval_args(ws, "--resume_from_checkpoint=last")),
+        ValueError, r"--resume_from_checkpoint 'last'.*--do_train is not given"),
+    # fault round (audit B): floats out of range failed in the first steps (or trained wrong), after the tokenizer
+    # was written, and the corrected rerun was refused as the output dir was not empty
+    *(Row(f"train-cli-{name}",
+          lambda ws, args=args: run_translation.main(_rt_args(ws, "--model_type=gtrans", *args)),
+          ValueError, message)
+      for name, args, message in (
+          ("learning-rate-negative", ["--learning_rate=-1"], r"--learning_rate must be positive, got -1"),
+          ("adam-beta1-above-one", ["--adam_beta1=1.5"], r"--adam_beta1 must lie in \[0, 1\), got 1\.5"),
+          ("adam-beta2-negative", ["--adam_beta2=-0.1"], r"--adam_beta2 must lie in \[0, 1\), got -0\.1"),
+          ("adam-epsilon-negative", ["--adam_epsilon=-1"], r"--adam_epsilon must be positive, got -1"),
+          ("weight-decay-negative", ["--weight_decay=-1"], r"--weight_decay must be non-negative, got -1"),
+          ("max-grad-norm-negative", ["--max_grad_norm=-1"], r"--max_grad_norm must be non-negative.*got -1"),
+          ("warmup-nan", ["--warmup_steps=nan"], r"--warmup_steps must be a finite number, got nan"),
+          ("warmup-inf", ["--warmup_steps=inf"], r"--warmup_steps must be a finite number, got inf"),
+          ("warmup-fractional-steps", ["--warmup_steps=2.5"],
+           r"--warmup_steps must be a whole number of steps, or a fraction.*got 2\.5"),
+          ("epochs-inf", ["--max_steps=-1", "--num_train_epochs=inf"],
+           r"--num_train_epochs must be a positive finite number, got inf"))),
+    # fault round (audit B): the run trained, then failed at the BLEU (no generation) or at the empty split
+    Row("train-cli-eval-without-generation",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval",
+                                                 "--predict_with_generate=False")),
+        ValueError, r"--predict_with_generate False.*BLEU"),
+    Row("train-cli-builtin-no-validation-pairs",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval", "--builtin_num_valid=0")),
+        ValueError, r"--builtin_num_valid 0 .*--do_eval"),
+    Row("train-cli-builtin-no-test-pairs",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_predict", "--builtin_num_test=0")),
+        ValueError, r"--builtin_num_test 0 .*--do_predict"),
+    Row("train-cli-builtin-no-training-pairs",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--builtin_num_train=0")),
+        ValueError, r"--builtin_num_train 0 .*--do_train"),
+    # fault round (audit B): the Trainer's generation options won over the script's, which were printed and saved
+    Row("train-cli-generation-beams-contradict",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval", "--num_beams=1",
+                                                 "--generation_num_beams=3")),
+        ValueError, r"--generation_num_beams 3 contradicts --num_beams 1"),
+    Row("train-cli-generation-length-contradict",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval", "--max_new_tokens=10",
+                                                 "--generation_max_length=3")),
+        ValueError, r"--generation_max_length 3 contradicts --max_new_tokens 10.*max_length 11"),
+    # fault round (audit B): options of another data source were ignored without a word
+    Row("train-cli-validation-file-with-builtin",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
+                                                 f"--validation_file={ws.root / 'no_valid.jsonl'}")),
+        ValueError, r"--validation_file '[^']*no_valid\.jsonl'.*--builtin_corpus"),
+    Row("train-cli-test-file-with-dataset",
+        lambda ws: run_translation.main(_rt_data_args(ws, f"--dataset_name={ws.texts}",
+                                                      f"--test_file={ws.root / 'no_test.jsonl'}")),
+        ValueError, r"--test_file '[^']*no_test\.jsonl'.*--dataset_name '[^']*texts'"),
+    Row("train-cli-dataset-config-with-builtin",
+        lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--dataset_config_name=de-en")),
+        ValueError, r"--dataset_config_name 'de-en'.*--builtin_corpus"),
     # ------------------------------------------------------------------ examples/run_multilingual.py
     Row("multilingual-cli-family", lambda ws: run_multilingual.main(_ml_args(ws, "--model_type=gtrns")), ValueError,
         r"'gtrns'"),
@@ -1319,6 +1424,60 @@ ROWS = [
     Row("translate-length-penalty-str",
         lambda ws: translate(ws.gtrans, ws.tokenizer, ["a man"], num_beams=2, length_penalty="1.0"),
         ValueError, r"`length_penalty` must be a finite number, got '1\.0'"),
+    # search settings and switches a truthy non-bool would turn on silently: `do_sample=1` sampled in generate() but
+    # decoded greedily on the fast path; `fallback="no"` fell back (session of 2026-12-08)
+    Row("generate-do-sample-int",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), do_sample=1, max_new_tokens=2),
+        TypeError, r"`do_sample` must be True or False, got 1 \(int\)"),
+    Row("fast-generate-do-sample-str",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            do_sample="false", max_new_tokens=2)),
+        TypeError, r"`do_sample` must be True or False, got 'false' \(str\)"),
+    Row("translate-config-do-sample-int",
+        lambda ws: _fastpath_before_any_copy(lambda: translate(
+            ws.gtrans, ws.tokenizer, ["a man"],
+            generation_config=_with(copy.deepcopy(ws.gtrans.generation_config), do_sample=1))),
+        TypeError, r"`do_sample` must be True or False, got 1 \(int\)"),
+    Row("generate-max-length-float",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), max_length=2.5),
+        ValueError, r"`max_length` must be a positive integer, got 2\.5"),
+    Row("fast-generate-return-sequences-zero",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            num_beams=2, num_return_sequences=0, max_new_tokens=2)),
+        ValueError, r"`num_return_sequences` must be a positive integer, got 0"),
+    Row("generate-early-stopping-int",
+        lambda ws: ws.gtrans.generate(input_ids=torch.tensor([[4, 5, 2]]), num_beams=2, early_stopping=1,
+                                      max_new_tokens=2),
+        ValueError, r'`early_stopping` must be True, False or "never", got 1'),
+    Row("fast-generate-fallback-str",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.inference.fast_generate(
+            ws.gtrans, input_ids=torch.tensor([[4, 5, 2]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+            fallback="no", max_new_tokens=2)),
+        TypeError, r"`fallback` must be True or False, got 'no' \(str\)"),
+    Row("fast-decoding-loop-fallback-int",
+        lambda ws: hf_layerfusion.inference.fast_generation.fast_decoding_loop(0),
+        TypeError, r"`fallback` must be True or False, got 0 \(int\)"),
+    Row("translate-fast-str",
+        lambda ws: _fastpath_before_any_copy(lambda: translate(ws.gtrans, ws.tokenizer, ["a man"], fast="no")),
+        TypeError, r"`fast` must be True or False, got 'no' \(str\)"),
+    Row("translate-progress-int",
+        lambda ws: _fastpath_before_any_copy(lambda: translate(ws.gtrans, ws.tokenizer, ["a man"], progress=1)),
+        TypeError, r"`progress` must be True or False, got 1 \(int\)"),
+    Row("trainer-label-smoothing-nan",
+        lambda ws: hf_layerfusion.LayerFusionSeq2SeqTrainer(
+            model=copy.deepcopy(ws.plain), args=Seq2SeqTrainingArguments(
+                output_dir=str(ws.root / "never-written"), label_smoothing_factor=float("nan"), report_to=[])),
+        ValueError, r"`label_smoothing_factor` must be a finite number, got nan"),
+    Row("trainer-label-smoothing-negative",
+        lambda ws: hf_layerfusion.LayerFusionSeq2SeqTrainer(
+            model=copy.deepcopy(ws.plain), args=Seq2SeqTrainingArguments(
+                output_dir=str(ws.root / "never-written"), label_smoothing_factor=-0.2, report_to=[])),
+        ValueError, r"`label_smoothing_factor` must lie in \[0, 1\), got -0\.2"),
+    Row("time-budget-inf",
+        lambda ws: hf_layerfusion.training.callbacks.TimeBudgetCallback(float("inf")),
+        ValueError, r"`max_minutes` must be a finite number, got inf"),
     # a source that carries its own target-language tag while tgt_lang prepends another (or the same one again)
     Row("translate-conflicting-tags",
         lambda ws: translate(ws.gtrans, ws.tagged_tokenizer, ["<2fr> a man"], tgt_lang="de"),
@@ -1532,6 +1691,23 @@ def test_overwrite_output_dir_replaces_the_runs_files_and_keeps_the_others(ws, t
     )
     assert (output_dir / "notes.txt").read_text(encoding="utf-8") == "keep me\n"
     assert json.loads((output_dir / "config.json").read_text())["model_type"] == "gtrans"
+
+
+def test_a_checkpoint_path_resumes_into_its_own_run_dir_or_a_new_one(ws, tmp_path):
+    """What `--resume_from_checkpoint <path>` may do (the catalogue's train-cli-resume-path-* rows are what it may
+    not): continue a checkpoint of its own --output_dir, which holds that run's files (the usual way, as `last`), or
+    continue another dir's checkpoint into a new dir."""
+    run = tmp_path / "run"
+    shutil.copytree(_loading_dirs(ws).trainer_run, run)
+    ws.gtrans.save_pretrained(run)  # what the run saved when it last ended
+
+    def resolve(output_dir: Path, checkpoint: Path) -> str | None:
+        args = Seq2SeqTrainingArguments(output_dir=str(output_dir), do_train=True,
+                                        resume_from_checkpoint=str(checkpoint), use_cpu=True, report_to="none")
+        return run_translation.resolve_checkpoint(args, False, [str(ws.gtrans_dir)], ["bleu_results.json"])
+
+    assert resolve(run, run / "checkpoint-1") == str(run / "checkpoint-1")
+    assert resolve(tmp_path / "new_run", run / "checkpoint-2") == str(run / "checkpoint-2")
 
 
 def test_write_file_atomically_keeps_the_mode_and_leaves_no_temporary_file(tmp_path):

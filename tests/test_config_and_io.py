@@ -263,3 +263,27 @@ def test_several_end_tokens_start_the_decoder_with_the_first_unless_a_start_is_s
     model = AutoModelForSeq2SeqLM.from_config(config).eval()
     sequences = model.generate(torch.tensor([[6, 7, 8, 2]]), max_new_tokens=4, num_beams=2)
     assert int(sequences[0, 0]) == start
+
+
+@pytest.mark.parametrize("model_type", sorted(hf_layerfusion.FAMILIES))
+def test_a_config_that_asks_for_tuples_gets_the_same_numbers_as_tuples(model_type, padded_batch):
+    """`config.return_dict=False` (transformers' switch for tuple outputs): every forward returns the tuple of the
+    output a `return_dict=True` model returns (the stacks' outputs are read by name inside, whatever the switch says;
+    before, the model read `.last_hidden_state` of the encoder's tuple), and generation gives the same tokens."""
+    torch.manual_seed(0)
+    config = family_config(model_type, {**TINY_BACKBONE, **tiny_config_overrides(model_type)})
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    as_tuples = AutoModelForSeq2SeqLM.from_config(family_config(
+        model_type, {**TINY_BACKBONE, **tiny_config_overrides(model_type)}, return_dict=False)).eval()
+    as_tuples.load_state_dict(model.state_dict())
+    inputs = dict(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"],
+                  labels=padded_batch["labels"])
+    with torch.no_grad():
+        expected, got = model(**inputs).to_tuple(), as_tuples(**inputs)
+    assert isinstance(got, tuple) and len(got) == len(expected)
+    for want, have in zip(expected, got):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(have, want)
+    generated = dict(input_ids=padded_batch["input_ids"], attention_mask=padded_batch["attention_mask"],
+                     max_new_tokens=4, num_beams=2)
+    assert torch.equal(as_tuples.generate(**generated), model.generate(**generated))

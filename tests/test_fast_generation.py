@@ -660,7 +660,7 @@ def test_trainer_predicts_with_the_fast_loop_the_tokens_of_generate(model_type, 
     assert predictions[True].shape == predictions[False].shape
     assert (predictions[True] == predictions[False]).all(), (predictions[True], predictions[False])
     assert (predictions[True][:, 1] != PAD).all()  # translations, not padding, were compared
-    with pytest.raises(TypeError, match="fast_generation must be True or False, got 'yes'"):
+    with pytest.raises(TypeError, match="`fast_generation` must be True or False, got 'yes'"):
         hf_layerfusion.LayerFusionSeq2SeqTrainer(model=model, args=args, fast_generation="yes")
 
 

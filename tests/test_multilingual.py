@@ -266,3 +266,115 @@ def test_evaluate_directions_tags_each_direction_with_its_target(tokenizer):
     assert [ids[0, 1].item() for ids in model.inputs] == [tag_ids["de"], tag_ids["de"], tag_ids["fr"]]
     # the tag is a special token: decoding drops it
     assert seen[("hallo welt", "hallo")] == ["hello world", "hello"]
+
+
+# ------------------------------------------------------------------------------------------------- the command
+def _multilingual_corpus(directory):
+    """A two-language Multi30k stand-in (en, de) of two sentences per split."""
+    directory.mkdir()
+    for split in ("train", "val", "test_2016_flickr"):
+        (directory / f"{split}.en").write_text("a man rides a bike\ntwo dogs play\n", encoding="utf-8")
+        (directory / f"{split}.de").write_text("ein mann fährt rad\nzwei hunde spielen\n", encoding="utf-8")
+    return directory
+
+
+def _multilingual_args(tmp_path, *extra, train=True, output_dir="run"):
+    """A tiny en<->de run: a tiny random XLM-R built in tmp_path/xlmr, one training step, greedy evaluation."""
+    return [
+        "--dataset=multi30k", f"--multi30k_dir={tmp_path / 'corpus'}", "--languages=en,de", "--preset=none",
+        f"--output_dir={tmp_path / output_dir}", "--num_beams=1", "--max_new_tokens=6", "--use_cpu=True",
+        "--report_to=none", *(["--do_train", "--max_steps=1", f"--tiny_random_xlmr={tmp_path / 'xlmr'}",
+                               "--tiny_vocab_size=40", "--config_overrides=encoder_group_size=1,decoder_group_size=1",
+                               "--tiny_xlmr_config=hidden_size=16,num_hidden_layers=2,num_attention_heads=2,"
+                               "intermediate_size=32,max_position_embeddings=24"] if train else []),
+        *extra,
+    ]
+
+
+def _replace_arg(args, name, value):
+    return [f"{name}={value}" if arg.startswith(f"{name}=") else arg for arg in args]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"scores": {"en-de": 1.0}}', r"no score for the direction\(s\) \['de-en'\] of this run"),
+        ("not json", r"is not valid JSON"),
+        ('["en-de"]', r'has no "scores" object'),
+        ('{"scores": {"en-de": 1.0, "de-en": NaN}}', r"\{'de-en': nan\} are not finite numbers"),
+        ('{"scores": {"en-de": 1.0, "de-en": "12"}}', r"\{'de-en': '12'\} are not finite numbers"),
+    ],
+    ids=["direction-missing", "not-json", "no-scores", "nan", "string"],
+)
+def test_a_bad_baseline_is_refused_before_the_run_writes_anything(tmp_path, content, message):
+    """Audit: --baseline_scores was parsed only after training and the whole evaluation, so a file that did not parse
+    or lacked a direction lost the scores (direction_scores.json never written). It is read and checked first."""
+    from hf_layerfusion.cli import run_multilingual
+
+    _multilingual_corpus(tmp_path / "corpus")
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"--baseline_scores '.*baseline\.json'.*{message}"):
+        run_multilingual.main(_multilingual_args(tmp_path, f"--baseline_scores={baseline}"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["baseline.json", "corpus"]
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--tiny_xlmr_config", "hidden_size=16,num_hidden_layers=2,num_attention_heads=2,intermediate_size=32,"
+         "hidden_dropout_prob=nan", r"--tiny_xlmr_config '.*hidden_dropout_prob=nan': \{'hidden_dropout_prob': nan\} "
+         "are not finite"),
+        ("--tiny_xlmr_config", "hidden_size=64,num_hidden_layers=2,num_attention_heads=3,intermediate_size=32",
+         r"--tiny_xlmr_config '.*num_attention_heads=3.*': The hidden size \(64\) is not a multiple of the number of "
+         r"attention heads \(3\)"),
+        ("--config_overrides", "encoder_group_size=0,dropout=nan", r"--config_overrides 'encoder_group_size=0,"
+         r"dropout=nan': \{'dropout': nan\} are not finite"),
+        ("--config_overrides", "encoder_group_size=0", r"--config_overrides 'encoder_group_size=0' .*"
+         r"`encoder_group_size` must lie in \[1, encoder_layers=2\], got 0"),
+        ("--config_overrides", "d_model=32", r"--config_overrides 'd_model=32' .*`d_model=32` does not match the "
+         r"XLM-R checkpoint"),
+        ("--temperature", "inf", r"--temperature must be a positive finite number, got inf"),
+        ("--temperature", "nan", r"--temperature must be a positive finite number, got nan"),
+    ],
+    ids=["tiny-nan", "tiny-heads", "override-nan", "override-group-size", "override-xlmr-key", "temperature-inf",
+         "temperature-nan"],
+)
+def test_bad_model_settings_are_refused_by_option_before_the_tiny_xlmr_is_written(tmp_path, option, value, message):
+    """Audit: the values of --tiny_xlmr_config and --config_overrides were checked only when the model was built,
+    after the tiny XLM-R was written (so the corrected rerun was refused: the directory is not empty), and the error
+    did not name the option; --temperature took inf."""
+    from hf_layerfusion.cli import run_multilingual
+
+    _multilingual_corpus(tmp_path / "corpus")
+    args = _multilingual_args(tmp_path)
+    given = any(arg.startswith(f"{option}=") for arg in args)
+    args = _replace_arg(args, option, value) if given else [*args, option, value]
+    with pytest.raises(ValueError, match=message):
+        run_multilingual.main(args)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["corpus"]
+
+
+def test_a_run_without_do_train_evaluates_the_trained_model_in_its_output_dir(tmp_path):
+    """Audit: a run without --do_train built an untrained model from XLM-R and wrote its scores beside the trained
+    model it ignored. It evaluates the model saved in --output_dir: the training run's own scores again; the options
+    that build a model, and an output dir without a model, are refused before anything is written."""
+    from hf_layerfusion.cli import run_multilingual
+
+    _multilingual_corpus(tmp_path / "corpus")
+    trained = run_multilingual.main(_multilingual_args(tmp_path))
+    scores_file = tmp_path / "run" / "direction_scores.json"
+    scores_file.unlink()
+    evaluated = run_multilingual.main(_multilingual_args(tmp_path, f"--xlmr={tmp_path / 'xlmr'}", train=False))
+    assert evaluated["hypotheses"] == trained["hypotheses"] and evaluated["scores"] == trained["scores"]
+    assert json.loads(scores_file.read_text(encoding="utf-8"))["hypotheses"] == trained["hypotheses"]
+
+    with pytest.raises(ValueError, match=r"\['--tiny_random_xlmr', '--config_overrides'\] build a model for training"):
+        run_multilingual.main([a for a in _multilingual_args(tmp_path, "--overwrite_output_dir=True")
+                               if a not in ("--do_train", "--max_steps=1")])
+    with pytest.raises(FileNotFoundError, match=r"--output_dir '.*empty' holds no trained model"):
+        run_multilingual.main(_multilingual_args(tmp_path, train=False, output_dir="empty"))
+    with pytest.raises(ValueError, match=r"holds a 'gtrans' model, not --model_type 'plain_transformer'"):
+        run_multilingual.main(_multilingual_args(tmp_path, "--model_type=plain_transformer",
+                                                 "--overwrite_output_dir=True", train=False))
+    assert not (tmp_path / "empty").exists()

@@ -90,3 +90,33 @@ def test_side_by_side_runs_return_cpu_seconds_and_stop_at_a_failure(quickstart, 
     assert set(cpu) == {"first", "second"} and all(seconds > 0 for seconds in cpu.values())
     with pytest.raises(SystemExit, match=r"Training second failed \(exit status [1-9]"):
         quickstart.run_side_by_side({"first": ["--help"], "second": ["--no_such_option"]})
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--steps", "0"], "--steps must be a positive number of training steps, got 0."),
+        (["--steps", "-5"], "--steps must be a positive number of training steps, got -5."),
+        (["--seed", "-1"], "--seed must lie in [0, 2**32 - 1] (numpy's seed range), got -1."),
+    ],
+    ids=["steps-zero", "steps-negative", "seed-negative"],
+)
+def test_bad_arguments_are_refused_before_the_tokenizer_is_written(quickstart, tmp_path, capsys, extra, message):
+    """Audit: `--steps 0` wrote <output_dir>/tokenizer and only then failed, in both training processes (`--max_steps
+    0`). The script's own arguments are checked before its first write."""
+    with pytest.raises(SystemExit):
+        quickstart.main(["--output_dir", str(tmp_path / "qs"), *extra])
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_dir_that_is_a_file_is_refused_and_the_help_says_a_rerun_replaces_files(quickstart, tmp_path, capsys):
+    a_file = tmp_path / "qs"
+    a_file.write_text("keep me\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        quickstart.main(["--output_dir", str(a_file)])
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert a_file.read_text(encoding="utf-8") == "keep me\n"
+    with pytest.raises(SystemExit):
+        quickstart.main(["--help"])
+    assert "a rerun replaces the files there" in " ".join(capsys.readouterr().out.split())

@@ -81,3 +81,33 @@ def test_the_committed_constraints_pin_what_the_suite_installs():
         assert name in pins, name
     assert pins["torch"] == tool.TORCH.split("==")[1]
     assert "hf-layerfusion" not in pins and "pip" not in pins
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o664])
+def test_the_rewritten_file_keeps_its_mode_and_is_on_disk_before_it_replaces_the_old(tmp_path, monkeypatch, mode):
+    """Audit: the file was written through mkstemp, whose 0o600 replaced the committed file's 0o644, and renamed into
+    place without an fsync (a crash could leave an empty file under the name). The new file keeps the old one's mode,
+    and its data is synced before the rename."""
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text(OLD, encoding="utf-8")
+    constraints.chmod(mode)
+    synced = []
+    fsync = tool.os.fsync
+    monkeypatch.setattr(tool.os, "fsync", lambda descriptor: (synced.append(descriptor), fsync(descriptor)))
+    assert tool.refresh(tmp_path, constraints, runner=fake_runner(0, [])) == 0
+    assert (constraints.stat().st_mode & 0o777) == mode and synced
+    assert "transformers==5.26.0" in constraints.read_text(encoding="utf-8")
+
+
+def test_a_workdir_or_constraints_of_the_wrong_kind_is_named(tmp_path, capsys):
+    """Audit: `--workdir <a file>` ended in a NotADirectoryError traceback, `--constraints <a folder>` in an
+    IsADirectoryError traceback. Both are refused by name, before anything is made."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        tool.main(["--workdir", str(a_file), "--constraints", str(tmp_path / "constraints.txt")])
+    assert f"--workdir {a_file} is a file, not a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.main(["--workdir", str(tmp_path / "work"), "--constraints", str(tmp_path)])
+    assert f"--constraints {tmp_path} is a folder" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import REPO_ROOT, fake_package_versions
 from packaging.requirements import Requirement
 
@@ -132,3 +133,18 @@ def test_a_check_stopped_with_sigterm_removes_its_work_folder(tmp_path):
     tool.communicate(timeout=120)
     assert tool.returncode == 128 + signal.SIGTERM
     assert list(temporary.iterdir()) == []
+
+
+def test_a_workdir_or_constraints_of_the_wrong_kind_is_named(tmp_path, capsys):
+    """Audit: `--constraints <a folder>` was said not to exist, and `--workdir <a file>` ended in a NotADirectoryError
+    traceback. Each says what is wrong with it, before anything is made."""
+    tool = load_tool()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x\n", encoding="utf-8")
+    with pytest.raises(SystemExit):
+        tool.main(["--constraints", str(tmp_path)])
+    assert f"--constraints {tmp_path} is a folder, not a constraints file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tool.main(["--workdir", str(a_file)])
+    assert f"--workdir {a_file} is a file, not a folder" in capsys.readouterr().err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a_file"]

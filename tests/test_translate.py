@@ -241,3 +241,67 @@ def test_the_kernels_release_the_gil_while_they_compute(kernels):
         counter.join()
         torch.set_num_threads(before)
     assert during > 1000, during
+
+
+def test_the_translate_command_keeps_blank_lines_blank_without_translating_them(tokenizer, tmp_path, monkeypatch):
+    """Audit: a blank input line was translated into whatever the model invents for an empty source. As with Marian
+    or CTranslate2, a blank line (empty, or spaces only) gives an empty line, the lines stay aligned, and an input of
+    blank lines only gives as many empty lines without loading the model."""
+    model = saved_gtrans(tokenizer, tmp_path / "model")
+    settings = dict(fast=False, num_beams=1, max_new_tokens=4)
+    assert hf_layerfusion.translate(model, tokenizer, [""], **settings) != [""]  # what the model makes of nothing
+    (tmp_path / "input.txt").write_text("ab ba\n\n  \nb\n", encoding="utf-8")
+    translate_command.main([str(tmp_path / "model"), f"--input={tmp_path / 'input.txt'}",
+                            f"--output={tmp_path / 'output.txt'}", *COMMAND_SETTINGS])
+    first, second = hf_layerfusion.translate(model, tokenizer, ["ab ba", "b"], **settings)
+    assert (tmp_path / "output.txt").read_text(encoding="utf-8") == f"{first}\n\n\n{second}\n"
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded for blank lines")
+
+    monkeypatch.setattr(translate_command.AutoModelForSeq2SeqLM, "from_pretrained", no_model)
+    (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
+    translate_command.main([str(tmp_path / "model"), f"--input={tmp_path / 'blank.txt'}",
+                            f"--output={tmp_path / 'blank_out.txt'}", *COMMAND_SETTINGS])
+    assert (tmp_path / "blank_out.txt").read_text(encoding="utf-8") == "\n\n"
+
+
+@pytest.mark.parametrize("through_link", [False, True], ids=["same-path", "symlink"])
+def test_the_translate_command_refuses_to_write_the_file_its_stdin_reads(tokenizer, tmp_path, monkeypatch,
+                                                                         through_link):
+    """Audit: `--output src.txt --overwrite < src.txt` replaced the source with its translations, while `--input
+    src.txt --output src.txt` was refused. stdin redirected from the output file (or a link to it) is refused alike,
+    and the source is left as it was."""
+    saved_gtrans(tokenizer, tmp_path / "model")
+    source = tmp_path / "src.txt"
+    source.write_text("ab ba\nb\n", encoding="utf-8")
+    output = source
+    if through_link:
+        output = tmp_path / "link.txt"
+        output.symlink_to(source)
+    with open(source, encoding="utf-8") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        with pytest.raises(ValueError, match=rf"--output '.*{output.name}' is the file stdin is read from"):
+            translate_command.main([str(tmp_path / "model"), f"--output={output}", "--overwrite", *COMMAND_SETTINGS])
+    assert source.read_text(encoding="utf-8") == "ab ba\nb\n"
+    # another file of the same directory is no input
+    monkeypatch.setattr(sys, "stdin", open(source, encoding="utf-8"))
+    try:
+        translate_command.main([str(tmp_path / "model"), f"--output={tmp_path / 'other.txt'}", *COMMAND_SETTINGS])
+    finally:
+        sys.stdin.close()
+    assert len((tmp_path / "other.txt").read_text(encoding="utf-8").splitlines()) == 2
+
+
+@pytest.mark.parametrize("option, default", [("--input", "read stdin"), ("--output", "write to stdout")])
+def test_the_translate_command_refuses_an_empty_path(tokenizer, tmp_path, capsys, option, default):
+    """Audit: `--output ""` wrote to stdout and `--input ""` read stdin without a word, as if the option were left
+    out. An empty path is refused naming the option."""
+    saved_gtrans(tokenizer, tmp_path / "model")
+    (tmp_path / "input.txt").write_text("ab ba\n", encoding="utf-8")
+    args = {"--input": str(tmp_path / "input.txt"), "--output": str(tmp_path / "output.txt"), option: ""}
+    with pytest.raises(SystemExit):
+        translate_command.main([str(tmp_path / "model"), *(f"{name}={value}" for name, value in args.items()),
+                                *COMMAND_SETTINGS])
+    assert f"{option} is an empty path: name a file, or leave {option} out to {default}." in capsys.readouterr().err
+    assert not (tmp_path / "output.txt").exists()

@@ -330,8 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Install torch at the same end of its requirement in each environment (torch==2.6.0 / the newest).",
     )
     args = parser.parse_args(argv)
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        parser.error(f"--workdir {args.workdir} is a file, not a folder: give a new or empty folder.")
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty: give a new or empty folder (nothing there is replaced).")
+    if args.constraints.is_dir():
+        parser.error(f"--constraints {args.constraints} is a folder, not a constraints file: name the file itself.")
     if not args.constraints.is_file():
         parser.error(f"--constraints {args.constraints} does not exist.")
     # stopped with SIGTERM (kill, a CI timeout), the work folder (environments, hundreds of MB) is removed as at a

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -84,10 +85,23 @@ def differences(old: dict[str, str], new: dict[str, str]) -> list[str]:
 
 
 def write_atomically(path: Path, text: str) -> None:
+    """`text` into `path` through a temporary file renamed into place, on disk before the rename, with the file's
+    permission bits (mkstemp's 0o600 would make a committed 0o644 file private). The package's
+    `write_file_atomically` does the same, but importing it would import torch and transformers, the very releases
+    this tool is about to replace."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        if path.exists():
+            mode = stat.S_IMODE(path.stat().st_mode)
+        else:  # a new file, as open() would create it: 0o666 less the umask
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
@@ -145,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="Keep the work folder.")
     parser.add_argument("--constraints", type=Path, default=CONSTRAINTS, help=f"default: {CONSTRAINTS}")
     args = parser.parse_args(argv)
+    if args.workdir is not None and args.workdir.exists() and not args.workdir.is_dir():
+        parser.error(f"--workdir {args.workdir} is a file, not a folder: give a new or empty folder.")
     if args.workdir is not None and args.workdir.exists() and any(args.workdir.iterdir()):
         parser.error(f"--workdir {args.workdir} is not empty: give a new or empty folder (nothing there is replaced).")
     if not args.constraints.parent.is_dir():
         parser.error(f"--constraints {args.constraints}: its folder does not exist.")
+    if args.constraints.is_dir():
+        parser.error(f"--constraints {args.constraints} is a folder: give the constraints file (new or existing).")
     if args.constraints.exists():
         try:
             read_constraints(args.constraints)

@@ -27,11 +27,15 @@ with `--standin_train_size 29000`: 29,000, 14,500 and 7,250 pairs), as `study/be
 
 The output dir holds the model and tokenizer (with the language tags), and `direction_scores.json` (per-direction
 BLEU, training sizes, summary, the test translations of every direction); pass that file of another run as
-`--baseline_scores` to get the win ratio. With `--save_steps N` the run leaves checkpoints there, and
+`--baseline_scores` to get the win ratio (it is read and checked before the run starts: a score for every direction
+of this run, each a finite number). With `--save_steps N` the run leaves checkpoints there, and
 `--resume_from_checkpoint last` continues an interrupted run from the newest (as in run_translation.py). As there, a
-run holds its `--output_dir` (a second run into it is refused at once, naming the first), a run without `--do_train`
-may write into a non-empty dir but replaces a `direction_scores.json` there only with `--overwrite_output_dir True`,
-and no run writes over what it reads (XLM-R, the corpus, `--baseline_scores`).
+run holds its `--output_dir` (a second run into it is refused at once, naming the first), and no run writes over what
+it reads (XLM-R, the corpus, `--baseline_scores`). A run without `--do_train` evaluates the model that a training run
+saved in `--output_dir` (with its tokenizer and language tags; `--xlmr` and `--preset` are not used, and the options
+that build a model, `--tiny_random_xlmr`, `--config_overrides` and `--init_decoder`, are refused), e.g. again with
+more beams or against a baseline; it writes its scores beside that model, replacing a `direction_scores.json` there
+only with `--overwrite_output_dir True`.
 Training uses `LayerFusionSeq2SeqTrainer`: `--label_smoothing_factor` is applied by the model's own loss (for GTrans,
 per decoder group as in Eq. 7), not by the Trainer's label smoother.
 
@@ -45,6 +49,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +66,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
+    AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     HfArgumentParser,
     Seq2SeqTrainingArguments,
@@ -85,13 +91,20 @@ from hf_layerfusion.file_checks import (  # noqa: E402
     check_input_file,
     check_local_or_hub,
     check_output_dir,
+    checkpoint_config,
     lock_output_dir,
+    read_utf8,
     write_file_atomically,
 )
 from hf_layerfusion.modeling.input_checks import check_positive_int  # noqa: E402
 from hf_layerfusion.modeling.presets import BACKBONE_PRESETS  # noqa: E402
 from hf_layerfusion.modeling.registry import check_model_type  # noqa: E402
-from hf_layerfusion.modeling.xlmr import backbone_config_from_xlmr, from_xlmr, load_xlmr_tokenizer  # noqa: E402
+from hf_layerfusion.modeling.xlmr import (  # noqa: E402
+    backbone_config_from_xlmr,
+    check_xlmr_overrides,
+    from_xlmr,
+    load_xlmr_tokenizer,
+)
 from hf_layerfusion.training.callbacks import TimeBudgetCallback  # noqa: E402
 from hf_layerfusion.training.data import load_parallel_text  # noqa: E402
 from hf_layerfusion.training.distributed import run_script  # noqa: E402
@@ -103,6 +116,7 @@ from hf_layerfusion.training.multilingual import (  # noqa: E402
     format_summary,
     interleave_directions,
     load_opus100,
+    opus100_config_name,
     resource_group,
     split_direction,
     summarize_directions,
@@ -112,7 +126,8 @@ from hf_layerfusion.training.multilingual import (  # noqa: E402
 from hf_layerfusion.training.tokenization import check_vocab_size_holds_characters, train_joint_tokenizer  # noqa: E402
 from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer  # noqa: E402
 from hf_layerfusion.translation.bleu import corpus_bleu  # noqa: E402
-from hf_layerfusion.translation.language_tags import add_language_tags  # noqa: E402
+from hf_layerfusion.translation.language_tags import add_language_tags, check_language_tag  # noqa: E402
+from hf_layerfusion.translation.tokenizer import load_tokenizer  # noqa: E402
 
 # imported by the training modules above, after they checked that the `train` extra is installed
 if TYPE_CHECKING:
@@ -195,7 +210,11 @@ class DataArguments:
                 "that is shorter."})
     eval_batch_size: int = field(default=64, metadata={"help": "Sentences per generate() call."})
     baseline_scores: str | None = field(
-        default=None, metadata={"help": "direction_scores.json of a baseline run: report the win ratio against it."}
+        default=None,
+        metadata={
+            "help": "direction_scores.json of a baseline run: report the win ratio against it (it needs a finite "
+            "score for every direction of this run)."
+        },
     )
 
 
@@ -224,16 +243,125 @@ def multi30k_standin(data_args: DataArguments) -> tuple[dict[str, datasets.Datas
             f"No Multi30k training file for the language(s) {missing} in {directory} (train.<lang> exists for "
             f"{found}); check --languages and --multi30k_dir."
         )
-    language_pairs = list(itertools.combinations(languages, 2))
-    if data_args.english_centric:
-        language_pairs = [pair for pair in language_pairs if PIVOT_LANGUAGE in pair]
     pairs = {}
-    for index, (first, second) in enumerate(language_pairs):
+    for index, (first, second) in enumerate(standin_language_pairs(data_args)):
         splits = load_parallel_text(directory, first, second)
         size = max(1, data_args.standin_train_size >> index)
         splits["train"] = splits["train"].select(range(min(size, len(splits["train"]))))
         pairs[f"{first}-{second}"] = splits
     return pairs, (data_args.standin_train_size // 2, data_args.standin_train_size // 8)
+
+
+def standin_language_pairs(data_args: DataArguments) -> list[tuple[str, str]]:
+    """The stand-in's language pairs, in the order their training sizes halve."""
+    languages = (data_args.languages or "en,de,fr,cs").split(",")
+    language_pairs = list(itertools.combinations(languages, 2))
+    if data_args.english_centric:
+        language_pairs = [pair for pair in language_pairs if PIVOT_LANGUAGE in pair]
+    return language_pairs
+
+
+def run_directions(data_args: DataArguments) -> list[str]:
+    """The directions the run scores, from its arguments alone (the corpus is read later): what a baseline needs."""
+    if data_args.dataset == "opus100":
+        return both_directions([opus100_config_name(language) for language in data_args.languages.split(",")])
+    return both_directions([f"{first}-{second}" for first, second in standin_language_pairs(data_args)])
+
+
+def read_baseline_scores(path: str, directions: list[str]) -> dict[str, float]:
+    """The `scores` of a baseline run's direction_scores.json, checked before the run starts: a file that does not
+    parse, or lacks a finite score of a direction, failed only after training and evaluation, losing the scores."""
+    try:
+        content = json.loads(read_utf8(path, "--baseline_scores"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"--baseline_scores {path!r} is not valid JSON ({error}): pass the direction_scores.json of a finished run."
+        ) from error
+    scores = content.get("scores") if isinstance(content, dict) else None
+    if not isinstance(scores, dict):
+        raise ValueError(
+            f"--baseline_scores {path!r} has no \"scores\" object ({{direction: BLEU}}): pass the "
+            "direction_scores.json of a finished run."
+        )
+    missing = [direction for direction in directions if direction not in scores]
+    if missing:
+        raise ValueError(
+            f"--baseline_scores {path!r} has no score for the direction(s) {missing} of this run (it scores "
+            f"{sorted(scores)}): the win ratio compares every direction; pass a baseline run of the same languages."
+        )
+    bad = {
+        direction: scores[direction]
+        for direction in directions
+        if isinstance(scores[direction], bool)
+        or not isinstance(scores[direction], (int, float))
+        or not math.isfinite(scores[direction])
+    }
+    if bad:
+        raise ValueError(f"--baseline_scores {path!r}: the scores {bad} are not finite numbers.")
+    return {direction: float(scores[direction]) for direction in directions}
+
+
+def check_finite_values(values: dict, option: str) -> None:
+    """A config key given NaN or inf (a dropout, an epsilon) is refused naming the option: XLMRobertaConfig takes
+    them, and a model trains on NaN."""
+    bad = {key: value for key, value in values.items() if isinstance(value, float) and not math.isfinite(value)}
+    if bad:
+        raise ValueError(f"{option}: {bad} are not finite numbers; give finite values.")
+
+
+def check_tiny_xlmr_config(model_args: ModelArguments) -> XLMRobertaConfig:
+    """The tiny XLM-R's config, its values checked by building the model on the meta device (no memory, no weights):
+    sizes that XLMRobertaConfig takes (heads that do not divide the hidden size, say) failed only when the model was
+    built, after the run had begun writing."""
+    xlmr_config = tiny_xlmr_config(model_args, model_args.tiny_vocab_size)
+    check_finite_values(xlmr_config.to_dict(), f"--tiny_xlmr_config {model_args.tiny_xlmr_config!r}")
+    try:
+        with torch.device("meta"):
+            XLMRobertaModel(xlmr_config, add_pooling_layer=False)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise ValueError(f"--tiny_xlmr_config {model_args.tiny_xlmr_config!r}: {error}") from error
+    return xlmr_config
+
+
+def check_model_config(model_args: ModelArguments, xlmr_config, config_overrides: dict) -> None:
+    """The config `from_xlmr` will build (XLM-R's keys, the preset, `--config_overrides`) is valid: it was checked
+    only when the model was built, after the tiny XLM-R was written, and the corrected rerun was refused."""
+    preset = None if model_args.tiny_random_xlmr or model_args.preset == "none" else model_args.preset
+    overrides = {**BACKBONE_PRESETS.get(preset, {}), **config_overrides}
+    backbone = backbone_config_from_xlmr(xlmr_config)
+    config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
+    try:
+        check_xlmr_overrides(backbone, overrides, model_args.init_decoder)
+        config_class(**{**backbone, **overrides})
+    except (ValueError, TypeError) as error:
+        raise ValueError(
+            f"--config_overrides {model_args.config_overrides!r} (over the XLM-R config and --preset {preset}): {error}"
+        ) from error
+
+
+def check_trained_model(model_args: ModelArguments, output_dir: str) -> dict:
+    """Without --do_train the run evaluates the model saved in `output_dir`: its config (returned), of the family
+    `--model_type` names, and a tokenizer with the language tags. Before, such a run scored the untrained model
+    from_xlmr builds and wrote the scores beside the trained model it ignored."""
+    building = [name for name in ("tiny_random_xlmr", "config_overrides") if getattr(model_args, name)]
+    building += ["init_decoder"] if model_args.init_decoder else []
+    if building:
+        raise ValueError(
+            f"{['--' + name for name in building]} build a model for training, but without --do_train the run "
+            f"evaluates the model saved in --output_dir {output_dir!r}: pass --do_train, or leave them out."
+        )
+    config = checkpoint_config(output_dir)
+    if config is None:
+        raise FileNotFoundError(
+            f"--output_dir {output_dir!r} holds no trained model (config.json): a run without --do_train evaluates "
+            "the model a training run saved there; pass --do_train to train one, or the output dir of a finished run."
+        )
+    if config.get("model_type") != model_args.model_type:
+        raise ValueError(
+            f"--output_dir {output_dir!r} holds a {config.get('model_type')!r} model, not --model_type "
+            f"{model_args.model_type!r}: pass --model_type {config.get('model_type')} to evaluate it."
+        )
+    return config
 
 
 def training_texts(pairs: dict[str, datasets.DatasetDict]) -> list[str]:
@@ -279,9 +407,11 @@ def check_arguments(
     data_args: DataArguments,
     run_args: RunArguments,
     training_args: Seq2SeqTrainingArguments,
-) -> tuple[dict, str | None]:
-    """Check every argument before any work or write; returns the parsed `--config_overrides` and the checkpoint to
-    resume from (`--resume_from_checkpoint last`: the output dir's newest, none: start fresh; as run_translation.py)."""
+) -> tuple[dict, str | None, dict[str, float] | None, XLMRobertaConfig | None]:
+    """Check every argument before any work or write; returns the parsed `--config_overrides`, the checkpoint to
+    resume from (`--resume_from_checkpoint last`: the output dir's newest, none: start fresh; as run_translation.py),
+    the baseline's scores (None without `--baseline_scores`) and the config of the XLM-R a training run starts from
+    (for `check_model_config`)."""
     check_distributed_launch(training_args.use_cpu, "examples/run_multilingual.py")
     check_training_arguments(training_args)
     check_model_type(model_args.model_type, "--model_type")
@@ -317,27 +447,45 @@ def check_arguments(
     check_positive_int(data_args.eval_batch_size, "--eval_batch_size")
     check_positive_int(data_args.max_eval_samples, "--max_eval_samples", allow_none=True)
     check_positive_int(model_args.tiny_vocab_size, "--tiny_vocab_size")
-    if not data_args.temperature > 0:
-        raise ValueError(f"--temperature must be positive, got {data_args.temperature}.")
+    if not (data_args.temperature > 0 and math.isfinite(data_args.temperature)):
+        raise ValueError(f"--temperature must be a positive finite number, got {data_args.temperature}.")
     if data_args.baseline_scores is not None:
         check_input_file(data_args.baseline_scores, "--baseline_scores")
     if model_args.preset not in (None, "none") and model_args.preset not in BACKBONE_PRESETS:
         raise ValueError(f"Unknown --preset {model_args.preset!r}; choose one of {sorted(BACKBONE_PRESETS)} or 'none'.")
-    if model_args.tiny_random_xlmr:
-        xlmr_config = tiny_xlmr_config(model_args, model_args.tiny_vocab_size)
-        check_output_dir(model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr")
-    else:
-        xlmr_config = AutoConfig.from_pretrained(check_local_or_hub(model_args.xlmr, "--xlmr"))
+    config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
+    config_overrides = parse_config_overrides(model_args.config_overrides, config_class)
+    check_finite_values(config_overrides, f"--config_overrides {model_args.config_overrides!r}")
+    # without --do_train the run builds no model: it evaluates the one in --output_dir (check_trained_model, below)
+    xlmr_config = None
+    if training_args.do_train:
+        if model_args.tiny_random_xlmr:
+            xlmr_config = check_tiny_xlmr_config(model_args)
+            check_output_dir(
+                model_args.tiny_random_xlmr, overwrite=run_args.overwrite_output_dir, what="--tiny_random_xlmr"
+            )
+        else:
+            xlmr_config = AutoConfig.from_pretrained(check_local_or_hub(model_args.xlmr, "--xlmr"))
     # what the run reads (the tiny XLM-R dir too, which it writes first): its output must not overwrite them
     reads = [model_args.tiny_random_xlmr, data_args.baseline_scores, data_args.opus100_dir]
     reads.append(data_args.multi30k_dir if data_args.dataset == "multi30k" else None)
-    if not model_args.tiny_random_xlmr and Path(model_args.xlmr).expanduser().exists():
+    if training_args.do_train and not model_args.tiny_random_xlmr and Path(model_args.xlmr).expanduser().exists():
         reads.append(model_args.xlmr)
     inputs = [path for path in reads if path]
     checkpoint = resolve_checkpoint(training_args, run_args.overwrite_output_dir, inputs, [SCORES_FILE])
+    directions = run_directions(data_args)
+    baseline = None
+    if data_args.baseline_scores is not None:
+        baseline = read_baseline_scores(data_args.baseline_scores, directions)
+    if training_args.do_train:
+        positions = backbone_config_from_xlmr(xlmr_config)["max_position_embeddings"]
+    else:
+        positions = check_trained_model(model_args, training_args.output_dir)["max_position_embeddings"]
+        tokenizer = load_tokenizer(training_args.output_dir, "the tokenizer of --output_dir")
+        for language in sorted({lang for direction in directions for lang in split_direction(direction)}):
+            check_language_tag(tokenizer, language)
     # lengths the position table cannot hold fail at the first batch that long, after the run wrote its files:
     # refused when given, and the defaults are at most the table
-    positions = backbone_config_from_xlmr(xlmr_config)["max_position_embeddings"]
     for name in ("max_source_length", "max_target_length", "max_new_tokens"):
         value = getattr(data_args, name)
         if value is None:
@@ -347,8 +495,7 @@ def check_arguments(
                 f"--{name} {value} exceeds the position table the model gets from XLM-R (max_position_embeddings="
                 f"{positions}): pass --{name} {positions} or less."
             )
-    config_class = hf_layerfusion.FAMILIES[model_args.model_type][0]
-    return parse_config_overrides(model_args.config_overrides, config_class), checkpoint
+    return config_overrides, checkpoint, baseline, xlmr_config
 
 
 def build_parser() -> HfArgumentParser:
@@ -359,7 +506,9 @@ def build_parser() -> HfArgumentParser:
 
 def main(argv: list[str] | None = None) -> dict:
     model_args, data_args, run_args, training_args = build_parser().parse_args_into_dataclasses(args=argv)
-    config_overrides, checkpoint = check_arguments(model_args, data_args, run_args, training_args)
+    config_overrides, checkpoint, baseline, xlmr_config = check_arguments(
+        model_args, data_args, run_args, training_args
+    )
     logging.basicConfig(
         format="%(asctime)s - %(levelname)s - %(name)s - %(message)s",
         datefmt="%H:%M:%S",
@@ -379,10 +528,15 @@ def main(argv: list[str] | None = None) -> dict:
         pairs, thresholds = multi30k_standin(data_args)
     if model_args.tiny_random_xlmr:  # its tokenizer is trained under the run's lock: refused before the first write
         check_vocab_size_holds_characters(training_texts(pairs), model_args.tiny_vocab_size, what="--tiny_vocab_size")
+    # the config of the model the run builds once it has begun writing (the tiny XLM-R first): refused now
+    if xlmr_config is not None:
+        check_model_config(model_args, xlmr_config, config_overrides)
     # the first write: the main process holds the output dir for the whole run (the run's other processes write
     # under its lock), so that a second run into it is refused, naming this one
     with lock_output_dir(training_args.output_dir) if training_args.process_index == 0 else contextlib.nullcontext():
-        return train_and_evaluate(model_args, data_args, training_args, config_overrides, checkpoint, pairs, thresholds)
+        return train_and_evaluate(
+            model_args, data_args, training_args, config_overrides, checkpoint, pairs, thresholds, baseline
+        )
 
 
 def train_and_evaluate(
@@ -393,10 +547,11 @@ def train_and_evaluate(
     checkpoint: str | None,
     pairs: dict[str, datasets.DatasetDict],
     thresholds: tuple[int, int],
+    baseline: dict[str, float] | None = None,
 ) -> dict:
     """The run after its arguments are checked and its corpus read (`pairs`, with the resource `thresholds`): build
-    the model, train (resuming from `checkpoint`), translate and score every direction, write
-    `direction_scores.json`."""
+    the model (or, without --do_train, load the one in the output dir), train (resuming from `checkpoint`), translate
+    and score every direction (against the `baseline` scores, if any), write `direction_scores.json`."""
     directions = both_directions(list(pairs))
     pair_of = {direction: pair for pair in pairs for direction in both_directions([pair])}
     train_sizes = {direction: len(pairs[pair_of[direction]]["train"]) for direction in directions}
@@ -404,20 +559,27 @@ def train_and_evaluate(
     logger.info("%d directions over %s; training sizes %s", len(directions), languages, train_sizes)
 
     # ---------------------------------------------------------------------------------------------- model
-    xlmr_path = model_args.xlmr
-    overrides = {}
-    if model_args.tiny_random_xlmr:
-        xlmr_path = model_args.tiny_random_xlmr
-        build_tiny_random_xlmr(xlmr_path, training_texts(pairs), model_args)
-    elif model_args.preset and model_args.preset != "none":
-        overrides.update(BACKBONE_PRESETS[model_args.preset])
-    overrides.update(config_overrides)
-    model = from_xlmr(xlmr_path, model_type=model_args.model_type, init_decoder=model_args.init_decoder, **overrides)
-    report = model.conversion_report
-    logger.info("from_xlmr: %d tensors loaded, %d fresh", len(report["loaded"]), len(report["freshly_initialised"]))
-    tokenizer = load_xlmr_tokenizer(xlmr_path, config=model.config)
-    tag_ids = add_language_tags(tokenizer, languages, model=model)
-    logger.info("Language tags %s; vocabulary now %d", tag_ids, model.config.vocab_size)
+    if training_args.do_train:
+        xlmr_path = model_args.xlmr
+        overrides = {}
+        if model_args.tiny_random_xlmr:
+            xlmr_path = model_args.tiny_random_xlmr
+            build_tiny_random_xlmr(xlmr_path, training_texts(pairs), model_args)
+        elif model_args.preset and model_args.preset != "none":
+            overrides.update(BACKBONE_PRESETS[model_args.preset])
+        overrides.update(config_overrides)
+        model = from_xlmr(
+            xlmr_path, model_type=model_args.model_type, init_decoder=model_args.init_decoder, **overrides
+        )
+        report = model.conversion_report
+        logger.info("from_xlmr: %d tensors loaded, %d fresh", len(report["loaded"]), len(report["freshly_initialised"]))
+        tokenizer = load_xlmr_tokenizer(xlmr_path, config=model.config)
+        tag_ids = add_language_tags(tokenizer, languages, model=model)
+        logger.info("Language tags %s; vocabulary now %d", tag_ids, model.config.vocab_size)
+    else:
+        model = AutoModelForSeq2SeqLM.from_pretrained(training_args.output_dir)
+        tokenizer = load_tokenizer(training_args.output_dir, "the tokenizer of --output_dir")
+        logger.info("Evaluating the trained model in %s", training_args.output_dir)
 
     # ---------------------------------------------------------------------------------------------- training
     if training_args.do_train:
@@ -481,9 +643,6 @@ def train_and_evaluate(
             num_beams=data_args.num_beams,
             max_new_tokens=data_args.max_new_tokens,
         )
-    baseline = None
-    if data_args.baseline_scores:
-        baseline = json.loads(Path(data_args.baseline_scores).read_text())["scores"]
     summary = summarize_directions(scores, train_sizes, baseline_scores=baseline, thresholds=thresholds)
     (signature,) = signatures
 

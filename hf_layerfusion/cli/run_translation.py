@@ -36,8 +36,9 @@ Notes on transformers 5: `Seq2SeqTrainingArguments` has no `group_by_length` (us
 work or write (`--max_steps 0`, a batch size of 0 and the like included); training into a non-empty `--output_dir`
 is refused unless `--overwrite_output_dir True` (this script's own flag: transformers 5 dropped it; it replaces the
 run's files and keeps the others, and is refused while the dir holds checkpoints) or `--resume_from_checkpoint`
-continues the run there (`last` with no checkpoint to continue is a fresh start, refused in a non-empty dir like any
-other), and never into the checkpoint, tokenizer or corpus it reads. A run that only evaluates (`--do_eval` /
+continues the run there (`last`, or the path of one of its checkpoints; `last` with no checkpoint to continue is a
+fresh start, and another dir's checkpoint is continued as a new run, both refused in a non-empty dir like any other),
+and never into the checkpoint, tokenizer or corpus it reads. A run that only evaluates (`--do_eval` /
 `--do_predict` without `--do_train`) may write into a non-empty dir, the model dir it evaluates included, but
 refuses to replace its result files there without `--overwrite_output_dir True`, and never replaces a file of the
 model. A run holds its `--output_dir` (`_run.lock`, released when it ends, however it ends): a second run into it is
@@ -342,15 +343,22 @@ def load_raw_datasets(data_args: DataArguments) -> datasets.DatasetDict:
     return load_translation_dataset({split: f for split, f in files.items() if f}, src_lang=src, tgt_lang=tgt)
 
 
+def is_complete_checkpoint(checkpoint: str) -> bool:
+    """Whether `checkpoint` is a checkpoint dir the Trainer completely wrote: it writes `trainer_state.json` last, so
+    a process killed while saving leaves a dir without (a readable) one."""
+    try:
+        json.loads(Path(checkpoint, TRAINER_STATE_NAME).read_text())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def last_complete_checkpoint(output_dir: str) -> str | None:
-    """The newest `checkpoint-<step>` of `output_dir` that was completely written. The Trainer writes
-    `trainer_state.json` last, so a process killed while saving leaves a newer dir without (a readable) one."""
+    """The newest `checkpoint-<step>` of `output_dir` that was completely written."""
     for checkpoint in reversed(sort_checkpoints(output_dir)):
-        try:
-            json.loads(Path(checkpoint, TRAINER_STATE_NAME).read_text())
+        if is_complete_checkpoint(checkpoint):
             return checkpoint
-        except (OSError, ValueError):
-            logger.warning("Skipping incomplete checkpoint %s", checkpoint)
+        logger.warning("Skipping incomplete checkpoint %s", checkpoint)
     return None
 
 
@@ -378,38 +386,63 @@ def resolve_checkpoint(
     result_files: list[str] = (),
 ) -> str | None:
     """The checkpoint to resume from: `--resume_from_checkpoint last` is the newest complete `checkpoint-*` of the
-    output dir (none: start fresh); a path must exist. Refuse an output dir that another run is writing into, and
-    to start training over in a dir that already has checkpoints; a fresh start, also with `last` when there is
-    nothing to resume (a finished run saved without checkpoints, say), must pass `check_output_location`."""
+    output dir (none: start fresh); a path must be a checkpoint the Trainer wrote. Refuse an output dir that another
+    run is writing into. A run that continues a checkpoint of its own output dir (`last`, or the path of one) replaces
+    that run's files there, but never one of its `inputs`. Any other run, a fresh start (also `last` with nothing to
+    resume: a finished run saved without checkpoints, say) or one that continues another dir's checkpoint, must not
+    start training over in a dir that already has checkpoints and must pass `check_output_location`, the checkpoint
+    counted among its inputs."""
     output_dir = training_args.output_dir
     check_not_in_use(output_dir)
     existing = sort_checkpoints(output_dir) if os.path.isdir(output_dir) else []
     requested = training_args.resume_from_checkpoint
-    if requested is None:
-        if existing and training_args.do_train:
-            if overwrite_output_dir:
-                # never deleted for the user: a run's checkpoints may be all that is left of hours of training
-                raise ValueError(
-                    f"--overwrite_output_dir replaces the model, tokenizer and result files of {output_dir}, but it "
-                    f"also holds {len(existing)} checkpoint dir(s) of an earlier run (newest "
-                    f"{os.path.basename(existing[-1])}), which this run's checkpoints would mix with; they are never "
-                    f"deleted for you. Pass --resume_from_checkpoint {RESUME_LAST} to continue that run, delete the "
-                    "checkpoint-* dirs yourself, or choose another --output_dir."
-                )
+    checkpoint = None
+    if requested is not None:
+        # the Trainer resumes in `train()` only: without it the checkpoint would be silently ignored
+        if not training_args.do_train:
             raise ValueError(
-                f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
-                f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
+                f"--resume_from_checkpoint {requested!r} continues a training run, but --do_train is not given: pass "
+                "--do_train, or drop --resume_from_checkpoint (a run that only evaluates scores --model_name_or_path)."
             )
-        check_output_location(training_args, overwrite_output_dir, inputs, result_files)
-        return None
-    if requested == RESUME_LAST:
-        checkpoint = last_complete_checkpoint(output_dir) if existing else None
-        if checkpoint is None:  # a fresh start after all: it must not replace another run's files unasked
-            check_output_location(training_args, overwrite_output_dir, inputs, result_files)
+        if requested == RESUME_LAST:
+            checkpoint = last_complete_checkpoint(output_dir) if existing else None
+        elif not os.path.isdir(requested):
+            raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
+        elif not is_complete_checkpoint(requested):
+            raise ValueError(
+                f"--resume_from_checkpoint {requested!r} is not a checkpoint the Trainer wrote (no readable "
+                f"{TRAINER_STATE_NAME}): pass a checkpoint-<step> dir of a run, or {RESUME_LAST} for the newest of "
+                "--output_dir."
+            )
+        else:
+            checkpoint = requested
+    # the usual resumption, the output dir's own run continuing: its files are this run's to replace
+    if checkpoint is not None and Path(checkpoint).resolve().parent == Path(output_dir).expanduser().resolve():
+        check_output_location(training_args, True, inputs, result_files)
         return checkpoint
-    if not os.path.isdir(requested):
-        raise ValueError(f"--resume_from_checkpoint {requested!r} is not a directory.")
-    return requested
+    if existing and training_args.do_train:
+        if requested == RESUME_LAST:  # none of them complete
+            raise ValueError(
+                f"--resume_from_checkpoint {RESUME_LAST}: {output_dir} holds checkpoint dirs, none complete (no "
+                f"readable {TRAINER_STATE_NAME}; newest {os.path.basename(existing[-1])}), as a run killed while "
+                "saving leaves them; they are never deleted for you. Delete them yourself, or choose another "
+                "--output_dir."
+            )
+        if overwrite_output_dir:
+            # never deleted for the user: a run's checkpoints may be all that is left of hours of training
+            raise ValueError(
+                f"--overwrite_output_dir replaces the model, tokenizer and result files of {output_dir}, but it "
+                f"also holds {len(existing)} checkpoint dir(s) of an earlier run (newest "
+                f"{os.path.basename(existing[-1])}), which this run's checkpoints would mix with; they are never "
+                f"deleted for you. Pass --resume_from_checkpoint {RESUME_LAST} to continue that run, delete the "
+                "checkpoint-* dirs yourself, or choose another --output_dir."
+            )
+        raise ValueError(
+            f"{output_dir} already holds checkpoints ({os.path.basename(existing[-1])}); pass "
+            f"--resume_from_checkpoint {RESUME_LAST} to continue, or choose another --output_dir."
+        )
+    check_output_location(training_args, overwrite_output_dir, [*inputs, *filter(None, [checkpoint])], result_files)
+    return checkpoint
 
 
 def check_resumed_family(checkpoint: str | None, family: str) -> None:
@@ -466,13 +499,11 @@ def tokenizer_training_texts(train_dataset, data_args: DataArguments) -> list[st
 
 def check_tokenizer_training(model_args: ModelArguments, data_args: DataArguments, checkpoint: str | None,
                              splits: dict) -> None:
-    """Refuse, before the run's first write, a tokenizer it could not train: no training data, or a unigram
-    vocabulary smaller than the training texts' characters (found by SentencePiece only once the run holds its
-    output dir)."""
+    """Refuse, before the run's first write, a tokenizer it could not train: a unigram vocabulary smaller than the
+    training texts' characters (found by SentencePiece only once the run holds its output dir). A run that trains its
+    tokenizer trains (`check_arguments`), so it has training data."""
     if not trains_tokenizer(model_args, checkpoint):
         return
-    if "train" not in splits:
-        raise ValueError("No tokenizer to load and no training data to train one: pass --tokenizer_name.")
     if model_args.tokenizer_model == "unigram":
         check_vocab_size_holds_characters(
             tokenizer_training_texts(splits["train"], data_args),
@@ -577,6 +608,23 @@ def select_splits(raw: datasets.DatasetDict, data_args: DataArguments, training_
     return splits
 
 
+# the ranges of the Trainer's floats: (option, test, what the error says it must be)
+TRAINER_FLOAT_RANGES = (
+    ("learning_rate", lambda value: value > 0, "be positive"),
+    ("adam_epsilon", lambda value: value > 0, "be positive"),
+    ("weight_decay", lambda value: value >= 0, "be non-negative"),
+    ("max_grad_norm", lambda value: value >= 0, "be non-negative (0: no gradient clipping)"),
+    ("eval_delay", lambda value: value >= 0, "be non-negative"),
+    ("adam_beta1", lambda value: 0 <= value < 1, "lie in [0, 1)"),
+    ("adam_beta2", lambda value: 0 <= value < 1, "lie in [0, 1)"),
+    ("label_smoothing_factor", lambda value: 0 <= value < 1, "lie in [0, 1)"),
+    # transformers 5 has no warmup_ratio: below 1 a fraction of the training's steps, else steps, cut to an integer
+    ("warmup_steps", lambda value: value >= 0 and (value < 1 or value == int(value)),
+     "be a whole number of steps, or a fraction of the training's steps in [0, 1)"),
+    ("neftune_noise_alpha", lambda value: 0 < value < math.inf, "be a positive finite number"),
+)
+
+
 def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
     """The Trainer's numbers that transformers accepts but misuses: `--max_steps 0` trains one step and saves the
     model as finished, a batch size or accumulation of 0 fails deep in the data loader, a negative seed fails in
@@ -587,9 +635,10 @@ def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
                 f"--max_steps must be a positive number of steps, or -1 (the default) to train for "
                 f"--num_train_epochs, got {training_args.max_steps}."
             )
-    elif not training_args.num_train_epochs > 0:
+    elif not 0 < training_args.num_train_epochs < math.inf:
         raise ValueError(
-            f"--num_train_epochs must be positive, got {training_args.num_train_epochs} (or give --max_steps)."
+            f"--num_train_epochs must be a positive finite number, got {training_args.num_train_epochs} (or give "
+            "--max_steps)."
         )
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         check_positive_int(getattr(training_args, name), f"--{name}")
@@ -598,20 +647,24 @@ def check_training_arguments(training_args: Seq2SeqTrainingArguments) -> None:
     # a number of steps, or below 1 a fraction of the training's steps
     for name in ("save_steps", "eval_steps", "logging_steps"):
         value = getattr(training_args, name)
-        if value is not None and not value > 0:
+        if value is not None and not 0 < value < math.inf:
             raise ValueError(f"--{name} must be positive (steps, or a fraction of the training below 1), got {value}.")
     for name in ("seed", "data_seed", "dataloader_num_workers"):
         value = getattr(training_args, name)
         if value is not None and value < 0:
             raise ValueError(f"--{name} must be a non-negative integer, got {value}.")
-    # floats the Trainer takes as they are: a NaN learning rate trains NaN weights, and a label smoothing outside
-    # [0, 1) fails at the first loss, after the run has written its tokenizer into --output_dir
-    for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon"):
+    # floats the Trainer takes as they are: a NaN learning rate trains NaN weights, a negative one or a beta of 1.5
+    # trains away from the minimum without a word, and a label smoothing outside [0, 1) or a NaN warmup fails at the
+    # first step, after the run has written its tokenizer into --output_dir (whose corrected rerun is then refused)
+    for name in ("learning_rate", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon",
+                 "warmup_steps", "eval_delay"):
         value = getattr(training_args, name)
         if not math.isfinite(value):
             raise ValueError(f"--{name} must be a finite number, got {value}.")
-    if not 0 <= training_args.label_smoothing_factor < 1:  # NaN included
-        raise ValueError(f"--label_smoothing_factor must lie in [0, 1), got {training_args.label_smoothing_factor}.")
+    for name, within, what in TRAINER_FLOAT_RANGES:
+        value = getattr(training_args, name)
+        if value is not None and not within(value):  # NaN lies in none
+            raise ValueError(f"--{name} must {what}, got {value}.")
     # accelerate turns float16 autocast on for GPUs only: on CPUs the run would train in float32 without a word
     # (bfloat16, which CPUs autocast to, is honoured there)
     if training_args.fp16 and training_args.device.type == "cpu":
@@ -656,17 +709,51 @@ def check_arguments(
     sources = [data_args.builtin_corpus, data_args.dataset_name is not None, data_args.train_file is not None]
     if sum(sources) != 1:
         raise ValueError("Give exactly one data source: --builtin_corpus, --dataset_name, or --train_file.")
+    # options of another data source would be ignored without a word
+    source = "--builtin_corpus" if data_args.builtin_corpus else f"--dataset_name {data_args.dataset_name!r}"
+    for name in ("validation_file", "test_file"):
+        value = getattr(data_args, name)
+        if value is not None and data_args.train_file is None:
+            raise ValueError(
+                f"--{name} {value!r} is read with --train_file only; {source} brings its own splits. Drop one of the "
+                "two (for your own files: --train_file, --validation_file, --test_file)."
+            )
+    if data_args.dataset_config_name is not None and data_args.dataset_name is None:
+        source = "--builtin_corpus" if data_args.builtin_corpus else f"--train_file {data_args.train_file!r}"
+        raise ValueError(
+            f"--dataset_config_name {data_args.dataset_config_name!r} is a config of a --dataset_name, which {source} "
+            "is not: drop one of the two."
+        )
+    evaluates = training_args.do_eval or training_args.eval_strategy != "no"
     if data_args.builtin_corpus:
-        for name in ("builtin_num_train", "builtin_num_valid", "builtin_num_test"):
-            if getattr(data_args, name) < 0:
-                raise ValueError(f"--{name} must be a non-negative number of pairs, got {getattr(data_args, name)}.")
+        phases = {
+            "builtin_num_train": (training_args.do_train, "--do_train"),
+            "builtin_num_valid": (evaluates, "--do_eval / --eval_strategy"),
+            "builtin_num_test": (training_args.do_predict, "--do_predict"),
+        }
+        for name, (needed, phase) in phases.items():
+            value = getattr(data_args, name)
+            if value < 0:
+                raise ValueError(f"--{name} must be a non-negative number of pairs, got {value}.")
+            # an empty split fails only once the run reaches it, after training and saving perhaps
+            if needed and value == 0:
+                raise ValueError(
+                    f"--{name} 0 leaves the split that {phase} uses empty: pass a positive number of pairs."
+                )
+    # BLEU scores generated translations; without generation Seq2SeqTrainer predicts logits, which it cannot score
+    if not training_args.predict_with_generate and (evaluates or training_args.do_predict):
+        raise ValueError(
+            "--predict_with_generate False: the BLEU of --do_eval, --do_predict and --eval_strategy scores "
+            "translations generated by beam search; drop --predict_with_generate False (True is this script's "
+            "default)."
+        )
     check_training_arguments(training_args)
     check_positive_int(data_args.num_beams, "--num_beams")
     for name in ("max_source_length", "max_target_length", "max_new_tokens", "max_train_samples", "max_eval_samples",
                  "max_predict_samples"):
         check_positive_int(getattr(data_args, name), f"--{name}", allow_none=True)
-    if run_args.max_train_minutes is not None and not run_args.max_train_minutes > 0:
-        raise ValueError(f"--max_train_minutes must be positive, got {run_args.max_train_minutes}.")
+    if run_args.max_train_minutes is not None and not 0 < run_args.max_train_minutes < math.inf:
+        raise ValueError(f"--max_train_minutes must be a positive finite number, got {run_args.max_train_minutes}.")
     check_positive_int(run_args.early_stopping_patience, "--early_stopping_patience", allow_none=True)
     # EarlyStoppingCallback only warns without the best model loaded at the end, and asserts its other needs when
     # training begins, after the run wrote its tokenizer
@@ -693,6 +780,13 @@ def check_arguments(
         eos_token_id=SPECIAL_TOKENS.index(EOS_TOKEN),
     )
     config = build_config(model_args, model_args.tokenizer_vocab_size, special_ids)
+    # a run that does not train scores the model it loads: a new --model_type model is randomly initialised
+    if not training_args.do_train and model_args.model_name_or_path is None:
+        raise ValueError(
+            "--do_eval / --do_predict without --do_train score a trained model, but --model_name_or_path is not "
+            f"given: they would score a randomly initialised --model_type {model_args.model_type} model. Pass "
+            "--model_name_or_path <the trained model's dir>, or --do_train."
+        )
     checkpoint = resolve_checkpoint(
         training_args, run_args.overwrite_output_dir, run_inputs(model_args, data_args), result_files(training_args)
     )
@@ -710,7 +804,33 @@ def check_arguments(
                 f"--{name} {value} exceeds the model's position table (max_position_embeddings={positions}): pass "
                 f"--{name} {positions} or less, or a larger max_position_embeddings (--config_overrides, new models)."
             )
+    check_generation_settings(data_args, training_args)
     return checkpoint
+
+
+def check_generation_settings(data_args: DataArguments, training_args: Seq2SeqTrainingArguments) -> None:
+    """Refuse a Trainer generation option that contradicts this script's: Seq2SeqTrainer generates with
+    `--generation_num_beams` / `--generation_max_length` over the model's generation config, which the script sets
+    from `--num_beams` / `--max_new_tokens`, prints with the BLEU and saves with the model, so these would say what
+    did not run."""
+    beams = training_args.generation_num_beams
+    if beams is not None and beams != data_args.num_beams:
+        raise ValueError(
+            f"--generation_num_beams {beams} contradicts --num_beams {data_args.num_beams} (printed with the BLEU and "
+            f"saved in the model's generation config): give the beam size once, with --num_beams {beams}."
+        )
+    max_length = training_args.generation_max_length
+    new_tokens = data_args.max_new_tokens or data_args.max_target_length
+    if max_length is not None and max_length != new_tokens + 1:
+        given = (
+            f"--max_new_tokens {data_args.max_new_tokens}" if data_args.max_new_tokens is not None
+            else f"--max_target_length {new_tokens} (the default of --max_new_tokens)"
+        )
+        raise ValueError(
+            f"--generation_max_length {max_length} contradicts {given}, saved in the model's generation config as "
+            f"max_length {new_tokens + 1} (the decoder start token and {new_tokens} new tokens): give the length once, "
+            "with --max_new_tokens."
+        )
 
 
 def main(argv: list[str] | None = None) -> dict:

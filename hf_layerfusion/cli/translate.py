@@ -18,11 +18,16 @@ The model dir is what `examples/run_translation.py` saves (model, tokenizer, gen
 sorted by length into batches (less padding), translated with `hf_layerfusion.translate` (the fast decoding loop of
 `hf_layerfusion.inference`: the tokens of `generate()`, faster; transformers 5 removed the `translation`
 pipeline; the package registers its own) and written back in input order. The input is UTF-8; a line ends at `\\n`,
-`\\r\\n` or a lone `\\r`, read from a file and from stdin alike. `--output` is checked before the model loads (not the
-input, not a file of the model dir, in a writable directory; an existing file only with `--overwrite`) and is
-written whole or not at all (a temporary file renamed into place: a full disk leaves the previous file as it was).
-A special file is written in place instead, without `--overwrite`: `--output /dev/stdout` writes where the shell
-redirected stdout (`>> log.txt` appends to it, a pipe gets the text), and a FIFO or a terminal gets the text.
+`\\r\\n` or a lone `\\r`, read from a file and from stdin alike. One line out per line in, as Marian and CTranslate2
+give it: a blank line (empty, or spaces only) is not translated (the model would invent a sentence for it) and gives
+an empty line, and an input of blank lines only gives as many empty lines, without loading the model.
+
+`--output` is checked before the model loads (not the input, stdin included when it is redirected from that file;
+not a file of the model dir; in a writable directory; an existing file only with `--overwrite`) and is written whole
+or not at all (a temporary file renamed into place: a full disk leaves the previous file as it was). A special file
+is written in place instead, without `--overwrite`: `--output /dev/stdout` writes where the shell redirected stdout
+(`>> log.txt` appends to it, a pipe gets the text), and a FIFO or a terminal gets the text. An empty `--input` or
+`--output` path is refused (it is not stdin / stdout).
 
 Installed, the command is the console script `hf-layerfusion-translate` (or `python -m hf_layerfusion.cli.translate`); in a checkout,
 `python examples/translate.py` runs the same module (`examples/translate.py` links to it).
@@ -31,6 +36,8 @@ Installed, the command is the console script `hf-layerfusion-translate` (or `pyt
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -63,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="Directory saved by run_translation.py (model + tokenizer).")
     parser.add_argument("--input", help="Source sentences, one per line (default: stdin); UTF-8, a line ends at \\n, "
-                        "\\r\\n or \\r (for a file and stdin alike).")
+                        "\\r\\n or \\r (for a file and stdin alike); a blank line gives an empty line, untranslated.")
     parser.add_argument("--output", help="Where to write the translations (default: stdout); a new file, unless "
                         "--overwrite; a special file (/dev/stdout, a FIFO, a terminal) is written in place.")
     parser.add_argument("--overwrite", action="store_true", help="Replace --output if it is an existing file.")
@@ -91,6 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_stdin_not_output(output) -> None:
+    """Refuse stdin redirected from the `--output` file (`< src.txt --output src.txt`, also through a link): the
+    translations would replace the text they come from, as `--input` naming the output is refused. Only a regular
+    file counts: a terminal that is both stdin and `--output /dev/stdout` is no file to destroy."""
+    try:
+        stdin_status = os.fstat(sys.stdin.fileno())
+        output_status = os.stat(Path(output).expanduser())
+    except (AttributeError, OSError, ValueError):  # stdin without a descriptor, or no output file yet
+        return
+    if stat.S_ISREG(stdin_status.st_mode) and os.path.samestat(stdin_status, output_status):
+        raise ValueError(
+            f"--output {output!r} is the file stdin is read from: writing it would destroy the input. Write to a new "
+            "file."
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -100,10 +123,15 @@ def main(argv: list[str] | None = None) -> None:
     check_not_an_adapter(model_dir, "model_dir")
     for name in ("batch_size", "inter_threads", "num_beams", "max_new_tokens"):
         check_positive_int(getattr(args, name), f"--{name}", allow_none=True)
-    input_file = check_input_file(args.input, "--input") if args.input else None
-    if args.output:
+    for name, default in (("input", "read stdin"), ("output", "write to stdout")):
+        if getattr(args, name) == "":  # taken for the option left out, it did that without a word
+            parser.error(f"--{name} is an empty path: name a file, or leave --{name} out to {default}.")
+    input_file = check_input_file(args.input, "--input") if args.input is not None else None
+    if args.output is not None:
         # neither the input nor a file of the model, and writable: refused now, not after the whole input is translated
         check_output_file(args.output, [input_file, model_dir], what="--output")
+        if input_file is None:
+            check_stdin_not_output(args.output)
         # a special file is written into, not replaced: nothing to overwrite
         if Path(args.output).expanduser().exists() and not args.overwrite and not writes_in_place(args.output):
             raise FileExistsError(f"--output {args.output!r} exists; pass --overwrite to replace it, or write to a "
@@ -122,28 +150,34 @@ def main(argv: list[str] | None = None) -> None:
         where = f"--input {str(input_file)!r}" if input_file else "stdin"
         raise ValueError(f"{where} holds no sentence (one sentence per line): nothing to translate.")
 
+    # blank lines are not translated (a model invents a sentence for an empty source): they stay empty lines
+    nonblank = [sentence for sentence in sentences if sentence.strip()]
+
     tokenizer = load_tokenizer(model_dir, "model_dir")  # before the model: a model saved without one fails at once
     if args.tgt_lang is not None:
         check_language_tag(tokenizer, args.tgt_lang)
     else:
-        check_sources_tagged(tokenizer, sentences, "--tgt_lang")
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
-    translations = translate(
-        model,
-        tokenizer,
-        sentences,
-        batch_size=args.batch_size,
-        num_beams=args.num_beams,
-        max_new_tokens=args.max_new_tokens,
-        decoder_groups=args.decoder_groups,
-        progress=True,
-        fast=not args.generate,
-        quantization=args.quantization,
-        tgt_lang=args.tgt_lang,
-        inter_threads=args.inter_threads,
-    )
-    text = "".join(f"{line}\n" for line in translations)
-    if args.output:
+        check_sources_tagged(tokenizer, nonblank, "--tgt_lang")
+    translations = []
+    if nonblank:  # an input of blank lines only needs no model
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, config=config).to(args.device)
+        translations = translate(
+            model,
+            tokenizer,
+            nonblank,
+            batch_size=args.batch_size,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+            decoder_groups=args.decoder_groups,
+            progress=True,
+            fast=not args.generate,
+            quantization=args.quantization,
+            tgt_lang=args.tgt_lang,
+            inter_threads=args.inter_threads,
+        )
+    translated = iter(translations)
+    text = "".join(f"{next(translated) if sentence.strip() else ''}\n" for sentence in sentences)
+    if args.output is not None:
         write_file_atomically(args.output, text, what="--output")
     else:
         sys.stdout.write(text)

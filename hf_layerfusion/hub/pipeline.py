@@ -19,7 +19,7 @@ from transformers import Pipeline
 from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
-from ..modeling.input_checks import check_generation_arguments
+from ..modeling.input_checks import check_generation_arguments, check_switch
 from ..translation.language_tags import (
     check_language_tag,
     check_sources_tagged,
@@ -99,8 +99,7 @@ class LayerFusionTranslationPipeline(Pipeline):
         switches = dict(truncation=truncation, return_tensors=return_tensors, return_text=return_text,
                         clean_up_tokenization_spaces=clean_up_tokenization_spaces)
         for name, value in switches.items():
-            if value is not None and not isinstance(value, bool):
-                raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
+            check_switch(value, name, allow_none=True)
         if return_tensors is not None and return_text is not None and return_tensors == return_text:
             raise ValueError(
                 f"return_tensors={return_tensors} and return_text={return_text} contradict each other: a record holds "

@@ -73,7 +73,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.utils import ModelOutput, logging
 
 from ..compat import CACHE_NAME, LEGACY_CACHE_NAME, beam_search_loop, sample_loop
-from ..modeling.input_checks import check_generation_arguments
+from ..modeling.input_checks import check_generation_arguments, check_switch
 from .cpu_kernels import torch_operators_on_one_thread
 from .decoding import DecoderSteps
 from .decoding_attention import DECODING_ATTENTION
@@ -165,6 +165,7 @@ def fast_decoding_loop(fallback: bool = True):
     run them, token for token. A generation it does not cover runs transformers' own loop (a warning names the
     reason once), or raises `UnsupportedFastGeneration` with `fallback=False`. `generate()` drops `synced_gpus` and
     `streamer` when `custom_generate` is a callable, so callers that need them must not pass this loop."""
+    check_switch(fallback, "fallback")
 
     def decode(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
         reason = unsupported_reason(model, input_ids, stopping_criteria, generation_config, model_kwargs)
@@ -249,6 +250,7 @@ def fast_generate(model, inputs: torch.Tensor | None = None, *, quantization: st
     token-exact, see there). Settings the loop does not cover run `generate()` itself (of `model`, or of the int8
     copy; a warning names the reason once), or raise `UnsupportedFastGeneration` with `fallback=False`."""
     # before the copy is made or the batch encoded
+    check_switch(fallback, "fallback")
     check_generation_arguments(kwargs, getattr(model, "generation_config", None))
     engine = prepare_for_inference(model, quantization)
     # a fallback is generate() of the model given, except with int8, whose numbers are the point of the call

@@ -22,6 +22,7 @@ import types
 import typing
 from typing import ClassVar
 
+import torch
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
@@ -73,21 +74,28 @@ SAVED_TRANSFORMERS_ATTRIBUTES = frozenset(
         "batch_norm_eps",
     }
 )
+# transformers' own switches, the defaults of every forward call: checked like the package's keys (`return_dict="no"`
+# is truthy, and `output_hidden_states="no"` fails deep inside transformers naming nothing)
+TRANSFORMERS_SWITCHES = {name: bool | None for name in ("return_dict", "output_hidden_states", "output_attentions")}
 # the special token ids of the config, checked against `vocab_size`; the generation ones are read from a config.json
 TOKEN_ID_KEYS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 GENERATION_TOKEN_ID_KEYS = ("forced_bos_token_id", "forced_eos_token_id")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 # `embedding_init`: N(0, init_std) as Marian / transformers, or N(0, d_model^-1/2) as fairseq and THUMT
 EMBEDDING_INITS = ("init_std", "rsqrt_d_model")
+# the models compute in float32 (or lower): a float knob beyond its range is infinite there, one below its smallest
+# normal number a zero or a denormal (`probability_temperature=1e-46` divides by 0, `layer_norm_eps=1e-46` is no eps)
+FLOAT32 = torch.finfo(torch.float32)
 
 
 @functools.cache
 def declared_field_types(config_class: type) -> dict[str, object]:
     """The declared type of every config key this package defines (in `LayerFusionConfig` and its subclasses), with
     string annotations evaluated in the namespace of the module that declares them (as `typing.get_type_hints`
-    does, which cannot be used on the whole class: transformers' own annotations name modules it does not import)."""
+    does, which cannot be used on the whole class: transformers' own annotations name modules it does not import),
+    and of transformers' switches (`TRANSFORMERS_SWITCHES`)."""
     fields = {field.name for field in dataclasses.fields(config_class)}
-    declared = {}
+    declared = dict(TRANSFORMERS_SWITCHES)
     for klass in reversed(config_class.__mro__):
         if not (isinstance(klass, type) and issubclass(klass, LayerFusionConfig)):
             continue
@@ -115,6 +123,26 @@ def value_has_type(value, declared) -> bool:
     if declared is float:
         return isinstance(value, (int, float))
     return isinstance(value, declared)
+
+
+def check_value_type(name: str, value, declared) -> None:
+    """Raise a `ValueError` naming key `name` if `value` is not of its declared type, or is a number that float32
+    cannot hold (NaN, infinite, beyond its range, or nonzero below its smallest normal number)."""
+    if declared is bool and not value_has_type(value, bool):
+        raise ValueError(f"`{name}` is a switch and must be True or False, got {value!r}.")
+    if not value_has_type(value, declared):
+        described = getattr(declared, "__name__", str(declared))
+        raise ValueError(f"`{name}` must be of type {described}, got {value!r} ({type(value).__name__}).")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    if not math.isfinite(value):
+        raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    if value and not FLOAT32.tiny <= abs(value) <= FLOAT32.max:
+        in_float32 = "infinite" if abs(value) > FLOAT32.max else "zero or denormal"
+        raise ValueError(
+            f"`{name}` must be 0 or of magnitude in [{FLOAT32.tiny:.4g}, {FLOAT32.max:.4g}]: the models compute in "
+            f"float32, where {value!r} is {in_float32}."
+        )
 
 
 def families_with_key(key: str) -> list[str]:
@@ -225,6 +253,10 @@ class LayerFusionConfig(PreTrainedConfig):
         kwargs.pop("model_type", None)
         if self.decoder_start_token_id is None:
             start = getattr(self, self.decoder_start_token)
+            if isinstance(start, (list, tuple)) and not start:
+                raise ValueError(
+                    f"`{self.decoder_start_token}` is an empty list: give a token id (or a list of them)."
+                )
             # several end tokens (`eos_token_id=[2, 11]`, as generation configs allow): the first is the start
             self.decoder_start_token_id = start[0] if isinstance(start, (list, tuple)) and start else start
         super().__post_init__(**kwargs)
@@ -235,7 +267,10 @@ class LayerFusionConfig(PreTrainedConfig):
         cls.check_model_type_of_auto_map(config_dict)
         if config_dict.get("model_type") == cls.model_type:
             config_dict = cls.upgrade_saved_config(config_dict)
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        # transformers sets the keywords (`from_pretrained(path, dropout=5.0)`) after the constructor's checks
+        (loaded[0] if isinstance(loaded, tuple) else loaded).check_consistency()
+        return loaded
 
     @classmethod
     def check_model_type_of_auto_map(cls, config_dict: dict) -> None:
@@ -321,14 +356,17 @@ class LayerFusionConfig(PreTrainedConfig):
         """Raise a `ValueError` naming the first key whose value is not of its declared type (a switch that is not
         `True` / `False`, a bool given for a number) or a float knob that is NaN or infinite."""
         for name, declared in declared_field_types(type(self)).items():
-            value = getattr(self, name)
-            if declared is bool and not value_has_type(value, bool):
-                raise ValueError(f"`{name}` is a switch and must be True or False, got {value!r}.")
-            if not value_has_type(value, declared):
-                described = getattr(declared, "__name__", str(declared))
-                raise ValueError(f"`{name}` must be of type {described}, got {value!r} ({type(value).__name__}).")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+            # transformers' switches are not set yet where a family checks before its `__post_init__` (Re-Transformer)
+            value = getattr(self, name, None) if name in TRANSFORMERS_SWITCHES else getattr(self, name)
+            check_value_type(name, value, declared)
+
+    def __setattr__(self, name, value):
+        # a key set after the config was built (`model.config.allow_external_loss = "no"`, a keyword of
+        # `from_pretrained`) gets the type check of the constructor: a model reads some keys only when it runs
+        declared = declared_field_types(type(self)).get(self.attribute_map.get(name, name))
+        if declared is not None:
+            check_value_type(name, value, declared)
+        super().__setattr__(name, value)
 
     def check_token_ids(self, token_ids: dict) -> None:
         """Raise a `ValueError` naming the first token id (`{key: id, list of ids or None}`) outside [0, vocab_size):

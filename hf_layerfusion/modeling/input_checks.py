@@ -1,5 +1,5 @@
 """Checks of what the models and their generation helpers are called with: token ids, embeddings and attention masks
-of each stack, training labels, decoder groups, positive integer and finite number arguments, search settings.
+of each stack, training labels, decoder groups, switches, positive integer and finite number arguments, search settings.
 
 Every check raises an error that names the bad value, before any computation: a wrong argument must never give a
 silent wrong answer. They are plain functions so that every family's backbone calls the same code.
@@ -34,20 +34,37 @@ def check_finite_number(value, name: str, *, allow_none: bool = False):
     return value
 
 
+def check_switch(value, name: str, *, allow_none: bool = False):
+    """`value` if it is `True` or `False`, else a `TypeError` naming it: `"false"`, `"no"` and `1` are truthy, and a
+    switch given one would be silently on."""
+    if value is None and allow_none:
+        return None
+    if value is not True and value is not False:
+        raise TypeError(f"`{name}` must be True or False, got {value!r} ({type(value).__name__}).")
+    return value
+
+
 def check_generation_arguments(arguments: dict, generation_config=None) -> None:
     """The search settings of a `generate()` call: its keyword `arguments`, else the generation config it runs (its
-    `generation_config` keyword, else `generation_config`). `num_beams` and `max_new_tokens` positive integers,
-    `length_penalty` a finite number (each may be unset): `num_beams=0` fails deep inside generation (a division by
-    zero), `max_new_tokens=2.5` and `length_penalty=nan` give an answer nobody asked for (and the fast loop's and
-    `generate()`'s disagree)."""
+    `generation_config` keyword, else `generation_config`). `num_beams`, `max_new_tokens`, `max_length` and
+    `num_return_sequences` positive integers, `length_penalty` a finite number, `do_sample` a switch and
+    `early_stopping` a switch or `"never"` (each may be unset): `num_beams=0` fails deep inside generation (a
+    division by zero), `max_new_tokens=2.5`, `max_length=2.5` and `length_penalty=nan` give an answer nobody asked
+    for (and the fast loop's and `generate()`'s disagree), and `do_sample=1` samples in `generate()`'s loop (which
+    tests its truth) but picks the greedy mode (`get_generation_mode` tests `is True`), which the fast loop runs."""
     config = arguments.get("generation_config") or generation_config
 
     def setting(name: str):
         return arguments[name] if name in arguments else getattr(config, name, None)
 
-    check_positive_int(setting("num_beams"), "num_beams", allow_none=True)
-    check_positive_int(setting("max_new_tokens"), "max_new_tokens", allow_none=True)
+    for name in ("num_beams", "max_new_tokens", "max_length", "num_return_sequences"):
+        check_positive_int(setting(name), name, allow_none=True)
     check_finite_number(setting("length_penalty"), "length_penalty", allow_none=True)
+    check_switch(setting("do_sample"), "do_sample", allow_none=True)
+    early_stopping = setting("early_stopping")
+    if early_stopping is not None and early_stopping is not True and early_stopping is not False:
+        if not (isinstance(early_stopping, str) and early_stopping == "never"):
+            raise ValueError(f'`early_stopping` must be True, False or "never", got {early_stopping!r}.')
 
 
 def _as_int(value, name: str) -> int:

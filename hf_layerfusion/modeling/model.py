@@ -153,8 +153,11 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
                 "`model.set_attn_implementation('eager')` or load with attn_implementation='eager'."
             )
         if encoder_outputs is None:
+            # the stacks' outputs are read by name here whatever `config.return_dict` says (the caller's choice of a
+            # tuple is made once, by `can_return_tuple` on the way out)
             encoder_outputs = self.encoder(
-                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, return_dict=True,
+                **kwargs,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):  # a tuple (`return_dict=False`)
             encoder_outputs = LayerFusionEncoderOutput(
@@ -178,6 +181,7 @@ class LayerFusionModel(LayerFusionPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             groups=decoder_groups,
+            return_dict=True,
             **kwargs,
         )
         return LayerFusionSeq2SeqModelOutput(
@@ -434,6 +438,7 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             decoder_groups=decoder_groups,
+            return_dict=True,
             **kwargs,
         )
         group_features = outputs.group_features

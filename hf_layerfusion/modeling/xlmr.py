@@ -165,7 +165,9 @@ def backbone_config_from_xlmr(xlmr_config: XLMRobertaConfig) -> dict:
     )
 
 
-def _check_overrides(backbone: dict, overrides: dict, init_decoder: bool) -> None:
+def check_xlmr_overrides(backbone: dict, overrides: dict, init_decoder: bool) -> None:
+    """Refuse `overrides` of the keys XLM-R's weights fix (`backbone`, from `backbone_config_from_xlmr`; the decoder's
+    too with `init_decoder`), naming the key: `from_xlmr` and the multilingual script check before building."""
     fixed = _ENCODER_KEYS_FROM_XLMR + (_DECODER_KEYS_FROM_XLMR if init_decoder else ())
     for key in fixed:
         if key in overrides and overrides[key] != backbone[key]:
@@ -233,7 +235,7 @@ def from_xlmr(xlmr_model_or_path, model_type: str = "gtrans", init_decoder: bool
     check_model_type(model_type)
     xlmr = _as_xlmr_model(xlmr_model_or_path)
     backbone = backbone_config_from_xlmr(xlmr.config)
-    _check_overrides(backbone, config_overrides, init_decoder)
+    check_xlmr_overrides(backbone, config_overrides, init_decoder)
     config_kwargs = {**backbone, **config_overrides}
     state_dict = _xlmr_state_dict(xlmr, config_kwargs["decoder_layers"] if init_decoder else 0)
     source = f"XLM-R checkpoint {xlmr.config.name_or_path or '(in memory)'}"

@@ -159,6 +159,12 @@ class DeepRepresentationsConfig(LayerFusionConfig):
 
     def check_consistency(self) -> None:
         super().check_consistency()
+        # checked even where no stack uses it (as GTrans' group sizes): a saved config must not carry a bad value
+        if self.multi_layer_attention_k < 2:
+            raise ValueError(
+                f"`multi_layer_attention_k` must be at least 2 (layers 1..k keep the plain self-attention), got "
+                f"{self.multi_layer_attention_k}."
+            )
         for stack in ("encoder", "decoder"):
             strategy, layers = getattr(self, f"{stack}_aggregation"), getattr(self, f"{stack}_layers")
             if strategy not in AGGREGATIONS:

@@ -41,6 +41,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import SaveStrategy
 
 from ..file_checks import write_file_atomically
+from ..modeling.input_checks import check_finite_number
 
 
 FUSION_PREFIX = "fusion/"
@@ -61,7 +62,8 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
     """
 
     def __init__(self, max_minutes: float | None = None):
-        if max_minutes is not None and not max_minutes > 0:
+        # None is no budget; infinity would be one that never stops, which None says
+        if max_minutes is not None and not (check_finite_number(max_minutes, "max_minutes") > 0):
             raise ValueError(f"`max_minutes` must be positive, got {max_minutes}.")
         self.max_minutes = max_minutes
         self.elapsed_seconds = 0.0

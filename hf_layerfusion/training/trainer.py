@@ -73,6 +73,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 
 from ..file_checks import check_write_error, refused_write
 from ..inference.fast_generation import fast_decoding_loop
+from ..modeling.input_checks import check_finite_number, check_switch
 from ..modeling.model import LayerFusionForConditionalGeneration
 from ..modeling.pretrained import LayerFusionPreTrainedModel
 from .callbacks import LOG_ENRICHING_CALLBACKS, close_progress_bars
@@ -99,8 +100,11 @@ class LayerFusionSeq2SeqTrainer(Seq2SeqTrainer):
     """
 
     def __init__(self, *args, fast_generation: bool = True, **kwargs):
-        if not isinstance(fast_generation, bool):
-            raise TypeError(f"fast_generation must be True or False, got {fast_generation!r}.")
+        check_switch(fast_generation, "fast_generation")
+        # before transformers' Trainer creates the output dir; `args` is its second parameter, after `model`
+        training_args = kwargs["args"] if "args" in kwargs else args[1] if len(args) > 1 else None
+        if training_args is not None:
+            check_label_smoothing_factor(training_args.label_smoothing_factor)
         super().__init__(*args, **kwargs)
         self.fast_generation = fast_generation
         trained = layerfusion_model_of(self.model)
@@ -331,12 +335,21 @@ def load_checkpoint_weights(model: torch.nn.Module, checkpoint: str | os.PathLik
     model.load_state_dict(weights, strict=False)
 
 
+def check_label_smoothing_factor(label_smoothing_factor) -> None:
+    """Refuse a `label_smoothing_factor` outside [0, 1) by name: torch's cross entropy treats NaN or a negative
+    smoothing as none, and the config it is moved into would not load."""
+    check_finite_number(label_smoothing_factor, "label_smoothing_factor")
+    if not 0 <= label_smoothing_factor < 1:
+        raise ValueError(f"`label_smoothing_factor` must lie in [0, 1), got {label_smoothing_factor!r}.")
+
+
 def move_label_smoothing_to_model(model: LayerFusionPreTrainedModel, label_smoothing_factor: float) -> None:
     """Set `model.config.label_smoothing` from the Trainer's `label_smoothing_factor`.
 
     A factor of 0 leaves the model's own setting alone (the smoothing may have been configured on the model);
     a non-zero factor that contradicts a different non-zero model setting is an error rather than a silent choice.
     """
+    check_label_smoothing_factor(label_smoothing_factor)
     if not label_smoothing_factor:
         return
     configured = model.config.label_smoothing

@@ -13,7 +13,7 @@ from transformers.utils import logging
 
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import prepare_for_inference
-from ..modeling.input_checks import check_decoder_groups, check_generation_arguments, check_positive_int
+from ..modeling.input_checks import check_decoder_groups, check_generation_arguments, check_positive_int, check_switch
 from .language_tags import check_language_tag, check_sources_tagged, check_sources_untagged, tag_source
 
 translation_logger = logging.get_logger(__name__)
@@ -90,6 +90,8 @@ def translate(
         raise TypeError(f"`sentences[{index}]` is {type(sentence).__name__} {sentence!r}, not a string.")
     check_positive_int(batch_size, "batch_size")
     check_positive_int(inter_threads, "inter_threads")
+    check_switch(progress, "progress")
+    check_switch(fast, "fast")
     check_positive_int(num_beams, "num_beams", allow_none=True)
     check_positive_int(max_new_tokens, "max_new_tokens", allow_none=True)
     check_positive_int(max_source_length, "max_source_length", allow_none=True)
