@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         tokenizer_dir = args.output_dir / "tokenizer"
         texts = [pair[lang] for pair in corpus["train"]["translation"] for lang in (SOURCE_LANG, TARGET_LANG)]
-        train_joint_tokenizer(texts, VOCAB_SIZE, save_dir=tokenizer_dir)
+        train_joint_tokenizer(texts, VOCAB_SIZE, save_dir=tokenizer_dir, overwrite=True)  # a rerun replaces it
 
     argvs = {
         model_type: train_args(model_type, args.output_dir / model_type, args.steps, tokenizer_dir, args.seed)

@@ -749,19 +749,20 @@ def collate_rows(features, pad_token_id: int = 1) -> dict:
 
 
 def assert_trainer_step_is_hand_computed(model, rows: list[dict], output_dir, collate=collate_rows,
-                                         learning_rate: float = 0.05):
+                                         learning_rate: float = 0.05, accumulation_steps: int = 1):
     """One `LayerFusionSeq2SeqTrainer` step (SGD, constant learning rate, no gradient clipping: clipping would hide a
-    wrongly scaled loss) on one batch holding every row, against the step computed here on a copy of the model: every
-    parameter moves by `-lr * g`, g the gradient of the model's own loss on the collated batch, and the loss on that
-    batch goes down. Returns the trainer and the reference gradients by parameter name (None where the loss does not
-    reach a parameter)."""
+    wrongly scaled loss) on one batch holding every row (`accumulation_steps` micro-batches of them, accumulated),
+    against the step computed here on a copy of the model: every parameter moves by `-lr * g`, g the gradient of the
+    model's own loss on the collated batch of all rows, and the loss on that batch goes down. Returns the trainer and
+    the reference gradients by parameter name (None where the loss does not reach a parameter)."""
     from datasets import Dataset
     from transformers import Seq2SeqTrainingArguments
 
     from hf_layerfusion.training.trainer import LayerFusionSeq2SeqTrainer
 
     args = Seq2SeqTrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=len(rows), max_steps=1, optim="sgd",
+        output_dir=str(output_dir), per_device_train_batch_size=len(rows) // accumulation_steps,
+        gradient_accumulation_steps=accumulation_steps, max_steps=1, optim="sgd",
         learning_rate=learning_rate, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1, save_strategy="no",
         report_to="none", disable_tqdm=True, use_cpu=True,
     )

@@ -711,6 +711,11 @@ ROWS = [
         ws.gtrans, ws.tokenizer, ws.root / "ct2_new"), ValueError, r"'gtrans'"),
     Row("ctranslate2-export-quantization-not-a-name", lambda ws: hf_layerfusion.export_ctranslate2(
         ws.plain, ws.tokenizer, ws.root / "ct2_new", quantization=8), TypeError, r"8"),
+    # audit: the refusal advised "--overwrite_output_dir", an option neither the export nor its command has
+    Row("ctranslate2-cli-into-full-dir",
+        lambda ws: ctranslate2_export.main(["--model_dir", str(ws.plain_dir), "--output_dir", str(ws.full)]),
+        FileExistsError,
+        r"--output_dir '.*full' already exists and is not empty.*choose another directory or empty it\.$"),
     Row("marian-from-xlmr-dir", lambda ws: from_marian(ws.xlmr_dir), ValueError, r"'xlm-roberta'"),
     Row("marian-from-gtrans-dir", lambda ws: from_marian(ws.gtrans_dir), ValueError, r"'gtrans'"),
     Row("marian-unknown-family", lambda ws: from_marian(ws.marian_dir, model_type="gtrns"), ValueError,
@@ -789,6 +794,17 @@ ROWS = [
         r"'wordpiece'"),
     Row("tokenizer-special", lambda ws: train_joint_tokenizer(SENTENCES, 50, extra_special_tokens=["<s>"]),
         ValueError, r"'<s>'"),
+    # before: a bare string became one special token per character (every "d" and "e" dropped when decoding); True
+    # was a length of 1; a file as save_dir only logged, after training, and saved nothing
+    Row("tokenizer-special-str", lambda ws: train_joint_tokenizer(SENTENCES, 50, extra_special_tokens="<2de>"),
+        TypeError, r"got str '<2de>'; pass \['<2de>'\]"),
+    Row("tokenizer-max-length-bool", lambda ws: train_joint_tokenizer(SENTENCES, 50, model_max_length=True),
+        ValueError, r"`model_max_length`.*got True"),
+    Row("tokenizer-save-dir-file", lambda ws: train_joint_tokenizer(SENTENCES, 50, save_dir=ws.a_file),
+        NotADirectoryError, r"`save_dir` '.*a_file' is a file"),
+    Row("tokenizer-save-dir-holds-one",
+        lambda ws: train_joint_tokenizer(SENTENCES, 50, save_dir=ws.finished, overwrite=False),
+        FileExistsError, r"finished' already holds a tokenizer.*overwrite=True"),
     # ------------------------------------------------------------------ data
     Row("data-not-utf8", lambda ws: load_parallel_text(ws.corpus / "latin1", "en", "de"), ValueError,
         r"latin1\.en.*UTF-8"),
@@ -809,6 +825,18 @@ ROWS = [
                                                                                    num_test=0), ws.tokenizer,
                                                              "en", "de", max_source_length=0),
         ValueError, r"max_source_length.*0"),
+    # before: True cut every source to </s>; None failed inside `map` naming nothing; a directory was "missing"
+    Row("data-max-length-bool", lambda ws: preprocess_translation(builtin_number_corpus(num_train=2, num_valid=0,
+                                                                                        num_test=0), ws.tokenizer,
+                                                                  "en", "de", max_source_length=True),
+        ValueError, r"`max_source_length`.*got True"),
+    Row("data-source-prefix-none", lambda ws: preprocess_translation(builtin_number_corpus(num_train=2, num_valid=0,
+                                                                                           num_test=0), ws.tokenizer,
+                                                                     "en", "de", source_prefix=None),
+        TypeError, r"`source_prefix`.*got None"),
+    Row("data-directory-as-file", lambda ws: load_parallel_text({"train": (ws.corpus, ws.corpus / "train.de")},
+                                                                "en", "de"),
+        IsADirectoryError, r"corpus' is a directory"),
     # ------------------------------------------------------------------ checkpoint averaging (API and CLI)
     Row("average-into-checkpoint",
         lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.checkpoints / "checkpoint-2"), ValueError,
@@ -820,6 +848,10 @@ ROWS = [
         ValueError, r"run'.*overlaps"),
     Row("average-non-empty", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.full), FileExistsError,
         r"full.*not empty"),
+    # audit: before, "no" (truthy) averaged into the non-empty dir
+    Row("average-overwrite-not-a-switch",
+        lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.full, overwrite="no"), TypeError,
+        r"`overwrite` must be True or False, got 'no' \(str\)"),
     Row("average-output-file", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.a_file), NotADirectoryError,
         r"a_file"),
     Row("average-zero", lambda ws: last_checkpoints(ws.checkpoints, 0), ValueError, r"got 0"),
@@ -1118,7 +1150,7 @@ ROWS = [
           lambda ws, args=args: run_translation.main(_rt_args(ws, "--model_type=gtrans", *args)),
           ValueError, message)
       for name, args, message in (
-          ("learning-rate-negative", ["--learning_rate=-1"], r"--learning_rate must be positive, got -1"),
+          ("learning-rate-negative", ["--learning_rate=-1"], r"--learning_rate must be non-negative, got -1"),
           ("adam-beta1-above-one", ["--adam_beta1=1.5"], r"--adam_beta1 must lie in \[0, 1\), got 1\.5"),
           ("adam-beta2-negative", ["--adam_beta2=-0.1"], r"--adam_beta2 must lie in \[0, 1\), got -0\.1"),
           ("adam-epsilon-negative", ["--adam_epsilon=-1"], r"--adam_epsilon must be positive, got -1"),
@@ -1235,6 +1267,17 @@ ROWS = [
     Row("card-language-empty",
         lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "", "tiny", overwrite=True),
         ValueError, r"tgt_lang='' is not a language code"),
+    # audit: before, "no" (truthy) replaced the card; None and "" were published as `datasets: - null` / `- ''`
+    Row("card-overwrite-not-a-switch",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite="no"),
+        TypeError, r"`overwrite` must be True or False, got 'no' \(str\)"),
+    Row("card-dataset-none",
+        lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", None, overwrite=True),
+        ValueError, r"dataset_name=None is empty or not a string"),
+    Row("card-license-empty",
+        lambda ws: hf_layerfusion.write_model_card(
+            ws.carded, ws.gtrans, "en", "de", "tiny", license="", overwrite=True),
+        ValueError, r"license='' is empty or not a string"),
     Row("card-disk-full",
         lambda ws: _disk_full(lambda: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny",
                                                                       overwrite=True)),
@@ -1308,6 +1351,15 @@ ROWS = [
         TypeError, r"`labels` must hold integer token ids, got dtype torch.float32"),
     Row("model-label-1d", lambda ws: ws.gtrans(**_batch(ws, labels=torch.tensor([4, 2]))), ValueError,
         r"`labels` must be 2-D.*\(2,\)"),
+    # torch's loss named neither tensor (plain), GTrans failed on a mask's shape (session of 2026-12-08)
+    Row("model-labels-longer-than-decoder-inputs",
+        lambda ws: ws.gtrans(**_batch(ws, labels=torch.tensor([[4, 5, 2], [4, 5, 2]]),
+                                      decoder_input_ids=torch.tensor([[2, 4], [2, 4]]))),
+        ValueError, r"`labels` has shape \(2, 3\) but the decoder's inputs have \(batch, length\) \(2, 2\)"),
+    Row("model-labels-other-batch-than-decoder-embeds",
+        lambda ws: ws.plain(**_batch(ws, labels=torch.tensor([[4, 2], [4, 2]]),
+                                     decoder_inputs_embeds=torch.zeros(3, 2, ws.plain.config.d_model))),
+        ValueError, r"`labels` has shape \(2, 2\) but the decoder's inputs have \(batch, length\) \(3, 2\)"),
     Row("model-label-list", lambda ws: ws.gtrans(**_batch(ws, labels=[[4, 2], [4, 2]])), TypeError,
         r"`labels` must be a torch.Tensor, got list"),
     Row("model-mask-batch", lambda ws: ws.gtrans(**_batch(ws, attention_mask=torch.ones(3, 4, dtype=torch.long))),
@@ -1351,6 +1403,10 @@ ROWS = [
     # before: a raw `httpx2.ConnectError: [Errno 111] Connection refused` from inside the Hub client
     Row("push-hub-unreachable", _io73_push, ConnectionError,
         r"Hub at http://127\.0\.0\.1:9 to create 'you/gtrans-en-de'.*nothing was uploaded.*HF_ENDPOINT.*HF_TOKEN"),
+    # audit: before, passed to the Hub unchecked
+    Row("push-private-not-a-switch",
+        lambda ws: hf_layerfusion.push_to_hub(ws.gtrans_dir, "you/gtrans-en-de", private="no", token="hf_test_token"),
+        TypeError, r"`private` must be True or False, got 'no' \(str\)"),
     # before: published, and every load without the package failed with a SyntaxError in "<unknown>"
     Row("push-hub-code-cut-short", lambda ws: _io73_push(ws, cut_hub_code=True), ValueError,
         r"Hub code '.*modeling_layerfusion\.py' is damaged or cut short \(.*line \d+\).*save_pretrained"),
@@ -1417,6 +1473,15 @@ ROWS = [
             model=ws.gtrans, tokenizer=ws.tokenizer)("a man", num_beams=2, length_penalty=float("nan"),
                                                      quantization="int8")),
         ValueError, r"`length_penalty` must be a finite number, got nan"),
+    # audit: before, fast="no" decoded with the fast loop, max_source_length=True cut every source to 1 token
+    Row("pipeline-fast-not-a-switch",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", fast="no", quantization="int8")),
+        TypeError, r"`fast` must be True or False, got 'no' \(str\)"),
+    Row("pipeline-max-source-length-bool",
+        lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
+            model=ws.gtrans, tokenizer=ws.tokenizer)("a man", max_source_length=True, quantization="int8")),
+        ValueError, r"`max_source_length` must be a positive integer, got True"),
     Row("translate-length-penalty-nan",
         lambda ws: _fastpath_before_any_copy(lambda: translate(
             ws.gtrans, ws.tokenizer, ["a man"], num_beams=2, length_penalty=float("nan"), quantization="int8")),

@@ -128,3 +128,19 @@ def test_a_killed_averaging_leaves_nothing_push_to_hub_uploads_and_the_next_one_
     with pytest.warns(UserWarning, match=rf"{re.escape(leftover)}.*killed"):
         main(["--checkpoint_dir", str(trainer_output_dir), "--num_checkpoints", "2", "--output_dir", str(output_dir)])
     assert (output_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("overwrite", ["no", 1, None])
+def test_overwrite_must_be_a_switch(trainer_output_dir, tmp_path_factory, overwrite):
+    """Audit: `overwrite="no"` (truthy) averaged into a non-empty output dir; a non-bool is refused by name before
+    anything is written."""
+    from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints
+
+    parent = tmp_path_factory.mktemp("parent")
+    output_dir = parent / "averaged"
+    output_dir.mkdir()
+    (output_dir / "notes.txt").write_text("keep me\n", encoding="utf-8")
+    with pytest.raises(TypeError, match=rf"`overwrite` must be True or False, got {overwrite!r}"):
+        average_last_checkpoints(trainer_output_dir, 2, output_dir, overwrite=overwrite)
+    assert sorted(path.name for path in output_dir.iterdir()) == ["notes.txt"]
+    assert sorted(path.name for path in parent.iterdir()) == ["averaged"]  # no staging dir either

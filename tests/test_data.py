@@ -232,3 +232,72 @@ def test_preprocess_translation_tokenizes_sources_and_targets_with_truncation(tm
         preprocess_translation(corpus["test"], tokenizer, "fr", "de")
     with pytest.raises(ValueError, match="max_target_length"):
         preprocess_translation(corpus["test"], tokenizer, "en", "de", max_target_length=0)
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_sentence(tmp_path):
+    """Windows editors start UTF-8 files with a byte order mark; it was kept as '\\ufeffone'."""
+    (tmp_path / "b.en").write_bytes(b"\xef\xbb\xbfone\r\ntwo\r\n")
+    (tmp_path / "b.de").write_bytes(b"\xef\xbb\xbfeins\nzwei\n")
+    assert load_parallel_text(tmp_path / "b", "en", "de")["b"]["translation"] == [
+        {"en": "one", "de": "eins"}, {"en": "two", "de": "zwei"}
+    ]
+    (tmp_path / "b.jsonl").write_bytes(b'\xef\xbb\xbf{"translation": {"en": "one", "de": "eins"}}\n')
+    assert load_json_lines_translation(tmp_path / "b.jsonl", "en", "de")["b"]["translation"] == [
+        {"en": "one", "de": "eins"}
+    ]
+
+
+@pytest.mark.parametrize(
+    "pair, message",
+    [
+        ('{"en": "a", "de": null}', r"bad.jsonl:2: the 'de' sentence is NoneType null, not a string"),
+        ('{"en": 5, "de": 6}', r"bad.jsonl:2: the 'en' sentence is int 5"),  # loaded as "5" / "6"
+        ('{"en": ["a"], "de": "b"}', r"bad.jsonl:2: the 'en' sentence is list \[\"a\"\]"),
+    ],
+)
+def test_json_lines_sentences_must_be_strings(tmp_path, pair, message):
+    (tmp_path / "bad.jsonl").write_text(
+        '{"translation": {"en": "a", "de": "b"}}\n{"translation": ' + pair + "}\n", encoding="utf-8"
+    )
+    with pytest.raises(ValueError, match=message):
+        load_json_lines_translation(tmp_path / "bad.jsonl", "en", "de")
+
+
+def test_a_directory_given_as_a_file_is_named_a_directory(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.de").write_text("x\n", encoding="utf-8")
+    with pytest.raises(IsADirectoryError, match=r"Parallel text file '.*sub' is a directory"):
+        load_parallel_text({"train": (tmp_path / "sub", tmp_path / "a.de")}, "en", "de")
+    (tmp_path / "p.en").mkdir()
+    (tmp_path / "p.de").write_text("x\n", encoding="utf-8")
+    with pytest.raises(IsADirectoryError, match=r"p\.en' is a directory"):
+        load_parallel_text(tmp_path / "p", "en", "de")
+    with pytest.raises(IsADirectoryError, match=r"JSON lines file '.*sub' is a directory"):
+        load_json_lines_translation({"train": tmp_path / "sub"}, "en", "de")
+
+
+def test_lines_empty_on_one_side_are_kept_with_one_warning_per_file_pair(tmp_path, caplog):
+    """Real corpora have such lines and the Hugging Face / fairseq loaders keep them: kept, but no longer silently."""
+    (tmp_path / "a.en").write_text("one\ntwo\n\nfour\nfive\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\n\n\n\nfünf\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="hf_layerfusion.training.data"):
+        rows = load_parallel_text(tmp_path / "a", "en", "de")["a"]["translation"]
+    assert rows[1] == {"en": "two", "de": ""} and rows[2] == {"en": "", "de": ""} and len(rows) == 5
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "a.en" in warnings[0] and "a.de" in warnings[0]
+    assert "2 line(s) empty on one side only (first: line 2)" in warnings[0]
+
+
+def test_preprocess_translation_refuses_bools_and_a_non_string_prefix():
+    corpus = builtin_number_corpus("en", "de", num_train=4, num_valid=0, num_test=0, seed=0)
+    tokenizer = train_joint_tokenizer(
+        [text for row in corpus["train"]["translation"] for text in row.values()], vocab_size=80, model="bpe"
+    )
+    # True was a length of 1: every source cut to </s>
+    with pytest.raises(ValueError, match=r"`max_source_length` must be a positive integer, got True"):
+        preprocess_translation(corpus, tokenizer, "en", "de", max_source_length=True)
+    with pytest.raises(ValueError, match=r"`max_target_length` must be a positive integer, got True"):
+        preprocess_translation(corpus, tokenizer, "en", "de", max_target_length=True)
+    with pytest.raises(TypeError, match=r"`source_prefix` must be a string.*got None"):
+        preprocess_translation(corpus, tokenizer, "en", "de", source_prefix=None)

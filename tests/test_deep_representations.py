@@ -16,6 +16,7 @@ from helpers import (
     assert_trainer_step_is_hand_computed,
     attention,
     causal_allowed,
+    copy_task_rows,
     embed,
     float64_default,
     layer_norm,
@@ -808,3 +809,15 @@ def test_trainer_step_is_the_hand_computed_sgd_step(tiny_backbone, padded_batch,
     )
     logged = [log for log in trainer.state.log_history if "layer_diversity" in log]
     assert len(logged) == 1 and logged[0]["layer_diversity"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_step_of_accumulated_micro_batches_is_the_step_of_the_whole_batch(tiny_backbone, tmp_path):
+    """Gradient accumulation (2 micro-batches of 2 copy-task rows) takes the SGD step of the whole batch of 4: the
+    diversity term (a mean over the batch) counts by each micro-batch's share of the step's target tokens, as the
+    cross entropy does. Before, the Trainer (which no longer divides the loss by the accumulation steps of a model that
+    takes `num_items_in_batch`) added it once per micro-batch: lambda was k times larger under k accumulation steps.
+    The copy task's sources are its targets, so the encoder's term is exact too."""
+    model = make_model(tiny_backbone, diversity_weight=0.5).train()
+    assert_trainer_step_is_hand_computed(
+        model, copy_task_rows(tiny_backbone["vocab_size"], count=4), tmp_path, accumulation_steps=2
+    )

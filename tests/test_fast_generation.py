@@ -417,6 +417,28 @@ def test_the_float32_copy_is_made_once_where_it_applies_and_falls_back_to_the_mo
 
 
 @needs_float32_kernel
+def test_a_generation_config_assigned_after_the_copy_was_made_is_the_one_the_copy_decodes_with(source):
+    """`model.generation_config = GenerationConfig(...)` replaces the object the copies share: the kept float32 and
+    int8 copies decode with the new one (before, they kept the old object, and the fast loop gave other tokens than
+    generate() without a word)."""
+    model = tiny_model("plain_transformer", d_model=32, seed=3)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(3)  # sharper distributions: repeated tokens, which the new setting forbids
+    settings = dict(max_new_tokens=8)
+    fast_generate(model, **source, **settings)
+    fast_generate(model, **source, **settings, quantization="int8")
+    replaced = GenerationConfig(**{**model.generation_config.to_dict(), "no_repeat_ngram_size": 1})
+    model.generation_config = replaced
+    expected = reference(model, source, **settings)
+    assert not torch.equal(expected, reference(model, source, **settings, no_repeat_ngram_size=0))  # it matters
+    assert torch.equal(fast_generate(model, **source, **settings), expected)
+    assert prepare_for_inference(model).generation_config is replaced
+    fast_generate(model, **source, **settings, quantization="int8")
+    assert prepare_for_inference(model, "int8").generation_config is replaced
+
+
+@needs_float32_kernel
 def test_a_fallback_of_the_float32_copy_is_generate_of_the_model_itself(source):
     """What the fast loop does not cover runs the model's own generate(), not the copy's: eager attention weights
     are returned (the copy's attention, like SDPA, returns none)."""

@@ -1,6 +1,10 @@
 """`to_marian` and `export_ctranslate2`: a plain Transformer of this package leaves it as the `MarianMTModel` (and
 the CTranslate2 model) that computes the same translations."""
 
+import errno
+import re
+from pathlib import Path
+
 import pytest
 import torch
 from helpers import EOS, PAD, tiny_marian, tiny_model, tiny_tokenizer
@@ -116,3 +120,56 @@ def test_ctranslate2_export_writes_through_a_symbolic_link(tmp_path, target_exis
     result = translator.translate_batch([tokenizer.convert_ids_to_tokens(batch["input_ids"][0])], max_decoding_length=5,
                                         min_decoding_length=5, return_end_token=True)
     assert result[0].hypotheses[0] == tokenizer.convert_ids_to_tokens(generated[0, 1:])
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new-dir", "empty-dir"])
+def test_a_failed_ctranslate2_save_leaves_the_output_dir_as_it_was(tmp_path, monkeypatch, existing):
+    """Audit: the converter saved straight into the output dir, so a save that failed halfway (a full disk) left a
+    partial model there, and the retry was refused with advice to pass an option (--overwrite_output_dir) the export
+    does not have. It now saves beside it and moves the files in only when complete: a failure leaves the output dir
+    as it was and no temporary directory, names the reason, and the retry writes the model."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from ctranslate2.specs import model_spec
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", seed=3, vocab_size=len(tokenizer))
+    parent = tmp_path / "models"
+    output_dir = parent / "ct2"
+    if existing:
+        output_dir.mkdir(parents=True)
+
+    def full_disk(self, directory):
+        (Path(directory) / "config.json").write_text("{}")  # a first file written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model_spec.ModelSpec, "save", full_disk)
+    with pytest.raises(OSError, match=r"CTranslate2 model '.*ct2'.*disk is full.*Nothing of it is left there"):
+        hf_layerfusion.export_ctranslate2(model, tokenizer, output_dir)
+    assert sorted(path.name for path in parent.iterdir()) == (["ct2"] if existing else [])
+    assert not existing or list(output_dir.iterdir()) == []
+    monkeypatch.undo()
+    assert hf_layerfusion.export_ctranslate2(model, tokenizer, output_dir) == output_dir
+    assert sorted(path.name for path in parent.iterdir()) == ["ct2"]
+    ctranslate2.Translator(str(output_dir), device="cpu")
+
+
+def test_a_non_empty_ctranslate2_output_dir_is_refused_without_naming_an_option_it_lacks(tmp_path):
+    """The refusal said "pass --overwrite_output_dir", an option neither `export_ctranslate2` nor its command has."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model("plain_transformer", seed=3, vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path / "plain")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "notes.txt").write_text("keep me\n")
+    from hf_layerfusion.inference import ctranslate2_export
+
+    for call in (
+        lambda: hf_layerfusion.export_ctranslate2(model, tokenizer, tmp_path / "ct2"),
+        lambda: ctranslate2_export.main(
+            ["--model_dir", str(tmp_path / "plain"), "--output_dir", str(tmp_path / "ct2")]),
+    ):
+        with pytest.raises(FileExistsError) as raised:
+            call()
+        assert re.search(r"ct2' already exists and is not empty \(\['notes\.txt'\]\); choose another directory or "
+                         r"empty it\.$", str(raised.value)), raised.value
+    assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["notes.txt"]

@@ -109,3 +109,42 @@ def test_model_card_failed_write_keeps_the_previous_card(tmp_path):
             hf_layerfusion.write_model_card(tmp_path, model, "en", "de", "multi30k", overwrite=True)
     assert readme.read_text() == "my own notes\n"
     assert [child.name for child in tmp_path.iterdir()] == ["README.md"]
+
+
+def _tiny_plain():
+    return hf_layerfusion.PlainTransformerForConditionalGeneration(
+        hf_layerfusion.PlainTransformerConfig(
+            vocab_size=20, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16,
+        )
+    )
+
+
+@pytest.mark.parametrize("overwrite", ["no", 0, None])
+def test_overwrite_must_be_a_switch(tmp_path, overwrite):
+    """`overwrite="no"` (truthy) replaced the existing README.md: a non-bool is refused by name, the card kept."""
+    readme = tmp_path / "README.md"
+    readme.write_text("my own notes\n")
+    with pytest.raises(TypeError, match=rf"`overwrite` must be True or False, got {overwrite!r}"):
+        hf_layerfusion.write_model_card(tmp_path, _tiny_plain(), "en", "de", "multi30k", overwrite=overwrite)
+    assert readme.read_text() == "my own notes\n"
+
+
+@pytest.mark.parametrize(
+    "keyword, message",
+    [
+        (dict(dataset_name=None), r"dataset_name=None is empty or not a string.*'multi30k'"),
+        (dict(dataset_name=""), r"dataset_name='' is empty or not a string"),
+        (dict(dataset_name="  "), r"dataset_name='  ' is empty or not a string"),
+        (dict(dataset_name=["multi30k"]), r"dataset_name=\['multi30k'\] is empty or not a string"),
+        (dict(license=None), r"license=None is empty or not a string.*'apache-2.0'"),
+        (dict(license=""), r"license='' is empty or not a string"),
+    ],
+)
+def test_empty_dataset_or_license_is_refused_not_published(tmp_path, keyword, message):
+    """Audit: dataset_name=None went into the Hub metadata as `datasets: - null`, "" as `- ''`, license=None was
+    accepted; each is refused by name and no card is written."""
+    arguments = {"src_lang": "en", "tgt_lang": "de", "dataset_name": "multi30k", **keyword}
+    with pytest.raises(ValueError, match=message):
+        hf_layerfusion.write_model_card(tmp_path, _tiny_plain(), **arguments)
+    assert not (tmp_path / "README.md").exists()

@@ -1,6 +1,8 @@
 """The translation pipeline registered by `import hf_layerfusion`, for every family, against direct `generate()` calls
 on the same padded batch (the Hub-code pipeline is compared in tests/test_hub.py)."""
 
+import logging
+
 import pytest
 import torch
 from helpers import GENERATION, SOURCES, tiny_model, tiny_tokenizer
@@ -146,3 +148,47 @@ def test_the_pipeline_steps_keywords_of_transformers_4_are_its_own_not_generates
         translator(SOURCES, return_tensors="yes")
     with pytest.raises(ValueError, match="contradict"):
         translator(SOURCES, return_tensors=True, return_text=True)
+
+
+@pytest.mark.parametrize(
+    "keyword, error, message",
+    [
+        # before: bool(fast), so "no" and 0 decoded with the fast loop
+        (dict(fast="no"), TypeError, r"`fast` must be True or False, got 'no' \(str\)"),
+        (dict(fast=0), TypeError, r"`fast` must be True or False, got 0 \(int\)"),
+        # before: True cut every source to 1 token without a word, 2.5 and NaN failed in the tokenizer naming nothing
+        (dict(max_source_length=True), ValueError, r"`max_source_length` must be a positive integer, got True"),
+        (dict(max_source_length=2.5), ValueError, r"`max_source_length` must be a positive integer, got 2\.5"),
+        (dict(max_source_length=float("nan")), ValueError, r"`max_source_length` must be a positive integer, got nan"),
+    ],
+)
+def test_the_fast_switch_and_the_source_length_limit_are_checked_by_name(tokenizer, keyword, error, message):
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=tiny_model("plain_transformer"), tokenizer=tokenizer)
+    with pytest.raises(error, match=message):
+        translator(SOURCES, **keyword, **GENERATION)
+
+
+def test_sources_cut_at_the_length_limit_are_counted_in_one_warning_per_pipeline_call(tokenizer, caplog):
+    """Audit: the pipeline cut sources longer than `max_source_length` (default: the position table) without a word,
+    where `translate()` warns. Each call that cuts says so once (a string or a list, in any batch size), with
+    `translate()`'s warning; a call that cuts nothing, or does not truncate, says nothing."""
+    model = tiny_model("plain_transformer")
+    translator = pipeline(hf_layerfusion.PIPELINE_TASK, model=model, tokenizer=tokenizer)
+    lengths = [len(tokenizer(source)["input_ids"]) for source in SOURCES]
+
+    def cut_warnings(sentences, **kwargs) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_layerfusion.translation.translate"):
+            translator(sentences, num_beams=1, max_new_tokens=2, **kwargs)
+        return [record.getMessage() for record in caplog.records if "longer than" in record.getMessage()]
+
+    assert cut_warnings(SOURCES, max_source_length=max(lengths)) == []
+    warnings = cut_warnings(SOURCES, batch_size=2, max_source_length=max(lengths) - 1)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f"The translation pipeline: {lengths.count(max(lengths))} of 4 sentence(s) are "
+                                  f"longer than max_source_length={max(lengths) - 1} tokens")
+    positions = model.config.max_position_embeddings  # the default limit
+    long_sentence = " ".join(["abba baab"] * positions)
+    warnings = cut_warnings(long_sentence)
+    assert len(warnings) == 1 and f"1 of 1 sentence(s) are longer than max_source_length={positions}" in warnings[0]
+    assert cut_warnings(SOURCES[:1], truncation=False) == []

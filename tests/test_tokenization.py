@@ -5,6 +5,8 @@ import hashlib
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+from unittest import mock
 
 import pytest
 from helpers import MULTI30K_DIR, require_shared
@@ -190,8 +192,78 @@ def test_a_failing_text_source_raises_its_own_error():
         (dict(extra_special_tokens=["<2de>", "<2de>"]), "<2de>"),
         (dict(extra_special_tokens=["</s>"]), "</s>"),
         (dict(model_max_length=0), "model_max_length"),
+        # True is 1 to `isinstance(_, int)`: a limit of one token
+        (dict(model_max_length=True), r"`model_max_length`.*got True"),
+        (dict(vocab_size=True), r"`vocab_size`.*got True"),
     ],
 )
 def test_bad_arguments_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         train_joint_tokenizer(["a b c"], **{"vocab_size": 50, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [
+        # a bare string made each character a special token: every "d" and "e" vanished when decoding
+        ("<2de>", r"`extra_special_tokens` must be a list of tokens, got str '<2de>'; pass \['<2de>'\]"),
+        ([5], r"`extra_special_tokens\[0\]` is int 5"),
+        (["<2de>", ""], r"`extra_special_tokens\[1\]` is str ''"),
+    ],
+)
+def test_extra_special_tokens_must_be_a_list_of_non_empty_strings(tokens, message):
+    with pytest.raises(TypeError, match=message):
+        train_joint_tokenizer(["a b c"], vocab_size=50, model="bpe", extra_special_tokens=tokens)
+
+
+def test_save_dir_is_checked_before_training(tmp_path, monkeypatch):
+    """A file as `save_dir` (or a path under one): transformers only logged "should be a directory" and saved
+    nothing, after training; a directory holding a tokenizer is replaced only with `overwrite=True`. All refused
+    before the trainer runs, the files left as they were."""
+    import hf_layerfusion.training.tokenization as tokenization
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained before the save_dir was checked")
+
+    monkeypatch.setattr(tokenization, "train_unigram_model", no_training)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me", encoding="utf-8")
+    with pytest.raises(NotADirectoryError, match=r"`save_dir` '.*a_file' is a file"):
+        train_joint_tokenizer(["a b c"], vocab_size=50, save_dir=a_file)
+    with pytest.raises(NotADirectoryError, match=r"a_file' is a file"):
+        train_joint_tokenizer(["a b c"], vocab_size=50, save_dir=a_file / "tokenizer")
+    assert a_file.read_text(encoding="utf-8") == "keep me"
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "tokenizer.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(FileExistsError, match=r"held' already holds a tokenizer \(\['tokenizer.json'\]\).*overwrite"):
+        train_joint_tokenizer(["a b c"], vocab_size=50, save_dir=held, overwrite=False)
+    with pytest.raises(TypeError, match=r"`overwrite` must be True or False, got 'no'"):
+        train_joint_tokenizer(["a b c"], vocab_size=50, save_dir=held, overwrite="no")
+    assert [path.name for path in held.iterdir()] == ["tokenizer.json"]
+
+
+def test_saving_replaces_only_the_tokenizer_files_through_a_temporary_dir(tmp_path, caplog):
+    """`overwrite=True` replaces an earlier tokenizer (saying so) and keeps the directory's other files; a save that
+    fails leaves the earlier tokenizer as it was and no temporary directory behind."""
+    save_dir = tmp_path / "run"
+    first = train_joint_tokenizer(["a b c"] * 3, vocab_size=20, model="bpe", save_dir=save_dir, overwrite=False)
+    (save_dir / "config.json").write_text("{}", encoding="utf-8")
+    saved = {name: (save_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+    with caplog.at_level("WARNING", logger="hf_layerfusion.training.tokenization"):
+        second = train_joint_tokenizer(["x y z"] * 3, vocab_size=20, model="bpe", save_dir=save_dir, overwrite=True)
+    assert "Replacing the tokenizer in" in caplog.text
+    assert sorted(path.name for path in save_dir.iterdir()) == ["config.json", *saved]
+    assert AutoTokenizer.from_pretrained(save_dir).get_vocab() == second.get_vocab() != first.get_vocab()
+
+    for name, data in saved.items():
+        (save_dir / name).write_bytes(data)
+
+    def failing_save(self, directory, *args, **kwargs):
+        (Path(directory) / "tokenizer.json").write_text("{partial", encoding="utf-8")
+        raise OSError("disk trouble")
+
+    with mock.patch.object(type(second), "save_pretrained", failing_save), pytest.raises(OSError, match="disk trouble"):
+        train_joint_tokenizer(["x y z"] * 3, vocab_size=20, model="bpe", save_dir=save_dir, overwrite=True)
+    assert {name: (save_dir / name).read_bytes() for name in saved} == saved
+    assert sorted(path.name for path in save_dir.iterdir()) == ["config.json", *saved]

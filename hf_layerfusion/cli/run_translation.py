@@ -481,8 +481,9 @@ def load_or_train_tokenizer(
         model_args.tokenizer_vocab_size,
         len(texts),
     )
+    # check_output_location allowed the run to replace its own files there (--overwrite_output_dir), the tokenizer's
     return train_joint_tokenizer(
-        texts, model_args.tokenizer_vocab_size, model=model_args.tokenizer_model, save_dir=output_dir
+        texts, model_args.tokenizer_vocab_size, model=model_args.tokenizer_model, save_dir=output_dir, overwrite=True
     )
 
 
@@ -610,7 +611,8 @@ def select_splits(raw: datasets.DatasetDict, data_args: DataArguments, training_
 
 # the ranges of the Trainer's floats: (option, test, what the error says it must be)
 TRAINER_FLOAT_RANGES = (
-    ("learning_rate", lambda value: value > 0, "be positive"),
+    # 0 keeps the weights: a run that checks what it loads and logs (the fine-tuning arms' test) trains at 0
+    ("learning_rate", lambda value: value >= 0, "be non-negative"),
     ("adam_epsilon", lambda value: value > 0, "be positive"),
     ("weight_decay", lambda value: value >= 0, "be non-negative"),
     ("max_grad_norm", lambda value: value >= 0, "be non-negative (0: no gradient clipping)"),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..file_checks import check_output_file, write_file_atomically
 from ..modeling.configuration import LayerFusionConfig
+from ..modeling.input_checks import check_switch
 from ..version import TORCH_REQUIREMENT, TRANSFORMERS_REQUIREMENT
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "model_card_templates"  # package data: works from a wheel too
@@ -86,6 +87,11 @@ def write_model_card(
     for name, code in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
         if not isinstance(code, str) or not LANGUAGE_CODE.fullmatch(code):
             raise ValueError(f"{name}={code!r} is not a language code: give an ISO 639 code such as 'en' or 'de'.")
+    # None or "" would be published as the card's `datasets: - null` or `license: ''`
+    for name, value, example in (("dataset_name", dataset_name, "multi30k"), ("license", license, "apache-2.0")):
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name}={value!r} is empty or not a string: give its name, such as {example!r}.")
+    check_switch(overwrite, "overwrite")  # "no" is truthy: it would replace the existing card
     for split, score in (bleu_scores or {}).items():
         if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0 <= score <= 100:
             raise ValueError(f"bleu_scores[{split!r}]={score!r} is not a finite number in [0, 100]; give the split's "

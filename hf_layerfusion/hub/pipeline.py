@@ -19,7 +19,7 @@ from transformers import Pipeline
 from ..compat import prepare_pipeline_generate_kwargs
 from ..inference.fast_generation import fast_generate
 from ..inference.inference_copies import QUANTIZATIONS, prepare_for_inference
-from ..modeling.input_checks import check_generation_arguments, check_switch
+from ..modeling.input_checks import check_generation_arguments, check_positive_int, check_switch
 from ..translation.language_tags import (
     check_language_tag,
     check_sources_tagged,
@@ -27,6 +27,7 @@ from ..translation.language_tags import (
     language_tag,
     tag_source,
 )
+from ..translation.translate import source_lengths
 
 # `pipeline(PIPELINE_TASK, ...)` with the package installed; `pipeline(HUB_PIPELINE_TASK, ..., trust_remote_code=True)`
 # with the Hub code alone.
@@ -62,7 +63,8 @@ class LayerFusionTranslationPipeline(Pipeline):
         src_lang: accepted for compatibility with transformers 4's translation pipeline; the tag scheme of Johnson
             et al. (2017) marks only the target, so the source language is validated as a language code and not fed
             to the model.
-        max_source_length: truncation length of the sources (default: the model's position table).
+        max_source_length: truncation length of the sources (default: the model's position table); a call that cuts
+            sources says so in one warning (how many, the limit), as `translate()` does.
         decoder_groups: GTrans, 1-based decoder groups to mix (paper Table VI).
         fast: decode with `fast_generate` (default True); False calls `generate()` itself.
         quantization: `"int8"` translates with the model's int8 copy (`prepare_for_inference`: faster on CPU, not
@@ -96,7 +98,7 @@ class LayerFusionTranslationPipeline(Pipeline):
         **generate_kwargs,
     ):
         # keywords of the pipeline's own steps: they must not reach generate(), which refuses what it does not know
-        switches = dict(truncation=truncation, return_tensors=return_tensors, return_text=return_text,
+        switches = dict(fast=fast, truncation=truncation, return_tensors=return_tensors, return_text=return_text,
                         clean_up_tokenization_spaces=clean_up_tokenization_spaces)
         for name, value in switches.items():
             check_switch(value, name, allow_none=True)
@@ -113,7 +115,7 @@ class LayerFusionTranslationPipeline(Pipeline):
         if clean_up_tokenization_spaces is not None:
             postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
         if fast is not None:
-            generate_kwargs["fast"] = bool(fast)
+            generate_kwargs["fast"] = fast
         if quantization is not None:
             if quantization not in QUANTIZATIONS:
                 raise ValueError(f"Unknown quantization {quantization!r}; choose one of {QUANTIZATIONS}.")
@@ -123,9 +125,8 @@ class LayerFusionTranslationPipeline(Pipeline):
         if tgt_lang is not None:
             check_language_tag(self.tokenizer, tgt_lang)
             preprocess_params["tgt_lang"] = tgt_lang
-        if max_source_length is not None:
-            if max_source_length < 1:
-                raise ValueError(f"`max_source_length` must be positive, got {max_source_length}.")
+        # True would be a limit of 1 token, and 2.5 or NaN fail in the tokenizer with an error that names nothing
+        if check_positive_int(max_source_length, "max_source_length", allow_none=True) is not None:
             preprocess_params["max_source_length"] = max_source_length
         if decoder_groups is not None:
             generate_kwargs["decoder_groups"] = list(decoder_groups)
@@ -145,6 +146,29 @@ class LayerFusionTranslationPipeline(Pipeline):
         if isinstance(inputs, list) and all(len(records) == 1 for records in results):
             return [records[0] for records in results]
         return results
+
+    # a string runs through `run_single`, a list through `get_iterator`: each warns of the call's cut sources first,
+    # once for the call, since `preprocess` sees one sentence at a time
+    def run_single(self, inputs, preprocess_params, forward_params, postprocess_params):
+        self._warn_of_cut_sources([inputs], **preprocess_params)
+        return super().run_single(inputs, preprocess_params, forward_params, postprocess_params)
+
+    def get_iterator(self, inputs, num_workers, batch_size, preprocess_params, forward_params, postprocess_params):
+        self._warn_of_cut_sources(inputs, **preprocess_params)
+        return super().get_iterator(
+            inputs, num_workers, batch_size, preprocess_params, forward_params, postprocess_params
+        )
+
+    def _warn_of_cut_sources(
+        self, texts: list[str], tgt_lang: str | None = None, max_source_length: int | None = None,
+        truncation: bool = True,
+    ) -> None:
+        """`translate()`'s warning of the sources that truncation cuts to their beginning (how many, the limit)."""
+        if truncation:
+            if tgt_lang is not None:
+                texts = [tag_source(text, tgt_lang) for text in texts]
+            limit = max_source_length or self.model.config.max_position_embeddings
+            source_lengths(self.tokenizer, texts, limit, caller="The translation pipeline")
 
     def preprocess(
         self, text: str, tgt_lang: str | None = None, max_source_length: int | None = None, truncation: bool = True

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..file_checks import LOCK_FILE, write_file_atomically
 from ..modeling.configuration import LayerFusionConfig
+from ..modeling.input_checks import check_switch
 from ..modeling.registry import FAMILIES, Family, family_of
 from ..version import REMOTE_MODULE, TORCH_REQUIREMENT, TRANSFORMERS_HINT, TRANSFORMERS_REQUIREMENT, __version__
 from .pipeline import HUB_PIPELINE_TASK, LayerFusionTranslationPipeline
@@ -402,6 +403,7 @@ def push_to_hub(
     (`HF_ENDPOINT`, `HF_TOKEN` or `hf auth login`)."""
     from huggingface_hub import HfApi
 
+    check_switch(private, "private", allow_none=True)  # "no" is truthy: the repository would be created private
     check_model_directory(model_dir)
     api = HfApi()
     try:  # the first request: a Hub out of reach is named before anything is uploaded

@@ -21,11 +21,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 import torch
 
-from ..file_checks import check_local_or_hub, check_not_an_adapter, check_output_dir, check_tokenizer_files
+from ..file_checks import (
+    check_local_or_hub,
+    check_not_an_adapter,
+    check_output_dir,
+    check_tokenizer_files,
+    check_write_error,
+)
 from ..modeling.conversion import to_marian
 
 
@@ -54,7 +61,9 @@ def _marian_as_in_transformers_loader():
 def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantization: str | None = None) -> Path:
     """Write a CTranslate2 model of the plain Transformer `model` (with its `tokenizer`'s vocabulary) to
     `output_dir`, which must not exist or be empty (nothing is overwritten; a symbolic link is written through, into
-    the directory it points at), and return its path.
+    the directory it points at), and return its path. The model is written into a temporary directory beside it
+    (`_ct2_export.<name>.*`) and moved into `output_dir` only when complete: a failure (a full disk) leaves
+    `output_dir` as it was.
 
     `quantization` is CTranslate2's weight type (None keeps float32; e.g. "int8", "int8_float32", "float16"). Load
     the result with `ctranslate2.Translator(path)`; it translates token strings
@@ -68,7 +77,7 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
         ) from error
     if quantization is not None and not isinstance(quantization, str):
         raise TypeError(f"quantization must be None or a CTranslate2 type name such as 'int8', got {quantization!r}.")
-    output_dir = check_output_dir(output_dir)
+    output_dir = check_output_dir(output_dir, overwrite_option=None)  # the export has no option to write into it
     marian = to_marian(model).float().eval()
 
     class InMemoryConverter(ctranslate2.converters.Converter):
@@ -76,9 +85,20 @@ def export_ctranslate2(model, tokenizer, output_dir: str | os.PathLike, quantiza
             with torch.no_grad():
                 return _marian_as_in_transformers_loader()(marian, tokenizer)
 
-    # the converter replaces the directory it writes (`shutil.rmtree`, which refuses a symbolic link, once the whole
-    # conversion is done): it writes the directory a link points at
-    InMemoryConverter().convert(os.path.realpath(output_dir), quantization=quantization, force=True)
+    # the converter saves in place (it replaces the directory it is given, then writes the files there), so a save
+    # that fails halfway would leave a partial model: it saves into a temporary directory beside the target, whose
+    # files are moved in once complete. The target is the directory a symbolic link points at: the link stays.
+    target = Path(os.path.realpath(output_dir))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"_ct2_export.{target.name}.") as staging:
+        try:
+            InMemoryConverter().convert(staging, quantization=quantization, force=True)
+        except Exception as error:
+            check_write_error(error, output_dir, "the CTranslate2 model", removed=True)
+            raise
+        target.mkdir(exist_ok=True)
+        for file in Path(staging).iterdir():
+            os.replace(file, target / file.name)
     return output_dir
 
 
@@ -101,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
 
     model_dir = check_local_or_hub(args.model_dir, "--model_dir")
     check_not_an_adapter(model_dir, "--model_dir")
-    check_output_dir(args.output_dir, [model_dir] if os.path.isdir(model_dir) else [], what="--output_dir")
+    check_output_dir(args.output_dir, [model_dir] if os.path.isdir(model_dir) else [], what="--output_dir",
+                     overwrite_option=None)
     check_tokenizer_files(model_dir, "--model_dir")  # before the model: a model saved without one fails at once
     model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

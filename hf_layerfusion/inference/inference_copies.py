@@ -739,7 +739,11 @@ def prepare_for_inference(model, quantization: str | None = None):
     fingerprint = weights_fingerprint(parameters + buffers)
     cached = _prepared.get(model, {}).get(key)
     if cached is not None and fingerprint is not None and cached[0] == fingerprint:
-        return cached[1]
+        engine = cached[1]
+        # the copy shares the model's generation config object: one assigned since (`model.generation_config = ...`)
+        # must replace it there too, or the copy would decode with the old settings
+        engine.generation_config = model.generation_config
+        return engine
     if quantization is None:
         unknown = modules_the_copy_does_not_know(model)
         if unknown is not None:  # checked where a copy would be made: changing modules changes the parameters

@@ -99,16 +99,24 @@ def check_decoder_groups(groups, num_groups: int, name: str = "decoder_groups") 
     return sorted(values)
 
 
-def check_labels(config, labels) -> None:
-    """Training targets: a 2-D integer batch of token ids in [0, vocab_size), or -100 (positions the loss ignores).
-    An id outside the vocabulary would fail deep in the loss with a bare index error (or, at the last position,
-    never reach the decoder's input check), so it is named here. Value checks are skipped while compiling."""
+def check_labels(config, labels, decoder_inputs=None) -> None:
+    """Training targets: a 2-D integer batch of token ids in [0, vocab_size), or -100 (positions the loss ignores),
+    of the (batch, length) of the decoder's inputs where they are given (`decoder_inputs`: `decoder_input_ids` or
+    `decoder_inputs_embeds`). An id outside the vocabulary would fail deep in the loss with a bare index error (or, at
+    the last position, never reach the decoder's input check), and other shapes in torch's loss naming neither
+    tensor, so they are named here. Value checks are skipped while compiling."""
     if not isinstance(labels, torch.Tensor):
         raise TypeError(f"`labels` must be a torch.Tensor, got {type(labels).__name__}.")
     if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
         raise TypeError(f"`labels` must hold integer token ids, got dtype {labels.dtype}.")
     if labels.dim() != 2:
         raise ValueError(f"`labels` must be 2-D (batch, length), got shape {tuple(labels.shape)}.")
+    if decoder_inputs is not None and tuple(decoder_inputs.shape[:2]) != tuple(labels.shape):
+        raise ValueError(
+            f"`labels` has shape {tuple(labels.shape)} but the decoder's inputs have (batch, length) "
+            f"{tuple(decoder_inputs.shape[:2])}: each label is the token that follows the decoder input at its "
+            "position (leave out decoder_input_ids to have them made from the labels)."
+        )
     if torch.compiler.is_compiling() or not labels.numel():
         return
     outside = labels[(labels != -100) & ((labels < 0) | (labels >= config.vocab_size))]

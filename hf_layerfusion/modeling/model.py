@@ -385,7 +385,9 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         self, outputs: LayerFusionSeq2SeqModelOutput, attention_mask: torch.Tensor | None, labels: torch.Tensor
     ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
         """A family's term of the training objective, added to the output head's loss on forward passes with `labels`,
-        and the diagnostics it reports (fields of `output_class`), from the bare model's `outputs`. Default: none."""
+        and the diagnostics it reports (fields of `output_class`), from the bare model's `outputs`. Default: none.
+        The term is a mean over this batch; under gradient accumulation (`num_items_in_batch` given) the forward pass
+        weights it by the batch's share of the step's target tokens."""
         return None, {}
 
     # ----
@@ -421,7 +423,8 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         hidden_states_requested = kwargs.get("output_hidden_states", self.config.output_hidden_states)
         collect_hidden_states = labels is not None and self.extra_loss_needs_hidden_states()
         if labels is not None:
-            check_labels(self.config, labels)
+            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            check_labels(self.config, labels, decoder_inputs)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -449,6 +452,13 @@ class LayerFusionForConditionalGeneration(LayerFusionPreTrainedModel, Generation
         if labels is not None:
             term, diagnostics = self.extra_loss(outputs, attention_mask, labels)
             if term is not None:
+                if num_items_in_batch is not None:
+                    # the head's loss is this batch's token sum over the target tokens of every micro-batch of the
+                    # optimizer step, on every process (the Trainer then neither divides by the accumulation steps
+                    # nor lets DDP's mean shrink it): the term, a mean over this batch, counts by the batch's share of
+                    # those tokens, so that the micro-batches' terms add up to the whole batch's term (exactly for a
+                    # mean over target tokens) rather than to k times it
+                    term = term * (labels.ne(-100).sum() / num_items_in_batch)
                 loss = loss + term
         keep_hidden_states = hidden_states_requested or not collect_hidden_states
         return self.output_class(

@@ -8,6 +8,7 @@ them alike.
 
 import difflib
 import json
+import logging
 import os
 import random
 from collections.abc import Iterable, Mapping
@@ -17,6 +18,9 @@ import datasets
 from num2words import CONVERTER_CLASSES, num2words
 
 from ..file_checks import looks_like_local_path, read_utf8
+from ..modeling.input_checks import check_positive_int
+
+logger = logging.getLogger(__name__)
 
 # File-name stems of common corpus releases -> the split names used by `datasets` and the training scripts.
 # Multi30k (`train`, `val`, `test_2016_flickr`) maps to train / validation / test; other stems (e.g.
@@ -188,7 +192,8 @@ def builtin_number_corpus(
 def _read_lines(path: Path) -> list[str]:
     # Split on "\n" only: `str.splitlines` also splits on characters such as U+2028 that may occur inside a
     # sentence and would break the line alignment of the two sides.
-    text = read_utf8(path, "Text file")
+    # A byte order mark, as Windows editors write one, is no part of the first sentence.
+    text = read_utf8(path, "Text file").removeprefix("\ufeff")
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -204,7 +209,29 @@ def _languages_of(prefix: Path) -> list[str]:
     return sorted(suffix for suffix in suffixes if suffix and "." not in suffix and Path(f"{prefix}.{suffix}").is_file())
 
 
+def _check_not_a_directory(path: Path, what: str):
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {str(path)!r} is a directory, not a file; pass the file.")
+
+
+def _warn_of_one_sided_empty_lines(source_file: Path, target_file: Path, sources: list[str], targets: list[str]):
+    """Log once per file pair how many lines are empty on one side only: kept (real corpora have them, and the
+    Hugging Face and fairseq loaders keep them), but such a pair teaches the model to drop or invent a sentence."""
+    one_sided = [
+        number
+        for number, (source, target) in enumerate(zip(sources, targets), start=1)
+        if (source == "") != (target == "")
+    ]
+    if one_sided:
+        logger.warning(
+            "%s / %s: %d line(s) empty on one side only (first: line %d); kept as pairs with an empty sentence.",
+            source_file, target_file, len(one_sided), one_sided[0],
+        )
+
+
 def _load_text_pair(source_file: Path, target_file: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+    for path in (source_file, target_file):
+        _check_not_a_directory(path, "Parallel text file")
     missing = [str(path) for path in (source_file, target_file) if not path.is_file()]
     if missing:
         # a mistyped language code: say which ones the corpus has
@@ -219,6 +246,7 @@ def _load_text_pair(source_file: Path, target_file: Path, src_lang: str, tgt_lan
             f"Parallel files differ in line count: {source_file} has {len(sources)} lines, "
             f"{target_file} has {len(targets)}."
         )
+    _warn_of_one_sided_empty_lines(source_file, target_file, sources, targets)
     return _dataset_from_pairs(sources, targets, src_lang, tgt_lang)
 
 
@@ -273,8 +301,12 @@ def load_parallel_text(
         `SPLIT_NAME_ALIASES.get(name, name)`;
       - a mapping `{split: prefix}` or `{split: (source_file, target_file)}`, split names used as given.
 
+    Files are UTF-8 (a leading byte order mark is dropped); `\r\n` and `\r` end a line as `\n` does. A line empty
+    on one side only is kept as a pair with an empty sentence, and logged as a warning once per file pair.
+
     Raises:
         FileNotFoundError: naming the missing files.
+        IsADirectoryError: naming a directory given as a file.
         ValueError: if the two sides of a split differ in line count, or two files map to the same split.
     """
     _check_language_pair(src_lang, tgt_lang)
@@ -313,6 +345,7 @@ def load_parallel_text(
 
 
 def _load_json_lines_file(path: Path, src_lang: str, tgt_lang: str) -> datasets.Dataset:
+    _check_not_a_directory(path, "JSON lines file")
     if not path.is_file():
         raise FileNotFoundError(f"Missing JSON lines file: {path}.")
     sources, targets = [], []
@@ -329,6 +362,13 @@ def _load_json_lines_file(path: Path, src_lang: str, tgt_lang: str) -> datasets.
                 f'{path}:{line_number}: expected {{"translation": {{{src_lang!r}: ..., {tgt_lang!r}: ...}}}}, '
                 f"got {line[:200]}"
             )
+        for language in (src_lang, tgt_lang):
+            if not isinstance(pair[language], str):
+                # null, numbers or lists would fail later (or load as text) naming neither file nor line
+                raise ValueError(
+                    f"{path}:{line_number}: the {language!r} sentence is {type(pair[language]).__name__} "
+                    f"{json.dumps(pair[language])[:100]}, not a string."
+                )
         sources.append(pair[src_lang])
         targets.append(pair[tgt_lang])
     return _dataset_from_pairs(sources, targets, src_lang, tgt_lang)
@@ -340,7 +380,9 @@ def load_json_lines_translation(
     tgt_lang: str,
 ) -> datasets.DatasetDict:
     """Load JSON lines files whose rows are `{"translation": {src_lang: ..., tgt_lang: ...}}` (other keys and
-    languages ignored, blank lines skipped); `.json` files must be JSON lines too.
+    languages ignored, blank lines skipped, a leading byte order mark dropped as for `load_parallel_text`); `.json`
+    files must be JSON lines too. A row whose sentence is not a string (null, a number, a list) is refused naming
+    its file, line and language.
 
     `path_or_files` is a file (split named `SPLIT_NAME_ALIASES.get(stem, stem)`), a directory (every `*.jsonl` in
     it, named likewise) or a mapping `{split: file}`.
@@ -468,9 +510,10 @@ def preprocess_translation(
     `max_target_length` tokens, special tokens included (the final `</s>` is kept). Padding is left to the data
     collator (`DataCollatorForSeq2Seq` pads labels with -100). The original columns are removed.
     """
-    for name, value in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    check_positive_int(max_source_length, "max_source_length")
+    check_positive_int(max_target_length, "max_target_length")
+    if not isinstance(source_prefix, str):
+        raise TypeError(f"`source_prefix` must be a string (\"\" for none), got {source_prefix!r}.")
     if isinstance(dataset, datasets.DatasetDict):
         return datasets.DatasetDict(
             {

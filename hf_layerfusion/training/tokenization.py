@@ -6,17 +6,28 @@ special-token ids of their default configs: `<s>`=0, `<pad>`=1, `</s>`=2, `<unk>
 """
 
 import io
+import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 
 import sentencepiece
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..file_checks import check_output_dir, check_write_error
+from ..modeling.input_checks import check_positive_int, check_switch
+
+logger = logging.getLogger(__name__)
+
 # Order fixes the ids: bos 0, pad 1, eos 2 (the configs' defaults) and unk 3.
 BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "<pad>", "</s>", "<unk>"
 SPECIAL_TOKENS = (BOS_TOKEN, PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
 SUBWORD_MODELS = ("unigram", "bpe")
+# what `save_pretrained` writes; either one in a directory means it already holds a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def train_joint_tokenizer(
@@ -26,6 +37,7 @@ def train_joint_tokenizer(
     save_dir: str | os.PathLike | None = None,
     model_max_length: int = 512,
     extra_special_tokens: Iterable[str] = (),
+    overwrite: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a SentencePiece-style subword tokenizer on source and target text together.
 
@@ -41,10 +53,16 @@ def train_joint_tokenizer(
         model: "unigram" (SentencePiece's default, trained by SentencePiece itself) or "bpe" (trained by
             `tokenizers`). Either way the same texts and arguments give the same tokenizer, ids included, in every
             process.
-        save_dir: if given, `save_pretrained` there; `AutoTokenizer.from_pretrained(save_dir)` loads it back.
+        save_dir: if given, `save_pretrained` there (created if missing; other files in it are left alone);
+            `AutoTokenizer.from_pretrained(save_dir)` loads it back. Checked before training: a file, or a path
+            under one, is refused. The files are written into a temporary directory inside it and then moved into
+            place, so a failed save leaves an earlier tokenizer there as it was.
         model_max_length: longest sequence the model accepts (truncation limit when `max_length` is not given).
         extra_special_tokens: further never-split tokens placed right after `<unk>` (ids 4, 5, ...), e.g.
-            target-language tags "<2de>" for multilingual training; `skip_special_tokens=True` drops them.
+            target-language tags "<2de>" for multilingual training; `skip_special_tokens=True` drops them. A list
+            of non-empty strings (a bare string is refused: it would make every character a special token).
+        overwrite: whether a `save_dir` that already holds a tokenizer (`TOKENIZER_FILES`) may be replaced (with
+            a logged warning); False refuses it before training.
 
     Returns:
         A `PreTrainedTokenizerFast` (`TokenizersBackend` in Transformers 5).
@@ -54,17 +72,20 @@ def train_joint_tokenizer(
         raise TypeError(f"`texts` must be an iterable of sentences, got {type(texts).__name__} {str(texts)[:50]!r}.")
     if model not in SUBWORD_MODELS:
         raise ValueError(f"`model` must be one of {SUBWORD_MODELS}, got {model!r}.")
-    extra_special_tokens = list(extra_special_tokens)
+    extra_special_tokens = check_extra_special_tokens(extra_special_tokens)
     special_tokens = [*SPECIAL_TOKENS, *extra_special_tokens]
     duplicates = sorted({token for token in special_tokens if special_tokens.count(token) > 1})
     if duplicates:
         raise ValueError(f"Special tokens must be distinct; repeated: {duplicates}.")
-    if not isinstance(vocab_size, int) or vocab_size <= len(special_tokens):
+    if check_positive_int(vocab_size, "vocab_size") <= len(special_tokens):
         raise ValueError(
             f"`vocab_size` must be an integer larger than the {len(special_tokens)} special tokens, got {vocab_size!r}."
         )
-    if not isinstance(model_max_length, int) or model_max_length < 1:
-        raise ValueError(f"`model_max_length` must be a positive integer, got {model_max_length!r}.")
+    check_positive_int(model_max_length, "model_max_length")
+    check_switch(overwrite, "overwrite")
+    if save_dir is not None:
+        # before training: transformers refuses a file only by logging, after the work is done
+        save_dir = check_tokenizer_save_dir(save_dir, overwrite)
 
     seen = {"sentences": 0, "characters": set()}
     unreadable = []
@@ -140,8 +161,61 @@ def train_joint_tokenizer(
         clean_up_tokenization_spaces=False,
     )
     if save_dir is not None:
-        tokenizer.save_pretrained(save_dir)
+        save_tokenizer(tokenizer, save_dir)
     return tokenizer
+
+
+def check_extra_special_tokens(extra_special_tokens: Iterable[str]) -> list[str]:
+    """`extra_special_tokens` as a list of non-empty strings, else an error naming the bad value."""
+    if isinstance(extra_special_tokens, (str, bytes)) or not isinstance(extra_special_tokens, Iterable):
+        # a bare string is an iterable of characters: each would become a special token, dropped when decoding
+        raise TypeError(
+            f"`extra_special_tokens` must be a list of tokens, got {type(extra_special_tokens).__name__} "
+            f"{extra_special_tokens!r}; pass [{extra_special_tokens!r}] for one token."
+        )
+    tokens = list(extra_special_tokens)
+    for index, token in enumerate(tokens):
+        if not isinstance(token, str) or not token:
+            raise TypeError(
+                f"`extra_special_tokens[{index}]` is {type(token).__name__} {token!r}, not a non-empty string."
+            )
+    return tokens
+
+
+def check_tokenizer_save_dir(save_dir: str | os.PathLike, overwrite: bool) -> Path:
+    """`save_dir` as a path we may save a tokenizer into: a directory or a missing one, under no file, and, unless
+    `overwrite`, holding no tokenizer yet."""
+    path = check_output_dir(save_dir, overwrite=True, what="`save_dir`")
+    parent = next(directory for directory in path.absolute().parents if directory.exists())
+    if not parent.is_dir():
+        raise NotADirectoryError(f"`save_dir` {str(path)!r} cannot be created: {str(parent)!r} is a file.")
+    existing = [name for name in TOKENIZER_FILES if (path / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"`save_dir` {str(path)!r} already holds a tokenizer ({existing}), which this one would replace; pass "
+            "overwrite=True to replace it, or choose another directory."
+        )
+    return path
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, save_dir: Path) -> None:
+    """`save_pretrained` into a temporary directory inside `save_dir`, then each file moved into place: a save that
+    fails (a full disk, say) leaves what `save_dir` held as it was."""
+    replaced = [name for name in TOKENIZER_FILES if (save_dir / name).exists()]
+    if replaced:
+        logger.warning("Replacing the tokenizer in %s (%s).", save_dir, ", ".join(replaced))
+    save_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tokenizer-", dir=save_dir))
+    try:
+        try:
+            written = tokenizer.save_pretrained(staging)
+        except Exception as error:  # noqa: BLE001 - re-raised; `tokenizers` reports a full disk as a plain Exception
+            check_write_error(error, save_dir, "the tokenizer", removed=True)
+            raise
+        for file in written:
+            os.replace(file, save_dir / Path(file).name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_vocab_size_holds_characters(

@@ -19,16 +19,18 @@ from .language_tags import check_language_tag, check_sources_tagged, check_sourc
 translation_logger = logging.get_logger(__name__)
 
 
-def source_lengths(tokenizer, sentences: Sequence[str], max_source_length: int) -> list[int]:
+def source_lengths(
+    tokenizer, sentences: Sequence[str], max_source_length: int, caller: str = "translate()"
+) -> list[int]:
     """Each sentence's token count as the model reads it: at most `max_source_length`, a longer sentence is cut to its
-    beginning, which one warning of the call says (how many sentences, the limit)."""
+    beginning, which one warning of the call says (`caller`, how many sentences, the limit)."""
     # one token past the limit: a sentence that long is one the limit cuts
     encoded = tokenizer(list(sentences), truncation=True, max_length=max_source_length + 1)["input_ids"]
     lengths = [len(ids) for ids in encoded]
     cut = sum(length > max_source_length for length in lengths)
     if cut:
         translation_logger.warning(
-            f"translate(): {cut} of {len(sentences)} sentence(s) are longer than max_source_length={max_source_length} "
+            f"{caller}: {cut} of {len(sentences)} sentence(s) are longer than max_source_length={max_source_length} "
             f"tokens (default: the model's position table) and are cut: only their first {max_source_length} tokens "
             "are translated. Split long sentences, or pass a larger max_source_length where the position table allows."
         )
