@@ -711,7 +711,7 @@ ROWS = [
         ws.gtrans, ws.tokenizer, ws.root / "ct2_new"), ValueError, r"'gtrans'"),
     Row("ctranslate2-export-quantization-not-a-name", lambda ws: hf_layerfusion.export_ctranslate2(
         ws.plain, ws.tokenizer, ws.root / "ct2_new", quantization=8), TypeError, r"8"),
-    # audit: the refusal advised "--overwrite_output_dir", an option neither the export nor its command has
+    # the refusal advised "--overwrite_output_dir", an option neither the export nor its command has
     Row("ctranslate2-cli-into-full-dir",
         lambda ws: ctranslate2_export.main(["--model_dir", str(ws.plain_dir), "--output_dir", str(ws.full)]),
         FileExistsError,
@@ -848,7 +848,7 @@ ROWS = [
         ValueError, r"run'.*overlaps"),
     Row("average-non-empty", lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.full), FileExistsError,
         r"full.*not empty"),
-    # audit: before, "no" (truthy) averaged into the non-empty dir
+    # before, "no" (truthy) averaged into the non-empty dir
     Row("average-overwrite-not-a-switch",
         lambda ws: average_last_checkpoints(ws.checkpoints, 2, ws.full, overwrite="no"), TypeError,
         r"`overwrite` must be True or False, got 'no' \(str\)"),
@@ -997,7 +997,7 @@ ROWS = [
     Row("train-cli-tokenizer-vocab-below-characters",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--tokenizer_vocab_size=8")),
         ValueError, r"--tokenizer_vocab_size 8 cannot hold the \d+ distinct characters .* pass at least \d+"),
-    # fault round (audit B): scored a randomly initialised model and wrote its BLEU (a run that trains no tokenizer
+    # scored a randomly initialised model and wrote its BLEU (a run that trains no tokenizer
     # and no model; without --tokenizer_name the run was refused for want of training data to train a tokenizer)
     Row("train-cli-eval-untrained-model",
         lambda ws: run_translation.main([arg for arg in _rt_args(ws, "--model_type=gtrans", "--do_eval",
@@ -1126,7 +1126,7 @@ ROWS = [
         ValueError, r"bleu_results\.json.*is a file of.*finished"),
     Row("train-cli-eval-only-output-dir-in-use", lambda ws: run_translation.main(_rt_eval_args(ws, output_dir=ws.busy)),
         RuntimeError, r"busy.*in use by another run"),
-    # fault round (audit B): a checkpoint path skipped every check of the output dir, and replaced the model it
+    # a checkpoint path skipped every check of the output dir, and replaced the model it
     # fine-tuned; a dir that is no checkpoint, or resuming without training, failed or was ignored after the first write
     Row("train-cli-resume-path-into-model-dir",
         lambda ws: run_translation.main(_rt_args(ws, f"--model_name_or_path={ws.gtrans_dir}",
@@ -1144,7 +1144,7 @@ ROWS = [
     Row("train-cli-resume-without-training",
         lambda ws: run_translation.main(_rt_eval_args(ws, "--resume_from_checkpoint=last")),
         ValueError, r"--resume_from_checkpoint 'last'.*--do_train is not given"),
-    # fault round (audit B): floats out of range failed in the first steps (or trained wrong), after the tokenizer
+    # floats out of range failed in the first steps (or trained wrong), after the tokenizer
     # was written, and the corrected rerun was refused as the output dir was not empty
     *(Row(f"train-cli-{name}",
           lambda ws, args=args: run_translation.main(_rt_args(ws, "--model_type=gtrans", *args)),
@@ -1162,7 +1162,7 @@ ROWS = [
            r"--warmup_steps must be a whole number of steps, or a fraction.*got 2\.5"),
           ("epochs-inf", ["--max_steps=-1", "--num_train_epochs=inf"],
            r"--num_train_epochs must be a positive finite number, got inf"))),
-    # fault round (audit B): the run trained, then failed at the BLEU (no generation) or at the empty split
+    # the run trained, then failed at the BLEU (no generation) or at the empty split
     Row("train-cli-eval-without-generation",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval",
                                                  "--predict_with_generate=False")),
@@ -1176,7 +1176,7 @@ ROWS = [
     Row("train-cli-builtin-no-training-pairs",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--builtin_num_train=0")),
         ValueError, r"--builtin_num_train 0 .*--do_train"),
-    # fault round (audit B): the Trainer's generation options won over the script's, which were printed and saved
+    # the Trainer's generation options won over the script's, which were printed and saved
     Row("train-cli-generation-beams-contradict",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval", "--num_beams=1",
                                                  "--generation_num_beams=3")),
@@ -1185,7 +1185,7 @@ ROWS = [
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans", "--do_eval", "--max_new_tokens=10",
                                                  "--generation_max_length=3")),
         ValueError, r"--generation_max_length 3 contradicts --max_new_tokens 10.*max_length 11"),
-    # fault round (audit B): options of another data source were ignored without a word
+    # options of another data source were ignored without a word
     Row("train-cli-validation-file-with-builtin",
         lambda ws: run_translation.main(_rt_args(ws, "--model_type=gtrans",
                                                  f"--validation_file={ws.root / 'no_valid.jsonl'}")),
@@ -1267,7 +1267,7 @@ ROWS = [
     Row("card-language-empty",
         lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "", "tiny", overwrite=True),
         ValueError, r"tgt_lang='' is not a language code"),
-    # audit: before, "no" (truthy) replaced the card; None and "" were published as `datasets: - null` / `- ''`
+    # before, "no" (truthy) replaced the card; None and "" were published as `datasets: - null` / `- ''`
     Row("card-overwrite-not-a-switch",
         lambda ws: hf_layerfusion.write_model_card(ws.carded, ws.gtrans, "en", "de", "tiny", overwrite="no"),
         TypeError, r"`overwrite` must be True or False, got 'no' \(str\)"),
@@ -1403,7 +1403,7 @@ ROWS = [
     # before: a raw `httpx2.ConnectError: [Errno 111] Connection refused` from inside the Hub client
     Row("push-hub-unreachable", _io73_push, ConnectionError,
         r"Hub at http://127\.0\.0\.1:9 to create 'you/gtrans-en-de'.*nothing was uploaded.*HF_ENDPOINT.*HF_TOKEN"),
-    # audit: before, passed to the Hub unchecked
+    # before, passed to the Hub unchecked
     Row("push-private-not-a-switch",
         lambda ws: hf_layerfusion.push_to_hub(ws.gtrans_dir, "you/gtrans-en-de", private="no", token="hf_test_token"),
         TypeError, r"`private` must be True or False, got 'no' \(str\)"),
@@ -1473,7 +1473,7 @@ ROWS = [
             model=ws.gtrans, tokenizer=ws.tokenizer)("a man", num_beams=2, length_penalty=float("nan"),
                                                      quantization="int8")),
         ValueError, r"`length_penalty` must be a finite number, got nan"),
-    # audit: before, fast="no" decoded with the fast loop, max_source_length=True cut every source to 1 token
+    # before, fast="no" decoded with the fast loop, max_source_length=True cut every source to 1 token
     Row("pipeline-fast-not-a-switch",
         lambda ws: _fastpath_before_any_copy(lambda: hf_layerfusion.LayerFusionTranslationPipeline(
             model=ws.gtrans, tokenizer=ws.tokenizer)("a man", fast="no", quantization="int8")),

@@ -132,7 +132,7 @@ def test_a_killed_averaging_leaves_nothing_push_to_hub_uploads_and_the_next_one_
 
 @pytest.mark.parametrize("overwrite", ["no", 1, None])
 def test_overwrite_must_be_a_switch(trainer_output_dir, tmp_path_factory, overwrite):
-    """Audit: `overwrite="no"` (truthy) averaged into a non-empty output dir; a non-bool is refused by name before
+    """Before, `overwrite="no"` (truthy) averaged into a non-empty output dir; a non-bool is refused by name before
     anything is written."""
     from hf_layerfusion.training.checkpoint_averaging import average_last_checkpoints
 

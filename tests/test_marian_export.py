@@ -124,7 +124,7 @@ def test_ctranslate2_export_writes_through_a_symbolic_link(tmp_path, target_exis
 
 @pytest.mark.parametrize("existing", [False, True], ids=["new-dir", "empty-dir"])
 def test_a_failed_ctranslate2_save_leaves_the_output_dir_as_it_was(tmp_path, monkeypatch, existing):
-    """Audit: the converter saved straight into the output dir, so a save that failed halfway (a full disk) left a
+    """Before, the converter saved straight into the output dir, so a save that failed halfway (a full disk) left a
     partial model there, and the retry was refused with advice to pass an option (--overwrite_output_dir) the export
     does not have. It now saves beside it and moves the files in only when complete: a failure leaves the output dir
     as it was and no temporary directory, names the reason, and the retry writes the model."""

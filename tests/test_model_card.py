@@ -142,7 +142,7 @@ def test_overwrite_must_be_a_switch(tmp_path, overwrite):
     ],
 )
 def test_empty_dataset_or_license_is_refused_not_published(tmp_path, keyword, message):
-    """Audit: dataset_name=None went into the Hub metadata as `datasets: - null`, "" as `- ''`, license=None was
+    """Before, dataset_name=None went into the Hub metadata as `datasets: - null`, "" as `- ''`, license=None was
     accepted; each is refused by name and no card is written."""
     arguments = {"src_lang": "en", "tgt_lang": "de", "dataset_name": "multi30k", **keyword}
     with pytest.raises(ValueError, match=message):

@@ -307,7 +307,7 @@ def _replace_arg(args, name, value):
     ids=["direction-missing", "not-json", "no-scores", "nan", "string"],
 )
 def test_a_bad_baseline_is_refused_before_the_run_writes_anything(tmp_path, content, message):
-    """Audit: --baseline_scores was parsed only after training and the whole evaluation, so a file that did not parse
+    """Before, --baseline_scores was parsed only after training and the whole evaluation, so a file that did not parse
     or lacked a direction lost the scores (direction_scores.json never written). It is read and checked first."""
     from hf_layerfusion.cli import run_multilingual
 
@@ -341,7 +341,7 @@ def test_a_bad_baseline_is_refused_before_the_run_writes_anything(tmp_path, cont
          "temperature-nan"],
 )
 def test_bad_model_settings_are_refused_by_option_before_the_tiny_xlmr_is_written(tmp_path, option, value, message):
-    """Audit: the values of --tiny_xlmr_config and --config_overrides were checked only when the model was built,
+    """Before, the values of --tiny_xlmr_config and --config_overrides were checked only when the model was built,
     after the tiny XLM-R was written (so the corrected rerun was refused: the directory is not empty), and the error
     did not name the option; --temperature took inf."""
     from hf_layerfusion.cli import run_multilingual
@@ -356,7 +356,7 @@ def test_bad_model_settings_are_refused_by_option_before_the_tiny_xlmr_is_writte
 
 
 def test_a_run_without_do_train_evaluates_the_trained_model_in_its_output_dir(tmp_path):
-    """Audit: a run without --do_train built an untrained model from XLM-R and wrote its scores beside the trained
+    """Before, a run without --do_train built an untrained model from XLM-R and wrote its scores beside the trained
     model it ignored. It evaluates the model saved in --output_dir: the training run's own scores again; the options
     that build a model, and an output dir without a model, are refused before anything is written."""
     from hf_layerfusion.cli import run_multilingual

@@ -169,7 +169,7 @@ def test_the_fast_switch_and_the_source_length_limit_are_checked_by_name(tokeniz
 
 
 def test_sources_cut_at_the_length_limit_are_counted_in_one_warning_per_pipeline_call(tokenizer, caplog):
-    """Audit: the pipeline cut sources longer than `max_source_length` (default: the position table) without a word,
+    """Before, the pipeline cut sources longer than `max_source_length` (default: the position table) without a word,
     where `translate()` warns. Each call that cuts says so once (a string or a list, in any batch size), with
     `translate()`'s warning; a call that cuts nothing, or does not truncate, says nothing."""
     model = tiny_model("plain_transformer")

@@ -102,7 +102,7 @@ def test_side_by_side_runs_return_cpu_seconds_and_stop_at_a_failure(quickstart, 
     ids=["steps-zero", "steps-negative", "seed-negative"],
 )
 def test_bad_arguments_are_refused_before_the_tokenizer_is_written(quickstart, tmp_path, capsys, extra, message):
-    """Audit: `--steps 0` wrote <output_dir>/tokenizer and only then failed, in both training processes (`--max_steps
+    """Before, `--steps 0` wrote <output_dir>/tokenizer and only then failed, in both training processes (`--max_steps
     0`). The script's own arguments are checked before its first write."""
     with pytest.raises(SystemExit):
         quickstart.main(["--output_dir", str(tmp_path / "qs"), *extra])

@@ -85,7 +85,7 @@ def test_the_committed_constraints_pin_what_the_suite_installs():
 
 @pytest.mark.parametrize("mode", [0o644, 0o664])
 def test_the_rewritten_file_keeps_its_mode_and_is_on_disk_before_it_replaces_the_old(tmp_path, monkeypatch, mode):
-    """Audit: the file was written through mkstemp, whose 0o600 replaced the committed file's 0o644, and renamed into
+    """Before, the file was written through mkstemp, whose 0o600 replaced the committed file's 0o644, and renamed into
     place without an fsync (a crash could leave an empty file under the name). The new file keeps the old one's mode,
     and its data is synced before the rename."""
     constraints = tmp_path / "constraints.txt"
@@ -100,7 +100,7 @@ def test_the_rewritten_file_keeps_its_mode_and_is_on_disk_before_it_replaces_the
 
 
 def test_a_workdir_or_constraints_of_the_wrong_kind_is_named(tmp_path, capsys):
-    """Audit: `--workdir <a file>` ended in a NotADirectoryError traceback, `--constraints <a folder>` in an
+    """Before, `--workdir <a file>` ended in a NotADirectoryError traceback, `--constraints <a folder>` in an
     IsADirectoryError traceback. Both are refused by name, before anything is made."""
     a_file = tmp_path / "a_file"
     a_file.write_text("x\n", encoding="utf-8")

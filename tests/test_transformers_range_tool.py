@@ -136,7 +136,7 @@ def test_a_check_stopped_with_sigterm_removes_its_work_folder(tmp_path):
 
 
 def test_a_workdir_or_constraints_of_the_wrong_kind_is_named(tmp_path, capsys):
-    """Audit: `--constraints <a folder>` was said not to exist, and `--workdir <a file>` ended in a NotADirectoryError
+    """Before, `--constraints <a folder>` was said not to exist, and `--workdir <a file>` ended in a NotADirectoryError
     traceback. Each says what is wrong with it, before anything is made."""
     tool = load_tool()
     a_file = tmp_path / "a_file"

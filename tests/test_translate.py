@@ -269,7 +269,7 @@ def test_the_translate_command_keeps_blank_lines_blank_without_translating_them(
 @pytest.mark.parametrize("through_link", [False, True], ids=["same-path", "symlink"])
 def test_the_translate_command_refuses_to_write_the_file_its_stdin_reads(tokenizer, tmp_path, monkeypatch,
                                                                          through_link):
-    """Audit: `--output src.txt --overwrite < src.txt` replaced the source with its translations, while `--input
+    """Before, `--output src.txt --overwrite < src.txt` replaced the source with its translations, while `--input
     src.txt --output src.txt` was refused. stdin redirected from the output file (or a link to it) is refused alike,
     and the source is left as it was."""
     saved_gtrans(tokenizer, tmp_path / "model")
@@ -295,7 +295,7 @@ def test_the_translate_command_refuses_to_write_the_file_its_stdin_reads(tokeniz
 
 @pytest.mark.parametrize("option, default", [("--input", "read stdin"), ("--output", "write to stdout")])
 def test_the_translate_command_refuses_an_empty_path(tokenizer, tmp_path, capsys, option, default):
-    """Audit: `--output ""` wrote to stdout and `--input ""` read stdin without a word, as if the option were left
+    """Before, `--output ""` wrote to stdout and `--input ""` read stdin without a word, as if the option were left
     out. An empty path is refused naming the option."""
     saved_gtrans(tokenizer, tmp_path / "model")
     (tmp_path / "input.txt").write_text("ab ba\n", encoding="utf-8")
