@@ -28,8 +28,6 @@ from pathlib import Path
 
 import torch
 
-from .modeling.input_checks import check_switch
-
 # held by the run writing into an output dir (`lock_output_dir`); named with a leading '_' so that
 # `Trainer.push_to_hub`, which leaves out `_*` files, does not upload the command line it holds
 LOCK_FILE = "_run.lock"
@@ -367,10 +365,9 @@ def write_file_atomically(path, data: str | bytes, what: str = "Output file") ->
 def check_output_dir(output_dir, inputs: Iterable = (), *, overwrite: bool = False, what: str = "output_dir",
                      overwrite_option: str | None = "--overwrite_output_dir") -> Path:
     """A directory we may write into: not a file, neither one of `inputs` nor inside / around one, writable (or
-    creatable), and empty (or missing; a lock file of an earlier run does not count) unless `overwrite` (a switch:
-    `"no"` would be truthy). The refusal of a non-empty directory names `overwrite_option`, how the caller's user
+    creatable), and empty (or missing; a lock file of an earlier run does not count) unless `overwrite` (a bool, which
+    the public functions that take it from a user check: `"no"` would be truthy). The refusal of a non-empty directory names `overwrite_option`, how the caller's user
     asks to write there anyway; None for a caller without one (the refusal then says to empty the directory)."""
-    check_switch(overwrite, "overwrite")
     if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir):
         raise ValueError(f"{what} must be a non-empty path, got {output_dir!r}.")
     path = Path(os.fspath(output_dir)).expanduser()
@@ -402,7 +399,6 @@ def check_result_files(output_dir, names: Iterable[str], inputs: Iterable = (), 
     """The result files `names` that a run writes into `output_dir`, a directory that may hold other files (an
     evaluation may write its scores beside the model it reads): `output_dir` is a writable directory (or missing),
     no result file that exists is an input or a file of an input directory, and none exists unless `overwrite`."""
-    check_switch(overwrite, "overwrite")
     path = check_output_dir(output_dir, overwrite=True, what=what)
     existing = [name for name in names if (path / name).exists()]
     if existing and not overwrite:

@@ -36,6 +36,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.trainer import TRAINER_STATE_NAME
 
 from ..file_checks import check_output_dir, check_weight_files, check_write_error, read_utf8
+from ..modeling.input_checks import check_switch
 from ..translation.tokenizer import load_tokenizer
 
 # a Trainer checkpoint dir: `checkpoint-<step>`; a name that starts like one but is not (`checkpoint-5x`) is refused
@@ -187,6 +188,7 @@ def average_last_checkpoints(
     checkpoint's tokenizer read, before any averaging. The result is saved in a temporary directory beside
     `output_dir` and moved into place file by file only when complete, so a failure (a full disk) leaves no partial
     model in `output_dir`."""
+    check_switch(overwrite, "overwrite")  # "no" is truthy: it wrote into a non-empty dir
     checkpoints = last_checkpoints(checkpoint_dir, num_checkpoints)
     output_dir = check_output_dir(output_dir, checkpoints, overwrite=overwrite)
     check_not_named_like_a_checkpoint(output_dir, checkpoint_dir)
